@@ -6,14 +6,30 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/io/ggml_type.h"
 #include "common/io/mapped_file.h"
 
 namespace bitsplit::gguf {
+
+// Limits of the reader. They bound what a hostile file can make it allocate; real models stay
+// far below them (the largest vocabularies have ~262k tokens, i.e. ~800k array elements for
+// tokens + scores + token types, plus merges).
+inline constexpr uint32_t kMinSupportedVersion = 2;
+inline constexpr uint32_t kMaxSupportedVersion = 3;
+inline constexpr uint64_t kDefaultAlignment = 32;
+inline constexpr uint32_t kMaxDims = 4;
+// An array nested in an array is depth 2. llama.cpp rejects nested arrays outright; we accept
+// a few levels so that no valid-by-spec file is refused, but no more (recursion is bounded).
+inline constexpr int kMaxArrayNestingDepth = 4;
+// Total elements over all metadata arrays of one file. Each element becomes a Value (~48
+// bytes), so this caps metadata memory at a few hundred MB whatever the file claims.
+inline constexpr uint64_t kMaxTotalArrayElements = uint64_t{1} << 23;
 
 enum class ValueType : uint32_t {
   kUint8 = 0,
@@ -53,10 +69,10 @@ struct TensorInfo {
   std::string name;
   std::vector<int64_t> dims;  // ggml order: dims[0] is the contiguous (innermost) dimension
   GgmlType type;
-  uint64_t offset;            // relative to the start of the tensor data section
+  uint64_t offset;  // relative to the start of the tensor data section
   int64_t num_elements;
   uint64_t num_bytes;
-  const uint8_t* data;        // points into the file image
+  const uint8_t* data;  // points into the file image
 };
 
 class File {
@@ -69,8 +85,11 @@ class File {
 
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
-  uint64_t data_offset() const { return data_offset_; }
+  uint64_t data_offset() const { return data_offset_; }  // absolute start of tensor data
   const std::string& name() const { return name_; }
+  // The whole image (the mapped file, or the caller's bytes).
+  const uint8_t* image_data() const { return image_data_; }
+  size_t image_size() const { return image_size_; }
 
   const std::vector<MetadataEntry>& metadata() const { return metadata_; }
   const Value* Find(std::string_view key) const;
@@ -90,14 +109,25 @@ class File {
   const TensorInfo* FindTensor(std::string_view name) const;
 
  private:
+  class Parser;
   File() = default;
+  // Status with `detail` prefixed by the file name, as every message of this class is.
+  absl::Status Error(absl::StatusCode code, absl::string_view detail) const;
+  // Find() that reports absence as NOT_FOUND.
+  absl::StatusOr<const Value*> FindOrError(std::string_view key) const;
+
   std::unique_ptr<MappedFile> mapping_;  // null when parsed from caller-owned memory
+  const uint8_t* image_data_ = nullptr;
+  size_t image_size_ = 0;
   std::string name_;
   uint32_t version_ = 0;
-  uint64_t alignment_ = 32;
+  uint64_t alignment_ = kDefaultAlignment;
   uint64_t data_offset_ = 0;
   std::vector<MetadataEntry> metadata_;
   std::vector<TensorInfo> tensors_;
+  // Name -> index lookups (the names are unique; the parser rejects duplicates).
+  std::unordered_map<std::string, size_t> metadata_index_;
+  std::unordered_map<std::string, size_t> tensor_index_;
 };
 
 }  // namespace bitsplit::gguf
