@@ -1,0 +1,207 @@
+#include "common/text/chat_template.h"
+
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/util/status_macros.h"
+
+namespace bitsplit::text {
+namespace {
+
+// A Jinja template reduced to what decides its output: the code inside {{ }} / {% %} with
+// whitespace removed and every string literal replaced by kLiteralMark, plus the literals
+// (escapes decoded) and the raw text between tags (kept verbatim, since it is output).
+// Two templates with equal Shapes render identically.
+struct Shape {
+  std::string code;
+  std::vector<std::string> literals;
+};
+
+constexpr char kLiteralMark = '\x01';
+constexpr char kRawTextMark = '\x02';
+
+absl::StatusOr<Shape> ShapeOf(std::string_view source) {
+  Shape shape;
+  size_t pos = 0;
+  while (pos < source.size()) {
+    const std::string_view rest = source.substr(pos);
+    if (rest.starts_with("{#")) {
+      const size_t close = source.find("#}", pos + 2);
+      if (close == std::string_view::npos) {
+        return absl::InvalidArgumentError("chat template: unterminated {# comment");
+      }
+      pos = close + 2;
+      continue;
+    }
+    if (rest.starts_with("{{") || rest.starts_with("{%")) {
+      const std::string_view close = rest[1] == '{' ? "}}" : "%}";
+      shape.code.append(rest.substr(0, 2).data(), 2);
+      pos += 2;
+      bool closed = false;
+      while (pos < source.size()) {
+        const char c = source[pos];
+        if (source.substr(pos, 2) == close) {
+          shape.code.append(close);
+          pos += 2;
+          closed = true;
+          break;
+        }
+        if (c == '\'' || c == '"') {
+          std::string literal;
+          ++pos;
+          while (pos < source.size() && source[pos] != c) {
+            if (source[pos] != '\\') {
+              literal.push_back(source[pos++]);
+              continue;
+            }
+            if (pos + 1 >= source.size()) break;
+            const char escaped = source[pos + 1];
+            switch (escaped) {
+              case 'n':
+                literal.push_back('\n');
+                break;
+              case 't':
+                literal.push_back('\t');
+                break;
+              case 'r':
+                literal.push_back('\r');
+                break;
+              case '\\':
+              case '\'':
+              case '"':
+                literal.push_back(escaped);
+                break;
+              default:
+                return absl::UnimplementedError(
+                    absl::StrFormat("chat template: unsupported string escape '\\%c'", escaped));
+            }
+            pos += 2;
+          }
+          if (pos >= source.size()) {
+            return absl::InvalidArgumentError("chat template: unterminated string literal");
+          }
+          ++pos;  // closing quote
+          shape.code.push_back(kLiteralMark);
+          shape.literals.push_back(std::move(literal));
+          continue;
+        }
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r') shape.code.push_back(c);
+        ++pos;
+      }
+      if (!closed) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("chat template: unterminated tag, expected '", std::string(close), "'"));
+      }
+      continue;
+    }
+    size_t end = pos;
+    while (end < source.size() && !source.substr(end).starts_with("{{") &&
+           !source.substr(end).starts_with("{%") && !source.substr(end).starts_with("{#")) {
+      ++end;
+    }
+    shape.code.push_back(kRawTextMark);
+    shape.literals.emplace_back(source.substr(pos, end - pos));
+    pos = end;
+  }
+  return shape;
+}
+
+// The literal in a known template that holds the default system prompt, with this marker
+// standing for the prompt text.
+constexpr std::string_view kSystemPromptMarker = "{SYSTEM}";
+
+// ChatML that inserts a default system message (SmolLM2's template, Qwen2's has the same shape).
+constexpr std::string_view kChatMlWithDefaultSystem =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\n{SYSTEM}<|im_end|>\\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+// Plain ChatML as published with many Hugging Face models.
+constexpr std::string_view kChatMlPlain =
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+// Whether `shape` has the structure of `known`; if `known` has a system prompt marker, the
+// text in its place goes to `system_prompt`.
+bool Matches(const Shape& shape, std::string_view known,
+             std::optional<std::string>& system_prompt) {
+  const absl::StatusOr<Shape> known_shape = ShapeOf(known);
+  BITSPLIT_CHECK(known_shape.ok());
+  if (shape.code != known_shape->code || shape.literals.size() != known_shape->literals.size()) {
+    return false;
+  }
+  system_prompt.reset();
+  for (size_t i = 0; i < shape.literals.size(); ++i) {
+    const std::string& expected = known_shape->literals[i];
+    const std::string& actual = shape.literals[i];
+    const size_t marker = expected.find(kSystemPromptMarker);
+    if (marker == std::string::npos) {
+      if (actual != expected) return false;
+      continue;
+    }
+    const std::string_view prefix = std::string_view(expected).substr(0, marker);
+    const std::string_view suffix =
+        std::string_view(expected).substr(marker + kSystemPromptMarker.size());
+    if (actual.size() < prefix.size() + suffix.size() ||
+        !std::string_view(actual).starts_with(prefix) ||
+        !std::string_view(actual).ends_with(suffix)) {
+      return false;
+    }
+    system_prompt = actual.substr(prefix.size(), actual.size() - prefix.size() - suffix.size());
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<ChatTemplate> ChatTemplate::FromGguf(const gguf::File& file) {
+  if (file.Find("tokenizer.chat_template") == nullptr) {
+    return absl::NotFoundError(
+        absl::StrFormat("%s: no tokenizer.chat_template in the model file", file.name()));
+  }
+  BITSPLIT_ASSIGN_OR_RETURN(const std::string source, file.GetString("tokenizer.chat_template"));
+  absl::StatusOr<ChatTemplate> result = FromSource(source);
+  if (!result.ok()) {
+    return absl::Status(result.status().code(),
+                        absl::StrCat(file.name(), ": ", result.status().message()));
+  }
+  return result;
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view jinja_source) {
+  BITSPLIT_ASSIGN_OR_RETURN(const Shape shape, ShapeOf(jinja_source));
+  std::optional<std::string> system_prompt;
+  if (Matches(shape, kChatMlWithDefaultSystem, system_prompt)) {
+    return ChatTemplate(Kind::kChatMl, std::move(system_prompt));
+  }
+  if (Matches(shape, kChatMlPlain, system_prompt)) return ChatTemplate(Kind::kChatMl, std::nullopt);
+  constexpr size_t kExcerpt = 120;
+  return absl::UnimplementedError(
+      absl::StrFormat("unsupported chat template (only ChatML variants are implemented): \"%s%s\"",
+                      absl::CHexEscape(std::string(jinja_source.substr(0, kExcerpt))),
+                      jinja_source.size() > kExcerpt ? "..." : ""));
+}
+
+ChatTemplate ChatTemplate::ChatMl(std::optional<std::string> default_system_prompt) {
+  return ChatTemplate(Kind::kChatMl, std::move(default_system_prompt));
+}
+
+std::string ChatTemplate::Render(std::span<const ChatMessage> messages,
+                                 bool add_generation_prompt) const {
+  std::string prompt;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (i == 0 && default_system_prompt_.has_value() && messages[0].role != "system") {
+      absl::StrAppend(&prompt, "<|im_start|>system\n", *default_system_prompt_, "<|im_end|>\n");
+    }
+    absl::StrAppend(&prompt, "<|im_start|>", messages[i].role, "\n", messages[i].content,
+                    "<|im_end|>\n");
+  }
+  if (add_generation_prompt) prompt.append("<|im_start|>assistant\n");
+  return prompt;
+}
+
+}  // namespace bitsplit::text

@@ -1,0 +1,825 @@
+#include "common/text/tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <queue>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/util/status_macros.h"
+
+namespace bitsplit::text {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// UTF-8 helpers that mirror llama.cpp's unicode.cpp, so that odd input tokenizes identically.
+
+constexpr uint32_t kReplacementChar = 0xFFFD;
+
+// Decodes the code point at `pos` and advances past it. Like llama.cpp's unicode_cpt_from_utf8
+// this checks continuation bytes but not overlong forms or surrogates; a bad sequence yields
+// U+FFFD and skips one byte. Values above U+10FFFF (which llama.cpp cannot re-encode and throws
+// on) are treated as a bad sequence too.
+uint32_t DecodeLenient(std::string_view s, size_t& pos) {
+  const auto at = [&](size_t i) { return static_cast<uint8_t>(s[i]); };
+  const auto continuation = [&](size_t i) { return i < s.size() && (at(i) & 0xC0) == 0x80; };
+  const uint8_t lead = at(pos);
+  uint32_t cp;
+  size_t length;
+  if (!(lead & 0x80)) {
+    cp = lead;
+    length = 1;
+  } else if (!(lead & 0x40)) {
+    ++pos;
+    return kReplacementChar;
+  } else if (!(lead & 0x20)) {
+    if (!continuation(pos + 1)) {
+      ++pos;
+      return kReplacementChar;
+    }
+    cp = ((lead & 0x1F) << 6) | (at(pos + 1) & 0x3F);
+    length = 2;
+  } else if (!(lead & 0x10)) {
+    if (!continuation(pos + 1) || !continuation(pos + 2)) {
+      ++pos;
+      return kReplacementChar;
+    }
+    cp = ((lead & 0x0F) << 12) | ((at(pos + 1) & 0x3F) << 6) | (at(pos + 2) & 0x3F);
+    length = 3;
+  } else if (!(lead & 0x08)) {
+    if (!continuation(pos + 1) || !continuation(pos + 2) || !continuation(pos + 3)) {
+      ++pos;
+      return kReplacementChar;
+    }
+    cp = ((lead & 0x07) << 18) | ((at(pos + 1) & 0x3F) << 12) | ((at(pos + 2) & 0x3F) << 6) |
+         (at(pos + 3) & 0x3F);
+    length = 4;
+    if (cp > 0x10FFFF) {
+      ++pos;
+      return kReplacementChar;
+    }
+  } else {
+    ++pos;
+    return kReplacementChar;
+  }
+  pos += length;
+  return cp;
+}
+
+// Plain UTF-8 encoding (surrogates included, as llama.cpp's unicode_cpt_to_utf8 does).
+void AppendUtf8(uint32_t cp, std::string& out) {
+  if (cp <= 0x7F) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp <= 0x7FF) {
+    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp <= 0xFFFF) {
+    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+// llama.cpp decodes text to code points and re-encodes every pre-tokenized word, so what BPE
+// sees is the re-encoded text (`canonical`). PCRE2 needs strictly valid UTF-8, so `for_regex`
+// is the same text with surrogates (which the lenient decoder lets through) replaced by U+FFFF:
+// same byte length, and like a surrogate it is neither letter, number nor space.
+void Canonicalize(std::string_view text, std::string& canonical, std::string& for_regex) {
+  canonical.clear();
+  for_regex.clear();
+  canonical.reserve(text.size());
+  for_regex.reserve(text.size());
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const uint32_t cp = DecodeLenient(text, pos);
+    AppendUtf8(cp, canonical);
+    AppendUtf8(cp >= 0xD800 && cp <= 0xDFFF ? 0xFFFF : cp, for_regex);
+  }
+}
+
+size_t Utf8SequenceLength(uint8_t lead) {
+  static constexpr std::array<size_t, 16> kLengths = {1, 1, 1, 1, 1, 1, 1, 1,
+                                                      1, 1, 1, 1, 2, 2, 3, 4};
+  return kLengths[lead >> 4];
+}
+
+// GPT-2's reversible byte <-> printable code point mapping: printable Latin-1 bytes map to
+// themselves, the rest to U+0100 onwards in byte order.
+struct ByteMapping {
+  std::array<std::string, 256> byte_to_utf8;
+  std::array<int16_t, 0x144> codepoint_to_byte;
+
+  ByteMapping() {
+    codepoint_to_byte.fill(-1);
+    int next = 256;
+    for (int byte = 0; byte < 256; ++byte) {
+      const bool printable =
+          (byte >= 0x21 && byte <= 0x7E) || (byte >= 0xA1 && byte <= 0xAC) || byte >= 0xAE;
+      const uint32_t cp = printable ? byte : next++;
+      AppendUtf8(cp, byte_to_utf8[byte]);
+      codepoint_to_byte[cp] = static_cast<int16_t>(byte);
+    }
+  }
+};
+
+const ByteMapping& Bytes() {
+  static const ByteMapping* const mapping = new ByteMapping();
+  return *mapping;
+}
+
+// A vocabulary entry back to the bytes it stands for (llama.cpp's llama_decode_text, including
+// its marker for characters outside the byte mapping).
+std::string DecodeByteLevel(std::string_view token_text) {
+  std::string out;
+  size_t pos = 0;
+  while (pos < token_text.size()) {
+    const uint32_t cp = DecodeLenient(token_text, pos);
+    const ByteMapping& bytes = Bytes();
+    if (cp < bytes.codepoint_to_byte.size() && bytes.codepoint_to_byte[cp] >= 0) {
+      out.push_back(static_cast<char>(bytes.codepoint_to_byte[cp]));
+      continue;
+    }
+    std::string utf8;
+    AppendUtf8(cp, utf8);
+    absl::StrAppend(&out, "[UNK_BYTE_0x");
+    for (char c : utf8) absl::StrAppendFormat(&out, "%02x", static_cast<uint8_t>(c));
+    out.append(token_text).append("]");
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pre-tokenizer patterns. llama.cpp runs a list of regexes in sequence: each one cuts every
+// piece left by the previous one into its matches and the unmatched gaps between them. For
+// the GPT-2 and Llama-3 patterns llama.cpp uses hand-written matchers whose \s is the Unicode
+// White_Space set (it includes U+0085, which PCRE2's \s does not), so the patterns below spell
+// that set out. Each regex only ever sees its own piece, so a lookahead at a piece's end sees
+// end-of-text, as in llama.cpp.
+
+#define BITSPLIT_WS                                                                           \
+  "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}" \
+  "\\x{205F}\\x{3000}"
+// Letters and numbers assigned in Unicode 15.0/15.1, which llama.cpp's tables have and PCRE2
+// builds before 10.43 (Unicode 14) do not: without them CJK Ext H/I, Kawi, Nag Mundari, ...
+// would count as punctuation-like "other" characters. The union is harmless once PCRE2 knows
+// them. (Generated by comparing llama.cpp's unicode-data.cpp with PCRE2 10.42 over all code
+// points; no other letter/number/space differences exist.)
+#define BITSPLIT_LETTER                                                                       \
+  "\\p{L}\\x{1123F}-\\x{11240}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}\\x{1342F}" \
+  "\\x{13441}-\\x{13446}\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}\\x{1E030}-\\x{1E06D}"       \
+  "\\x{1E4D0}-\\x{1E4EB}\\x{2B739}\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}"
+#define BITSPLIT_NUMBER "\\p{N}\\x{11F50}-\\x{11F59}\\x{1D2C0}-\\x{1D2D3}\\x{1E4F0}-\\x{1E4F9}"
+#define BITSPLIT_PUNCT "\\p{P}\\x{11B00}-\\x{11B09}\\x{11F43}-\\x{11F4F}"
+
+// 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+constexpr const char* kGpt2Pattern =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?[" BITSPLIT_LETTER "]+| ?[" BITSPLIT_NUMBER
+    "]+| ?[^" BITSPLIT_WS BITSPLIT_LETTER BITSPLIT_NUMBER "]+|[" BITSPLIT_WS "]+(?![^" BITSPLIT_WS
+    "])|[" BITSPLIT_WS "]+";
+
+// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+// \s*[\r\n]+|\s+(?!\S)|\s+   (ASCII-only case folding, as llama.cpp's adaptation)
+constexpr const char* kLlama3Pattern =
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n" BITSPLIT_LETTER
+        BITSPLIT_NUMBER "]?[" BITSPLIT_LETTER "]+|[" BITSPLIT_NUMBER
+    "]{1,3}| ?[^" BITSPLIT_WS BITSPLIT_LETTER BITSPLIT_NUMBER "]+[\\r\\n]*|[" BITSPLIT_WS
+    "]*[\\r\\n]+|[" BITSPLIT_WS "]+(?![^" BITSPLIT_WS "])|[" BITSPLIT_WS "]+";
+
+constexpr const char* kDigitPattern = "[" BITSPLIT_NUMBER "]";
+constexpr const char* kDigitRunPattern = "[" BITSPLIT_NUMBER "]+";
+constexpr const char* kPunctuationRunPattern = "[" BITSPLIT_PUNCT "$+<=>^~|]+";
+
+#undef BITSPLIT_PUNCT
+#undef BITSPLIT_NUMBER
+#undef BITSPLIT_LETTER
+#undef BITSPLIT_WS
+
+struct PreTokenizerSpec {
+  std::vector<std::string_view> names;
+  std::vector<std::string_view> patterns;
+  bool ignore_merges = false;
+  bool add_bos = false;
+};
+
+const std::vector<PreTokenizerSpec>& PreTokenizerSpecs() {
+  static const auto* const specs = new std::vector<PreTokenizerSpec>{
+      {{"default"},
+       {kPunctuationRunPattern, kGpt2Pattern, kDigitRunPattern, "[0-9][0-9][0-9]"},
+       false,
+       false},
+      // llama.cpp calls it "gpt-2"; "gpt2" is accepted as the same thing.
+      {{"gpt-2", "gpt2"}, {kGpt2Pattern}, false, false},
+      {{"llama3", "llama-v3", "llama-bpe"}, {kLlama3Pattern}, true, true},
+      // Digits are split one by one before the GPT-2 pattern.
+      {{"smollm", "starcoder", "refact", "codeshell"}, {kDigitPattern, kGpt2Pattern}, false, false},
+  };
+  return *specs;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+class PreTokenizer {
+ public:
+  static absl::StatusOr<std::unique_ptr<PreTokenizer>> Create(
+      const std::vector<std::string_view>& patterns) {
+    auto result = std::unique_ptr<PreTokenizer>(new PreTokenizer());
+    for (std::string_view pattern : patterns) {
+      int error = 0;
+      PCRE2_SIZE error_offset = 0;
+      pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                       PCRE2_UTF | PCRE2_UCP, &error, &error_offset, nullptr);
+      if (code == nullptr) {
+        std::array<PCRE2_UCHAR, 256> message{};
+        pcre2_get_error_message(error, message.data(), message.size());
+        return absl::InternalError(
+            absl::StrFormat("pre-tokenizer regex does not compile at offset %d: %s", error_offset,
+                            reinterpret_cast<const char*>(message.data())));
+      }
+      // JIT is a pure speed-up; without it (unsupported build) the interpreter gives the same
+      // matches.
+      pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+      result->stages_.push_back(code);
+    }
+    return result;
+  }
+
+  ~PreTokenizer() {
+    for (pcre2_code* code : stages_) pcre2_code_free(code);
+  }
+
+  // Cuts valid UTF-8 `text` into words, as [begin, end) byte ranges in order.
+  std::vector<std::pair<size_t, size_t>> Split(std::string_view text) const {
+    std::vector<std::pair<size_t, size_t>> pieces;
+    if (text.empty()) return pieces;
+    pieces.emplace_back(0, text.size());
+    std::vector<std::pair<size_t, size_t>> next;
+    for (pcre2_code* code : stages_) {
+      pcre2_match_data* match = pcre2_match_data_create_from_pattern(code, nullptr);
+      BITSPLIT_CHECK(match != nullptr);
+      next.clear();
+      for (const auto& [begin, end] : pieces) SplitPiece(code, match, text, begin, end, next);
+      pcre2_match_data_free(match);
+      pieces.swap(next);
+    }
+    return pieces;
+  }
+
+ private:
+  PreTokenizer() = default;
+
+  static void SplitPiece(pcre2_code* code, pcre2_match_data* match, std::string_view text,
+                         size_t begin, size_t end, std::vector<std::pair<size_t, size_t>>& out) {
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data() + begin);
+    const size_t length = end - begin;
+    size_t offset = 0;
+    while (offset < length) {
+      int rc = pcre2_match(code, subject, length, offset, PCRE2_NO_UTF_CHECK, match, nullptr);
+      if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
+        // A resource limit (JIT stack, match limit) rather than an answer: retry with the
+        // interpreter, which keeps its backtracking state on the heap.
+        rc = pcre2_match(code, subject, length, offset, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, match,
+                         nullptr);
+      }
+      if (rc == PCRE2_ERROR_NOMATCH) break;  // the rest is one unmatched piece
+      // Still failing: give the next character a piece of its own instead of guessing.
+      if (rc < 0) {
+        const size_t next = offset + Utf8SequenceLength(static_cast<uint8_t>(subject[offset]));
+        out.emplace_back(begin + offset, begin + next);
+        offset = next;
+        continue;
+      }
+      const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match);
+      const size_t match_begin = ovector[0];
+      size_t match_end = ovector[1];
+      if (match_end == match_begin) {
+        // None of our patterns can match empty; step over a character to be safe anyway.
+        if (match_begin >= length) break;
+        match_end = match_begin + Utf8SequenceLength(static_cast<uint8_t>(subject[match_begin]));
+      }
+      if (match_begin > offset) out.emplace_back(begin + offset, begin + match_begin);
+      out.emplace_back(begin + match_begin, begin + match_end);
+      offset = match_end;
+    }
+    if (offset < length) out.emplace_back(begin + offset, end);
+  }
+
+  std::vector<pcre2_code*> stages_;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+struct Tokenizer::Fragment {
+  int32_t token;  // kNoToken for a stretch of text
+  size_t begin;
+  size_t length;
+};
+
+Tokenizer::Tokenizer() = default;
+Tokenizer::~Tokenizer() = default;
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::File& file) {
+  auto tokenizer = std::unique_ptr<Tokenizer>(new Tokenizer());
+  BITSPLIT_RETURN_IF_ERROR(tokenizer->Load(file));
+  return tokenizer;
+}
+
+absl::Status Tokenizer::Load(const gguf::File& file) {
+  const std::string& where = file.name();
+  BITSPLIT_ASSIGN_OR_RETURN(const std::string model, file.GetString("tokenizer.ggml.model"));
+  if (model != "gpt2") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: unsupported tokenizer.ggml.model '%s': only byte-level BPE ('gpt2') is implemented",
+        where, model));
+  }
+
+  // A missing pre-tokenizer is "default" (llama.cpp does the same, with a warning).
+  pre_name_ = "default";
+  if (file.Find("tokenizer.ggml.pre") != nullptr) {
+    BITSPLIT_ASSIGN_OR_RETURN(pre_name_, file.GetString("tokenizer.ggml.pre"));
+  }
+  const PreTokenizerSpec* spec = nullptr;
+  std::string known_names;
+  for (const PreTokenizerSpec& candidate : PreTokenizerSpecs()) {
+    for (std::string_view name : candidate.names) {
+      if (!known_names.empty()) known_names += ", ";
+      known_names += name;
+      if (name == pre_name_) spec = &candidate;
+    }
+  }
+  if (spec == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: unknown pre-tokenizer tokenizer.ggml.pre = '%s' (supported: %s)",
+                        where, pre_name_, known_names));
+  }
+  BITSPLIT_ASSIGN_OR_RETURN(pre_tokenizer_, PreTokenizer::Create(spec->patterns));
+  ignore_merges_ = spec->ignore_merges;
+  add_bos_ = spec->add_bos;
+
+  BITSPLIT_ASSIGN_OR_RETURN(tokens_, file.GetStringArray("tokenizer.ggml.tokens"));
+  if (tokens_.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: tokenizer.ggml.tokens is empty", where));
+  }
+  if (tokens_.size() > static_cast<size_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: tokenizer.ggml.tokens has too many entries", where));
+  }
+  const size_t n = tokens_.size();
+
+  std::vector<int64_t> types;
+  if (file.Find("tokenizer.ggml.token_type") != nullptr) {
+    BITSPLIT_ASSIGN_OR_RETURN(types, file.GetIntArray("tokenizer.ggml.token_type"));
+    if (types.size() < n) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: tokenizer.ggml.token_type has %d entries for %d tokens", where, types.size(), n));
+    }
+  }
+
+  BITSPLIT_ASSIGN_OR_RETURN(const std::vector<std::string> merges,
+                            file.GetStringArray("tokenizer.ggml.merges"));
+  merge_ranks_.reserve(merges.size());
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    // Split at the first space after the first byte, like llama.cpp; the first rank of a
+    // repeated pair wins.
+    const std::string& merge = merges[rank];
+    const size_t space = merge.find(' ', 1);
+    std::string key = space == std::string::npos ? " " : merge;
+    merge_ranks_.emplace(std::move(key), static_cast<int>(rank));
+  }
+
+  attrs_.assign(n, kAttrNormal);
+  for (size_t id = 0; id < n; ++id) {
+    if (tokens_[id].empty()) tokens_[id] = absl::StrCat("[EMPTY_", id, "]");  // as llama.cpp
+    if (types.empty()) continue;
+    switch (static_cast<TokenType>(types[id])) {
+      case TokenType::kUnknown:
+        attrs_[id] = kAttrUnknown;
+        break;
+      case TokenType::kUnused:
+        attrs_[id] = kAttrUnused;
+        break;
+      case TokenType::kNormal:
+        attrs_[id] = kAttrNormal;
+        break;
+      case TokenType::kControl:
+        attrs_[id] = kAttrControl;
+        break;
+      case TokenType::kUserDefined:
+        attrs_[id] = kAttrUserDefined;
+        break;
+      case TokenType::kByte:
+        attrs_[id] = kAttrByte;
+        break;
+      default:
+        attrs_[id] = 0;  // undefined: decodes to nothing
+        break;
+    }
+  }
+  token_ids_.reserve(n);
+  for (size_t id = 0; id < n; ++id) {
+    const auto [it, inserted] = token_ids_.emplace(tokens_[id], static_cast<int32_t>(id));
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: tokenizer.ggml.tokens has the same text at ids %d and %d", where, it->second, id));
+    }
+  }
+
+  BITSPLIT_RETURN_IF_ERROR(LoadSpecialTokens(file));
+  BuildPieces();
+  return absl::OkStatus();
+}
+
+absl::Status Tokenizer::LoadSpecialTokens(const gguf::File& file) {
+  const int32_t n = vocab_size();
+  // llama.cpp's BPE defaults, used when the metadata has no id (or an out-of-range one).
+  const auto in_range = [n](int32_t id) { return id >= 0 && id < n ? id : kNoToken; };
+  bos_id_ = in_range(11);
+  eos_id_ = in_range(11);
+  eot_id_ = kNoToken;
+  int32_t eom_id = kNoToken;
+  int32_t fim_pre_id = kNoToken, fim_suf_id = kNoToken, fim_mid_id = kNoToken;
+  int32_t fim_pad_id = kNoToken, fim_rep_id = kNoToken, fim_sep_id = kNoToken;
+  const std::vector<std::pair<std::string_view, int32_t*>> keys = {
+      {"tokenizer.ggml.bos_token_id", &bos_id_},
+      {"tokenizer.ggml.eos_token_id", &eos_id_},
+      {"tokenizer.ggml.eot_token_id", &eot_id_},
+      {"tokenizer.ggml.eom_token_id", &eom_id},
+      {"tokenizer.ggml.fim_pre_token_id", &fim_pre_id},
+      {"tokenizer.ggml.fim_suf_token_id", &fim_suf_id},
+      {"tokenizer.ggml.fim_mid_token_id", &fim_mid_id},
+      {"tokenizer.ggml.fim_pad_token_id", &fim_pad_id},
+      {"tokenizer.ggml.fim_rep_token_id", &fim_rep_id},
+      {"tokenizer.ggml.fim_sep_token_id", &fim_sep_id},
+      {"tokenizer.ggml.prefix_token_id", &fim_pre_id},
+      {"tokenizer.ggml.suffix_token_id", &fim_suf_id},
+      {"tokenizer.ggml.middle_token_id", &fim_mid_id},
+  };
+  for (const auto& [key, id] : keys) {
+    if (file.Find(key) == nullptr) continue;
+    BITSPLIT_ASSIGN_OR_RETURN(const uint64_t value, file.GetUint(key));
+    if (value < static_cast<uint64_t>(n)) *id = static_cast<int32_t>(value);
+  }
+  if (file.Find("tokenizer.ggml.add_bos_token") != nullptr) {
+    BITSPLIT_ASSIGN_OR_RETURN(add_bos_, file.GetBool("tokenizer.ggml.add_bos_token"));
+  }
+
+  // Older conversions do not record EOT/FIM ids or mark those tokens as control; llama.cpp
+  // recognizes them by their text and forces the control attribute, and so do we (this
+  // decides both end-of-generation and special-token splitting).
+  struct Detector {
+    int32_t* id;
+    std::vector<std::string_view> texts;
+  };
+  const std::vector<Detector> detectors = {
+      {&eot_id_,
+       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+        "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>"}},
+      {&eom_id, {"<|eom_id|>"}},
+      {&fim_pre_id,
+       {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+        "<|code_prefix|>", "<|prefix|>"}},
+      {&fim_suf_id,
+       {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+        "<|code_suffix|>", "<|suffix|>"}},
+      {&fim_mid_id,
+       {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+        "<|code_middle|>", "<|middle|>"}},
+      {&fim_pad_id, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}},
+      {&fim_rep_id, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
+      {&fim_sep_id, {"<|file_sep|>"}},
+  };
+  for (int32_t id = 0; id < n; ++id) {
+    for (const Detector& detector : detectors) {
+      if (*detector.id != kNoToken) continue;
+      if (std::find(detector.texts.begin(), detector.texts.end(), tokens_[id]) !=
+          detector.texts.end()) {
+        *detector.id = id;
+        attrs_[id] |= kAttrControl;
+      }
+    }
+  }
+
+  std::vector<int32_t> eog;
+  const auto add_eog = [&eog](int32_t id) {
+    if (id != kNoToken && std::find(eog.begin(), eog.end(), id) == eog.end()) eog.push_back(id);
+  };
+  add_eog(fim_pad_id);
+  add_eog(fim_rep_id);
+  add_eog(fim_sep_id);
+  static constexpr std::string_view kEogTexts[] = {"<|eot_id|>",
+                                                   "<|im_end|>",
+                                                   "<|end|>",
+                                                   "<|return|>",
+                                                   "<|call|>",
+                                                   "<|flush|>",
+                                                   "<|calls|>",
+                                                   "<end_of_turn>",
+                                                   "<|endoftext|>",
+                                                   "</s>",
+                                                   "<|eom_id|>",
+                                                   "<EOT>",
+                                                   "_<EOT>",
+                                                   "[EOT]",
+                                                   "[EOS]",
+                                                   "<|end_of_text|>",
+                                                   "<end_of_utterance>",
+                                                   "<eos>",
+                                                   "<turn|>",
+                                                   "<|tool_response>",
+                                                   "<｜end▁of▁sentence｜>",
+                                                   "[e~["};
+  for (int32_t id = 0; id < n; ++id) {
+    if (std::find(std::begin(kEogTexts), std::end(kEogTexts), tokens_[id]) != std::end(kEogTexts)) {
+      add_eog(id);
+      attrs_[id] |= kAttrControl;
+    }
+    // gpt-oss: these structural tokens are always rendered (llama.cpp's override).
+    if (tokens_[id] == "<|channel|>" || tokens_[id] == "<|message|>" ||
+        tokens_[id] == "<|start|>" || tokens_[id] == "<|constrain|>") {
+      attrs_[id] = kAttrUserDefined;
+    }
+  }
+  add_eog(eos_id_);
+  add_eog(eot_id_);
+  add_eog(eom_id);
+  // Harmony / solar-open chat formats end a message with <|end|> but keep generating; there the
+  // turn ends with <|return|> / <|call|> (or <|calls|> / <|flush|>).
+  const auto eog_has = [&](std::string_view text) {
+    return std::any_of(eog.begin(), eog.end(), [&](int32_t id) { return tokens_[id] == text; });
+  };
+  const int32_t end_id = FindToken("<|end|>");
+  if (end_id != kNoToken && eog_has("<|end|>") &&
+      ((eog_has("<|return|>") && eog_has("<|call|>")) ||
+       (eog_has("<|calls|>") && eog_has("<|flush|>")))) {
+    eog.erase(std::find(eog.begin(), eog.end(), end_id));
+    attrs_[end_id] = kAttrUserDefined;
+  }
+  // gemma4 / plamo2 have an ordinary </s>.
+  const int32_t s_id = FindToken("</s>");
+  if (s_id != kNoToken && eog_has("</s>") &&
+      (eog_has("<|tool_response>") || eog_has("<|plamo:eos|>"))) {
+    eog.erase(std::find(eog.begin(), eog.end(), s_id));
+    attrs_[s_id] = kAttrNormal;
+  }
+  std::sort(eog.begin(), eog.end());
+  eog_ids_ = eog;
+  eog_set_ = std::unordered_set<int32_t>(eog.begin(), eog.end());
+
+  for (int32_t id = 0; id < n; ++id) {
+    if (attrs_[id] & (kAttrControl | kAttrUserDefined | kAttrUnknown)) special_ids_.push_back(id);
+  }
+  // Longest first, so that a special token containing another one wins.
+  std::stable_sort(special_ids_.begin(), special_ids_.end(),
+                   [this](int32_t a, int32_t b) { return tokens_[a].size() > tokens_[b].size(); });
+  return absl::OkStatus();
+}
+
+void Tokenizer::BuildPieces() {
+  pieces_.resize(tokens_.size());
+  for (size_t id = 0; id < tokens_.size(); ++id) {
+    const uint32_t attr = attrs_[id];
+    const std::string& text = tokens_[id];
+    if (attr & (kAttrUnknown | kAttrControl | kAttrUserDefined)) {
+      pieces_[id] = text;
+    } else if (attr & kAttrNormal) {
+      pieces_[id] = DecodeByteLevel(text);
+    } else if (attr & kAttrByte) {
+      // "<0xAB>" style byte tokens.
+      const std::string hex = text.size() >= 5 ? text.substr(3, 2) : "";
+      pieces_[id] = std::string(1, static_cast<char>(std::strtol(hex.c_str(), nullptr, 16)));
+    }  // unused / undefined tokens decode to nothing
+  }
+}
+
+std::vector<Tokenizer::Fragment> Tokenizer::PartitionSpecial(std::string_view text,
+                                                             bool parse_special) const {
+  std::vector<Fragment> fragments;
+  if (text.empty()) return fragments;
+  fragments.push_back({kNoToken, 0, text.size()});
+  std::vector<Fragment> next;
+  for (int32_t id : special_ids_) {
+    // Without parse_special only user-defined tokens are split out (as llama.cpp and HF do).
+    if (!parse_special && (attrs_[id] & (kAttrControl | kAttrUnknown))) continue;
+    const std::string& special = tokens_[id];
+    if (text.find(special) == std::string_view::npos) continue;
+    next.clear();
+    for (const Fragment& fragment : fragments) {
+      if (fragment.token != kNoToken) {
+        next.push_back(fragment);
+        continue;
+      }
+      const size_t end = fragment.begin + fragment.length;
+      const std::string_view searchable = text.substr(0, end);
+      size_t pos = fragment.begin;
+      size_t found;
+      while ((found = searchable.find(special, pos)) != std::string_view::npos) {
+        if (found > pos) next.push_back({kNoToken, pos, found - pos});
+        next.push_back({id, found, special.size()});
+        pos = found + special.size();
+      }
+      if (pos < end) next.push_back({kNoToken, pos, end - pos});
+    }
+    fragments.swap(next);
+  }
+  return fragments;
+}
+
+std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool parse_special) const {
+  std::vector<int32_t> ids;
+  for (const Fragment& fragment : PartitionSpecial(text, parse_special)) {
+    if (fragment.token != kNoToken) {
+      ids.push_back(fragment.token);
+    } else {
+      EncodeFragment(text.substr(fragment.begin, fragment.length), ids);
+    }
+  }
+  return ids;
+}
+
+void Tokenizer::EncodeFragment(std::string_view fragment, std::vector<int32_t>& out) const {
+  std::string canonical;
+  std::string for_regex;
+  Canonicalize(fragment, canonical, for_regex);
+  for (const auto& [begin, end] : pre_tokenizer_->Split(for_regex)) {
+    EncodeWord(std::string_view(canonical).substr(begin, end - begin), out);
+  }
+}
+
+void Tokenizer::EncodeWord(std::string_view word, std::vector<int32_t>& out) const {
+  static constexpr size_t kMaxCachedWords = 1 << 16;
+  std::string key(word);
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    const auto it = word_cache_.find(key);
+    if (it != word_cache_.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::string encoded;
+  encoded.reserve(word.size() * 2);
+  for (char byte : word) encoded += Bytes().byte_to_utf8[static_cast<uint8_t>(byte)];
+  std::vector<int32_t> ids;
+  const auto whole = token_ids_.find(encoded);
+  if (ignore_merges_ && whole != token_ids_.end()) {
+    ids.push_back(whole->second);
+  } else {
+    ids = BytePairMerge(encoded);
+  }
+  out.insert(out.end(), ids.begin(), ids.end());
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  if (word_cache_.size() >= kMaxCachedWords) word_cache_.clear();
+  word_cache_.emplace(std::move(key), std::move(ids));
+}
+
+int Tokenizer::MergeRank(std::string_view left, std::string_view right) const {
+  std::string key;
+  key.reserve(left.size() + 1 + right.size());
+  key.append(left).append(1, ' ').append(right);
+  const auto it = merge_ranks_.find(key);
+  return it == merge_ranks_.end() ? -1 : it->second;
+}
+
+std::vector<int32_t> Tokenizer::BytePairMerge(const std::string& word) const {
+  // Same algorithm and tie-breaking as llama.cpp's llm_tokenizer_bpe_session: a min-queue of
+  // adjacent pairs ordered by (merge rank, left position); a popped pair whose symbols changed
+  // since it was queued is stale and skipped.
+  struct Symbol {
+    int prev;
+    int next;
+    size_t begin;
+    size_t length;  // 0 once merged into its left neighbour
+  };
+  struct Pair {
+    int left;
+    int right;
+    int rank;
+    size_t length;  // combined length when queued
+  };
+  struct LaterFirst {
+    bool operator()(const Pair& a, const Pair& b) const {
+      return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
+    }
+  };
+  std::vector<Symbol> symbols;
+  for (size_t offset = 0; offset < word.size();) {
+    const size_t length =
+        std::min(word.size() - offset, Utf8SequenceLength(static_cast<uint8_t>(word[offset])));
+    const int index = static_cast<int>(symbols.size());
+    symbols.push_back({index - 1, offset + length == word.size() ? -1 : index + 1, offset, length});
+    offset += length;
+  }
+  const std::string_view text(word);
+  const auto symbol_text = [&](int i) { return text.substr(symbols[i].begin, symbols[i].length); };
+  std::priority_queue<Pair, std::vector<Pair>, LaterFirst> queue;
+  const auto try_queue = [&](int left, int right) {
+    if (left == -1 || right == -1) return;
+    const int rank = MergeRank(symbol_text(left), symbol_text(right));
+    if (rank < 0) return;
+    queue.push({left, right, rank, symbols[left].length + symbols[right].length});
+  };
+  for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_queue(i - 1, i);
+
+  while (!queue.empty()) {
+    const Pair pair = queue.top();
+    queue.pop();
+    Symbol& left = symbols[pair.left];
+    Symbol& right = symbols[pair.right];
+    // Symbols only grow, so unchanged lengths mean the pair is still the one that was queued.
+    if (left.length == 0 || right.length == 0 || left.length + right.length != pair.length) {
+      continue;
+    }
+    left.length += right.length;
+    right.length = 0;
+    left.next = right.next;
+    if (right.next >= 0) symbols[right.next].prev = pair.left;
+    try_queue(left.prev, pair.left);
+    try_queue(pair.left, left.next);
+  }
+
+  std::vector<int32_t> ids;
+  for (int i = 0; i < static_cast<int>(symbols.size()); ++i) {
+    if (symbols[i].length == 0) continue;
+    const auto it = token_ids_.find(symbol_text(i));
+    if (it != token_ids_.end()) {
+      ids.push_back(it->second);
+      continue;
+    }
+    // No such token: fall back to single-byte tokens where they exist, as llama.cpp does.
+    for (char byte : symbol_text(i)) {
+      const auto byte_token = token_ids_.find(std::string_view(&byte, 1));
+      if (byte_token != token_ids_.end()) ids.push_back(byte_token->second);
+    }
+  }
+  return ids;
+}
+
+absl::StatusOr<std::string_view> Tokenizer::TokenToPiece(int32_t id, bool render_special) const {
+  if (id < 0 || id >= vocab_size()) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("token id %d is outside the vocabulary [0, %d)", id, vocab_size()));
+  }
+  if (!render_special && (attrs_[id] & (kAttrUnknown | kAttrControl))) return std::string_view();
+  return std::string_view(pieces_[id]);
+}
+
+absl::StatusOr<std::string> Tokenizer::Decode(std::span<const int32_t> ids,
+                                              bool render_special) const {
+  std::string text;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto piece = TokenToPiece(ids[i], render_special);
+    if (!piece.ok()) {
+      return absl::OutOfRangeError(
+          absl::StrCat(piece.status().message(), " (position ", i, " of ", ids.size(), ")"));
+    }
+    text.append(*piece);
+  }
+  return text;
+}
+
+bool Tokenizer::IsEndOfGeneration(int32_t id) const { return eog_set_.count(id) > 0; }
+
+bool Tokenizer::IsControl(int32_t id) const {
+  return id >= 0 && id < vocab_size() && (attrs_[id] & (kAttrUnknown | kAttrControl));
+}
+
+absl::StatusOr<TokenType> Tokenizer::GetTokenType(int32_t id) const {
+  if (id < 0 || id >= vocab_size()) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("token id %d is outside the vocabulary [0, %d)", id, vocab_size()));
+  }
+  const uint32_t attr = attrs_[id];
+  if (attr & kAttrControl) return TokenType::kControl;
+  if (attr & kAttrUserDefined) return TokenType::kUserDefined;
+  if (attr & kAttrUnknown) return TokenType::kUnknown;
+  if (attr & kAttrByte) return TokenType::kByte;
+  if (attr & kAttrUnused) return TokenType::kUnused;
+  if (attr & kAttrNormal) return TokenType::kNormal;
+  return TokenType::kUndefined;
+}
+
+absl::StatusOr<std::string_view> Tokenizer::GetTokenText(int32_t id) const {
+  if (id < 0 || id >= vocab_size()) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("token id %d is outside the vocabulary [0, %d)", id, vocab_size()));
+  }
+  return std::string_view(tokens_[id]);
+}
+
+int32_t Tokenizer::FindToken(std::string_view text) const {
+  const auto it = token_ids_.find(text);
+  return it == token_ids_.end() ? kNoToken : it->second;
+}
+
+}  // namespace bitsplit::text

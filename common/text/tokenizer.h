@@ -1,0 +1,134 @@
+#pragma once
+// Byte-level BPE tokenizer (GPT-2 family) read from GGUF metadata. It reproduces llama.cpp's
+// tokenization token for token (tests/text_tokenizer_test.cc checks it against llama.cpp on a
+// committed corpus): the same special-token splitting, the same pre-tokenizer regexes (run with
+// PCRE2), the same merge order and the same token attributes.
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/io/gguf.h"
+
+namespace bitsplit::text {
+
+// Values of the GGUF tokenizer.ggml.token_type array (llama.cpp's llama_token_type).
+enum class TokenType : int32_t {
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6,
+};
+
+class PreTokenizer;  // tokenizer.cc: regex stages that cut text into words before BPE
+
+class Tokenizer {
+ public:
+  static constexpr int32_t kNoToken = -1;
+
+  // Reads tokenizer.ggml.* from `file`. Fails with INVALID_ARGUMENT / NOT_FOUND, naming the key,
+  // on a missing vocabulary or merges, an unsupported tokenizer.ggml.model (only "gpt2"), an
+  // unknown tokenizer.ggml.pre, or malformed arrays.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const gguf::File& file);
+
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  // Text to token ids; never adds BOS/EOS (see add_bos()). With `parse_special`, the text of
+  // control tokens (e.g. "<|im_start|>") becomes that token; without it, only user-defined tokens
+  // are matched and control-token text is tokenized as ordinary text. Invalid UTF-8 is
+  // tokenized as U+FFFD per bad byte, as llama.cpp does. Thread-safe.
+  std::vector<int32_t> Encode(std::string_view text, bool parse_special) const;
+
+  // The bytes a token stands for (not necessarily complete UTF-8: byte-level tokens can hold a
+  // part of a character). Control and unknown tokens give "" unless `render_special`.
+  // OUT_OF_RANGE for an id outside [0, vocab_size()).
+  absl::StatusOr<std::string_view> TokenToPiece(int32_t id, bool render_special = false) const;
+
+  // Concatenation of TokenToPiece over `ids` (llama.cpp's token_to_piece loop, with no space
+  // clean-up). May be invalid UTF-8 when `ids` is not the encoding of a text.
+  absl::StatusOr<std::string> Decode(std::span<const int32_t> ids,
+                                     bool render_special = false) const;
+
+  int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
+  int32_t bos_id() const { return bos_id_; }  // kNoToken when the model has none
+  int32_t eos_id() const { return eos_id_; }
+  int32_t eot_id() const { return eot_id_; }
+  // Whether a prompt should start with BOS (tokenizer.ggml.add_bos_token, else the
+  // pre-tokenizer's default). Encode never adds it; callers prepend bos_id().
+  bool add_bos() const { return add_bos_; }
+  const std::string& pre_tokenizer_name() const { return pre_name_; }
+
+  // End of generation: EOS, EOT, and the tokens llama.cpp treats as such by their text
+  // ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", FIM repo/pad/separator tokens, ...).
+  // False for out-of-range ids.
+  bool IsEndOfGeneration(int32_t id) const;
+  const std::vector<int32_t>& end_of_generation_ids() const { return eog_ids_; }
+
+  // True for control/unknown tokens (the ones TokenToPiece hides unless render_special).
+  bool IsControl(int32_t id) const;
+  absl::StatusOr<TokenType> GetTokenType(int32_t id) const;
+  // The vocabulary entry for `id` as stored in the GGUF (byte-level encoded, e.g. "Ġthe").
+  absl::StatusOr<std::string_view> GetTokenText(int32_t id) const;
+  // The id whose vocabulary text is exactly `text`, or kNoToken.
+  int32_t FindToken(std::string_view text) const;
+
+ private:
+  // Per-token attribute bits, as llama.cpp's llama_token_attr.
+  enum Attr : uint32_t {
+    kAttrUnknown = 1u << 0,
+    kAttrUnused = 1u << 1,
+    kAttrNormal = 1u << 2,
+    kAttrControl = 1u << 3,
+    kAttrUserDefined = 1u << 4,
+    kAttrByte = 1u << 5,
+  };
+  struct Fragment;
+
+  Tokenizer();
+  absl::Status Load(const gguf::File& file);
+  absl::Status LoadSpecialTokens(const gguf::File& file);
+  void BuildPieces();
+  // Splits `text` around special tokens (llama.cpp's tokenizer_st_partition).
+  std::vector<Fragment> PartitionSpecial(std::string_view text, bool parse_special) const;
+  void EncodeFragment(std::string_view fragment, std::vector<int32_t>& out) const;
+  // BPE of one pre-tokenized word (UTF-8), memoized.
+  void EncodeWord(std::string_view word, std::vector<int32_t>& out) const;
+  std::vector<int32_t> BytePairMerge(const std::string& encoded_word) const;
+  int MergeRank(std::string_view left, std::string_view right) const;
+
+  std::string pre_name_;
+  std::unique_ptr<PreTokenizer> pre_tokenizer_;
+  bool ignore_merges_ = false;  // llama3-style: a word that is a whole token skips the merges
+  bool add_bos_ = false;
+
+  std::vector<std::string> tokens_;  // vocabulary text, byte-level encoded
+  std::vector<uint32_t> attrs_;
+  std::vector<std::string> pieces_;                          // decoded bytes of each token
+  std::unordered_map<std::string_view, int32_t> token_ids_;  // views into tokens_
+  std::unordered_map<std::string, int> merge_ranks_;         // "left right" -> rank
+  std::vector<int32_t> special_ids_;  // control/user-defined/unknown, longest text first
+  std::vector<int32_t> eog_ids_;
+  std::unordered_set<int32_t> eog_set_;
+
+  int32_t bos_id_ = kNoToken;
+  int32_t eos_id_ = kNoToken;
+  int32_t eot_id_ = kNoToken;
+
+  // Word -> ids memo: natural text repeats words constantly, and BPE of a word is the
+  // expensive part of Encode.
+  mutable std::mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> word_cache_;
+};
+
+}  // namespace bitsplit::text

@@ -1,0 +1,600 @@
+// Tokenizer, streaming detokenizer and chat template. The reference is llama.cpp: the fixture
+// tests/fixtures/tokenizer/smollm2_tokens.json holds its token ids for every string of
+// tests/oracle/tokenizer_strings.json (regenerate with tests/oracle/gen_tokenizer_fixtures.py).
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/io/gguf.h"
+#include "common/text/chat_template.h"
+#include "common/text/streaming_detokenizer.h"
+#include "common/text/tokenizer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/gguf_builder.h"
+#include "tests/testing/paths.h"
+
+namespace bitsplit::text {
+namespace {
+
+using ::bitsplit::testing::GgufBuilder;
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::SizeIs;
+
+constexpr char kFixture[] = "tests/fixtures/tokenizer/smollm2_tokens.json";
+constexpr char kSmolLm2SystemPrompt[] =
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+
+// Printable form of a corpus string for failure messages.
+std::string Quoted(const std::string& text) {
+  nlohmann::json quoted = text;
+  return quoted.dump();
+}
+
+class SmolLm2TokenizerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto file = gguf::File::Open(bitsplit::testing::ModelPath(bitsplit::testing::kSmolLm2File));
+    ASSERT_TRUE(file.ok()) << file.status();
+    file_ = std::move(*file).release();
+    auto tokenizer = Tokenizer::FromGguf(*file_);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    tokenizer_ = std::move(*tokenizer).release();
+    std::ifstream in(bitsplit::testing::SourcePath(kFixture));
+    ASSERT_TRUE(in) << "missing fixture " << kFixture;
+    fixture_ = new nlohmann::json(nlohmann::json::parse(in));
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete file_;
+    delete fixture_;
+    tokenizer_ = nullptr;
+    file_ = nullptr;
+    fixture_ = nullptr;
+  }
+  void SetUp() override { ASSERT_NE(tokenizer_, nullptr); }
+
+  static const Tokenizer& tokenizer() { return *tokenizer_; }
+  static const nlohmann::json& cases() { return (*fixture_)["cases"]; }
+
+  static gguf::File* file_;
+  static Tokenizer* tokenizer_;
+  static nlohmann::json* fixture_;
+};
+gguf::File* SmolLm2TokenizerTest::file_ = nullptr;
+Tokenizer* SmolLm2TokenizerTest::tokenizer_ = nullptr;
+nlohmann::json* SmolLm2TokenizerTest::fixture_ = nullptr;
+
+TEST_F(SmolLm2TokenizerTest, FixtureCoversTheCorpus) {
+  EXPECT_GE(cases().size(), 220u);
+  EXPECT_EQ((*fixture_)["model"], bitsplit::testing::kSmolLm2File);
+}
+
+TEST_F(SmolLm2TokenizerTest, MatchesLlamaCppWithoutSpecialParsing) {
+  int mismatches = 0;
+  for (const auto& c : cases()) {
+    const std::string text = c["text"];
+    const std::vector<int32_t> expected = c["ids_plain"];
+    const std::vector<int32_t> actual = tokenizer().Encode(text, /*parse_special=*/false);
+    if (actual != expected) ++mismatches;
+    EXPECT_EQ(actual, expected) << c["category"] << " " << Quoted(text);
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << cases().size() << " strings";
+}
+
+TEST_F(SmolLm2TokenizerTest, MatchesLlamaCppWithSpecialParsing) {
+  int mismatches = 0;
+  for (const auto& c : cases()) {
+    const std::string text = c["text"];
+    const std::vector<int32_t> expected = c["ids_special"];
+    const std::vector<int32_t> actual = tokenizer().Encode(text, /*parse_special=*/true);
+    if (actual != expected) ++mismatches;
+    EXPECT_EQ(actual, expected) << c["category"] << " " << Quoted(text);
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << cases().size() << " strings";
+}
+
+TEST_F(SmolLm2TokenizerTest, DecodeMatchesLlamaCppPieces) {
+  for (const auto& c : cases()) {
+    for (const char* mode : {"plain", "special"}) {
+      const std::vector<int32_t> ids = c[absl::StrCat("ids_", mode)];
+      const auto hidden = tokenizer().Decode(ids, /*render_special=*/false);
+      const auto rendered = tokenizer().Decode(ids, /*render_special=*/true);
+      ASSERT_TRUE(hidden.ok()) << hidden.status();
+      ASSERT_TRUE(rendered.ok()) << rendered.status();
+      EXPECT_EQ(*hidden, c[absl::StrCat("decoded_", mode, "_hidden")].get<std::string>())
+          << Quoted(c["text"]);
+      EXPECT_EQ(*rendered, c[absl::StrCat("decoded_", mode, "_rendered")].get<std::string>())
+          << Quoted(c["text"]);
+    }
+  }
+}
+
+// Independent of the oracle: byte-level BPE must be lossless.
+TEST_F(SmolLm2TokenizerTest, DecodeOfEncodeIsIdentity) {
+  for (const auto& c : cases()) {
+    const std::string text = c["text"];
+    const auto plain = tokenizer().Decode(tokenizer().Encode(text, false), false);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    EXPECT_EQ(*plain, text);
+    const auto special = tokenizer().Decode(tokenizer().Encode(text, true), true);
+    ASSERT_TRUE(special.ok()) << special.status();
+    EXPECT_EQ(*special, text);
+  }
+}
+
+TEST_F(SmolLm2TokenizerTest, InvalidUtf8BecomesReplacementCharacters) {
+  // llama.cpp replaces each undecodable byte by U+FFFD before BPE.
+  EXPECT_EQ(tokenizer().Encode("a\xFF"
+                               "b",
+                               false),
+            tokenizer().Encode("a\uFFFD"
+                               "b",
+                               false));
+  EXPECT_EQ(tokenizer().Encode("\xE4\xBD", false), tokenizer().Encode("\uFFFD\uFFFD", false));
+  EXPECT_EQ(tokenizer().Encode("\xF4\x90\x80\x80", false),
+            tokenizer().Encode("\uFFFD\uFFFD\uFFFD\uFFFD", false));
+}
+
+TEST_F(SmolLm2TokenizerTest, SpecialTokenIds) {
+  EXPECT_EQ(tokenizer().vocab_size(), (*fixture_)["vocab_size"].get<int32_t>());
+  EXPECT_EQ(tokenizer().vocab_size(), 49152);
+  EXPECT_EQ(tokenizer().bos_id(), (*fixture_)["bos_id"].get<int32_t>());
+  EXPECT_EQ(tokenizer().eos_id(), (*fixture_)["eos_id"].get<int32_t>());
+  EXPECT_EQ(tokenizer().eot_id(), (*fixture_)["eot_id"].get<int32_t>());
+  EXPECT_FALSE(tokenizer().add_bos());
+  EXPECT_EQ(tokenizer().pre_tokenizer_name(), "smollm");
+  EXPECT_EQ(tokenizer().FindToken("<|im_end|>"), 2);
+  EXPECT_EQ(tokenizer().FindToken("Ġthe"), tokenizer().Encode(" the", false).at(0));
+  EXPECT_EQ(tokenizer().FindToken("no such token"), Tokenizer::kNoToken);
+}
+
+TEST_F(SmolLm2TokenizerTest, EndOfGenerationAndControlMatchLlamaCpp) {
+  const std::vector<int32_t> eog = (*fixture_)["eog_ids"];
+  const std::vector<int32_t> control = (*fixture_)["control_ids"];
+  EXPECT_EQ(tokenizer().end_of_generation_ids(), eog);
+  EXPECT_TRUE(tokenizer().IsEndOfGeneration(tokenizer().eos_id()));
+  EXPECT_TRUE(tokenizer().IsEndOfGeneration(tokenizer().FindToken("<|im_end|>")));
+  std::vector<int32_t> actual_eog, actual_control;
+  for (int32_t id = 0; id < tokenizer().vocab_size(); ++id) {
+    if (tokenizer().IsEndOfGeneration(id)) actual_eog.push_back(id);
+    if (tokenizer().IsControl(id)) actual_control.push_back(id);
+  }
+  EXPECT_EQ(actual_eog, eog);
+  EXPECT_EQ(actual_control, control);
+  EXPECT_FALSE(tokenizer().IsEndOfGeneration(-1));
+  EXPECT_FALSE(tokenizer().IsEndOfGeneration(tokenizer().vocab_size()));
+}
+
+TEST_F(SmolLm2TokenizerTest, OutOfRangeIdsAreErrors) {
+  for (int32_t bad : {-1, tokenizer().vocab_size(), INT32_MAX}) {
+    const auto piece = tokenizer().TokenToPiece(bad);
+    EXPECT_EQ(piece.status().code(), absl::StatusCode::kOutOfRange);
+    EXPECT_THAT(piece.status().message(), HasSubstr(std::to_string(bad)));
+    EXPECT_EQ(tokenizer().GetTokenText(bad).status().code(), absl::StatusCode::kOutOfRange);
+    EXPECT_EQ(tokenizer().GetTokenType(bad).status().code(), absl::StatusCode::kOutOfRange);
+  }
+  const std::vector<int32_t> ids = {1, 2, 49152};
+  const auto decoded = tokenizer().Decode(ids);
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(decoded.status().message(), HasSubstr("position 2"));
+}
+
+TEST_F(SmolLm2TokenizerTest, ControlTokensAreHiddenUnlessRendered) {
+  EXPECT_EQ(*tokenizer().TokenToPiece(2), "");
+  EXPECT_EQ(*tokenizer().TokenToPiece(2, /*render_special=*/true), "<|im_end|>");
+  EXPECT_EQ(*tokenizer().GetTokenType(2), TokenType::kControl);
+  const int32_t the = tokenizer().FindToken("Ġthe");
+  EXPECT_EQ(*tokenizer().TokenToPiece(the), " the");
+  EXPECT_EQ(*tokenizer().GetTokenType(the), TokenType::kNormal);
+}
+
+TEST_F(SmolLm2TokenizerTest, ConcurrentEncodeAgreesWithSerial) {
+  // Encode shares a word cache between threads; results must not depend on interleaving.
+  std::vector<std::vector<int32_t>> serial;
+  for (const auto& c : cases()) serial.push_back(c["ids_special"]);
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round) {
+        for (size_t i = t; i < cases().size(); i += (round == 1 ? 1 : 2)) {
+          const std::string text = cases()[i]["text"];
+          if (tokenizer().Encode(text, true) != serial[i]) ++mismatches[t];
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_THAT(mismatches, ElementsAre(0, 0, 0, 0));
+}
+
+// ---- Streaming detokenizer --------------------------------------------------------------------
+
+TEST(Utf8Test, ReplacesMaximalInvalidSubparts) {
+  EXPECT_TRUE(IsValidUtf8(""));
+  EXPECT_TRUE(IsValidUtf8("plain ascii"));
+  EXPECT_TRUE(IsValidUtf8("\u00e9\u4e2d\U0001F355\U0010FFFF"));
+  EXPECT_FALSE(IsValidUtf8("\xC0\x80"));          // overlong
+  EXPECT_FALSE(IsValidUtf8("\xED\xA0\x80"));      // surrogate
+  EXPECT_FALSE(IsValidUtf8("\xF4\x90\x80\x80"));  // above U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("\xE4\xBD"));          // truncated
+  // Same results as Python's bytes.decode("utf-8", "replace").
+  EXPECT_EQ(ReplaceInvalidUtf8("a\xFF"
+                               "b"),
+            "a\uFFFD"
+            "b");
+  EXPECT_EQ(ReplaceInvalidUtf8("\xE4\xBD"), "\uFFFD");
+  EXPECT_EQ(ReplaceInvalidUtf8("\xE4\xBD"
+                               "a"),
+            "\uFFFD"
+            "a");
+  EXPECT_EQ(ReplaceInvalidUtf8("\xED\xA0\x80"), "\uFFFD\uFFFD\uFFFD");
+  EXPECT_EQ(ReplaceInvalidUtf8("\xF0\x9F\x8D"
+                               "x\x80"),
+            "\uFFFD"
+            "x\uFFFD");
+  EXPECT_EQ(ReplaceInvalidUtf8("\xC0\xAF"), "\uFFFD\uFFFD");
+  EXPECT_EQ(ReplaceInvalidUtf8("\U0001F355"), "\U0001F355");
+}
+
+TEST_F(SmolLm2TokenizerTest, StreamingHoldsBackPartialCharacters) {
+  // A pizza emoji is several byte-level tokens; nothing may come out until it is complete.
+  const std::vector<int32_t> ids = tokenizer().Encode("\U0001F355", false);
+  ASSERT_GT(ids.size(), 1u);
+  StreamingDetokenizer stream(tokenizer());
+  for (size_t i = 0; i + 1 < ids.size(); ++i) {
+    const auto text = stream.Push(ids[i]);
+    ASSERT_TRUE(text.ok());
+    EXPECT_EQ(*text, "");
+    EXPECT_GT(stream.pending_bytes(), 0u);
+  }
+  EXPECT_EQ(*stream.Push(ids.back()), "\U0001F355");
+  EXPECT_EQ(stream.pending_bytes(), 0u);
+  EXPECT_EQ(stream.Finish(), "");
+
+  // An unfinished character at the end of the stream becomes U+FFFD.
+  ASSERT_TRUE(stream.Push(ids[0]).ok());
+  EXPECT_EQ(stream.Finish(), "\uFFFD");
+  EXPECT_EQ(stream.pending_bytes(), 0u);
+}
+
+TEST_F(SmolLm2TokenizerTest, StreamingOfCorpusEqualsDecode) {
+  for (const auto& c : cases()) {
+    for (bool render : {false, true}) {
+      const std::vector<int32_t> ids = c["ids_special"];
+      StreamingDetokenizer stream(tokenizer(), render);
+      std::string streamed;
+      for (int32_t id : ids) {
+        const auto text = stream.Push(id);
+        ASSERT_TRUE(text.ok()) << text.status();
+        EXPECT_TRUE(IsValidUtf8(*text)) << Quoted(c["text"]);
+        streamed += *text;
+      }
+      const std::string rest = stream.Finish();
+      EXPECT_TRUE(IsValidUtf8(rest));
+      streamed += rest;
+      EXPECT_EQ(streamed, *tokenizer().Decode(ids, render)) << Quoted(c["text"]);
+    }
+  }
+}
+
+TEST_F(SmolLm2TokenizerTest, StreamingOfRandomIdsIsValidUtf8) {
+  // Random ids often split characters in ways no real text does; the output must still be
+  // valid UTF-8 and equal to the batch decode with bad sequences replaced.
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> any_id(0, tokenizer().vocab_size() - 1);
+  // Single-byte tokens of the upper half (0x80..0xFF) are the risky ones: favour them.
+  std::vector<int32_t> byte_ids;
+  for (int32_t id = 0; id < tokenizer().vocab_size(); ++id) {
+    const auto piece = tokenizer().TokenToPiece(id);
+    if (piece->size() == 1 && static_cast<uint8_t>((*piece)[0]) >= 0x80) byte_ids.push_back(id);
+  }
+  ASSERT_FALSE(byte_ids.empty());
+  std::uniform_int_distribution<size_t> any_byte(0, byte_ids.size() - 1);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<int32_t> ids(1 + trial % 40);
+    for (int32_t& id : ids) id = rng() % 2 ? byte_ids[any_byte(rng)] : any_id(rng);
+    StreamingDetokenizer stream(tokenizer(), /*render_special=*/true);
+    std::string streamed;
+    for (int32_t id : ids) {
+      const std::string text = *stream.Push(id);
+      ASSERT_TRUE(IsValidUtf8(text));
+      streamed += text;
+    }
+    streamed += stream.Finish();
+    EXPECT_EQ(streamed, ReplaceInvalidUtf8(*tokenizer().Decode(ids, true)));
+  }
+}
+
+TEST_F(SmolLm2TokenizerTest, StreamingRejectsBadIdWithoutLosingState) {
+  const std::vector<int32_t> ids = tokenizer().Encode("\U0001F355", false);  // >1 token
+  ASSERT_GT(ids.size(), 1u);
+  StreamingDetokenizer stream(tokenizer());
+  ASSERT_TRUE(stream.Push(ids[0]).ok());
+  const size_t pending = stream.pending_bytes();
+  EXPECT_EQ(stream.Push(-5).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(stream.pending_bytes(), pending);
+  std::string rest;
+  for (size_t i = 1; i < ids.size(); ++i) rest += *stream.Push(ids[i]);
+  EXPECT_EQ(rest, "\U0001F355");
+}
+
+// ---- Chat template ----------------------------------------------------------------------------
+
+TEST_F(SmolLm2TokenizerTest, ChatTemplateIsChatMlWithDefaultSystemPrompt) {
+  const auto chat = ChatTemplate::FromGguf(*file_);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->kind(), ChatTemplate::Kind::kChatMl);
+  EXPECT_EQ(chat->default_system_prompt(), kSmolLm2SystemPrompt);
+}
+
+TEST_F(SmolLm2TokenizerTest, ChatTemplateMatchesHandWrittenPrompts) {
+  const ChatTemplate chat = *ChatTemplate::FromGguf(*file_);
+  const std::vector<ChatMessage> user_only = {{"user", "Hi there"}};
+  EXPECT_EQ(chat.Render(user_only, true),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n");
+  const std::vector<ChatMessage> with_system = {
+      {"system", "Be brief."}, {"user", "2+2?"}, {"assistant", "4"}, {"user", "3+3?"}};
+  EXPECT_EQ(chat.Render(with_system, true),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+            "<|im_start|>assistant\n4<|im_end|>\n<|im_start|>user\n3+3?<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(chat.Render(with_system, false),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+            "<|im_start|>assistant\n4<|im_end|>\n<|im_start|>user\n3+3?<|im_end|>\n");
+  EXPECT_EQ(chat.Render({}, true), "<|im_start|>assistant\n");
+}
+
+TEST_F(SmolLm2TokenizerTest, ChatTemplateMatchesJinjaAndLlamaCppTokens) {
+  const ChatTemplate chat = *ChatTemplate::FromGguf(*file_);
+  const nlohmann::json& chats = (*fixture_)["chats"];
+  ASSERT_FALSE(chats.empty());
+  for (const auto& conversation : chats) {
+    std::vector<ChatMessage> messages;
+    for (const auto& m : conversation["messages"]) messages.push_back({m["role"], m["content"]});
+    const std::string prompt = chat.Render(messages, conversation["add_generation_prompt"]);
+    EXPECT_EQ(prompt, conversation["prompt"].get<std::string>());
+    const std::vector<int32_t> expected = conversation["ids"];
+    EXPECT_EQ(tokenizer().Encode(prompt, /*parse_special=*/true), expected) << Quoted(prompt);
+  }
+}
+
+TEST(ChatTemplateTest, AcceptsPlainChatMlWithOtherSpacingAndQuotes) {
+  const auto chat = ChatTemplate::FromSource(
+      "{%- for message in messages -%}"
+      "{{ \"<|im_start|>\" + message['role'] + \"\\n\" + message['content'] + '<|im_end|>' + "
+      "'\\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}"
+      "{%- endif -%}");
+  // Whitespace-control dashes change Jinja semantics in general, so this is not accepted...
+  EXPECT_EQ(chat.status().code(), absl::StatusCode::kUnimplemented);
+  // ...but spacing inside tags and the quote style do not matter.
+  const auto spaced = ChatTemplate::FromSource(
+      "{% for message in messages %}{{ \"<|im_start|>\" + message[ 'role' ] + \"\\n\" + "
+      "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+      "{% if add_generation_prompt %}{{'<|im_start|>assistant\\n'}}{% endif %}");
+  ASSERT_TRUE(spaced.ok()) << spaced.status();
+  EXPECT_FALSE(spaced->default_system_prompt().has_value());
+  const std::vector<ChatMessage> messages = {{"user", "x"}};
+  EXPECT_EQ(spaced->Render(messages, false), "<|im_start|>user\nx<|im_end|>\n");
+}
+
+TEST(ChatTemplateTest, RejectsUnsupportedTemplates) {
+  // Llama-2 style.
+  const auto llama2 = ChatTemplate::FromSource(
+      "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+      "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ message['content'] }}"
+      "{% endif %}{% endfor %}");
+  EXPECT_EQ(llama2.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(llama2.status().message(), HasSubstr("unsupported chat template"));
+  // ChatML with raw text between the tags renders differently: refused, not approximated.
+  const auto with_text = ChatTemplate::FromSource(
+      "{% for message in messages %}\n{{'<|im_start|>' + message['role'] + '\\n' + "
+      "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+      "{{ '<|im_start|>assistant\\n' }}{% endif %}");
+  EXPECT_EQ(with_text.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(ChatTemplate::FromSource("{{ 'unterminated").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ChatTemplateTest, MissingTemplateIsNotFound) {
+  GgufBuilder builder;
+  builder.AddString("general.architecture", "llama");
+  const std::vector<uint8_t> image = builder.Build();
+  auto file = gguf::File::Parse(image.data(), image.size(), "no_template.gguf");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const auto chat = ChatTemplate::FromGguf(**file);
+  EXPECT_EQ(chat.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(chat.status().message(), HasSubstr("no_template.gguf"));
+}
+
+// ---- Synthetic vocabularies: pre-tokenizer variants and load errors ----------------------------
+
+// GPT-2's byte -> printable character mapping, written out independently of the tokenizer.
+std::vector<std::string> ByteLevelAlphabet() {
+  std::vector<std::string> alphabet(256);
+  int next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    const int cp = printable ? b : next++;
+    std::string utf8;
+    if (cp < 0x80) {
+      utf8.push_back(static_cast<char>(cp));
+    } else {
+      utf8.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      utf8.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    alphabet[b] = utf8;
+  }
+  return alphabet;
+}
+
+// Ids 0..255 are the bytes; then these multi-character tokens.
+enum SyntheticId : int32_t {
+  kTok12 = 256,
+  kTok123,
+  kTokSpace1,
+  kTokXyz,
+  kTokControl,
+  kTokUser,
+  kTokImEnd,
+};
+
+GgufBuilder SyntheticVocab(const std::string& pre) {
+  std::vector<std::string> tokens = ByteLevelAlphabet();
+  for (const char* extra : {"12", "123",
+                            "\xC4\xA0"
+                            "1",
+                            "xyz", "<|ctl|>", "<usr>", "<|im_end|>"}) {
+    tokens.push_back(extra);
+  }
+  std::vector<int32_t> types(tokens.size(), 1);
+  types[kTokControl] = 3;
+  types[kTokUser] = 4;
+  types[kTokImEnd] = 3;
+  GgufBuilder builder;
+  builder.AddString("tokenizer.ggml.model", "gpt2");
+  if (!pre.empty()) builder.AddString("tokenizer.ggml.pre", pre);
+  builder.AddStringArray("tokenizer.ggml.tokens", tokens);
+  builder.AddInt32Array("tokenizer.ggml.token_type", types);
+  builder.AddStringArray("tokenizer.ggml.merges", {"\xC4\xA0 1", "1 2", "12 3"});
+  builder.AddUint32("tokenizer.ggml.eos_token_id", 'e');
+  return builder;
+}
+
+struct Loaded {
+  std::vector<uint8_t> image;
+  std::unique_ptr<gguf::File> file;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer;
+};
+
+std::unique_ptr<Loaded> Load(const GgufBuilder& builder) {
+  auto loaded = std::make_unique<Loaded>();
+  loaded->image = builder.Build();
+  auto file = gguf::File::Parse(loaded->image.data(), loaded->image.size(), "synthetic.gguf");
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return loaded;
+  loaded->file = std::move(*file);
+  loaded->tokenizer = Tokenizer::FromGguf(*loaded->file);
+  return loaded;
+}
+
+TEST(SyntheticTokenizerTest, PreTokenizersCutWordsDifferently) {
+  // " 12" and "1234" under each pre-tokenizer; merges: "Ġ 1" (rank 0), "1 2", "12 3".
+  const auto gpt2 = Load(SyntheticVocab("gpt-2"));
+  ASSERT_TRUE(gpt2->tokenizer.ok()) << gpt2->tokenizer.status();
+  // One word " 12": "Ġ 1" has the best rank and wins over "1 2".
+  EXPECT_THAT((*gpt2->tokenizer)->Encode(" 12", false), ElementsAre(kTokSpace1, '2'));
+  EXPECT_THAT((*gpt2->tokenizer)->Encode("1234", false), ElementsAre(kTok123, '4'));
+
+  const auto smollm = Load(SyntheticVocab("smollm"));
+  ASSERT_TRUE(smollm->tokenizer.ok()) << smollm->tokenizer.status();
+  // Every digit is its own word, so no merge applies.
+  EXPECT_THAT((*smollm->tokenizer)->Encode(" 12", false), ElementsAre(' ', '1', '2'));
+  EXPECT_THAT((*smollm->tokenizer)->Encode("1234", false), ElementsAre('1', '2', '3', '4'));
+
+  const auto llama3 = Load(SyntheticVocab("llama-bpe"));
+  ASSERT_TRUE(llama3->tokenizer.ok()) << llama3->tokenizer.status();
+  // " " and "12" are separate words; digits group by three.
+  EXPECT_THAT((*llama3->tokenizer)->Encode(" 12", false), ElementsAre(' ', kTok12));
+  EXPECT_THAT((*llama3->tokenizer)->Encode("1234", false), ElementsAre(kTok123, '4'));
+  // A word that is a whole token is taken as is, without merges (llama.cpp's ignore_merges).
+  EXPECT_THAT((*llama3->tokenizer)->Encode("xyz", false), ElementsAre(kTokXyz));
+  EXPECT_THAT((*gpt2->tokenizer)->Encode("xyz", false), ElementsAre('x', 'y', 'z'));
+  EXPECT_TRUE((*llama3->tokenizer)->add_bos());
+  EXPECT_FALSE((*gpt2->tokenizer)->add_bos());
+
+  // "default" (also used when tokenizer.ggml.pre is missing): digits in runs of three after
+  // the GPT-2 split.
+  for (const std::string pre : {"default", ""}) {
+    const auto fallback = Load(SyntheticVocab(pre));
+    ASSERT_TRUE(fallback->tokenizer.ok()) << fallback->tokenizer.status();
+    EXPECT_EQ((*fallback->tokenizer)->pre_tokenizer_name(), "default");
+    EXPECT_THAT((*fallback->tokenizer)->Encode(" 1234", false), ElementsAre(' ', kTok123, '4'));
+  }
+}
+
+TEST(SyntheticTokenizerTest, ControlAndUserDefinedTokens) {
+  const auto loaded = Load(SyntheticVocab("gpt2"));
+  ASSERT_TRUE(loaded->tokenizer.ok()) << loaded->tokenizer.status();
+  const Tokenizer& tokenizer = **loaded->tokenizer;
+  // Control tokens only with parse_special; user-defined tokens always.
+  EXPECT_THAT(tokenizer.Encode("a<|ctl|>", true), ElementsAre('a', kTokControl));
+  EXPECT_THAT(tokenizer.Encode("a<|ctl|>", false), SizeIs(8));
+  EXPECT_THAT(tokenizer.Encode("<usr>b", false), ElementsAre(kTokUser, 'b'));
+  EXPECT_THAT(tokenizer.Encode("<usr>b", true), ElementsAre(kTokUser, 'b'));
+  EXPECT_EQ(*tokenizer.TokenToPiece(kTokUser), "<usr>");  // user-defined: always rendered
+  EXPECT_EQ(*tokenizer.TokenToPiece(kTokControl), "");
+  // End of generation: the EOS id from the metadata and <|im_end|> by its text.
+  EXPECT_EQ(tokenizer.eos_id(), 'e');
+  EXPECT_THAT(tokenizer.end_of_generation_ids(), ElementsAre('e', kTokImEnd));
+  EXPECT_EQ(tokenizer.eot_id(), kTokImEnd);
+}
+
+TEST(SyntheticTokenizerTest, UnknownPreTokenizerIsAnError) {
+  const auto loaded = Load(SyntheticVocab("no-such-pre"));
+  ASSERT_FALSE(loaded->tokenizer.ok());
+  EXPECT_EQ(loaded->tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("'no-such-pre'"));
+  EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("smollm"));
+}
+
+TEST(SyntheticTokenizerTest, UnsupportedModelIsAnError) {
+  GgufBuilder builder = SyntheticVocab("gpt2");
+  builder.kvs()[0] =
+      GgufBuilder::Kv{"tokenizer.ggml.model", static_cast<uint32_t>(gguf::ValueType::kString),
+                      GgufBuilder::EncodeString("llama")};
+  const auto loaded = Load(builder);
+  ASSERT_FALSE(loaded->tokenizer.ok());
+  EXPECT_EQ(loaded->tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("'llama'"));
+}
+
+TEST(SyntheticTokenizerTest, MalformedVocabulariesAreErrors) {
+  {  // no merges
+    GgufBuilder builder;
+    builder.AddString("tokenizer.ggml.model", "gpt2");
+    builder.AddStringArray("tokenizer.ggml.tokens", {"a", "b"});
+    const auto loaded = Load(builder);
+    ASSERT_FALSE(loaded->tokenizer.ok());
+    EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("tokenizer.ggml.merges"));
+  }
+  {  // no vocabulary
+    GgufBuilder builder;
+    builder.AddString("tokenizer.ggml.model", "gpt2");
+    const auto loaded = Load(builder);
+    ASSERT_FALSE(loaded->tokenizer.ok());
+    EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("tokenizer.ggml.tokens"));
+  }
+  {  // duplicate token text
+    GgufBuilder builder;
+    builder.AddString("tokenizer.ggml.model", "gpt2");
+    builder.AddStringArray("tokenizer.ggml.tokens", {"a", "b", "a"});
+    builder.AddStringArray("tokenizer.ggml.merges", {});
+    const auto loaded = Load(builder);
+    ASSERT_FALSE(loaded->tokenizer.ok());
+    EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("ids 0 and 2"));
+  }
+  {  // token types shorter than the vocabulary
+    GgufBuilder builder;
+    builder.AddString("tokenizer.ggml.model", "gpt2");
+    builder.AddStringArray("tokenizer.ggml.tokens", {"a", "b", "c"});
+    builder.AddInt32Array("tokenizer.ggml.token_type", {1, 1});
+    builder.AddStringArray("tokenizer.ggml.merges", {});
+    const auto loaded = Load(builder);
+    ASSERT_FALSE(loaded->tokenizer.ok());
+    EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("token_type"));
+  }
+}
+
+}  // namespace
+}  // namespace bitsplit::text
