@@ -1,53 +1,29 @@
 #include "common/io/gguf.h"
 
 #include <bit>
-#include <cstring>
 #include <limits>
 #include <utility>
 
 #include "absl/status/status.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/io/byte_reader.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::gguf {
 
-// GGUF is little-endian and every read below is a plain memcpy.
-static_assert(std::endian::native == std::endian::little, "the GGUF reader assumes little-endian");
-
 namespace {
+
+using io::CheckedAdd;
+using io::CheckedMul;
+using io::Quote;
+using io::ToAbsl;
+using io::WithContext;
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian uint32
 // Smallest possible encodings, used to reject counts that the remaining bytes cannot hold
 // before anything is allocated for them.
 constexpr uint64_t kMinMetadataEntryBytes = 8 + 4 + 1;   // empty key, type, one-byte value
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 4 + 8;  // empty name, n_dims=0, type, offset
-
-// Debian's abseil is built with its own absl::string_view (not an alias of std::string_view),
-// and StrCat takes only the former; the public API uses std::string_view.
-absl::string_view ToAbsl(std::string_view text) { return {text.data(), text.size()}; }
-
-// Checked arithmetic: every size and offset in a GGUF file is attacker-controlled.
-bool CheckedAdd(uint64_t a, uint64_t b, uint64_t* sum) {
-  return !__builtin_add_overflow(a, b, sum);
-}
-bool CheckedMul(uint64_t a, uint64_t b, uint64_t* product) {
-  return !__builtin_mul_overflow(a, b, product);
-}
-
-// Names in messages come from the file: escape them so that control bytes cannot garble a
-// terminal or a log, and cut them short so that a 1 MB key does not become a 1 MB message.
-std::string Quote(std::string_view text) {
-  constexpr size_t kMaxShown = 80;
-  std::string escaped = absl::CHexEscape(ToAbsl(text.substr(0, kMaxShown)));
-  return absl::StrCat("'", escaped, text.size() > kMaxShown ? "...'" : "'");
-}
-
-// Same code, message prefixed with where the error happened.
-absl::Status WithContext(const absl::Status& status, absl::string_view context) {
-  if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
-}
 
 absl::string_view TypeName(ValueType type) { return ToAbsl(ValueTypeName(type)); }
 
@@ -173,7 +149,7 @@ std::string_view ValueTypeName(ValueType type) {
 // say what is wrong and where; File::Parse prefixes the file name.
 class File::Parser {
  public:
-  Parser(const uint8_t* data, size_t size, File* file) : data_(data), size_(size), file_(file) {}
+  Parser(const uint8_t* data, size_t size, File* file) : reader_(data, size), file_(file) {}
 
   absl::Status Run() {
     BITSPLIT_RETURN_IF_ERROR(ParseHeader());
@@ -184,37 +160,16 @@ class File::Parser {
   }
 
  private:
-  uint64_t remaining() const { return size_ - offset_; }
-
-  // Fails unless `bytes` more bytes exist at the cursor. `what` + `what_suffix` name the field;
-  // two parts so that the hot path (one call per array element) never builds a string.
-  absl::Status Need(uint64_t bytes, absl::string_view what,
-                    absl::string_view what_suffix = {}) const {
-    if (bytes <= remaining()) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat("truncated: ", what, what_suffix, " needs ", bytes, " bytes at offset ",
-                     offset_, " but only ", remaining(), " remain (file size ", size_, ")"));
-  }
+  uint64_t remaining() const { return reader_.remaining(); }
+  uint64_t offset() const { return reader_.offset(); }
+  size_t size() const { return reader_.size(); }
 
   template <typename T>
   absl::Status Read(T* out, absl::string_view what, absl::string_view what_suffix = {}) {
-    BITSPLIT_RETURN_IF_ERROR(Need(sizeof(T), what, what_suffix));
-    std::memcpy(out, data_ + offset_, sizeof(T));
-    offset_ += sizeof(T);
-    return absl::OkStatus();
+    return reader_.Read(out, what, what_suffix);
   }
-
   absl::Status ReadString(std::string* out, absl::string_view what) {
-    uint64_t length = 0;
-    BITSPLIT_RETURN_IF_ERROR(Read(&length, what, " length"));
-    if (length > remaining()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " length ", length, " at offset ", offset_ - 8, " runs past end of file (",
-          remaining(), " bytes remain, file size ", size_, ")"));
-    }
-    out->assign(reinterpret_cast<const char*>(data_ + offset_), length);
-    offset_ += length;
-    return absl::OkStatus();
+    return reader_.ReadString<uint64_t>(out, what);
   }
 
   absl::Status ParseHeader() {
@@ -222,7 +177,7 @@ class File::Parser {
     BITSPLIT_RETURN_IF_ERROR(Read(&magic, "magic"));
     if (magic != kMagic) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "bad magic ", Quote(std::string_view(reinterpret_cast<const char*>(data_), 4)),
+          "bad magic ", Quote(std::string_view(reinterpret_cast<const char*>(reader_.data()), 4)),
           ", expected 'GGUF': not a GGUF file"));
     }
     uint32_t version = 0;
@@ -317,7 +272,7 @@ class File::Parser {
         uint8_t byte = 0;
         BITSPLIT_RETURN_IF_ERROR(Read(&byte, "BOOL value"));
         if (byte > 1) {
-          return absl::InvalidArgumentError(absl::StrCat("BOOL value at offset ", offset_ - 1,
+          return absl::InvalidArgumentError(absl::StrCat("BOOL value at offset ", offset() - 1,
                                                          " is ", byte, ", expected 0 or 1"));
         }
         out->data = byte == 1;
@@ -351,8 +306,8 @@ class File::Parser {
     uint32_t element_type_id = 0;
     BITSPLIT_RETURN_IF_ERROR(Read(&element_type_id, "array element type"));
     if (!IsKnownValueType(element_type_id)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown array element type ", element_type_id, " at offset ", offset_ - 4));
+      return absl::InvalidArgumentError(absl::StrCat("unknown array element type ", element_type_id,
+                                                     " at offset ", offset() - 4));
     }
     const auto element_type = static_cast<ValueType>(element_type_id);
     uint64_t count = 0;
@@ -360,9 +315,9 @@ class File::Parser {
     const uint64_t min_element_bytes = MinEncodedSize(element_type);
     if (count > remaining() / min_element_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "array of ", count, " ", TypeName(element_type), " elements at offset ", offset_ - 12,
+          "array of ", count, " ", TypeName(element_type), " elements at offset ", offset() - 12,
           " needs at least ", min_element_bytes, " bytes per element but only ", remaining(),
-          " bytes remain (file size ", size_, ")"));
+          " bytes remain (file size ", size(), ")"));
     }
     total_array_elements_ += count;  // cannot overflow: count <= file size at each step
     if (total_array_elements_ > kMaxTotalArrayElements) {
@@ -496,7 +451,7 @@ class File::Parser {
   absl::Status PlaceTensorData() {
     const uint64_t alignment = file_->alignment_;
     uint64_t padded;
-    if (!CheckedAdd(offset_, alignment - 1, &padded)) {
+    if (!CheckedAdd(offset(), alignment - 1, &padded)) {
       return absl::InvalidArgumentError("data section offset overflows");
     }
     file_->data_offset_ = padded / alignment * alignment;
@@ -526,22 +481,20 @@ class File::Parser {
                          Quote(previous->name), " data [", previous->offset, ", ", previous_end,
                          ") (offsets relative to the data section)"));
       }
-      if (absolute_end > size_) {
+      if (absolute_end > size()) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": data [", absolute_start, ", ", absolute_end,
-                         ") extends past end of file (size ", size_, ")"));
+                         ") extends past end of file (size ", size(), ")"));
       }
-      tensor.data = data_ + absolute_start;
+      tensor.data = reader_.data() + absolute_start;
       previous = &tensor;
       previous_end = relative_end;
     }
     return absl::OkStatus();
   }
 
-  const uint8_t* data_;
-  size_t size_;
+  io::ByteReader reader_;
   File* file_;
-  uint64_t offset_ = 0;
   uint64_t tensor_count_ = 0;
   uint64_t metadata_count_ = 0;
   uint64_t total_array_elements_ = 0;
