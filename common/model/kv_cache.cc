@@ -1,0 +1,92 @@
+#include "common/model/kv_cache.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "common/util/status_macros.h"
+
+namespace bitsplit::model {
+
+absl::StatusOr<KvCache> KvCache::Create(int64_t num_layers, int64_t kv_dim, int64_t capacity) {
+  if (num_layers <= 0 || kv_dim <= 0 || capacity <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KV cache sizes must be positive (layers %d, kv_dim %d, capacity %d)",
+                        num_layers, kv_dim, capacity));
+  }
+  // Guard the size arithmetic; 2^40 floats (4 TiB) is far beyond any real cache.
+  if (num_layers > (int64_t{1} << 20) || kv_dim > (int64_t{1} << 20) ||
+      capacity > (int64_t{1} << 40) / (num_layers * kv_dim)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "KV cache of %d layers x %d slots x %d floats is too large", num_layers, capacity, kv_dim));
+  }
+  return KvCache(num_layers, kv_dim, capacity);
+}
+
+KvCache::KvCache(int64_t num_layers, int64_t kv_dim, int64_t capacity)
+    : num_layers_(num_layers),
+      kv_dim_(kv_dim),
+      capacity_(capacity),
+      keys_(static_cast<size_t>(num_layers * capacity * kv_dim)),
+      values_(static_cast<size_t>(num_layers * capacity * kv_dim)) {}
+
+size_t KvCache::LayerOffset(int64_t layer) const {
+  BITSPLIT_CHECK(layer >= 0 && layer < num_layers_);
+  return static_cast<size_t>(layer * capacity_ * kv_dim_);
+}
+
+absl::Status KvCache::BeginPending(int64_t count) {
+  if (count < 0 || count > capacity_ - committed_length_) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("KV cache full: %d committed + %d new tokens exceed the capacity of %d",
+                        committed_length_, count, capacity_));
+  }
+  pending_length_ = count;
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::Commit(int64_t count) {
+  if (count < 0 || count > pending_length_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cannot commit %d KV slots: only %d are pending", count, pending_length_));
+  }
+  committed_length_ += count;
+  pending_length_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::CommitSlots(std::span<const int32_t> pending_indices) {
+  for (size_t k = 0; k < pending_indices.size(); ++k) {
+    const int32_t index = pending_indices[k];
+    if (index < 0 || index >= pending_length_) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "cannot commit pending KV slot %d: only %d are pending", index, pending_length_));
+    }
+    if (k > 0 && index <= pending_indices[k - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("pending KV slots to commit must be strictly ascending (%d follows %d)",
+                          index, pending_indices[k - 1]));
+    }
+  }
+  // Ascending indices satisfy index >= k, so slot L + k is written only after every source at
+  // or below it has been read: the compaction can run in place, front to back.
+  for (size_t k = 0; k < pending_indices.size(); ++k) {
+    const int64_t from = committed_length_ + pending_indices[k];
+    const int64_t to = committed_length_ + static_cast<int64_t>(k);
+    if (from != to) MoveSlot(from, to);
+  }
+  committed_length_ += static_cast<int64_t>(pending_indices.size());
+  pending_length_ = 0;
+  return absl::OkStatus();
+}
+
+void KvCache::MoveSlot(int64_t from, int64_t to) {
+  for (int64_t layer = 0; layer < num_layers_; ++layer) {
+    const size_t base = LayerOffset(layer);
+    const size_t source = base + static_cast<size_t>(from * kv_dim_);
+    const size_t target = base + static_cast<size_t>(to * kv_dim_);
+    std::copy_n(keys_.begin() + source, kv_dim_, keys_.begin() + target);
+    std::copy_n(values_.begin() + source, kv_dim_, values_.begin() + target);
+  }
+}
+
+}  // namespace bitsplit::model

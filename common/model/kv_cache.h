@@ -1,0 +1,79 @@
+#pragma once
+// Per-session key/value cache of a llama model (f32).
+//
+// Layout: for each layer, keys and values are [capacity, kv_dim] (slot-major), so a batch's
+// rows go to consecutive slots with one copy. Keys are stored after RoPE.
+//
+// Slots [0, committed_length) hold the committed sequence: slot p is position p. A forward pass
+// writes its T tokens to the "pending" slots [committed_length, committed_length + T); the caller
+// then keeps some of them with Commit (a prefix of the batch: plain decoding and prefill) or
+// CommitSlots (any ascending subset: the accepted path of a draft tree), or drops them.
+//
+// Thread safety: none. A cache belongs to one session and is used by one forward pass at a
+// time.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model/config.h"
+
+namespace bitsplit::model {
+
+class KvCache {
+ public:
+  // INVALID_ARGUMENT unless every size is positive.
+  static absl::StatusOr<KvCache> Create(int64_t num_layers, int64_t kv_dim, int64_t capacity);
+  static absl::StatusOr<KvCache> Create(const ModelConfig& config, int64_t capacity) {
+    return Create(config.num_layers, config.kv_dim(), capacity);
+  }
+
+  int64_t num_layers() const { return num_layers_; }
+  int64_t kv_dim() const { return kv_dim_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t committed_length() const { return committed_length_; }
+  int64_t pending_length() const { return pending_length_; }
+
+  // One layer's storage, [capacity, kv_dim].
+  float* keys(int64_t layer) { return keys_.data() + LayerOffset(layer); }
+  float* values(int64_t layer) { return values_.data() + LayerOffset(layer); }
+  const float* keys(int64_t layer) const { return keys_.data() + LayerOffset(layer); }
+  const float* values(int64_t layer) const { return values_.data() + LayerOffset(layer); }
+
+  // Declares slots [committed_length, committed_length + count) pending, replacing any earlier
+  // pending slots. RESOURCE_EXHAUSTED when they do not fit in the capacity.
+  absl::Status BeginPending(int64_t count);
+
+  // Keeps the first `count` pending slots (positions committed_length .. + count - 1) and drops
+  // the rest. INVALID_ARGUMENT when count exceeds the pending length.
+  absl::Status Commit(int64_t count);
+
+  // Keeps the pending slots with the given indices (0 = first pending slot), strictly
+  // ascending, moving them down to committed_length, committed_length + 1, ...; drops the rest.
+  // INVALID_ARGUMENT for indices out of range or not strictly ascending (nothing changes then).
+  absl::Status CommitSlots(std::span<const int32_t> pending_indices);
+
+  void DiscardPending() { pending_length_ = 0; }
+  // Forgets everything (committed and pending); the storage is kept.
+  void Clear() {
+    committed_length_ = 0;
+    pending_length_ = 0;
+  }
+
+ private:
+  KvCache(int64_t num_layers, int64_t kv_dim, int64_t capacity);
+  size_t LayerOffset(int64_t layer) const;
+  // Copies slot `from` to slot `to` in every layer, keys and values.
+  void MoveSlot(int64_t from, int64_t to);
+
+  int64_t num_layers_;
+  int64_t kv_dim_;
+  int64_t capacity_;
+  int64_t committed_length_ = 0;
+  int64_t pending_length_ = 0;
+  std::vector<float> keys_;    // [num_layers, capacity, kv_dim]
+  std::vector<float> values_;  // [num_layers, capacity, kv_dim]
+};
+
+}  // namespace bitsplit::model

@@ -1,0 +1,209 @@
+#include "common/model/llama_model.h"
+
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+#include "common/ops/activation.h"
+#include "common/ops/attention.h"
+#include "common/ops/matmul.h"
+#include "common/ops/rmsnorm.h"
+#include "common/ops/rope.h"
+#include "common/util/status_macros.h"
+
+namespace bitsplit::model {
+namespace {
+
+// x += delta, elementwise.
+void AddInPlace(float* x, const float* delta, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += delta[i];
+}
+
+std::vector<float> Buffer(int64_t rows, int64_t cols) {
+  return std::vector<float>(static_cast<size_t>(rows * cols));
+}
+
+}  // namespace
+
+Batch Batch::Causal(std::span<const int32_t> tokens, int32_t first_position) {
+  Batch batch;
+  const size_t n = tokens.size();
+  batch.tokens.assign(tokens.begin(), tokens.end());
+  batch.positions.resize(n);
+  batch.attention_mask.assign(n * n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    batch.positions[i] = first_position + static_cast<int32_t>(i);
+    for (size_t j = 0; j <= i; ++j) batch.attention_mask[i * n + j] = 1;
+  }
+  return batch;
+}
+
+absl::StatusOr<Batch> Batch::Tree(std::span<const int32_t> tokens, std::span<const int32_t> parents,
+                                  int32_t first_position) {
+  const size_t n = tokens.size();
+  if (parents.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tree has %d tokens but %d parents", n, parents.size()));
+  }
+  Batch batch;
+  batch.tokens.assign(tokens.begin(), tokens.end());
+  batch.positions.resize(n);
+  batch.attention_mask.assign(n * n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t parent = parents[i];
+    if (parent < -1 || parent >= static_cast<int32_t>(i)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tree node %d has parent %d; parents must precede their children (or be -1)", i, parent));
+    }
+    batch.attention_mask[i * n + i] = 1;
+    if (parent < 0) {
+      batch.positions[i] = first_position;
+      continue;
+    }
+    const size_t p = static_cast<size_t>(parent);
+    batch.positions[i] = batch.positions[p] + 1;
+    // The ancestors of i are p and p's ancestors.
+    for (size_t j = 0; j <= p; ++j) {
+      batch.attention_mask[i * n + j] = batch.attention_mask[p * n + j];
+    }
+  }
+  return batch;
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
+                                                             int num_threads) {
+  std::unique_ptr<LlamaModel> model(new LlamaModel());
+  BITSPLIT_ASSIGN_OR_RETURN(model->file_, gguf::File::Open(path));
+  BITSPLIT_ASSIGN_OR_RETURN(model->config_, ModelConfigFromGguf(*model->file_));
+  BITSPLIT_ASSIGN_OR_RETURN(model->weights_, ModelWeightsFromGguf(*model->file_, model->config_));
+  model->pool_ = std::make_unique<ThreadPool>(num_threads);
+  return model;
+}
+
+absl::Status LlamaModel::ValidateBatch(const Batch& batch, const KvCache& cache,
+                                       size_t logits_size) const {
+  const int64_t n = batch.size();
+  if (n == 0) return absl::InvalidArgumentError("batch is empty");
+  if (static_cast<int64_t>(batch.positions.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("batch has %d tokens but %d positions", n, batch.positions.size()));
+  }
+  if (static_cast<int64_t>(batch.attention_mask.size()) != n * n) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("attention mask has %d entries; a batch of %d tokens needs %d x %d",
+                        batch.attention_mask.size(), n, n, n));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t token = batch.tokens[i];
+    if (token < 0 || token >= config_.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("token id %d at batch row %d is outside the vocabulary [0, %d)", token, i,
+                          config_.vocab_size));
+    }
+    if (batch.positions[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("batch row %d has negative position %d", i, batch.positions[i]));
+    }
+    if (batch.attention_mask[i * n + i] == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("batch row %d does not attend to itself (mask[%d][%d] is 0)", i, i, i));
+    }
+  }
+  for (int32_t row : batch.logit_rows) {
+    if (row < 0 || row >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("logit row %d is outside the batch [0, %d)", row, n));
+    }
+  }
+  if (cache.num_layers() != config_.num_layers || cache.kv_dim() != config_.kv_dim()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KV cache shaped for %d layers x %d kv dims, the model has %d x %d",
+                        cache.num_layers(), cache.kv_dim(), config_.num_layers, config_.kv_dim()));
+  }
+  if (n > cache.capacity() - cache.committed_length()) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("KV cache full: %d committed + %d new tokens exceed the capacity of %d",
+                        cache.committed_length(), n, cache.capacity()));
+  }
+  const int64_t needed = batch.num_logit_rows() * config_.vocab_size;
+  if (static_cast<int64_t>(logits_size) < needed) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("logits buffer holds %d floats; %d rows x %d vocab need %d", logits_size,
+                        batch.num_logit_rows(), config_.vocab_size, needed));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::Forward(const Batch& batch, KvCache& cache, std::span<float> logits) {
+  BITSPLIT_RETURN_IF_ERROR(ValidateBatch(batch, cache, logits.size()));
+  const ModelConfig& c = config_;
+  const int64_t num_tokens = batch.size();
+  const int64_t prefix_length = cache.committed_length();
+  BITSPLIT_RETURN_IF_ERROR(cache.BeginPending(num_tokens));
+  ThreadPool& pool = *pool_;
+
+  std::vector<float> x = Buffer(num_tokens, c.d_model);       // residual stream
+  std::vector<float> normed = Buffer(num_tokens, c.d_model);  // RMS-normalized x
+  std::vector<float> q = Buffer(num_tokens, c.q_dim());
+  std::vector<float> attention = Buffer(num_tokens, c.q_dim());
+  std::vector<float> gate = Buffer(num_tokens, c.d_ff);
+  std::vector<float> up = Buffer(num_tokens, c.d_ff);
+  std::vector<float> projected = Buffer(num_tokens, c.d_model);  // wo / w_down output
+
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    ops::DequantizeWeightRow(weights_.token_embd, batch.tokens[t], x.data() + t * c.d_model);
+  }
+
+  const ops::RopeConfig rope{.head_dim = c.head_dim,
+                             .rotary_dims = c.rope_dims,
+                             .freq_base = c.rope_freq_base,
+                             .freq_scale = c.rope_freq_scale,
+                             .freq_factors = weights_.rope_freq_factors};
+  const ops::AttentionShape attention_shape{
+      .num_heads = c.num_heads,
+      .num_kv_heads = c.num_kv_heads,
+      .head_dim = c.head_dim,
+      .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
+
+    // Attention block. The batch's keys and values go straight into their pending cache slots.
+    ops::RmsNorm(x.data(), num_tokens, c.d_model, w.attn_norm, c.rms_norm_eps, normed.data());
+    float* keys = cache.keys(layer) + prefix_length * c.kv_dim();
+    float* values = cache.values(layer) + prefix_length * c.kv_dim();
+    const ops::WeightMatrix* qkv_weights[] = {&w.wq, &w.wk, &w.wv};
+    float* const qkv_outputs[] = {q.data(), keys, values};
+    ops::MatMulMany(normed.data(), num_tokens, qkv_weights, qkv_outputs, pool);
+    ops::ApplyRope(q.data(), num_tokens, c.num_heads, batch.positions.data(), rope);
+    ops::ApplyRope(keys, num_tokens, c.num_kv_heads, batch.positions.data(), rope);
+    ops::Attention(q.data(), num_tokens, cache.keys(layer), cache.values(layer), prefix_length,
+                   batch.attention_mask.data(), attention_shape, attention.data(), pool);
+    ops::MatMul(attention.data(), num_tokens, w.wo, projected.data(), pool);
+    AddInPlace(x.data(), projected.data(), num_tokens * c.d_model);
+
+    // Feed-forward block: w_down(silu(w_gate x) * w_up x).
+    ops::RmsNorm(x.data(), num_tokens, c.d_model, w.ffn_norm, c.rms_norm_eps, normed.data());
+    const ops::WeightMatrix* gate_up_weights[] = {&w.w_gate, &w.w_up};
+    float* const gate_up_outputs[] = {gate.data(), up.data()};
+    ops::MatMulMany(normed.data(), num_tokens, gate_up_weights, gate_up_outputs, pool);
+    pool.ParallelFor(num_tokens, [&](int64_t begin, int64_t end, int) {
+      ops::SiluMul(gate.data() + begin * c.d_ff, up.data() + begin * c.d_ff, (end - begin) * c.d_ff,
+                   gate.data() + begin * c.d_ff);
+    });
+    ops::MatMul(gate.data(), num_tokens, w.w_down, projected.data(), pool);
+    AddInPlace(x.data(), projected.data(), num_tokens * c.d_model);
+  }
+
+  // Output head, for the selected rows only (in the order asked, repeats allowed).
+  const int64_t num_rows = batch.num_logit_rows();
+  std::vector<float> head_input = Buffer(num_rows, c.d_model);
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t t = batch.logit_rows.empty() ? r : batch.logit_rows[static_cast<size_t>(r)];
+    ops::RmsNorm(x.data() + t * c.d_model, 1, c.d_model, weights_.output_norm, c.rms_norm_eps,
+                 head_input.data() + r * c.d_model);
+  }
+  ops::MatMul(head_input.data(), num_rows, weights_.output, logits.data(), pool);
+  return absl::OkStatus();
+}
+
+}  // namespace bitsplit::model

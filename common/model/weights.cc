@@ -1,0 +1,118 @@
+#include "common/model/weights.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/util/status_macros.h"
+
+namespace bitsplit::model {
+namespace {
+
+std::string DimsString(const std::vector<int64_t>& dims) {
+  return absl::StrCat("{", absl::StrJoin(dims, ", "), "}");
+}
+
+absl::StatusOr<const gguf::TensorInfo*> FindWithDims(const gguf::File& file,
+                                                     const std::string& name,
+                                                     const std::vector<int64_t>& dims) {
+  const gguf::TensorInfo* tensor = file.FindTensor(name);
+  if (tensor == nullptr) {
+    return absl::NotFoundError(absl::StrFormat("%s: tensor %s is missing", file.name(), name));
+  }
+  if (tensor->dims != dims) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: tensor %s has dims %s, expected %s",
+                                                      file.name(), name, DimsString(tensor->dims),
+                                                      DimsString(dims)));
+  }
+  return tensor;
+}
+
+// A [rows, cols] linear weight (GGUF dims {cols, rows}).
+absl::StatusOr<ops::WeightMatrix> Matrix(const gguf::File& file, const std::string& name,
+                                         int64_t rows, int64_t cols) {
+  BITSPLIT_ASSIGN_OR_RETURN(const gguf::TensorInfo* tensor, FindWithDims(file, name, {cols, rows}));
+  BITSPLIT_ASSIGN_OR_RETURN(ops::WeightMatrix matrix,
+                            ops::MakeWeightMatrix(tensor->type, tensor->data, rows, cols,
+                                                  absl::StrCat(file.name(), ": tensor ", name)));
+  if (static_cast<uint64_t>(matrix.rows * matrix.row_bytes) != tensor->num_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: tensor %s holds %d bytes, expected %d",
+                                                      file.name(), name, tensor->num_bytes,
+                                                      matrix.rows * matrix.row_bytes));
+  }
+  return matrix;
+}
+
+// An f32 vector of n elements, read in place.
+absl::StatusOr<const float*> Vector(const gguf::File& file, const std::string& name, int64_t n) {
+  BITSPLIT_ASSIGN_OR_RETURN(const gguf::TensorInfo* tensor, FindWithDims(file, name, {n}));
+  if (tensor->type != GgmlType::kF32) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: tensor %s has type %s, expected F32", file.name(), name, GgmlTypeName(tensor->type)));
+  }
+  if (reinterpret_cast<uintptr_t>(tensor->data) % alignof(float) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: tensor %s data is not 4-byte aligned", file.name(), name));
+  }
+  return reinterpret_cast<const float*>(tensor->data);
+}
+
+std::string LayerTensor(int64_t layer, const std::string& what) {
+  return absl::StrCat("blk.", layer, ".", what, ".weight");
+}
+
+}  // namespace
+
+absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
+                                                  const ModelConfig& config) {
+  for (const gguf::TensorInfo& tensor : file.tensors()) {
+    if (absl::EndsWith(tensor.name, ".bias")) {
+      return absl::UnimplementedError(
+          absl::StrFormat("%s: tensor %s: llama models with bias terms are not supported",
+                          file.name(), tensor.name));
+    }
+  }
+  const int64_t d_model = config.d_model;
+  ModelWeights weights;
+  BITSPLIT_ASSIGN_OR_RETURN(weights.token_embd,
+                            Matrix(file, "token_embd.weight", config.vocab_size, d_model));
+  BITSPLIT_ASSIGN_OR_RETURN(weights.output_norm, Vector(file, "output_norm.weight", d_model));
+  if (file.FindTensor("output.weight") != nullptr) {
+    BITSPLIT_ASSIGN_OR_RETURN(weights.output,
+                              Matrix(file, "output.weight", config.vocab_size, d_model));
+  } else {
+    weights.output = weights.token_embd;
+    weights.output_tied_to_embedding = true;
+  }
+  if (file.FindTensor("rope_freqs.weight") != nullptr) {
+    BITSPLIT_ASSIGN_OR_RETURN(weights.rope_freq_factors,
+                              Vector(file, "rope_freqs.weight", config.rope_dims / 2));
+  }
+
+  weights.layers.resize(static_cast<size_t>(config.num_layers));
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    LayerWeights& layer = weights.layers[static_cast<size_t>(i)];
+    BITSPLIT_ASSIGN_OR_RETURN(layer.attn_norm, Vector(file, LayerTensor(i, "attn_norm"), d_model));
+    BITSPLIT_ASSIGN_OR_RETURN(layer.wq,
+                              Matrix(file, LayerTensor(i, "attn_q"), config.q_dim(), d_model));
+    BITSPLIT_ASSIGN_OR_RETURN(layer.wk,
+                              Matrix(file, LayerTensor(i, "attn_k"), config.kv_dim(), d_model));
+    BITSPLIT_ASSIGN_OR_RETURN(layer.wv,
+                              Matrix(file, LayerTensor(i, "attn_v"), config.kv_dim(), d_model));
+    BITSPLIT_ASSIGN_OR_RETURN(layer.wo,
+                              Matrix(file, LayerTensor(i, "attn_output"), d_model, config.q_dim()));
+    BITSPLIT_ASSIGN_OR_RETURN(layer.ffn_norm, Vector(file, LayerTensor(i, "ffn_norm"), d_model));
+    BITSPLIT_ASSIGN_OR_RETURN(layer.w_gate,
+                              Matrix(file, LayerTensor(i, "ffn_gate"), config.d_ff, d_model));
+    BITSPLIT_ASSIGN_OR_RETURN(layer.w_up,
+                              Matrix(file, LayerTensor(i, "ffn_up"), config.d_ff, d_model));
+    BITSPLIT_ASSIGN_OR_RETURN(layer.w_down,
+                              Matrix(file, LayerTensor(i, "ffn_down"), d_model, config.d_ff));
+  }
+  return weights;
+}
+
+}  // namespace bitsplit::model

@@ -1,0 +1,45 @@
+#pragma once
+// Views of a llama model's tensors inside the mapped GGUF file. Nothing is copied: every pointer
+// points into the gguf::File image, which must outlive the ModelWeights.
+//
+// Thread safety: read-only after ModelWeightsFromGguf; safe to share between threads.
+//
+// Shape notation: [rows, cols] of the row-major matrix, i.e. the GGUF dims {cols, rows}
+// (ggml lists the contiguous dimension first). A linear layer y = x · Wᵀ maps cols -> rows.
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/io/gguf.h"
+#include "common/model/config.h"
+#include "common/ops/matmul.h"
+
+namespace bitsplit::model {
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;  // [d_model]
+  ops::WeightMatrix wq;              // [q_dim, d_model]
+  ops::WeightMatrix wk;              // [kv_dim, d_model]
+  ops::WeightMatrix wv;              // [kv_dim, d_model]
+  ops::WeightMatrix wo;              // [d_model, q_dim]
+  const float* ffn_norm = nullptr;   // [d_model]
+  ops::WeightMatrix w_gate;          // [d_ff, d_model]
+  ops::WeightMatrix w_up;            // [d_ff, d_model]
+  ops::WeightMatrix w_down;          // [d_model, d_ff]
+};
+
+struct ModelWeights {
+  ops::WeightMatrix token_embd;              // [vocab, d_model]
+  const float* output_norm = nullptr;        // [d_model]
+  ops::WeightMatrix output;                  // [vocab, d_model]; token_embd when tied
+  bool output_tied_to_embedding = false;     // the file has no output.weight (e.g. SmolLM2)
+  const float* rope_freq_factors = nullptr;  // [rope_dims / 2] or null (llama 3 "rope_freqs")
+  std::vector<LayerWeights> layers;          // [num_layers]
+};
+
+// Finds and validates every tensor the llama forward pass reads: presence, dims, a type this
+// build can dequantize (norms must be F32), and row lengths that are whole blocks. Errors name
+// the tensor. Tensors the forward pass would silently ignore (biases) are rejected.
+absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
+                                                  const ModelConfig& config);
+
+}  // namespace bitsplit::model

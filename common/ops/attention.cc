@@ -1,0 +1,74 @@
+#include "common/ops/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common/ops/simd_dot.h"
+#include "common/util/status_macros.h"
+
+namespace bitsplit::ops {
+namespace {
+
+// Attention of one query head of one token. `slots` lists the visible cache slots in ascending
+// order; `scores` is scratch of the same length.
+void AttendOneHead(const float* query, const float* keys, const float* values, int64_t kv_dim,
+                   int64_t kv_offset, int64_t head_dim, float scale,
+                   const std::vector<int64_t>& slots, std::vector<float>& scores, float* out) {
+  const size_t count = slots.size();
+  scores.resize(count);
+  float max_score = -INFINITY;
+  for (size_t j = 0; j < count; ++j) {
+    const float* key = keys + slots[j] * kv_dim + kv_offset;
+    scores[j] = simd::Dot(query, key, head_dim) * scale;
+    max_score = std::max(max_score, scores[j]);
+  }
+  double sum = 0.0;
+  for (size_t j = 0; j < count; ++j) {
+    scores[j] = std::exp(scores[j] - max_score);
+    sum += scores[j];
+  }
+  const float inverse_sum = static_cast<float>(1.0 / sum);
+  std::fill(out, out + head_dim, 0.0f);
+  for (size_t j = 0; j < count; ++j) {
+    const float weight = scores[j] * inverse_sum;
+    const float* value = values + slots[j] * kv_dim + kv_offset;
+    // Independent per d: vectorizing this loop does not change any element's arithmetic.
+    for (int64_t d = 0; d < head_dim; ++d) out[d] += weight * value[d];
+  }
+}
+
+}  // namespace
+
+void Attention(const float* q, int64_t num_tokens, const float* keys, const float* values,
+               int64_t prefix_length, const uint8_t* mask, const AttentionShape& shape, float* out,
+               ThreadPool& pool) {
+  BITSPLIT_CHECK(shape.num_kv_heads > 0 && shape.num_heads % shape.num_kv_heads == 0);
+  const int64_t heads_per_kv = shape.num_heads / shape.num_kv_heads;
+  const int64_t q_dim = shape.num_heads * shape.head_dim;
+  const int64_t kv_dim = shape.num_kv_heads * shape.head_dim;
+  pool.ParallelFor(num_tokens * shape.num_heads, [&](int64_t begin, int64_t end, int) {
+    thread_local std::vector<int64_t> slots;
+    thread_local std::vector<float> scores;
+    int64_t slots_token = -1;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t token = task / shape.num_heads;
+      const int64_t head = task % shape.num_heads;
+      if (token != slots_token) {
+        slots.clear();
+        for (int64_t s = 0; s < prefix_length; ++s) slots.push_back(s);
+        for (int64_t j = 0; j < num_tokens; ++j) {
+          if (mask[token * num_tokens + j] != 0) slots.push_back(prefix_length + j);
+        }
+        BITSPLIT_CHECK(!slots.empty());
+        slots_token = token;
+      }
+      const int64_t kv_offset = (head / heads_per_kv) * shape.head_dim;
+      AttendOneHead(q + token * q_dim + head * shape.head_dim, keys, values, kv_dim, kv_offset,
+                    shape.head_dim, shape.scale, slots, scores,
+                    out + token * q_dim + head * shape.head_dim);
+    }
+  });
+}
+
+}  // namespace bitsplit::ops

@@ -1,0 +1,31 @@
+#pragma once
+// Scaled dot-product attention of a batch of query tokens over a KV cache, with grouped-query
+// heads and an explicit in-batch mask (causal chains and draft trees alike).
+#include <cstdint>
+
+#include "common/util/thread_pool.h"
+
+namespace bitsplit::ops {
+
+struct AttentionShape {
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;  // divides num_heads; query head h reads kv head h / (heads / kv)
+  int64_t head_dim = 0;
+  float scale = 1.0f;  // multiplies q·k, normally 1 / sqrt(head_dim)
+};
+
+// q and out are [num_tokens, num_heads * head_dim]. keys and values are one layer of the cache,
+// [slots, num_kv_heads * head_dim], already holding the batch's own keys/values at slots
+// [prefix_length, prefix_length + num_tokens). Batch token i attends to every prefix slot
+// [0, prefix_length) and to batch token j (slot prefix_length + j) iff mask[i * num_tokens + j]
+// is nonzero; it must see at least one slot.
+//
+// Batch invariance: the visible slots are visited in ascending order, and scores, softmax and
+// the weighted sum of values depend only on that sequence of keys/values, not on the slot
+// numbers, the other tokens in the batch, or the thread count. So a tree node gets the same bits
+// as the same path run alone as a causal sequence. Parallel over (token, head) pairs.
+void Attention(const float* q, int64_t num_tokens, const float* keys, const float* values,
+               int64_t prefix_length, const uint8_t* mask, const AttentionShape& shape, float* out,
+               ThreadPool& pool);
+
+}  // namespace bitsplit::ops

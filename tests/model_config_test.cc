@@ -1,0 +1,228 @@
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/model/config.h"
+#include "common/model/weights.h"
+#include "gtest/gtest.h"
+#include "tests/testing/gguf_builder.h"
+#include "tests/testing/paths.h"
+
+namespace bitsplit::model {
+namespace {
+
+using ::bitsplit::testing::GgufBuilder;
+
+const std::vector<float> kOnes(64, 1.0f);
+
+TEST(ModelConfigTest, ReadsSmolLm2) {
+  auto file = gguf::File::Open(testing::ModelPath(testing::kSmolLm2File));
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto config = ModelConfigFromGguf(**file);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->architecture, "llama");
+  EXPECT_EQ(config->num_layers, 30);
+  EXPECT_EQ(config->d_model, 576);
+  EXPECT_EQ(config->d_ff, 1536);
+  EXPECT_EQ(config->num_heads, 9);
+  EXPECT_EQ(config->num_kv_heads, 3);
+  EXPECT_EQ(config->head_dim, 64);
+  EXPECT_EQ(config->rope_dims, 64);
+  EXPECT_EQ(config->q_dim(), 576);
+  EXPECT_EQ(config->kv_dim(), 192);
+  EXPECT_EQ(config->vocab_size, 49152);
+  EXPECT_EQ(config->context_length, 8192);
+  EXPECT_EQ(config->rope_freq_base, 100000.0f);
+  EXPECT_EQ(config->rope_freq_scale, 1.0f);
+  EXPECT_FLOAT_EQ(config->rms_norm_eps, 1e-5f);
+}
+
+TEST(ModelConfigTest, RejectsGemma3NamingTheArchitecture) {
+  auto file = gguf::File::Open(testing::ModelPath(testing::kGemma3File));
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto config = ModelConfigFromGguf(**file);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(config.status().message().find("\"gemma3\""), std::string::npos) << config.status();
+}
+
+TEST(ModelWeightsTest, SmolLm2TiesTheOutputHeadToTheEmbedding) {
+  auto file = gguf::File::Open(testing::ModelPath(testing::kSmolLm2File));
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto config = ModelConfigFromGguf(**file);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto weights = ModelWeightsFromGguf(**file, *config);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_TRUE(weights->output_tied_to_embedding);
+  EXPECT_EQ(weights->output.data, weights->token_embd.data);
+  EXPECT_EQ(weights->token_embd.type, GgmlType::kQ8_0);
+  EXPECT_EQ(weights->token_embd.rows, 49152);
+  EXPECT_EQ(weights->token_embd.cols, 576);
+  EXPECT_EQ(weights->rope_freq_factors, nullptr);
+  ASSERT_EQ(weights->layers.size(), 30u);
+  const LayerWeights& last = weights->layers.back();
+  EXPECT_EQ(last.wq.type, GgmlType::kQ4_1);
+  EXPECT_EQ(last.wk.rows, 192);
+  EXPECT_EQ(last.wk.cols, 576);
+  EXPECT_EQ(last.w_down.rows, 576);
+  EXPECT_EQ(last.w_down.cols, 1536);
+  EXPECT_EQ(last.w_gate.rows, 1536);
+  EXPECT_NE(last.attn_norm, nullptr);
+  EXPECT_NE(last.ffn_norm, nullptr);
+}
+
+// A tiny synthetic llama (2 layers, d_model 64, 4 heads over 2 kv heads, d_ff 96, vocab 40)
+// that each test mutates before building.
+struct TinyLlama {
+  GgufBuilder builder;
+  std::vector<uint8_t> image;
+  std::unique_ptr<gguf::File> file;
+
+  explicit TinyLlama(const std::function<void(GgufBuilder&)>& metadata = nullptr,
+                     const std::function<void(GgufBuilder&)>& tensors = nullptr) {
+    if (metadata) {
+      metadata(builder);
+    } else {
+      AddMetadata(builder);
+    }
+    AddTensors(builder);
+    if (tensors) tensors(builder);
+  }
+
+  static void AddMetadata(GgufBuilder& b, const std::string& architecture = "llama",
+                          uint32_t head_count = 4) {
+    b.AddString("general.architecture", architecture);
+    b.AddUint32("llama.block_count", 2);
+    b.AddUint32("llama.context_length", 128);
+    b.AddUint32("llama.embedding_length", 64);
+    b.AddUint32("llama.feed_forward_length", 96);
+    b.AddUint32("llama.attention.head_count", head_count);
+    b.AddUint32("llama.attention.head_count_kv", 2);
+    b.AddFloat32("llama.rope.freq_base", 10000.0f);
+    b.AddFloat32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  }
+
+  static void AddTensors(GgufBuilder& b) {
+    b.AddTensor("token_embd.weight", GgmlType::kQ8_0, {64, 40});
+    b.AddF32Tensor("output_norm.weight", {64}, kOnes);
+    for (int i = 0; i < 2; ++i) {
+      const std::string p = "blk." + std::to_string(i) + ".";
+      b.AddF32Tensor(p + "attn_norm.weight", {64}, kOnes);
+      b.AddTensor(p + "attn_q.weight", GgmlType::kQ4_1, {64, 64});
+      b.AddTensor(p + "attn_k.weight", GgmlType::kQ4_1, {64, 32});
+      b.AddTensor(p + "attn_v.weight", GgmlType::kQ4_1, {64, 32});
+      b.AddTensor(p + "attn_output.weight", GgmlType::kF16, {64, 64});
+      b.AddF32Tensor(p + "ffn_norm.weight", {64}, kOnes);
+      b.AddTensor(p + "ffn_gate.weight", GgmlType::kQ8_0, {64, 96});
+      b.AddTensor(p + "ffn_up.weight", GgmlType::kQ8_0, {64, 96});
+      b.AddTensor(p + "ffn_down.weight", GgmlType::kF32, {96, 64});
+    }
+  }
+
+  GgufBuilder::Tensor& Tensor(const std::string& name) {
+    for (auto& t : builder.tensors()) {
+      if (t.name == name) return t;
+    }
+    ADD_FAILURE() << "no tensor " << name;
+    return builder.tensors().front();
+  }
+
+  absl::StatusOr<ModelConfig> Config() {
+    image = builder.Build();
+    auto parsed = gguf::File::Parse(image.data(), image.size(), "tiny.gguf");
+    if (!parsed.ok()) return parsed.status();
+    file = std::move(*parsed);
+    return ModelConfigFromGguf(*file);
+  }
+
+  absl::StatusOr<ModelWeights> Weights() {
+    auto config = Config();
+    if (!config.ok()) return config.status();
+    return ModelWeightsFromGguf(*file, *config);
+  }
+};
+
+void ExpectErrorMentions(const absl::Status& status, const std::string& text) {
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find(text), std::string::npos)
+      << "error \"" << status.message() << "\" does not mention \"" << text << "\"";
+}
+
+TEST(TinyLlamaTest, ValidFileLoads) {
+  TinyLlama tiny;
+  auto weights = tiny.Weights();
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const ModelConfig config = *tiny.Config();
+  EXPECT_EQ(config.head_dim, 16);
+  EXPECT_EQ(config.kv_dim(), 32);
+  EXPECT_EQ(config.vocab_size, 40);
+  EXPECT_TRUE(weights->output_tied_to_embedding);
+  EXPECT_EQ(weights->layers[1].wo.type, GgmlType::kF16);
+}
+
+TEST(TinyLlamaTest, SeparateOutputHeadIsUsed) {
+  TinyLlama tiny(nullptr, [](GgufBuilder& b) {
+    b.AddTensor("output.weight", GgmlType::kQ8_0, {64, 40});
+  });
+  auto weights = tiny.Weights();
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_FALSE(weights->output_tied_to_embedding);
+  EXPECT_NE(weights->output.data, weights->token_embd.data);
+}
+
+TEST(TinyLlamaTest, RejectsOtherArchitecture) {
+  TinyLlama tiny([](GgufBuilder& b) { TinyLlama::AddMetadata(b, "qwen2"); });
+  ExpectErrorMentions(tiny.Config().status(), "\"qwen2\"");
+}
+
+TEST(TinyLlamaTest, RejectsHeadsThatDoNotDivideTheWidth) {
+  TinyLlama tiny([](GgufBuilder& b) { TinyLlama::AddMetadata(b, "llama", 6); });
+  ExpectErrorMentions(tiny.Config().status(), "head_count");
+}
+
+TEST(TinyLlamaTest, RejectsMissingHyperparameter) {
+  TinyLlama tiny([](GgufBuilder& b) { b.AddString("general.architecture", "llama"); });
+  ExpectErrorMentions(tiny.Config().status(), "llama.block_count");
+}
+
+TEST(TinyLlamaTest, RejectsMissingTensorByName) {
+  TinyLlama tiny;
+  tiny.Tensor("blk.1.ffn_up.weight").name = "blk.1.ffn_up_renamed.weight";
+  ExpectErrorMentions(tiny.Weights().status(), "blk.1.ffn_up.weight");
+}
+
+TEST(TinyLlamaTest, RejectsWrongDimsByName) {
+  TinyLlama tiny;
+  auto& tensor = tiny.Tensor("blk.0.attn_k.weight");
+  tensor.dims = {64, 64};
+  tensor.data.resize(GgufBuilder::TensorBytes(tensor.type, tensor.dims).value());
+  const absl::Status status = tiny.Weights().status();
+  ExpectErrorMentions(status, "blk.0.attn_k.weight");
+  ExpectErrorMentions(status, "{64, 32}");
+}
+
+TEST(TinyLlamaTest, RejectsNonF32Norm) {
+  TinyLlama tiny;
+  auto& tensor = tiny.Tensor("blk.1.ffn_norm.weight");
+  tensor.type = static_cast<uint32_t>(GgmlType::kF16);
+  tensor.data.resize(64 * 2);
+  ExpectErrorMentions(tiny.Weights().status(), "blk.1.ffn_norm.weight");
+}
+
+TEST(TinyLlamaTest, RejectsUndequantizableType) {
+  TinyLlama tiny;
+  auto& tensor = tiny.Tensor("blk.0.attn_q.weight");
+  tensor.type = static_cast<uint32_t>(GgmlType::kI32);
+  tensor.data.resize(64 * 64 * 4);
+  const absl::Status status = tiny.Weights().status();
+  ExpectErrorMentions(status, "blk.0.attn_q.weight");
+  ExpectErrorMentions(status, "cannot be dequantized");
+}
+
+TEST(TinyLlamaTest, RejectsBiasTensors) {
+  TinyLlama tiny(nullptr, [](GgufBuilder& b) { b.AddF32Tensor("blk.0.attn_q.bias", {64}, kOnes); });
+  ExpectErrorMentions(tiny.Weights().status(), "blk.0.attn_q.bias");
+}
+
+}  // namespace
+}  // namespace bitsplit::model

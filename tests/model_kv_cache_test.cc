@@ -1,0 +1,141 @@
+#include <vector>
+
+#include "common/model/kv_cache.h"
+#include "gtest/gtest.h"
+
+namespace bitsplit::model {
+namespace {
+
+constexpr int64_t kLayers = 3;
+constexpr int64_t kKvDim = 4;
+constexpr int64_t kCapacity = 10;
+
+// Distinct contents for (layer, slot, key/value), so moves are traceable.
+float Tag(int64_t layer, int64_t slot, bool value) {
+  return static_cast<float>(layer * 1000 + slot * 10 + (value ? 1 : 0));
+}
+
+void FillSlots(KvCache& cache, int64_t first, int64_t count) {
+  for (int64_t layer = 0; layer < kLayers; ++layer) {
+    for (int64_t slot = first; slot < first + count; ++slot) {
+      for (int64_t d = 0; d < kKvDim; ++d) {
+        cache.keys(layer)[slot * kKvDim + d] = Tag(layer, slot, false);
+        cache.values(layer)[slot * kKvDim + d] = Tag(layer, slot, true);
+      }
+    }
+  }
+}
+
+// Slot `slot` holds what FillSlots wrote to `original_slot`.
+void ExpectSlotHolds(const KvCache& cache, int64_t slot, int64_t original_slot) {
+  for (int64_t layer = 0; layer < kLayers; ++layer) {
+    for (int64_t d = 0; d < kKvDim; ++d) {
+      EXPECT_EQ(cache.keys(layer)[slot * kKvDim + d], Tag(layer, original_slot, false))
+          << "layer " << layer << " slot " << slot;
+      EXPECT_EQ(cache.values(layer)[slot * kKvDim + d], Tag(layer, original_slot, true))
+          << "layer " << layer << " slot " << slot;
+    }
+  }
+}
+
+KvCache MakeCache() {
+  auto cache = KvCache::Create(kLayers, kKvDim, kCapacity);
+  EXPECT_TRUE(cache.ok()) << cache.status();
+  return std::move(*cache);
+}
+
+TEST(KvCacheTest, RejectsNonPositiveSizes) {
+  EXPECT_EQ(KvCache::Create(0, 4, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvCache::Create(1, 0, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvCache::Create(1, 4, -1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KvCache::Create(1 << 20, 1 << 20, 1 << 20).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST(KvCacheTest, CommitKeepsAPrefixOfThePendingSlots) {
+  KvCache cache = MakeCache();
+  ASSERT_TRUE(cache.BeginPending(4).ok());
+  EXPECT_EQ(cache.pending_length(), 4);
+  ASSERT_TRUE(cache.Commit(2).ok());
+  EXPECT_EQ(cache.committed_length(), 2);
+  EXPECT_EQ(cache.pending_length(), 0);
+  ASSERT_TRUE(cache.BeginPending(3).ok());
+  ASSERT_TRUE(cache.Commit(3).ok());
+  EXPECT_EQ(cache.committed_length(), 5);
+}
+
+TEST(KvCacheTest, CommitMoreThanPendingFails) {
+  KvCache cache = MakeCache();
+  ASSERT_TRUE(cache.BeginPending(2).ok());
+  const absl::Status status = cache.Commit(3);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("only 2 are pending"), std::string::npos) << status;
+  EXPECT_EQ(cache.committed_length(), 0);
+  EXPECT_EQ(cache.Commit(-1).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(KvCacheTest, BeginPendingBeyondCapacityIsResourceExhausted) {
+  KvCache cache = MakeCache();
+  ASSERT_TRUE(cache.BeginPending(8).ok());
+  ASSERT_TRUE(cache.Commit(8).ok());
+  const absl::Status status = cache.BeginPending(3);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(status.message().find("capacity of 10"), std::string::npos) << status;
+  EXPECT_TRUE(cache.BeginPending(2).ok());
+}
+
+TEST(KvCacheTest, CommitSlotsCompactsChosenSlotsInOrder) {
+  KvCache cache = MakeCache();
+  FillSlots(cache, 0, kCapacity);
+  ASSERT_TRUE(cache.BeginPending(2).ok());
+  ASSERT_TRUE(cache.Commit(2).ok());
+  ASSERT_TRUE(cache.BeginPending(6).ok());  // pending slots 2..7
+  const std::vector<int32_t> accepted = {0, 2, 3, 5};
+  ASSERT_TRUE(cache.CommitSlots(accepted).ok());
+  EXPECT_EQ(cache.committed_length(), 6);
+  EXPECT_EQ(cache.pending_length(), 0);
+  ExpectSlotHolds(cache, 0, 0);  // committed prefix untouched
+  ExpectSlotHolds(cache, 1, 1);
+  ExpectSlotHolds(cache, 2, 2);  // pending index 0 stays in place
+  ExpectSlotHolds(cache, 3, 4);  // pending index 2
+  ExpectSlotHolds(cache, 4, 5);  // pending index 3
+  ExpectSlotHolds(cache, 5, 7);  // pending index 5
+}
+
+TEST(KvCacheTest, CommitSlotsWithNothingAcceptedDropsThePending) {
+  KvCache cache = MakeCache();
+  ASSERT_TRUE(cache.BeginPending(3).ok());
+  ASSERT_TRUE(cache.CommitSlots({}).ok());
+  EXPECT_EQ(cache.committed_length(), 0);
+  EXPECT_EQ(cache.pending_length(), 0);
+}
+
+TEST(KvCacheTest, CommitSlotsRejectsBadIndicesWithoutChangingAnything) {
+  KvCache cache = MakeCache();
+  FillSlots(cache, 0, kCapacity);
+  ASSERT_TRUE(cache.BeginPending(4).ok());
+  for (const std::vector<int32_t>& bad :
+       {std::vector<int32_t>{1, 1}, {2, 1}, {0, 4}, {-1}, {0, 1, 2, 3, 4}}) {
+    const absl::Status status = cache.CommitSlots(bad);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad.size();
+    EXPECT_EQ(cache.committed_length(), 0);
+    EXPECT_EQ(cache.pending_length(), 4);
+  }
+  for (int64_t slot = 0; slot < kCapacity; ++slot) ExpectSlotHolds(cache, slot, slot);
+}
+
+TEST(KvCacheTest, DiscardAndClear) {
+  KvCache cache = MakeCache();
+  ASSERT_TRUE(cache.BeginPending(3).ok());
+  cache.DiscardPending();
+  EXPECT_EQ(cache.pending_length(), 0);
+  EXPECT_FALSE(cache.Commit(1).ok());
+  ASSERT_TRUE(cache.BeginPending(3).ok());
+  ASSERT_TRUE(cache.Commit(3).ok());
+  cache.Clear();
+  EXPECT_EQ(cache.committed_length(), 0);
+  EXPECT_TRUE(cache.BeginPending(kCapacity).ok());
+}
+
+}  // namespace
+}  // namespace bitsplit::model

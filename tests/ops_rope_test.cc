@@ -1,0 +1,136 @@
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/ops/rope.h"
+#include "gtest/gtest.h"
+
+namespace bitsplit::ops {
+namespace {
+
+constexpr int64_t kHeadDim = 64;
+constexpr int64_t kHeads = 3;
+
+RopeConfig Config() {
+  return RopeConfig{.head_dim = kHeadDim, .rotary_dims = kHeadDim, .freq_base = 100000.0f};
+}
+
+std::vector<float> Random(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+double Dot(const float* a, const float* b, int64_t n) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += double{a[i]} * b[i];
+  return sum;
+}
+
+TEST(RopeTest, PositionZeroIsIdentity) {
+  const std::vector<float> x = Random(kHeads * kHeadDim, 1);
+  std::vector<float> y = x;
+  const int32_t position = 0;
+  ApplyRope(y.data(), 1, kHeads, &position, Config());
+  EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0);
+}
+
+TEST(RopeTest, RotatesAdjacentPairsByTheDocumentedAngles) {
+  // Unit vector in each pair's first coordinate: pair i must become (cos, sin) of its angle,
+  // theta_i = position * base^(-2i / d) (computed here in double, directly).
+  constexpr int32_t kPosition = 7;
+  for (int64_t pair = 0; pair < kHeadDim / 2; ++pair) {
+    std::vector<float> x(kHeadDim, 0.0f);
+    x[2 * pair] = 1.0f;
+    ApplyRope(x.data(), 1, 1, &kPosition, Config());
+    const double theta = kPosition * std::pow(100000.0, -2.0 * pair / kHeadDim);
+    EXPECT_NEAR(x[2 * pair], std::cos(theta), 1e-5) << "pair " << pair;
+    EXPECT_NEAR(x[2 * pair + 1], std::sin(theta), 1e-5) << "pair " << pair;
+    for (int64_t i = 0; i < kHeadDim; ++i) {
+      if (i / 2 != pair) {
+        EXPECT_EQ(x[i], 0.0f) << "pair " << pair << " leaked into " << i;
+      }
+    }
+  }
+}
+
+TEST(RopeTest, PreservesPairNorms) {
+  const std::vector<float> x = Random(2 * kHeads * kHeadDim, 2);
+  std::vector<float> y = x;
+  const int32_t positions[2] = {5, 4000};
+  ApplyRope(y.data(), 2, kHeads, positions, Config());
+  for (size_t i = 0; i < x.size(); i += 2) {
+    const double before = std::hypot(double{x[i]}, double{x[i + 1]});
+    const double after = std::hypot(double{y[i]}, double{y[i + 1]});
+    EXPECT_NEAR(after, before, 1e-5 * (1 + before)) << "pair at " << i;
+  }
+}
+
+TEST(RopeTest, ScoresDependOnlyOnRelativePosition) {
+  const std::vector<float> q = Random(kHeadDim, 3);
+  const std::vector<float> k = Random(kHeadDim, 4);
+  auto score = [&](int32_t q_position, int32_t k_position) {
+    std::vector<float> qr = q, kr = k;
+    ApplyRope(qr.data(), 1, 1, &q_position, Config());
+    ApplyRope(kr.data(), 1, 1, &k_position, Config());
+    return Dot(qr.data(), kr.data(), kHeadDim);
+  };
+  EXPECT_NEAR(score(10, 3), score(107, 100), 1e-3);
+  EXPECT_NEAR(score(3, 3), score(50, 50), 1e-3);
+  EXPECT_NEAR(score(3, 3), Dot(q.data(), k.data(), kHeadDim), 1e-4);
+}
+
+TEST(RopeTest, LeavesDimsBeyondRotaryDimsUnchanged) {
+  RopeConfig config = Config();
+  config.rotary_dims = 32;
+  const std::vector<float> x = Random(kHeads * kHeadDim, 5);
+  std::vector<float> y = x;
+  const int32_t position = 9;
+  ApplyRope(y.data(), 1, kHeads, &position, config);
+  for (int64_t h = 0; h < kHeads; ++h) {
+    for (int64_t i = 0; i < kHeadDim; ++i) {
+      const int64_t at = h * kHeadDim + i;
+      if (i < 32) {
+        EXPECT_NE(y[at], x[at]) << at;
+      } else {
+        EXPECT_EQ(y[at], x[at]) << at;
+      }
+    }
+  }
+}
+
+TEST(RopeTest, FrequencyFactorsDivideTheAngle) {
+  // Factor 2 on every pair at position 2p is exactly position p without factors (scaling by 2
+  // is exact in binary floating point).
+  const std::vector<float> factors(kHeadDim / 2, 2.0f);
+  RopeConfig with_factors = Config();
+  with_factors.freq_factors = factors.data();
+  const std::vector<float> x = Random(kHeads * kHeadDim, 6);
+  std::vector<float> a = x, b = x;
+  const int32_t double_position = 246, position = 123;
+  ApplyRope(a.data(), 1, kHeads, &double_position, with_factors);
+  ApplyRope(b.data(), 1, kHeads, &position, Config());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+TEST(RopeTest, EachTokenUsesItsOwnPosition) {
+  const std::vector<float> x = Random(3 * kHeads * kHeadDim, 7);
+  std::vector<float> batched = x;
+  const int32_t positions[3] = {12, 3, 12};
+  ApplyRope(batched.data(), 3, kHeads, positions, Config());
+  for (int64_t t = 0; t < 3; ++t) {
+    std::vector<float> alone(x.begin() + t * kHeads * kHeadDim,
+                             x.begin() + (t + 1) * kHeads * kHeadDim);
+    ApplyRope(alone.data(), 1, kHeads, &positions[t], Config());
+    EXPECT_EQ(std::memcmp(alone.data(), batched.data() + t * kHeads * kHeadDim,
+                          alone.size() * sizeof(float)),
+              0)
+        << "token " << t;
+  }
+}
+
+}  // namespace
+}  // namespace bitsplit::ops
