@@ -1,0 +1,170 @@
+// `bitsplit generate`: local streamed generation with the reference engine.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/io/gguf.h"
+#include "common/model/llama_model.h"
+#include "common/model/sampler.h"
+#include "common/text/chat_template.h"
+#include "common/text/streaming_detokenizer.h"
+#include "common/text/tokenizer.h"
+#include "tools/bitsplit/commands.h"
+
+namespace bitsplit::cli {
+namespace {
+
+struct GenerateOptions {
+  std::string model_path;
+  std::optional<std::string> prompt;
+  std::optional<std::string> chat;
+  int max_tokens = 128;
+  model::SamplingParams sampling;
+  int threads = 0;
+  int prefill_chunk = 256;
+};
+
+int Fail(int code, const std::string& message) {
+  std::fprintf(stderr, "bitsplit generate: error: %s\n", message.c_str());
+  return code;
+}
+
+using Clock = std::chrono::steady_clock;
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+int RunGenerate(const GenerateOptions& options) {
+  if (auto status = model::ValidateSamplingParams(options.sampling); !status.ok()) {
+    return Fail(kExitBadInput, std::string(status.message()));
+  }
+  if (options.max_tokens < 1) return Fail(kExitBadInput, "-n must be at least 1");
+  const Clock::time_point load_start = Clock::now();
+  auto model = model::LlamaModel::Load(options.model_path, options.threads);
+  if (!model.ok()) return Fail(kExitBadInput, std::string(model.status().message()));
+  const model::ModelConfig& config = (*model)->config();
+  auto file = gguf::File::Open(options.model_path);
+  if (!file.ok()) return Fail(kExitBadInput, std::string(file.status().message()));
+  auto tokenizer = text::Tokenizer::FromGguf(**file);
+  if (!tokenizer.ok()) return Fail(kExitBadInput, std::string(tokenizer.status().message()));
+
+  std::string prompt_text;
+  if (options.chat) {
+    auto chat_template = text::ChatTemplate::FromGguf(**file);
+    if (!chat_template.ok()) {
+      return Fail(kExitBadInput, std::string(chat_template.status().message()));
+    }
+    std::vector<text::ChatMessage> messages = {{"user", *options.chat}};
+    prompt_text = chat_template->Render(messages, /*add_generation_prompt=*/true);
+  } else {
+    prompt_text = *options.prompt;
+  }
+  // Chat prompts carry control tokens of the template; raw prompts are plain text.
+  std::vector<int32_t> tokens = (*tokenizer)->Encode(prompt_text, options.chat.has_value());
+  if ((*tokenizer)->add_bos() && (*tokenizer)->bos_id() >= 0) {
+    tokens.insert(tokens.begin(), (*tokenizer)->bos_id());
+  }
+  if (tokens.empty()) return Fail(kExitBadInput, "the prompt is empty");
+
+  const int64_t capacity = static_cast<int64_t>(tokens.size()) + options.max_tokens;
+  if (capacity > config.context_length) {
+    return Fail(kExitBadInput,
+                absl::StrFormat("prompt (%d tokens) + -n %d exceeds the model's context of %d",
+                                tokens.size(), options.max_tokens, config.context_length));
+  }
+  auto cache = (*model)->NewKvCache(capacity);
+  if (!cache.ok()) return Fail(kExitFailure, std::string(cache.status().message()));
+  spdlog::debug("model loaded in {:.2f} s, {} threads", SecondsSince(load_start),
+                (*model)->num_threads());
+
+  std::vector<float> logits(static_cast<size_t>(config.vocab_size));
+  const Clock::time_point prefill_start = Clock::now();
+  for (size_t begin = 0; begin < tokens.size(); begin += options.prefill_chunk) {
+    const size_t end = std::min(tokens.size(), begin + options.prefill_chunk);
+    std::span<const int32_t> chunk(tokens.data() + begin, end - begin);
+    model::Batch batch = model::Batch::Causal(chunk, static_cast<int32_t>(begin));
+    batch.logit_rows = {static_cast<int32_t>(chunk.size() - 1)};
+    if (auto status = (*model)->Forward(batch, *cache, logits.data()); !status.ok()) {
+      return Fail(kExitFailure, std::string(status.message()));
+    }
+    if (auto status = cache->Commit(static_cast<int64_t>(chunk.size())); !status.ok()) {
+      return Fail(kExitFailure, std::string(status.message()));
+    }
+  }
+  const double prefill_seconds = SecondsSince(prefill_start);
+
+  model::Sampler sampler;
+  text::StreamingDetokenizer detokenizer(**tokenizer);
+  const Clock::time_point decode_start = Clock::now();
+  int generated = 0;
+  int64_t position = static_cast<int64_t>(tokens.size());
+  while (generated < options.max_tokens) {
+    const int32_t next = sampler.Choose(logits, options.sampling, position);
+    ++generated;
+    if ((*tokenizer)->IsEndOfGeneration(next)) break;
+    auto piece = detokenizer.Push(next);
+    if (!piece.ok()) return Fail(kExitFailure, std::string(piece.status().message()));
+    std::fwrite(piece->data(), 1, piece->size(), stdout);
+    std::fflush(stdout);
+    if (generated == options.max_tokens) break;
+    const int32_t single[1] = {next};
+    model::Batch batch = model::Batch::Causal(single, static_cast<int32_t>(position));
+    if (auto status = (*model)->Forward(batch, *cache, logits.data()); !status.ok()) {
+      return Fail(kExitFailure, std::string(status.message()));
+    }
+    if (auto status = cache->Commit(1); !status.ok()) {
+      return Fail(kExitFailure, std::string(status.message()));
+    }
+    ++position;
+  }
+  const std::string tail = detokenizer.Finish();
+  std::fwrite(tail.data(), 1, tail.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  const double decode_seconds = SecondsSince(decode_start);
+  std::fprintf(stderr,
+               "[prompt %zu tokens, %.1f tok/s | generated %d tokens, %.1f tok/s | %d threads]\n",
+               tokens.size(), tokens.size() / std::max(prefill_seconds, 1e-9), generated,
+               generated / std::max(decode_seconds, 1e-9), (*model)->num_threads());
+  return kExitOk;
+}
+
+}  // namespace
+
+Command AddGenerateCommand(CLI::App& app) {
+  auto options = std::make_shared<GenerateOptions>();
+  CLI::App* sub = app.add_subcommand("generate", "stream a completion from a GGUF model");
+  sub->add_option("--model,-m", options->model_path, "GGUF model file")
+      ->required()
+      ->check(CLI::ExistingFile);
+  auto* prompt = sub->add_option("--prompt,-p", options->prompt, "raw prompt text");
+  auto* chat = sub->add_option("--chat,-c", options->chat,
+                               "a user message, wrapped in the model's chat template");
+  prompt->excludes(chat);
+  chat->excludes(prompt);
+  sub->add_option("-n,--max-tokens", options->max_tokens, "tokens to generate")
+      ->capture_default_str();
+  sub->add_option("--temperature", options->sampling.temperature, "0 = greedy")
+      ->capture_default_str();
+  sub->add_option("--top-k", options->sampling.top_k, "0 = off")->capture_default_str();
+  sub->add_option("--top-p", options->sampling.top_p, "nucleus mass, 1 = off")
+      ->capture_default_str();
+  sub->add_option("--seed", options->sampling.seed, "sampling seed")->capture_default_str();
+  sub->add_option("--threads,-t", options->threads, "worker threads (0 = all cores)")
+      ->capture_default_str();
+  sub->callback([sub, prompt, chat] {
+    if (prompt->count() == 0 && chat->count() == 0) {
+      throw CLI::RequiredError("one of --prompt or --chat");
+    }
+  });
+  return {sub, [options] { return RunGenerate(*options); }};
+}
+
+}  // namespace bitsplit::cli
