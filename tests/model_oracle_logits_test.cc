@@ -191,5 +191,43 @@ TEST(OracleLogitsTest, MatchesLlamaCppOnF32Smollm2) {
   EXPECT_LE(kl_estimate_mean, 1e-5);
 }
 
+// For information: llama.cpp on the original Q4_1 file quantizes activations to Q8_1 inside its
+// matmuls, so it computes a slightly different function from ours (f32 activations). The
+// numbers are printed for the record; the bounds only catch a gross regression.
+TEST(OracleLogitsTest, ReportsAgreementWithLlamaCppOnQ4_1) {
+  std::ifstream in(testing::SourcePath("tests/fixtures/oracle/smollm2_q4_1_logits.json"));
+  ASSERT_TRUE(in.good()) << "missing fixture tests/fixtures/oracle/smollm2_q4_1_logits.json";
+  const nlohmann::json fixture = nlohmann::json::parse(in);
+  auto loaded = LlamaModel::Load(testing::ModelPath(testing::kSmolLm2File), kThreads);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  LlamaModel& model = **loaded;
+  const int64_t vocab = model.config().vocab_size;
+  int64_t positions = 0, agreed = 0;
+  double kl_sum = 0;
+  for (const auto& test_case : fixture["cases"]) {
+    std::vector<int32_t> sequence = test_case["tokens"].get<std::vector<int32_t>>();
+    const auto continuation = test_case["continuation"].get<std::vector<int32_t>>();
+    sequence.insert(sequence.end(), continuation.begin(), continuation.end() - 1);
+    const auto& records = test_case["logits"];
+    ASSERT_EQ(records.size(), sequence.size());
+    const std::vector<float> logits = TeacherForcedLogits(model, sequence);
+    for (size_t p = 0; p < sequence.size(); ++p) {
+      const float* ours = logits.data() + p * vocab;
+      kl_sum += ComparePosition(records[p], ours, vocab).kl_partition;
+      agreed += ops::ArgMax(ours, vocab) == records[p]["ids"][0].get<int64_t>();
+      ++positions;
+    }
+  }
+  const double kl_mean = kl_sum / positions;
+  std::printf(
+      "q4_1 (information): %lld positions, argmax agreement %.2f%%, mean KL(llama.cpp Q4_1 || "
+      "ours) over {top-%d, rest} = %.3e nats\n",
+      static_cast<long long>(positions), 100.0 * agreed / positions, fixture["top_k"].get<int>(),
+      kl_mean);
+  EXPECT_GE(positions, 1000);
+  EXPECT_GE(static_cast<double>(agreed) / positions, 0.9);
+  EXPECT_LE(kl_mean, 0.05);
+}
+
 }  // namespace
 }  // namespace bitsplit::model
