@@ -1,0 +1,375 @@
+// Split-format matmul kernels (common/quant/split_matmul.h) against their two ceilings.
+//
+// For each format, time(T) of y[T x 4096] = x[T x 4096] · Wᵀ for T = 1..64 on synthetic 4096 x
+// 4096 matrices, cycling through enough of them that the weights touched between two uses of
+// one matrix are >= 4x the L3 cache (so every call streams its weights from DRAM). Beside it,
+// measured in the same run with the same threads:
+//   BW    streaming-read bandwidth: an AVX2 read-reduce over 128 MiB windows (4x L3);
+//   P     the kernel's own multiply-add rate at T = 64;
+//   peak  what the SIMD units can do for the kernel's instruction mix: per 32 multiply-adds
+//         one vpmaddubsw + vpmaddwd + vcvtdq2ps + vfmadd231ps, run in 8 independent chains
+//         from registers (no loads), on every thread. (Zen 5 and most AVX2 cores issue two of
+//         vpmaddubsw/vpmaddwd/vfmadd per cycle, vcvtdq2ps on other ports: 32 MACs per 1.5
+//         cycles = 21.3 multiply-adds per cycle per core.)
+// Counters: GB/s of weights, fraction of BW, floor(T) = max(weight bytes / BW, T * MACs / P)
+// and time / floor. A summary table is printed at the end. BW is the larger of a plain
+// read-reduce and one with software prefetch (the kernels prefetch, and beat the plain one).
+// Every time is the fastest call and every ceiling the maximum over the run: the machine may be
+// shared, and these are the least disturbed measurements.
+//
+//   build-*/bench/kernel_bench [--benchmark_filter=r6] [--threads=N]
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/quant/split_format.h"
+#include "common/quant/split_matmul.h"
+#include "common/util/fp16.h"
+#include "common/util/thread_pool.h"
+
+namespace bitsplit::quant {
+namespace {
+
+constexpr int64_t kRows = 4096;
+constexpr int64_t kCols = 4096;
+constexpr int kTokenCounts[] = {1, 2, 4, 8, 16, 32, 64};
+
+int g_threads = 0;  // 0: all hardware threads
+
+ThreadPool& Pool() {
+  static ThreadPool pool(g_threads);
+  return pool;
+}
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// L3 size as the kernel sees it (sysfs, like lscpu; sysconf may report the host's total).
+size_t L3Bytes() {
+  std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+  size_t kib = 0;
+  if (f != nullptr) {
+    if (std::fscanf(f, "%zuK", &kib) != 1) kib = 0;
+    std::fclose(f);
+  }
+  return kib > 0 ? kib << 10 : size_t{32} << 20;
+}
+
+struct Case {
+  SplitFormat format;
+  int group;
+  std::string name() const {
+    return std::string(GetSplitFormatInfo(format).name) + "/g" + std::to_string(group);
+  }
+};
+
+const Case kCases[] = {
+    {SplitFormat::kB2Sym, 64},  {SplitFormat::kB2Asym, 64}, {SplitFormat::kB3Sym, 64},
+    {SplitFormat::kB3Asym, 64}, {SplitFormat::kB4Sym, 64},  {SplitFormat::kB4Asym, 64},
+    {SplitFormat::kR6, 32},     {SplitFormat::kR6, 128},    {SplitFormat::kR8, 32},
+    {SplitFormat::kR8, 128},    {SplitFormat::kQ8_0, 32},
+};
+
+uint64_t NextRandom(uint64_t* state) {  // xorshift64*: fast filler for hundreds of MB
+  *state ^= *state >> 12;
+  *state ^= *state << 25;
+  *state ^= *state >> 27;
+  return *state * 0x2545F4914F6CDD1DULL;
+}
+
+// The weights of one case: `count` matrices, back to back; random codes, and every fp16
+// scale/min set to a random moderate value (speed does not depend on the values).
+struct Weights {
+  Case c;
+  size_t matrix_bytes = 0;
+  std::unique_ptr<uint8_t[]> bytes;
+  std::vector<MatrixView> views;
+};
+
+Weights& WeightsFor(const Case& c) {
+  static std::unique_ptr<Weights> cached;
+  if (cached && cached->c.format == c.format && cached->c.group == c.group) return *cached;
+  cached.reset();  // free the previous case first
+  auto w = std::make_unique<Weights>();
+  w->c = c;
+  const size_t row_bytes = SplitRowBytes(c.format, c.group, kCols);
+  w->matrix_bytes = row_bytes * kRows;
+  const size_t count = std::max<size_t>(2, (4 * L3Bytes() + w->matrix_bytes - 1) / w->matrix_bytes);
+  const size_t total = count * w->matrix_bytes;
+  w->bytes.reset(new uint8_t[total]);
+  uint64_t state = 0x9E3779B97F4A7C15ULL;
+  for (size_t i = 0; i + 8 <= total; i += 8) {
+    const uint64_t r = NextRandom(&state);
+    std::memcpy(&w->bytes[i], &r, 8);
+  }
+  // Overwrite every fp16 scale (and min) with a moderate positive value.
+  const SplitRowLayout layout = GetSplitRowLayout(c.format, c.group, kCols);
+  const bool has_min = GetSplitFormatInfo(c.format).has_min;
+  for (size_t row = 0; row < count * kRows; ++row) {
+    uint8_t* base = &w->bytes[row * row_bytes];
+    for (int64_t g = 0; g < layout.groups; ++g) {
+      for (int k = 0; k < (has_min ? 2 : 1); ++k) {
+        const float v = 0.01f * static_cast<float>(NextRandom(&state) % 1000) / 1000.0f + 1e-4f;
+        const uint16_t half = Fp32ToFp16(v);
+        const size_t offset = k == 0 ? layout.scale_offset + g * layout.scale_stride
+                                     : layout.min_offset + g * layout.min_stride;
+        std::memcpy(base + offset, &half, 2);
+      }
+    }
+  }
+  for (size_t i = 0; i < count; ++i) {
+    w->views.push_back(*MakeMatrixView(c.format, c.group, kRows, kCols,
+                                       w->bytes.get() + i * w->matrix_bytes, w->matrix_bytes));
+  }
+  cached = std::move(w);
+  return *cached;
+}
+
+const QuantizedActivations& ActivationsFor(int64_t tokens) {
+  static std::map<int64_t, QuantizedActivations> cache;
+  auto it = cache.find(tokens);
+  if (it != cache.end()) return it->second;
+  std::vector<float> x(tokens * kCols);
+  uint64_t state = 12345 + tokens;
+  for (float& v : x) v = static_cast<float>(NextRandom(&state) % 20001) / 10000.0f - 1.0f;
+  QuantizeActivations(x.data(), tokens, kCols, &cache[tokens]);
+  return cache[tokens];
+}
+
+// ---- Ceilings --------------------------------------------------------------------------------
+// Measured again before every case and kept at their maximum, so that a ceiling measured while
+// another process happened to load the machine does not flatter the kernels.
+
+double g_bandwidth_plain = 0;                 // bytes/s, hardware prefetch only
+double g_bandwidth_prefetch = 0;              // bytes/s, with software prefetch (like the kernels)
+double g_peak_mix = 0;                        // multiply-adds/s
+std::map<std::string, double> g_kernel_rate;  // P per case, multiply-adds/s
+
+double Bandwidth() { return std::max(g_bandwidth_plain, g_bandwidth_prefetch); }
+
+// Streaming read: each thread reduces its contiguous half of a 128 MiB window (4x L3) with AVX2
+// adds, optionally prefetching 2 KiB ahead; the best of 8 windows of a 512 MiB buffer.
+double MeasureBandwidth(bool software_prefetch) {
+  constexpr size_t kBytes = size_t{512} << 20, kWindow = size_t{128} << 20;
+  static uint8_t* buffer = [] {
+    auto* b = static_cast<uint8_t*>(std::aligned_alloc(64, kBytes));
+    std::memset(b, 1, kBytes);
+    return b;
+  }();
+  std::vector<long long> sink(Pool().num_threads());
+  double best = 0;
+  for (int rep = 0; rep < 8; ++rep) {
+    const uint8_t* base = buffer + (rep % (kBytes / kWindow)) * kWindow;
+    const double start = Now();
+    Pool().ParallelFor(kWindow / 128, [&](int64_t begin, int64_t end, int worker) {
+      __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+      for (int64_t i = begin; i < end; ++i) {
+        const uint8_t* line = base + i * 128;
+        if (software_prefetch) {
+          _mm_prefetch(reinterpret_cast<const char*>(line) + 2048, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(line) + 2048 + 64, _MM_HINT_T0);
+        }
+        const auto* p = reinterpret_cast<const __m256i*>(line);
+        a = _mm256_add_epi64(a, _mm256_load_si256(p));
+        b = _mm256_add_epi64(b, _mm256_load_si256(p + 1));
+        c = _mm256_add_epi64(c, _mm256_load_si256(p + 2));
+        d = _mm256_add_epi64(d, _mm256_load_si256(p + 3));
+      }
+      const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d));
+      sink[worker] = _mm256_extract_epi64(s, 0) + _mm256_extract_epi64(s, 3);
+    });
+    best = std::max(best, kWindow / (Now() - start));
+  }
+  benchmark::DoNotOptimize(sink.data());
+  return best;
+}
+
+// The kernel's inner instruction mix from registers: 8 chains of
+// vpmaddubsw -> vpmaddwd -> vcvtdq2ps -> vfmadd231ps, each chain 32 multiply-adds.
+#define BITSPLIT_MIX_CHAIN(acc)             \
+  "vpmaddubsw %%ymm14, %%ymm15, %%ymm8\n\t" \
+  "vpmaddwd %%ymm13, %%ymm8, %%ymm8\n\t"    \
+  "vcvtdq2ps %%ymm8, %%ymm8\n\t"            \
+  "vfmadd231ps %%ymm12, %%ymm8, " acc "\n\t"
+double MeasurePeakMix() {
+  constexpr int64_t kIterations = 2'000'000;
+  double best = 0;
+  for (int rep = 0; rep < 10; ++rep) {
+    const double start = Now();
+    Pool().ParallelFor(Pool().num_threads(), [&](int64_t, int64_t, int) {
+      int64_t n = kIterations;
+      asm volatile(
+          "vpxor %%ymm12, %%ymm12, %%ymm12\n\t"
+          "vpxor %%ymm13, %%ymm13, %%ymm13\n\t"
+          "vpxor %%ymm14, %%ymm14, %%ymm14\n\t"
+          "vpxor %%ymm15, %%ymm15, %%ymm15\n\t"
+          "1:\n\t" BITSPLIT_MIX_CHAIN("%%ymm0") BITSPLIT_MIX_CHAIN("%%ymm1")
+              BITSPLIT_MIX_CHAIN("%%ymm2") BITSPLIT_MIX_CHAIN("%%ymm3")
+                  BITSPLIT_MIX_CHAIN("%%ymm4") BITSPLIT_MIX_CHAIN("%%ymm5")
+                      BITSPLIT_MIX_CHAIN("%%ymm6") BITSPLIT_MIX_CHAIN("%%ymm7")
+          "dec %0\n\t"
+          "jnz 1b\n\t"
+          : "+r"(n)
+          :
+          : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm12",
+            "xmm13", "xmm14", "xmm15", "cc");
+    });
+    const double macs = 8.0 * 32.0 * kIterations * Pool().num_threads();
+    best = std::max(best, macs / (Now() - start));
+  }
+  return best;
+}
+#undef BITSPLIT_MIX_CHAIN
+
+void RefreshCeilings() {
+  g_bandwidth_plain = std::max(g_bandwidth_plain, MeasureBandwidth(false));
+  g_bandwidth_prefetch = std::max(g_bandwidth_prefetch, MeasureBandwidth(true));
+  g_peak_mix = std::max(g_peak_mix, MeasurePeakMix());
+}
+
+// P: multiply-adds per second of the kernel itself at T = 64: the fastest call of 3 passes over
+// all matrices (raised later if the T = 64 benchmark finds a faster call). Fastest calls, like
+// every time here, because the machine may be shared and the fastest call is the least
+// disturbed one.
+double KernelRate64(const Case& c) {
+  auto it = g_kernel_rate.find(c.name());
+  if (it != g_kernel_rate.end()) return it->second;
+  RefreshCeilings();
+  Weights& w = WeightsFor(c);
+  const QuantizedActivations& x = ActivationsFor(64);
+  std::vector<float> y(64 * kRows);
+  double best = INFINITY;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (const MatrixView& view : w.views) {
+      const double start = Now();
+      MatMul(view, x, y.data(), false, Pool());
+      best = std::min(best, Now() - start);
+    }
+  }
+  benchmark::DoNotOptimize(y.data());
+  return g_kernel_rate[c.name()] = 64.0 * kRows * kCols / best;
+}
+
+struct Result {
+  double best_seconds = 0;  // fastest call
+  double mean_seconds = 0;
+  double bytes = 0;
+  double macs = 0;
+};
+std::map<std::string, std::map<int, Result>> g_results;
+
+double FloorSeconds(const Result& r, double rate) {
+  return std::max(r.bytes / Bandwidth(), r.macs / rate);
+}
+
+void BM_SplitMatMul(benchmark::State& state, Case c) {
+  const int64_t tokens = state.range(0);
+  KernelRate64(c);  // measures the ceilings too, on the first call for this case
+  double& rate = g_kernel_rate[c.name()];
+  Weights& w = WeightsFor(c);
+  const QuantizedActivations& x = ActivationsFor(tokens);
+  std::vector<float> y(tokens * kRows);
+  size_t next = 0;
+  int64_t calls = 0;
+  double total = 0, best = INFINITY;
+  for (auto _ : state) {
+    const double start = Now();
+    MatMul(w.views[next], x, y.data(), /*accumulate=*/false, Pool());
+    const double seconds = Now() - start;
+    total += seconds;
+    best = std::min(best, seconds);
+    next = next + 1 == w.views.size() ? 0 : next + 1;
+    ++calls;
+  }
+  benchmark::DoNotOptimize(y.data());
+  Result result{best, total / calls, static_cast<double>(w.matrix_bytes),
+                static_cast<double>(kRows) * kCols * tokens};
+  if (tokens == 64) rate = std::max(rate, result.macs / best);
+  state.SetBytesProcessed(static_cast<int64_t>(result.bytes * calls));
+  state.counters["best_us"] = best * 1e6;
+  state.counters["BW_frac"] = result.bytes / best / Bandwidth();
+  state.counters["floor_us"] = FloorSeconds(result, rate) * 1e6;
+  state.counters["over_floor"] = best / FloorSeconds(result, rate);
+  state.counters["P_GMACs"] = rate / 1e9;
+  g_results[c.name()][static_cast<int>(tokens)] = result;
+}
+
+double LoadAverage() {
+  double load = -1;
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1) load = -1;
+    std::fclose(f);
+  }
+  return load;
+}
+
+// The table of the final values: ceilings are maxima over the whole run, times fastest calls.
+void PrintSummary(double load_before) {
+  std::printf(
+      "\nthreads %d | BW %.1f GB/s (read-reduce %.1f, with software prefetch %.1f) | mix peak "
+      "%.1f GMAC/s = %.2f GHz x %d cores x 21.33 MAC/cycle | L3 %zu MiB | load %.2f -> %.2f\n",
+      Pool().num_threads(), Bandwidth() / 1e9, g_bandwidth_plain / 1e9, g_bandwidth_prefetch / 1e9,
+      g_peak_mix / 1e9, g_peak_mix / (Pool().num_threads() * 32.0 / 1.5) / 1e9,
+      Pool().num_threads(), L3Bytes() >> 20, load_before, LoadAverage());
+  std::printf(
+      "times: fastest call in us; x/fl = time / floor(T), floor(T) = max(bytes / BW, "
+      "T * MACs / P)\n");
+  std::printf("%-11s %6s %7s %7s", "format", "MB", "P", "P/peak");
+  for (int t : kTokenCounts) std::printf(" | T=%-2d us   x/fl", t);
+  std::printf(" | BW@T1\n");
+  for (const Case& c : kCases) {
+    auto it = g_results.find(c.name());
+    if (it == g_results.end()) continue;
+    const double rate = g_kernel_rate[c.name()];
+    std::printf("%-11s %6.2f %7.1f %6.0f%%", c.name().c_str(),
+                it->second.begin()->second.bytes / 1e6, rate / 1e9, 100.0 * rate / g_peak_mix);
+    for (int t : kTokenCounts) {
+      auto r = it->second.find(t);
+      if (r == it->second.end()) {
+        std::printf(" | %8s %5s", "-", "-");
+      } else {
+        std::printf(" | %8.1f %5.2f", r->second.best_seconds * 1e6,
+                    r->second.best_seconds / FloorSeconds(r->second, rate));
+      }
+    }
+    auto t1 = it->second.find(1);
+    if (t1 != it->second.end()) {
+      std::printf(" | %4.0f%%\n", 100.0 * t1->second.bytes / t1->second.best_seconds / Bandwidth());
+    } else {
+      std::printf(" | %5s\n", "-");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace bitsplit::quant
+
+int main(int argc, char** argv) {
+  using namespace bitsplit::quant;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--threads=", 10) == 0) g_threads = std::atoi(argv[i] + 10);
+  }
+  benchmark::Initialize(&argc, argv);
+  const double load_before = LoadAverage();
+  for (const Case& c : kCases) {
+    auto* b =
+        benchmark::RegisterBenchmark(("BM_SplitMatMul/" + c.name()).c_str(), BM_SplitMatMul, c);
+    for (int t : kTokenCounts) b->Arg(t);
+    b->UseRealTime()->Unit(benchmark::kMicrosecond);
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  PrintSummary(load_before);
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,157 @@
+#pragma once
+// The split-quantization formats: every linear weight W is stored as a low-bit base B (the
+// draft model, 2/3/4-bit group-wise codes) plus a residual R (6- or 8-bit symmetric codes of
+// W - B), with W ~= B + R. Also Q8_0 (ggml's format, bit-exact quantizer) as a reference point.
+//
+// A row of `cols` elements stores, in this order (SplitRowLayout):
+//   codes   cols / 32 SUB-BLOCKS of packed codes, each for 32 consecutive elements
+//   scales  cols / group fp16 scales d, one per group
+//   mins    cols / group fp16 mins m (asymmetric formats only)
+// Scales are kept apart from the codes so that the kernel reads eight consecutive scales with
+// one load (split_matmul.cc), and the packing inside a sub-block is chosen so that AVX2 expands
+// it to 32 bytes in element order with a broadcast load and one variable shift. kQ8_0 is the
+// exception: ggml's interleaved block_q8_0 (fp16 d, then 32 int8), so GGUF tensors are usable
+// as they are. Byte layouts: docs/formats.md, "Split formats".
+//
+// Dequantized value of element j of a group (q: the unsigned code, c: the signed code):
+//   kB2Sym  y = d * (q - 1.5)   q in 0..3   (levels +-0.5d, +-1.5d: no zero level)
+//   kB3Sym  y = d * (q - 4)     q in 0..7   (d may be negative: the extra level goes either way)
+//   kB4Sym  y = d * (q - 8)     q in 0..15  (likewise)
+//   kBnAsym y = d * q + m       q in 0..2^n-1
+//   kR6     y = d * (q - 32)    q in 1..63  (c = q - 32 in -31..31; the quantizer never writes 0)
+//   kR8     y = d * c           c in -127..127
+//   kQ8_0   y = d * c           ggml's block_q8_0 (group must be 32); c in -128..127 when read
+//                               from a file, -127..127 from our quantizer
+// The 2-bit grid is mid-rise and the 3/4-bit grids mid-tread because that is what measured
+// lower error on Gaussian groups (see docs/formats.md).
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace bitsplit::quant {
+
+enum class SplitFormat : uint32_t {
+  kB2Sym = 0,
+  kB2Asym = 1,
+  kB3Sym = 2,
+  kB3Asym = 3,
+  kB4Sym = 4,
+  kB4Asym = 5,
+  kR6 = 6,
+  kR8 = 7,
+  kQ8_0 = 8,
+};
+inline constexpr int kNumSplitFormats = 9;
+
+// Elements per sub-block: the unit of code packing and of the integer dot products.
+inline constexpr int kSplitSubBlock = 32;
+
+// Static facts about a format.
+struct SplitFormatInfo {
+  const char* name;     // "b2_sym", "r6", "q8_0", ...
+  int bits;             // bits per code
+  bool is_base;         // kB*: produced by QuantizeBaseRow
+  bool is_residual;     // kR6 / kR8: produced by QuantizeResidualRow
+  bool has_min;         // the header stores an fp16 min m after d
+  bool signed_codes;    // codes are int8 (kR8, kQ8_0); otherwise unsigned with an offset
+  float code_offset;    // y = d * (q - code_offset) for the unsigned symmetric formats
+  int sub_block_bytes;  // bytes of packed codes per 32 elements
+};
+const SplitFormatInfo& GetSplitFormatInfo(SplitFormat format);
+absl::StatusOr<SplitFormat> ParseSplitFormat(std::string_view name);
+
+// OK when `group` is a positive multiple of 32 (exactly 32 for kQ8_0) and `cols` a positive
+// multiple of `group`; INVALID_ARGUMENT otherwise. Every other function here requires it and
+// BITSPLIT_CHECKs it.
+absl::Status ValidateSplitLayout(SplitFormat format, int group, int64_t cols);
+
+// Bytes of one row.
+size_t SplitRowBytes(SplitFormat format, int group, int64_t cols);
+
+// Where things are inside one row: group g's scale at scale_offset + g * scale_stride (fp16),
+// its min at min_offset + g * min_stride (asymmetric formats), sub-block b's codes at
+// code_offset + b * code_stride. For kQ8_0 the strides are the 34-byte block.
+struct SplitRowLayout {
+  int64_t groups = 0;
+  int64_t sub_blocks = 0;
+  size_t code_offset = 0;
+  size_t code_stride = 0;
+  size_t scale_offset = 0;
+  size_t scale_stride = 0;
+  size_t min_offset = 0;  // meaningful only when the format has_min
+  size_t min_stride = 0;
+  size_t row_bytes = 0;
+};
+SplitRowLayout GetSplitRowLayout(SplitFormat format, int group, int64_t cols);
+
+// ---- Sub-block packings (32 elements each; element j, code bits as named) -------------------
+// Plane2: j -> bits 2*(j/8)..2*(j/8)+1 of byte j%8.          (8 bytes)
+// Plane1: j -> bit j/4 of byte j%4.                          (4 bytes)
+// Plane4: j < 16 -> low nibble of byte j; else high nibble of byte j-16 (like ggml's Q4_0).
+struct SubBlock2 {
+  uint8_t qs[8];  // Plane2 of the 2-bit codes
+};
+struct SubBlock3 {
+  uint8_t ql[8];  // Plane2 of code bits 0-1
+  uint8_t qh[4];  // Plane1 of code bit 2
+};
+struct SubBlock4 {
+  uint8_t qs[16];  // Plane4 of the 4-bit codes
+};
+struct SubBlock6 {
+  uint8_t ql[16];  // Plane4 of code bits 0-3
+  uint8_t qh[8];   // Plane2 of code bits 4-5
+};
+struct SubBlock8 {
+  int8_t qs[32];  // signed codes in element order
+};
+
+static_assert(sizeof(SubBlock2) == 8 && sizeof(SubBlock3) == 12 && sizeof(SubBlock4) == 16);
+static_assert(sizeof(SubBlock6) == 24 && sizeof(SubBlock8) == 32);
+static_assert(std::is_trivially_copyable_v<SubBlock6> && std::is_standard_layout_v<SubBlock6>);
+
+// ---- Quantizers (scalar reference; deterministic) -------------------------------------------
+// Base codes of one row. For each group the scale (and min) is chosen by a grid search around
+// the range-derived value, each candidate refitted by weighted least squares, rounded to fp16,
+// the codes re-derived from the rounded values and the (importance-weighted) squared error
+// measured; the best candidate is kept. `importance` (nullable: all ones) has `cols`
+// non-negative per-column weights. INVALID_ARGUMENT for a bad layout, a non-base format, or a
+// non-finite w / importance.
+absl::Status QuantizeBaseRow(SplitFormat format, int group, const float* w, const float* importance,
+                             int64_t cols, uint8_t* out);
+
+// Residual codes of one row (kR6 or kR8). Per group d = max|r| / N (N = 31 or 127) rounded UP
+// to fp16, codes c = round(r / d): no code clips, so |r - d * c| <= d / 2 (plus float rounding
+// of the division). INVALID_ARGUMENT for a bad layout/format, non-finite r, or max|r| / N
+// beyond the fp16 range.
+absl::Status QuantizeResidualRow(SplitFormat format, int group, const float* r, int64_t cols,
+                                 uint8_t* out);
+
+// Splits one weight row: base codes into base_out, then the residual w - dequant(base) (f32)
+// quantized into residual_out. Groups may differ between the two.
+absl::Status QuantizeSplitRow(SplitFormat base_format, int base_group, SplitFormat residual_format,
+                              int residual_group, const float* w, const float* importance,
+                              int64_t cols, uint8_t* base_out, uint8_t* residual_out);
+
+// ggml's quantize_row_q8_0_ref, bit for bit: per block of 32, d = amax / 127,
+// id = d ? 1 / d : 0, c = roundf(x * id) (ties away from zero), d stored as fp16 (nearest).
+// cols must be a multiple of 32; out receives cols / 32 BlockQ8_0.
+void QuantizeQ8_0Row(const float* x, int64_t cols, uint8_t* out);
+
+// Dequantizes one row of any split format (the scalar reference of the layouts above).
+void DequantizeSplitRow(SplitFormat format, int group, const uint8_t* row, int64_t cols,
+                        float* out);
+
+// The f32 value of group `group_index`'s scale d (e.g. the residual step).
+float SplitGroupScale(SplitFormat format, int group, int64_t cols, const uint8_t* row,
+                      int64_t group_index);
+
+// Unpacks the 32 codes of one sub-block into `codes` in element order: the unsigned q for the
+// base formats and kR6, the signed c for kR8 / kQ8_0 (as int).
+void UnpackSubBlock(SplitFormat format, const uint8_t* sub_block, int codes[kSplitSubBlock]);
+
+}  // namespace bitsplit::quant

@@ -1,0 +1,374 @@
+// Split-format matmul kernels (common/quant/split_matmul.h):
+//  * the AVX2 kernel equals the scalar same-arithmetic reference bit for bit, for every format,
+//    group size, batch size, thread count, with and without accumulation, also on random bytes
+//    (every code and scale pattern a file could hold);
+//  * batch invariance: each activation row's outputs are the same bits alone (T = 1) as inside
+//    batches of 2..64 at any position, with 1, 2 or 3 threads;
+//  * accuracy against an f32 reference (dequantized weights x unquantized activations);
+//  * activation quantization: AVX2 equals scalar, round-trip error within half a step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/quant/split_format.h"
+#include "common/quant/split_matmul.h"
+#include "common/util/fp16.h"
+#include "common/util/thread_pool.h"
+
+namespace bitsplit::quant {
+namespace {
+
+constexpr SplitFormat kAllFormats[] = {
+    SplitFormat::kB2Sym,  SplitFormat::kB2Asym, SplitFormat::kB3Sym,
+    SplitFormat::kB3Asym, SplitFormat::kB4Sym,  SplitFormat::kB4Asym,
+    SplitFormat::kR6,     SplitFormat::kR8,     SplitFormat::kQ8_0,
+};
+
+std::vector<int> GroupsFor(SplitFormat format) {
+  if (format == SplitFormat::kQ8_0) return {32};
+  return {32, 64, 128};
+}
+
+std::string Name(SplitFormat format, int group) {
+  return absl::StrCat(GetSplitFormatInfo(format).name, "/g", group);
+}
+
+std::vector<float> Gaussian(int64_t n, uint32_t seed, float sigma = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// A quantized matrix with its backing bytes.
+struct Matrix {
+  std::vector<uint8_t> bytes;
+  MatrixView view;
+};
+
+// Gaussian weights through the real quantizer of `format`; rows `row_stride` apart (0: packed,
+// otherwise the padding bytes hold garbage that must never be read).
+Matrix QuantizedMatrix(SplitFormat format, int group, int64_t rows, int64_t cols, uint32_t seed,
+                       size_t row_stride = 0) {
+  const size_t row_bytes = SplitRowBytes(format, group, cols);
+  if (row_stride == 0) row_stride = row_bytes;
+  Matrix m;
+  m.bytes.assign(rows * row_stride, 0xA5);
+  const SplitFormatInfo& info = GetSplitFormatInfo(format);
+  // Residual-like magnitudes for the residual formats, weight-like otherwise.
+  const std::vector<float> w = Gaussian(rows * cols, seed, info.is_residual ? 0.01f : 0.05f);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* out = m.bytes.data() + r * row_stride;
+    if (info.is_base) {
+      EXPECT_TRUE(QuantizeBaseRow(format, group, &w[r * cols], nullptr, cols, out).ok());
+    } else if (info.is_residual) {
+      EXPECT_TRUE(QuantizeResidualRow(format, group, &w[r * cols], cols, out).ok());
+    } else {
+      QuantizeQ8_0Row(&w[r * cols], cols, out);
+    }
+  }
+  auto view = MakeMatrixView(format, group, rows, cols, m.bytes.data(), m.bytes.size(), row_stride);
+  EXPECT_TRUE(view.ok()) << view.status();
+  m.view = *view;
+  return m;
+}
+
+// Random bytes everywhere, then every scale/min replaced by a random finite fp16 of moderate
+// size (codes stay arbitrary: R8/Q8_0 get -128, R6 gets code 0, ...).
+Matrix RandomBytesMatrix(SplitFormat format, int group, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Matrix m;
+  const size_t row_bytes = SplitRowBytes(format, group, cols);
+  m.bytes.resize(rows * row_bytes);
+  for (uint8_t& b : m.bytes) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> scale(-0.1f, 0.1f);
+  const SplitFormatInfo& info = GetSplitFormatInfo(format);
+  const SplitRowLayout layout = GetSplitRowLayout(format, group, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = m.bytes.data() + r * row_bytes;
+    for (int64_t g = 0; g < layout.groups; ++g) {
+      uint16_t half = Fp32ToFp16(scale(rng));
+      std::memcpy(row + layout.scale_offset + g * layout.scale_stride, &half, 2);
+      if (info.has_min) {
+        half = Fp32ToFp16(scale(rng));
+        std::memcpy(row + layout.min_offset + g * layout.min_stride, &half, 2);
+      }
+    }
+  }
+  m.view = *MakeMatrixView(format, group, rows, cols, m.bytes.data(), m.bytes.size());
+  return m;
+}
+
+bool SameBits(float a, float b) { return BitsFromFp32(a) == BitsFromFp32(b); }
+
+// Index of the first element whose bits differ, or -1.
+int64_t FirstDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!SameBits(a[i], b[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+double Nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  double err = 0.0, ref = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    ref += static_cast<double>(want[i]) * want[i];
+  }
+  return err / ref;
+}
+
+TEST(QuantizeActivations, Avx2MatchesReferenceBitForBit) {
+  const int64_t rows = 7, cols = 320;
+  std::vector<float> x = Gaussian(rows * cols, 11);
+  for (int64_t i = 0; i < cols; ++i) x[i] *= 1e-30f;                   // tiny values
+  for (int64_t i = 32; i < 64; ++i) x[cols + i] = 0.0f;                // an all-zero block
+  for (int64_t i = 0; i < cols; ++i) x[2 * cols + i] *= 1e4f;          // large values
+  for (int64_t i = 0; i < 32; ++i) x[3 * cols + i] = 0.5f * (i - 16);  // exact ties x * inverse
+  x[3 * cols] = -127.0f;                                               // amax on a negative element
+  for (int64_t i = 0; i < 32; ++i) x[4 * cols + i] = std::ldexp(1.0f, -140);  // subnormal
+  QuantizedActivations fast, reference;
+  QuantizeActivations(x.data(), rows, cols, &fast);
+  QuantizeActivationsReference(x.data(), rows, cols, &reference);
+  EXPECT_EQ(fast.codes, reference.codes);
+  EXPECT_EQ(FirstDifference(fast.scales, reference.scales), -1);
+  EXPECT_EQ(FirstDifference(fast.sums, reference.sums), -1);
+  EXPECT_EQ(fast.block_stride, 16);  // 10 blocks padded to 16
+}
+
+TEST(QuantizeActivations, RoundTripWithinHalfStep) {
+  const int64_t rows = 5, cols = 256;
+  const std::vector<float> x = Gaussian(rows * cols, 12, 3.0f);
+  QuantizedActivations q;
+  QuantizeActivations(x.data(), rows, cols, &q);
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      const float s = q.row_scales(t)[b];
+      int sum = 0;
+      for (int j = 0; j < 32; ++j) {
+        const int64_t k = b * 32 + j;
+        const int c = q.row_codes(t)[k];
+        ASSERT_LE(std::abs(c), 127);
+        EXPECT_LE(std::fabs(x[t * cols + k] - s * c), 0.5f * s * (1 + 1e-5f));
+        sum += c;
+      }
+      EXPECT_EQ(q.row_sums(t)[b], s * static_cast<float>(sum));
+    }
+  }
+}
+
+// The core property: AVX2 kernel == scalar reference, bit for bit.
+void ExpectKernelMatchesReference(const MatrixView& w, int64_t tokens, uint32_t seed,
+                                  const std::string& what) {
+  const std::vector<float> xf = Gaussian(tokens * w.cols, seed);
+  QuantizedActivations x;
+  QuantizeActivations(xf.data(), tokens, w.cols, &x);
+  std::vector<float> want(tokens * w.rows), start = Gaussian(tokens * w.rows, seed + 1);
+  MatMulReference(w, x, want.data(), /*accumulate=*/false);
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    std::vector<float> got(tokens * w.rows, NAN);
+    MatMul(w, x, got.data(), /*accumulate=*/false, pool);
+    ASSERT_EQ(FirstDifference(got, want), -1) << what << " T=" << tokens << " threads=" << threads;
+    // Accumulation: exactly start + product (one f32 add), in both implementations.
+    std::vector<float> acc_got = start, acc_want = start;
+    MatMul(w, x, acc_got.data(), /*accumulate=*/true, pool);
+    MatMulReference(w, x, acc_want.data(), /*accumulate=*/true);
+    ASSERT_EQ(FirstDifference(acc_got, acc_want), -1) << what << " accumulate T=" << tokens;
+    for (size_t i = 0; i < start.size(); ++i) ASSERT_TRUE(SameBits(acc_got[i], start[i] + want[i]));
+  }
+}
+
+TEST(SplitMatMul, KernelMatchesReferenceBitForBit) {
+  for (SplitFormat format : kAllFormats) {
+    for (int group : GroupsFor(format)) {
+      // 9 groups: a full run of 8 plus a partial one; 37 rows: every row-tile remainder.
+      const Matrix m = QuantizedMatrix(format, group, 37, 9 * group, 100 + group);
+      for (int64_t tokens : {1, 2, 3, 4, 5, 7, 8, 13}) {
+        ExpectKernelMatchesReference(m.view, tokens, 7 * tokens, Name(format, group));
+      }
+    }
+  }
+}
+
+TEST(SplitMatMul, KernelMatchesReferenceOnRandomBytes) {
+  for (SplitFormat format : kAllFormats) {
+    for (int group : GroupsFor(format)) {
+      const Matrix m = RandomBytesMatrix(format, group, 13, 17 * group, 200 + group);
+      for (int64_t tokens : {1, 4, 6}) {
+        ExpectKernelMatchesReference(m.view, tokens, 3 * tokens, Name(format, group) + " random");
+      }
+    }
+  }
+}
+
+TEST(SplitMatMul, OddGroupSizesAndLongRows) {
+  // Groups that are not a power of two (96) and rows with many runs (4096 columns).
+  for (SplitFormat format : {SplitFormat::kB3Asym, SplitFormat::kR6, SplitFormat::kR8}) {
+    const Matrix odd = QuantizedMatrix(format, 96, 9, 96 * 11, 300);
+    ExpectKernelMatchesReference(odd.view, 5, 41, Name(format, 96));
+    const Matrix wide = QuantizedMatrix(format, 64, 6, 4096, 301);
+    ExpectKernelMatchesReference(wide.view, 3, 42, Name(format, 64) + " wide");
+  }
+}
+
+TEST(SplitMatMul, PaddedRowStrideIsIgnored) {
+  const int64_t cols = 256;
+  const size_t stride = SplitRowBytes(SplitFormat::kB2Asym, 64, cols) + 40;
+  const Matrix padded = QuantizedMatrix(SplitFormat::kB2Asym, 64, 10, cols, 400, stride);
+  const Matrix packed = QuantizedMatrix(SplitFormat::kB2Asym, 64, 10, cols, 400);
+  const std::vector<float> xf = Gaussian(3 * cols, 401);
+  QuantizedActivations x;
+  QuantizeActivations(xf.data(), 3, cols, &x);
+  ThreadPool pool(2);
+  std::vector<float> a(30), b(30);
+  MatMul(padded.view, x, a.data(), false, pool);
+  MatMul(packed.view, x, b.data(), false, pool);
+  EXPECT_EQ(FirstDifference(a, b), -1);
+}
+
+// Batch invariance: row t alone vs inside batches of every size 2..64, threads 1/2/3.
+TEST(SplitMatMul, BatchInvariant) {
+  constexpr int64_t kTokens = 64;
+  for (SplitFormat format : kAllFormats) {
+    for (int group : GroupsFor(format)) {
+      const int64_t rows = 21, cols = 9 * group;
+      const Matrix m = QuantizedMatrix(format, group, rows, cols, 500);
+      const std::vector<float> xf = Gaussian(kTokens * cols, 501);
+      // Reference outputs: every token computed alone, single-threaded.
+      std::vector<float> alone(kTokens * rows);
+      {
+        ThreadPool pool(1);
+        QuantizedActivations one;
+        for (int64_t t = 0; t < kTokens; ++t) {
+          QuantizeActivations(xf.data() + t * cols, 1, cols, &one);
+          MatMul(m.view, one, alone.data() + t * rows, false, pool);
+        }
+      }
+      for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        QuantizedActivations batch;
+        std::vector<float> y;
+        for (int64_t size = 2; size <= kTokens; ++size) {
+          // Batch = tokens [first, first + size) (cyclic), so each token also moves position.
+          const int64_t first = (size * 7) % kTokens;
+          std::vector<float> xb(size * cols);
+          for (int64_t i = 0; i < size; ++i) {
+            const int64_t t = (first + i) % kTokens;
+            std::memcpy(&xb[i * cols], &xf[t * cols], cols * sizeof(float));
+          }
+          QuantizeActivations(xb.data(), size, cols, &batch);
+          y.assign(size * rows, NAN);
+          MatMul(m.view, batch, y.data(), false, pool);
+          for (int64_t i = 0; i < size; ++i) {
+            const int64_t t = (first + i) % kTokens;
+            for (int64_t r = 0; r < rows; ++r) {
+              ASSERT_TRUE(SameBits(y[i * rows + r], alone[t * rows + r]))
+                  << Name(format, group) << " token " << t << " at " << i << " of " << size
+                  << " threads " << threads << " row " << r;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(SplitMatMul, RowRangesEqualFullMatMul) {
+  // Accumulating into a y that already holds other values, range by range.
+  const Matrix m = QuantizedMatrix(SplitFormat::kR6, 32, 23, 320, 600);
+  const std::vector<float> xf = Gaussian(5 * 320, 601);
+  QuantizedActivations x;
+  QuantizeActivations(xf.data(), 5, 320, &x);
+  ThreadPool pool(2);
+  const std::vector<float> start = Gaussian(5 * 23, 602);
+  std::vector<float> full = start, pieces = start;
+  MatMul(m.view, x, full.data(), true, pool);
+  const int64_t bounds[] = {0, 1, 6, 7, 15, 23};  // ranges of 1, 5, 1, 8 and 8 rows
+  for (int i = 0; i + 1 < 6; ++i) {
+    MatMulRows(m.view, x, bounds[i], bounds[i + 1], pieces.data(), true);
+  }
+  EXPECT_EQ(FirstDifference(full, pieces), -1);
+}
+
+// int8 activations in blocks of 32 are the only approximation against the f32 reference. With
+// s = amax / 127 the rounding error is uniform in +-s/2, variance s^2 / 12; for Gaussian blocks
+// amax ~ 2.0-2.5 sigma, so the relative error variance is ~(2.2 / 127)^2 / 12 = 2.5e-5, and a
+// dot product with independent weights inherits that ratio: NMSE ~ 2.5e-5 expected (measured
+// 2.3e-5 .. 2.6e-5 here). 1e-4 leaves margin for fluctuation, and a real bug (a wrong scale,
+// lane or offset) produces NMSE >= 1e-3.
+TEST(SplitMatMul, CloseToF32Reference) {
+  for (SplitFormat format : kAllFormats) {
+    for (int group : GroupsFor(format)) {
+      const int64_t rows = 48, cols = 1024, tokens = 6;
+      const Matrix m = QuantizedMatrix(format, group, rows, cols, 700 + group);
+      const std::vector<float> xf = Gaussian(tokens * cols, 701);
+      QuantizedActivations x;
+      QuantizeActivations(xf.data(), tokens, cols, &x);
+      ThreadPool pool(2);
+      std::vector<float> got(tokens * rows), want(tokens * rows);
+      MatMul(m.view, x, got.data(), false, pool);
+      MatMulF32Reference(m.view, xf.data(), tokens, want.data());
+      const double nmse = Nmse(got, want);
+      EXPECT_LE(nmse, 1e-4) << Name(format, group);
+      RecordProperty(Name(format, group), absl::StrCat(nmse));
+      std::printf("%-12s NMSE vs f32 reference %.3g\n", Name(format, group).c_str(), nmse);
+    }
+  }
+}
+
+// Adding a base and a residual product (the verify path) equals the product with B + R up to
+// the activation rounding, i.e. the two-matmul split is what the service will compute.
+TEST(SplitMatMul, BasePlusResidualMatchesFullWeights) {
+  const int64_t rows = 32, cols = 512, tokens = 4;
+  const std::vector<float> w = Gaussian(rows * cols, 800, 0.05f);
+  const SplitFormat base = SplitFormat::kB2Asym, residual = SplitFormat::kR8;
+  std::vector<uint8_t> b(rows * SplitRowBytes(base, 64, cols));
+  std::vector<uint8_t> r(rows * SplitRowBytes(residual, 32, cols));
+  for (int64_t i = 0; i < rows; ++i) {
+    ASSERT_TRUE(QuantizeSplitRow(base, 64, residual, 32, &w[i * cols], nullptr, cols,
+                                 &b[i * SplitRowBytes(base, 64, cols)],
+                                 &r[i * SplitRowBytes(residual, 32, cols)])
+                    .ok());
+  }
+  const MatrixView bv = *MakeMatrixView(base, 64, rows, cols, b.data(), b.size());
+  const MatrixView rv = *MakeMatrixView(residual, 32, rows, cols, r.data(), r.size());
+  const std::vector<float> xf = Gaussian(tokens * cols, 801);
+  QuantizedActivations x;
+  QuantizeActivations(xf.data(), tokens, cols, &x);
+  ThreadPool pool(2);
+  std::vector<float> y(tokens * rows), exact(tokens * rows, 0.0f);
+  MatMul(bv, x, y.data(), false, pool);
+  MatMul(rv, x, y.data(), true, pool);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t i = 0; i < rows; ++i) {
+      double sum = 0.0;
+      for (int64_t k = 0; k < cols; ++k) sum += double(w[i * cols + k]) * xf[t * cols + k];
+      exact[t * rows + i] = static_cast<float>(sum);
+    }
+  }
+  EXPECT_LE(Nmse(y, exact), 1e-4);
+}
+
+TEST(MakeMatrixView, RejectsBadShapes) {
+  std::vector<uint8_t> bytes(1000);
+  EXPECT_FALSE(MakeMatrixView(SplitFormat::kR8, 48, 2, 96, bytes.data(), bytes.size()).ok());
+  EXPECT_FALSE(MakeMatrixView(SplitFormat::kR8, 32, 0, 96, bytes.data(), bytes.size()).ok());
+  EXPECT_FALSE(MakeMatrixView(SplitFormat::kR8, 32, 2, 96, nullptr, bytes.size()).ok());
+  EXPECT_FALSE(MakeMatrixView(SplitFormat::kR8, 32, 100, 96, bytes.data(), bytes.size()).ok());
+  EXPECT_FALSE(MakeMatrixView(SplitFormat::kR8, 32, 2, 96, bytes.data(), bytes.size(), 50).ok());
+  EXPECT_FALSE(MakeMatrixView(SplitFormat::kQ8_0, 64, 2, 128, bytes.data(), bytes.size()).ok());
+  const auto ok = MakeMatrixView(SplitFormat::kR8, 32, 2, 96, bytes.data(), 2 * 102);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->row_stride, 102u);
+}
+
+}  // namespace
+}  // namespace bitsplit::quant
