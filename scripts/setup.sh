@@ -16,7 +16,7 @@ DEB_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config python3 python3-pip
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libpcre2-dev
-  libgtest-dev libgmock-dev libbenchmark-dev librandom123-dev systemd
+  libgtest-dev libgmock-dev libbenchmark-dev librandom123-dev systemd libssl-dev
 )
 
 die() { echo "setup: error: $*" >&2; exit 1; }

@@ -222,6 +222,26 @@ TEST(GgufReaderTest, ParsesNestedArraysUpToTheDepthLimit) {
   EXPECT_EQ(std::get<uint64_t>(std::get<Array>(value->data).elements[0].data), 42u);
 }
 
+// Split models embed the metadata as a tensor-less image: bytes up to metadata_end_offset()
+// with the tensor count set to 0.
+TEST(GgufReaderTest, MetadataPrefixWithZeroTensorsIsATensorLessImage) {
+  GgufBuilder::Layout layout;
+  const std::vector<uint8_t> image = SmallModel().Build(&layout);
+  auto file = ParseImage(image);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_FALSE(layout.tensor_infos.empty());
+  EXPECT_EQ((*file)->metadata_end_offset(), layout.tensor_infos[0].start);
+
+  std::vector<uint8_t> prefix(image.begin(), image.begin() + (*file)->metadata_end_offset());
+  const uint64_t zero = 0;
+  std::memcpy(prefix.data() + layout.tensor_count_at, &zero, sizeof(zero));
+  auto metadata_only = ParseImage(prefix);
+  ASSERT_TRUE(metadata_only.ok()) << metadata_only.status();
+  EXPECT_TRUE((*metadata_only)->tensors().empty());
+  EXPECT_EQ((*metadata_only)->metadata().size(), (*file)->metadata().size());
+  EXPECT_EQ((*metadata_only)->metadata_end_offset(), prefix.size());
+}
+
 TEST(GgufReaderTest, ParsesTensorInfosAndLocatesData) {
   GgufBuilder::Layout layout;
   GgufBuilder b = SmallModel();

@@ -154,6 +154,7 @@ class File::Parser {
   absl::Status Run() {
     BITSPLIT_RETURN_IF_ERROR(ParseHeader());
     BITSPLIT_RETURN_IF_ERROR(ParseMetadata());
+    file_->metadata_end_offset_ = offset();
     BITSPLIT_RETURN_IF_ERROR(ParseAlignment());
     BITSPLIT_RETURN_IF_ERROR(ParseTensorInfos());
     return PlaceTensorData();

@@ -86,6 +86,10 @@ class File {
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }  // absolute start of tensor data
+  // Absolute offset just past the last metadata entry, where the tensor infos begin. Bytes
+  // [0, metadata_end_offset()) with the tensor count patched to 0 are a valid tensor-less GGUF
+  // image holding the same metadata (split models embed one to carry config and tokenizer).
+  uint64_t metadata_end_offset() const { return metadata_end_offset_; }
   const std::string& name() const { return name_; }
   // The whole image (the mapped file, or the caller's bytes).
   const uint8_t* image_data() const { return image_data_; }
@@ -123,6 +127,7 @@ class File {
   uint32_t version_ = 0;
   uint64_t alignment_ = kDefaultAlignment;
   uint64_t data_offset_ = 0;
+  uint64_t metadata_end_offset_ = 0;
   std::vector<MetadataEntry> metadata_;
   std::vector<TensorInfo> tensors_;
   // Name -> index lookups (the names are unique; the parser rejects duplicates).

@@ -42,6 +42,16 @@ absl::Status Invalid(const gguf::File& file, const std::string& message) {
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const gguf::File& file) {
+  // The vocabulary is the embedding table's row count; the metadata must agree with it.
+  const gguf::TensorInfo* embedding = file.FindTensor("token_embd.weight");
+  if (embedding == nullptr || embedding->dims.size() != 2) {
+    return Invalid(file, "tensor token_embd.weight is missing or not 2-dimensional");
+  }
+  return ModelConfigFromGgufMetadata(file, embedding->dims[1]);
+}
+
+absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
+                                                        int64_t embedding_rows) {
   ModelConfig config;
   BITSPLIT_ASSIGN_OR_RETURN(config.architecture, file.GetString("general.architecture"));
   if (config.architecture != "llama") {
@@ -114,12 +124,10 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const gguf::File& file) {
     }
   }
 
-  // The vocabulary is the embedding table's row count; the metadata must agree with it.
-  const gguf::TensorInfo* embedding = file.FindTensor("token_embd.weight");
-  if (embedding == nullptr || embedding->dims.size() != 2) {
-    return Invalid(file, "tensor token_embd.weight is missing or not 2-dimensional");
+  if (embedding_rows <= 0) {
+    return Invalid(file, absl::StrFormat("embedding table has %d rows", embedding_rows));
   }
-  config.vocab_size = embedding->dims[1];
+  config.vocab_size = embedding_rows;
   if (file.Find(Key("vocab_size")) != nullptr) {
     BITSPLIT_ASSIGN_OR_RETURN(int64_t declared, RequiredCount(file, "vocab_size"));
     if (declared != config.vocab_size) {

@@ -32,4 +32,10 @@ struct ModelConfig {
 // implementation does not have (mixture of experts, non-linear RoPE scaling).
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const gguf::File& file);
 
+// The same checks for metadata whose embedding table is stored elsewhere (a split model's base
+// file embeds the source GGUF's metadata without tensors): `embedding_rows` is the row count of
+// that table, i.e. the vocabulary size.
+absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
+                                                        int64_t embedding_rows);
+
 }  // namespace bitsplit::model

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/ops/activation.h"
 #include "common/ops/attention.h"
@@ -69,12 +70,63 @@ absl::StatusOr<Batch> Batch::Tree(std::span<const int32_t> tokens, std::span<con
   return batch;
 }
 
+std::string_view ForwardModeName(ForwardMode mode) {
+  switch (mode) {
+    case ForwardMode::kReference:
+      return "reference";
+    case ForwardMode::kDraft:
+      return "draft";
+    case ForwardMode::kVerify:
+      return "verify";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ForwardMode> ParseForwardMode(std::string_view name) {
+  for (ForwardMode mode : {ForwardMode::kReference, ForwardMode::kDraft, ForwardMode::kVerify}) {
+    if (name == ForwardModeName(mode)) return mode;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown forward mode \"",
+                                                 absl::string_view(name.data(), name.size()),
+                                                 "\" (expected reference, draft or verify)"));
+}
+
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
                                                              int num_threads) {
   std::unique_ptr<LlamaModel> model(new LlamaModel());
-  BITSPLIT_ASSIGN_OR_RETURN(model->file_, gguf::File::Open(path));
-  BITSPLIT_ASSIGN_OR_RETURN(model->config_, ModelConfigFromGguf(*model->file_));
-  BITSPLIT_ASSIGN_OR_RETURN(model->weights_, ModelWeightsFromGguf(*model->file_, model->config_));
+  BITSPLIT_ASSIGN_OR_RETURN(model->gguf_file_, gguf::File::Open(path));
+  BITSPLIT_ASSIGN_OR_RETURN(model->config_, ModelConfigFromGguf(*model->gguf_file_));
+  BITSPLIT_ASSIGN_OR_RETURN(model->gguf_weights_,
+                            ModelWeightsFromGguf(*model->gguf_file_, model->config_));
+  model->gguf_metadata_ = model->gguf_file_.get();
+  model->embedding_and_norms_ = EmbeddingAndNormsOf(model->gguf_weights_);
+  model->backends_[static_cast<size_t>(ForwardMode::kReference)] =
+      std::make_unique<GgufLinearBackend>(model->gguf_weights_);
+  model->default_mode_ = ForwardMode::kReference;
+  model->pool_ = std::make_unique<ThreadPool>(num_threads);
+  return model;
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::LoadSplit(const std::string& base_path,
+                                                                  const std::string& residual_path,
+                                                                  int num_threads) {
+  std::unique_ptr<LlamaModel> model(new LlamaModel());
+  BITSPLIT_ASSIGN_OR_RETURN(model->split_files_, SplitModelFiles::Open(base_path, residual_path));
+  const SplitModelFiles& files = *model->split_files_;
+  model->gguf_metadata_ = &files.gguf_metadata();
+  model->config_ = files.config();
+  model->embedding_and_norms_ = files.embedding_and_norms();
+  const HadamardRotation rotation = files.quantization().rotation;
+  model->backends_[static_cast<size_t>(ForwardMode::kDraft)] =
+      std::make_unique<SplitLinearBackend>(files.base_linear(), rotation, nullptr);
+  model->default_mode_ = ForwardMode::kDraft;
+  if (files.residual_linear() != nullptr) {
+    model->residual_source_ = std::make_unique<InProcessResidual>(*files.residual_linear());
+    model->backends_[static_cast<size_t>(ForwardMode::kVerify)] =
+        std::make_unique<SplitLinearBackend>(files.base_linear(), rotation,
+                                             model->residual_source_.get());
+    model->default_mode_ = ForwardMode::kVerify;
+  }
   model->pool_ = std::make_unique<ThreadPool>(num_threads);
   return model;
 }
@@ -133,9 +185,25 @@ absl::Status LlamaModel::ValidateBatch(const Batch& batch, const KvCache& cache,
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::Forward(const Batch& batch, KvCache& cache, std::span<float> logits) {
+absl::Status LlamaModel::Forward(const Batch& batch, KvCache& cache, std::span<float> logits,
+                                 ForwardMode mode) {
+  LinearBackend* linear = backend(mode);
+  if (linear == nullptr) {
+    const std::string_view name = ForwardModeName(mode);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this model cannot run in ", absl::string_view(name.data(), name.size()), " mode (",
+        split_files_ == nullptr ? "a GGUF model runs in reference mode only"
+                                : "verify mode needs the residual file",
+        ")"));
+  }
+  return ForwardWith(*linear, batch, cache, logits);
+}
+
+absl::Status LlamaModel::ForwardWith(LinearBackend& linear, const Batch& batch, KvCache& cache,
+                                     std::span<float> logits) {
   BITSPLIT_RETURN_IF_ERROR(ValidateBatch(batch, cache, logits.size()));
   const ModelConfig& c = config_;
+  const EmbeddingAndNorms& w = embedding_and_norms_;
   const int64_t num_tokens = batch.size();
   const int64_t prefix_length = cache.committed_length();
   BITSPLIT_RETURN_IF_ERROR(cache.BeginPending(num_tokens));
@@ -150,47 +218,51 @@ absl::Status LlamaModel::Forward(const Batch& batch, KvCache& cache, std::span<f
   std::vector<float> projected = Buffer(num_tokens, c.d_model);  // wo / w_down output
 
   for (int64_t t = 0; t < num_tokens; ++t) {
-    ops::DequantizeWeightRow(weights_.token_embd, batch.tokens[t], x.data() + t * c.d_model);
+    ops::DequantizeWeightRow(w.token_embd, batch.tokens[t], x.data() + t * c.d_model);
   }
 
   const ops::RopeConfig rope{.head_dim = c.head_dim,
                              .rotary_dims = c.rope_dims,
                              .freq_base = c.rope_freq_base,
                              .freq_scale = c.rope_freq_scale,
-                             .freq_factors = weights_.rope_freq_factors};
+                             .freq_factors = w.rope_freq_factors};
   const ops::AttentionShape attention_shape{
       .num_heads = c.num_heads,
       .num_kv_heads = c.num_kv_heads,
       .head_dim = c.head_dim,
       .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
 
-  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
-    const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
+  for (int32_t layer = 0; layer < c.num_layers; ++layer) {
+    const LayerNorms& norms = w.layers[static_cast<size_t>(layer)];
 
     // Attention block. The batch's keys and values go straight into their pending cache slots.
-    ops::RmsNorm(x.data(), num_tokens, c.d_model, w.attn_norm, c.rms_norm_eps, normed.data());
+    ops::RmsNorm(x.data(), num_tokens, c.d_model, norms.attn_norm, c.rms_norm_eps, normed.data());
     float* keys = cache.keys(layer) + prefix_length * c.kv_dim();
     float* values = cache.values(layer) + prefix_length * c.kv_dim();
-    const ops::WeightMatrix* qkv_weights[] = {&w.wq, &w.wk, &w.wv};
     float* const qkv_outputs[] = {q.data(), keys, values};
-    ops::MatMulMany(normed.data(), num_tokens, qkv_weights, qkv_outputs, pool);
+    BITSPLIT_RETURN_IF_ERROR(
+        linear.Apply({layer, LinearGroup::kQkv}, normed.data(), num_tokens, qkv_outputs, pool));
     ops::ApplyRope(q.data(), num_tokens, c.num_heads, batch.positions.data(), rope);
     ops::ApplyRope(keys, num_tokens, c.num_kv_heads, batch.positions.data(), rope);
     ops::Attention(q.data(), num_tokens, cache.keys(layer), cache.values(layer), prefix_length,
                    batch.attention_mask.data(), attention_shape, attention.data(), pool);
-    ops::MatMul(attention.data(), num_tokens, w.wo, projected.data(), pool);
+    float* const attention_outputs[] = {projected.data()};
+    BITSPLIT_RETURN_IF_ERROR(linear.Apply({layer, LinearGroup::kAttnOutput}, attention.data(),
+                                          num_tokens, attention_outputs, pool));
     AddInPlace(x.data(), projected.data(), num_tokens * c.d_model);
 
     // Feed-forward block: w_down(silu(w_gate x) * w_up x).
-    ops::RmsNorm(x.data(), num_tokens, c.d_model, w.ffn_norm, c.rms_norm_eps, normed.data());
-    const ops::WeightMatrix* gate_up_weights[] = {&w.w_gate, &w.w_up};
+    ops::RmsNorm(x.data(), num_tokens, c.d_model, norms.ffn_norm, c.rms_norm_eps, normed.data());
     float* const gate_up_outputs[] = {gate.data(), up.data()};
-    ops::MatMulMany(normed.data(), num_tokens, gate_up_weights, gate_up_outputs, pool);
+    BITSPLIT_RETURN_IF_ERROR(linear.Apply({layer, LinearGroup::kGateUp}, normed.data(), num_tokens,
+                                          gate_up_outputs, pool));
     pool.ParallelFor(num_tokens, [&](int64_t begin, int64_t end, int) {
       ops::SiluMul(gate.data() + begin * c.d_ff, up.data() + begin * c.d_ff, (end - begin) * c.d_ff,
                    gate.data() + begin * c.d_ff);
     });
-    ops::MatMul(gate.data(), num_tokens, w.w_down, projected.data(), pool);
+    float* const down_outputs[] = {projected.data()};
+    BITSPLIT_RETURN_IF_ERROR(
+        linear.Apply({layer, LinearGroup::kDown}, gate.data(), num_tokens, down_outputs, pool));
     AddInPlace(x.data(), projected.data(), num_tokens * c.d_model);
   }
 
@@ -199,11 +271,11 @@ absl::Status LlamaModel::Forward(const Batch& batch, KvCache& cache, std::span<f
   std::vector<float> head_input = Buffer(num_rows, c.d_model);
   for (int64_t r = 0; r < num_rows; ++r) {
     const int64_t t = batch.logit_rows.empty() ? r : batch.logit_rows[static_cast<size_t>(r)];
-    ops::RmsNorm(x.data() + t * c.d_model, 1, c.d_model, weights_.output_norm, c.rms_norm_eps,
+    ops::RmsNorm(x.data() + t * c.d_model, 1, c.d_model, w.output_norm, c.rms_norm_eps,
                  head_input.data() + r * c.d_model);
   }
-  ops::MatMul(head_input.data(), num_rows, weights_.output, logits.data(), pool);
-  return absl::OkStatus();
+  float* const head_outputs[] = {logits.data()};
+  return linear.Apply(LinearGroupId::Head(), head_input.data(), num_rows, head_outputs, pool);
 }
 
 }  // namespace bitsplit::model

@@ -1,16 +1,24 @@
 #pragma once
-// Reference CPU forward pass of a llama-architecture model (SmolLM2, Llama 2/3, Mistral,
-// TinyLlama), reading the weights in place from a memory-mapped GGUF file.
+// CPU forward pass of a llama-architecture model (SmolLM2, Llama 2/3, Mistral, TinyLlama),
+// reading the weights in place from memory-mapped files: a GGUF file (the reference), or a split
+// model written by `bitsplit quantize` (base file, optionally with its residual file).
 //
 // One Forward call runs a batch of T tokens through every layer. The batch carries its own RoPE
 // positions and an explicit T×T attention mask, so the same call serves prefill and decode
 // (causal mask, consecutive positions) and draft-tree verification (each node sees its
-// ancestors, position = L + depth). Every kernel is batch-invariant (see common/ops): a token's
-// logits and K/V are bit-identical whatever else is in the batch and whatever the thread count.
+// ancestors, position = L + depth). Every kernel is batch-invariant (see common/ops,
+// common/quant/split_matmul.h): a token's logits and K/V are bit-identical whatever else is in
+// the batch and whatever the thread count.
+//
+// The linear layers go through a LinearBackend (linear_backend.h), chosen per call by the
+// ForwardMode; everything else (embedding, norms, RoPE, attention, SiLU) is the same code for
+// every mode. Draft and verify forwards of a split model use the same KV cache layout, so a
+// verifier's cache can serve the draft (DESIGN.md §1, §3).
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -18,6 +26,9 @@
 #include "common/io/gguf.h"
 #include "common/model/config.h"
 #include "common/model/kv_cache.h"
+#include "common/model/linear_backend.h"
+#include "common/model/split_backend.h"
+#include "common/model/split_model.h"
 #include "common/model/weights.h"
 #include "common/util/thread_pool.h"
 
@@ -47,19 +58,48 @@ struct Batch {
                                     std::span<const int32_t> parents, int32_t first_position);
 };
 
-// Thread safety: Forward may run on one thread at a time (it drives the model's thread pool);
-// config() and weights() are immutable after Load.
+// How the linear layers are computed.
+enum class ForwardMode {
+  kReference = 0,  // the source GGUF's weights (a model loaded with Load)
+  kDraft = 1,      // split model: base weights only
+  kVerify = 2,     // split model: base + residual (two matmuls, outputs added)
+};
+inline constexpr int kNumForwardModes = 3;
+std::string_view ForwardModeName(ForwardMode mode);  // "reference", "draft", "verify"
+absl::StatusOr<ForwardMode> ParseForwardMode(std::string_view name);
+
+// Thread safety: Forward may run on one thread at a time (it drives the model's thread pool and
+// the backends' scratch); the accessors are immutable after loading.
 class LlamaModel {
  public:
-  // Maps and validates the GGUF file; the forward pass uses `num_threads` threads (<= 0: all
-  // hardware threads), the calling thread included.
+  // Maps and validates a GGUF file: reference mode. The forward pass uses `num_threads` threads
+  // (<= 0: all hardware threads), the calling thread included.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& path, int num_threads);
+  // Maps and validates a split model (SplitModelFiles::Open): draft mode, and verify mode when
+  // `residual_path` is non-empty.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> LoadSplit(const std::string& base_path,
+                                                               const std::string& residual_path,
+                                                               int num_threads);
 
   const ModelConfig& config() const { return config_; }
-  const ModelWeights& weights() const { return weights_; }
+  // The GGUF metadata the tokenizer and chat template read: the source file itself, or the image
+  // a split model's base file embeds.
+  const gguf::File& gguf_metadata() const { return *gguf_metadata_; }
+  const EmbeddingAndNorms& embedding_and_norms() const { return embedding_and_norms_; }
+  // The split files, or null for a GGUF model.
+  const SplitModelFiles* split_files() const { return split_files_.get(); }
   int num_threads() const { return pool_->num_threads(); }
 
-  // A cache shaped for this model holding up to `capacity` tokens.
+  bool SupportsMode(ForwardMode mode) const { return backend(mode) != nullptr; }
+  // reference for a GGUF model; verify for a split model with its residual, else draft.
+  ForwardMode default_mode() const { return default_mode_; }
+  // The backend of `mode`, or null when this model cannot run it. Callers may wrap it (e.g. to
+  // record activations) and pass the wrapper to ForwardWith.
+  LinearBackend* backend(ForwardMode mode) const {
+    return backends_[static_cast<size_t>(mode)].get();
+  }
+
+  // A cache shaped for this model holding up to `capacity` tokens (the same for every mode).
   absl::StatusOr<KvCache> NewKvCache(int64_t capacity) const {
     return KvCache::Create(config_, capacity);
   }
@@ -68,22 +108,46 @@ class LlamaModel {
   // pending slots [L, L + T) (see KvCache; the caller commits) and the logits of the selected
   // rows to `logits` as [num_logit_rows, vocab_size]. INVALID_ARGUMENT for a malformed batch,
   // token ids outside the vocabulary, a cache of another shape or a too small `logits`;
-  // RESOURCE_EXHAUSTED when L + T exceeds the cache capacity. On error nothing is changed.
-  absl::Status Forward(const Batch& batch, KvCache& cache, std::span<float> logits);
+  // RESOURCE_EXHAUSTED when L + T exceeds the cache capacity; FAILED_PRECONDITION for a mode
+  // this model cannot run. On those errors nothing is changed. A backend error (e.g. a residual
+  // service that went away) is returned as is; the committed cache is unchanged then.
+  absl::Status Forward(const Batch& batch, KvCache& cache, std::span<float> logits,
+                       ForwardMode mode);
+  // The same in default_mode().
+  absl::Status Forward(const Batch& batch, KvCache& cache, std::span<float> logits) {
+    return Forward(batch, cache, logits, default_mode_);
+  }
   // Same; `logits` must hold batch.num_logit_rows() * vocab_size floats.
-  absl::Status Forward(const Batch& batch, KvCache& cache, float* logits) {
+  absl::Status Forward(const Batch& batch, KvCache& cache, float* logits, ForwardMode mode) {
     return Forward(
         batch, cache,
-        std::span<float>(logits, static_cast<size_t>(batch.num_logit_rows() * config_.vocab_size)));
+        std::span<float>(logits, static_cast<size_t>(batch.num_logit_rows() * config_.vocab_size)),
+        mode);
   }
+  absl::Status Forward(const Batch& batch, KvCache& cache, float* logits) {
+    return Forward(batch, cache, logits, default_mode_);
+  }
+  // The same forward with the linear layers computed by `backend`, which must compute this
+  // model's groups (e.g. a wrapper of backend(mode)).
+  absl::Status ForwardWith(LinearBackend& backend, const Batch& batch, KvCache& cache,
+                           std::span<float> logits);
 
  private:
   LlamaModel() = default;
   absl::Status ValidateBatch(const Batch& batch, const KvCache& cache, size_t logits_size) const;
 
-  std::unique_ptr<gguf::File> file_;  // owns the mapping every weight view points into
+  // GGUF models: the mapping every view points into and the reference weights.
+  std::unique_ptr<gguf::File> gguf_file_;
+  ModelWeights gguf_weights_;
+  // Split models: the mapped files and the in-process residual of verify mode.
+  std::unique_ptr<SplitModelFiles> split_files_;
+  std::unique_ptr<InProcessResidual> residual_source_;
+
+  const gguf::File* gguf_metadata_ = nullptr;  // into gguf_file_ or split_files_
   ModelConfig config_;
-  ModelWeights weights_;
+  EmbeddingAndNorms embedding_and_norms_;
+  std::unique_ptr<LinearBackend> backends_[kNumForwardModes];  // null: mode unsupported
+  ForwardMode default_mode_ = ForwardMode::kReference;
   std::unique_ptr<ThreadPool> pool_;
 };
 

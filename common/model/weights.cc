@@ -66,6 +66,17 @@ std::string LayerTensor(int64_t layer, const std::string& what) {
 
 }  // namespace
 
+EmbeddingAndNorms EmbeddingAndNormsOf(const ModelWeights& weights) {
+  EmbeddingAndNorms result;
+  result.token_embd = weights.token_embd;
+  result.output_norm = weights.output_norm;
+  result.rope_freq_factors = weights.rope_freq_factors;
+  for (const LayerWeights& layer : weights.layers) {
+    result.layers.push_back({layer.attn_norm, layer.ffn_norm});
+  }
+  return result;
+}
+
 absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
                                                   const ModelConfig& config) {
   for (const gguf::TensorInfo& tensor : file.tensors()) {

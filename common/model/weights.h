@@ -36,6 +36,21 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;          // [num_layers]
 };
 
+// What the forward pass reads itself, whatever computes its linear layers (a LinearBackend owns
+// those): the embedding table, the norms and the RoPE frequency factors. The same views come from
+// a GGUF file (EmbeddingAndNormsOf) or from a split model's base file.
+struct LayerNorms {
+  const float* attn_norm = nullptr;  // [d_model]
+  const float* ffn_norm = nullptr;   // [d_model]
+};
+struct EmbeddingAndNorms {
+  ops::WeightMatrix token_embd;              // [vocab, d_model], any dequantizable type
+  const float* output_norm = nullptr;        // [d_model]
+  const float* rope_freq_factors = nullptr;  // [rope_dims / 2] or null
+  std::vector<LayerNorms> layers;            // [num_layers]
+};
+EmbeddingAndNorms EmbeddingAndNormsOf(const ModelWeights& weights);
+
 // Finds and validates every tensor the llama forward pass reads: presence, dims, a type this
 // build can dequantize (norms must be F32), and row lengths that are whole blocks. Errors name
 // the tensor. Tensors the forward pass would silently ignore (biases) are rejected.

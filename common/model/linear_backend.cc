@@ -1,0 +1,152 @@
+#include "common/model/linear_backend.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/ops/matmul.h"
+#include "common/util/status_macros.h"
+
+namespace bitsplit::model {
+namespace {
+
+// Tensor name suffixes of a group's matrices, in output order.
+std::vector<std::string_view> GroupTensorSuffixes(LinearGroup group) {
+  switch (group) {
+    case LinearGroup::kQkv:
+      return {"attn_q", "attn_k", "attn_v"};
+    case LinearGroup::kAttnOutput:
+      return {"attn_output"};
+    case LinearGroup::kGateUp:
+      return {"ffn_gate", "ffn_up"};
+    case LinearGroup::kDown:
+      return {"ffn_down"};
+    case LinearGroup::kOutputHead:
+      return {"output"};
+  }
+  BITSPLIT_CHECK(false);
+  return {};
+}
+
+}  // namespace
+
+std::string_view LinearGroupName(LinearGroup group) {
+  switch (group) {
+    case LinearGroup::kQkv:
+      return "qkv";
+    case LinearGroup::kAttnOutput:
+      return "attn_output";
+    case LinearGroup::kGateUp:
+      return "gate_up";
+    case LinearGroup::kDown:
+      return "down";
+    case LinearGroup::kOutputHead:
+      return "output_head";
+  }
+  return "unknown";
+}
+
+std::string LinearGroupIdString(LinearGroupId id) {
+  if (id.group == LinearGroup::kOutputHead) return "output head";
+  const std::string_view name = LinearGroupName(id.group);
+  return absl::StrCat("blk.", id.layer, " ", absl::string_view(name.data(), name.size()));
+}
+
+std::vector<LinearGroupId> AllLinearGroups(const ModelConfig& config) {
+  std::vector<LinearGroupId> groups;
+  groups.reserve(static_cast<size_t>(config.num_layers * 4 + 1));
+  for (int32_t layer = 0; layer < config.num_layers; ++layer) {
+    for (LinearGroup group :
+         {LinearGroup::kQkv, LinearGroup::kAttnOutput, LinearGroup::kGateUp, LinearGroup::kDown}) {
+      groups.push_back({layer, group});
+    }
+  }
+  groups.push_back(LinearGroupId::Head());
+  return groups;
+}
+
+int64_t LinearGroupIndex(const ModelConfig& config, LinearGroupId id) {
+  if (id.group == LinearGroup::kOutputHead) return config.num_layers * 4;
+  BITSPLIT_CHECK(id.layer >= 0 && id.layer < config.num_layers);
+  return int64_t{id.layer} * 4 + static_cast<int64_t>(id.group);
+}
+
+std::vector<std::string> LinearGroupTensorNames(LinearGroupId id) {
+  std::vector<std::string> names;
+  for (std::string_view suffix : GroupTensorSuffixes(id.group)) {
+    const absl::string_view s(suffix.data(), suffix.size());
+    names.push_back(id.group == LinearGroup::kOutputHead
+                        ? absl::StrCat(s, ".weight")
+                        : absl::StrCat("blk.", id.layer, ".", s, ".weight"));
+  }
+  return names;
+}
+
+int64_t LinearGroupInputDim(const ModelConfig& config, LinearGroup group) {
+  switch (group) {
+    case LinearGroup::kQkv:
+    case LinearGroup::kGateUp:
+    case LinearGroup::kOutputHead:
+      return config.d_model;
+    case LinearGroup::kAttnOutput:
+      return config.q_dim();
+    case LinearGroup::kDown:
+      return config.d_ff;
+  }
+  BITSPLIT_CHECK(false);
+  return 0;
+}
+
+std::vector<int64_t> LinearGroupOutputDims(const ModelConfig& config, LinearGroup group) {
+  switch (group) {
+    case LinearGroup::kQkv:
+      return {config.q_dim(), config.kv_dim(), config.kv_dim()};
+    case LinearGroup::kAttnOutput:
+    case LinearGroup::kDown:
+      return {config.d_model};
+    case LinearGroup::kGateUp:
+      return {config.d_ff, config.d_ff};
+    case LinearGroup::kOutputHead:
+      return {config.vocab_size};
+  }
+  BITSPLIT_CHECK(false);
+  return {};
+}
+
+GgufGroupMatrices GroupMatricesOf(const ModelWeights& weights, LinearGroupId id) {
+  GgufGroupMatrices group;
+  auto add = [&group](const ops::WeightMatrix& matrix) { group.matrices[group.count++] = &matrix; };
+  if (id.group == LinearGroup::kOutputHead) {
+    add(weights.output);
+    return group;
+  }
+  BITSPLIT_CHECK(id.layer >= 0 && static_cast<size_t>(id.layer) < weights.layers.size());
+  const LayerWeights& w = weights.layers[static_cast<size_t>(id.layer)];
+  switch (id.group) {
+    case LinearGroup::kQkv:
+      add(w.wq);
+      add(w.wk);
+      add(w.wv);
+      break;
+    case LinearGroup::kAttnOutput:
+      add(w.wo);
+      break;
+    case LinearGroup::kGateUp:
+      add(w.w_gate);
+      add(w.w_up);
+      break;
+    case LinearGroup::kDown:
+      add(w.w_down);
+      break;
+    case LinearGroup::kOutputHead:
+      break;  // handled above
+  }
+  return group;
+}
+
+absl::Status GgufLinearBackend::Apply(LinearGroupId id, const float* x, int64_t num_tokens,
+                                      std::span<float* const> outputs, ThreadPool& pool) {
+  const GgufGroupMatrices group = GroupMatricesOf(weights_, id);
+  BITSPLIT_CHECK(outputs.size() == group.count);
+  ops::MatMulMany(x, num_tokens, group.span(), outputs, pool);
+  return absl::OkStatus();
+}
+
+}  // namespace bitsplit::model

@@ -1,0 +1,106 @@
+#pragma once
+// The linear layers of a llama forward pass, behind one interface so that one forward serves
+// every way of computing them (docs/architecture.md, "Forward modes"):
+//
+//   reference  the source GGUF weights, dequantized to f32 (GgufLinearBackend, here)
+//   draft      the split model's base weights only          (SplitLinearBackend, split_backend.h)
+//   verify     base + residual, as two matmuls whose outputs are added
+//
+// The forward hands a backend one matrix GROUP at a time: the matrices of a layer that read the
+// same input (q|k|v, o, gate|up, down, and the output head). A group is the unit a residual
+// service computes (DESIGN.md §2), so its identity (layer + group) is explicit in every call.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/model/config.h"
+#include "common/model/weights.h"
+#include "common/util/thread_pool.h"
+
+namespace bitsplit::model {
+
+enum class LinearGroup : int32_t {
+  kQkv = 0,         // attn_q | attn_k | attn_v; input: attention-normed x [d_model]
+  kAttnOutput = 1,  // attn_output;              input: attention output [q_dim]
+  kGateUp = 2,      // ffn_gate | ffn_up;        input: ffn-normed x [d_model]
+  kDown = 3,        // ffn_down;                 input: silu(gate) * up [d_ff]
+  kOutputHead = 4,  // output (token_embd's matrix when tied); input: final-normed x [d_model]
+};
+inline constexpr int kNumLinearGroups = 5;
+inline constexpr int kMaxMatricesPerGroup = 3;
+std::string_view LinearGroupName(LinearGroup group);  // "qkv", "attn_output", ...
+
+// One group of one layer.
+struct LinearGroupId {
+  static constexpr int32_t kHeadLayer = -1;  // the output head belongs to no layer
+
+  int32_t layer = 0;  // [0, num_layers), or kHeadLayer for kOutputHead
+  LinearGroup group = LinearGroup::kQkv;
+
+  static LinearGroupId Head() { return {kHeadLayer, LinearGroup::kOutputHead}; }
+  bool operator==(const LinearGroupId&) const = default;
+};
+std::string LinearGroupIdString(LinearGroupId id);  // "blk.3 qkv", "output head"
+
+// Every group of a model in forward order: per layer qkv, attn_output, gate_up, down; then the
+// head.
+std::vector<LinearGroupId> AllLinearGroups(const ModelConfig& config);
+// Dense index of a group in AllLinearGroups order (for tables indexed by group).
+int64_t LinearGroupIndex(const ModelConfig& config, LinearGroupId id);
+
+// GGUF-style names of a group's weight tensors, in output order: {"blk.3.attn_q.weight",
+// "blk.3.attn_k.weight", "blk.3.attn_v.weight"}; the head is "output.weight" (split models store
+// the head under this name even when the source ties it to token_embd.weight).
+std::vector<std::string> LinearGroupTensorNames(LinearGroupId id);
+// Input width of a group's matrices and the output width of each, in output order.
+int64_t LinearGroupInputDim(const ModelConfig& config, LinearGroup group);
+std::vector<int64_t> LinearGroupOutputDims(const ModelConfig& config, LinearGroup group);
+
+// The GGUF weights of group `id`, in output order (the head of a tied model is token_embd's
+// matrix). Views into `weights`.
+struct GgufGroupMatrices {
+  std::array<const ops::WeightMatrix*, kMaxMatricesPerGroup> matrices{};
+  size_t count = 0;
+
+  std::span<const ops::WeightMatrix* const> span() const { return {matrices.data(), count}; }
+  const ops::WeightMatrix& operator[](size_t i) const { return *matrices[i]; }
+};
+GgufGroupMatrices GroupMatricesOf(const ModelWeights& weights, LinearGroupId id);
+
+// Computes the linear layers of a forward pass.
+//
+// Thread safety: Apply is called by one forward at a time (it may keep scratch state); the pool
+// is the forward's. Implementations must be batch-invariant: output row t may depend only on
+// input row t (not on num_tokens, the row's position in the batch, or the thread count).
+class LinearBackend {
+ public:
+  virtual ~LinearBackend() = default;
+
+  // outputs[i] = x · W_iᵀ for every matrix i of group `id`: x is [num_tokens, input dim] and
+  // outputs[i] is [num_tokens, rows of W_i], both row-major; outputs.size() is the group's matrix
+  // count. x is not modified. An error (e.g. a residual service that went away) aborts the
+  // forward; outputs are then unspecified.
+  virtual absl::Status Apply(LinearGroupId id, const float* x, int64_t num_tokens,
+                             std::span<float* const> outputs, ThreadPool& pool) = 0;
+};
+
+// The reference backend: the source GGUF's weights, dequantized to f32 tile by tile
+// (ops::MatMulMany). Thread safety: stateless apart from the views; see LinearBackend.
+class GgufLinearBackend final : public LinearBackend {
+ public:
+  // `weights` must outlive the backend.
+  explicit GgufLinearBackend(const ModelWeights& weights) : weights_(weights) {}
+
+  absl::Status Apply(LinearGroupId id, const float* x, int64_t num_tokens,
+                     std::span<float* const> outputs, ThreadPool& pool) override;
+
+ private:
+  const ModelWeights& weights_;
+};
+
+}  // namespace bitsplit::model

@@ -1,0 +1,113 @@
+#pragma once
+// Linear layers of a split model (DESIGN.md §1, §4): every weight W ~= B + R with a low-bit base
+// B and a 6/8-bit residual R, both stored in split formats (common/quant/split_format.h) and
+// multiplied with int8 activations (common/quant/split_matmul.h).
+//
+//   draft   y = x·Bᵀ
+//   verify  y = x·Bᵀ, then y += x·Rᵀ: two matmuls whose outputs are added, exactly as the
+//           services split the work (base on the GPU, residual in the cpu-residual process).
+//
+// Per group the input is rotated (block Hadamard, when the model was quantized rotated) and
+// quantized to int8 ONCE; the base and the residual matmuls read the same quantized rows. The
+// residual half goes through a ResidualSource, so a later issue can replace the in-process one
+// with the cpu-residual service over shared memory without touching the forward.
+//
+// Batch invariance: rotation and activation quantization are per row, and split_matmul's
+// kernels give each output element one fixed arithmetic sequence; the residual is added to the
+// base result in one fixed order. So a row's logits do not depend on the batch or threads.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model/config.h"
+#include "common/model/linear_backend.h"
+#include "common/quant/split_matmul.h"
+#include "common/util/thread_pool.h"
+
+namespace bitsplit::model {
+
+// Block Hadamard rotation of every linear layer's input dimension (common/quant/hadamard.h).
+struct HadamardRotation {
+  int block = 0;  // 0: not rotated; else a power of two in [8, 1024] dividing every input dim
+  uint64_t seed = 0;
+
+  bool enabled() const { return block > 0; }
+  bool operator==(const HadamardRotation&) const = default;
+};
+
+// Applies `rotation` in place to x[rows][cols] (no-op when disabled).
+void RotateRows(const HadamardRotation& rotation, float* x, int64_t rows, int64_t cols);
+
+// One matrix view per linear weight of a model, grouped like LinearGroupId (base or residual).
+// The views point into a mapped split file that must outlive this table.
+// Thread safety: immutable after construction.
+class SplitLinearWeights {
+ public:
+  SplitLinearWeights() = default;
+  explicit SplitLinearWeights(const ModelConfig& config)
+      : config_(config), groups_(AllLinearGroups(config).size()) {}
+
+  // The matrices of group `id`, in output order (LinearGroupTensorNames order).
+  std::span<const quant::MatrixView> group(LinearGroupId id) const {
+    return groups_[static_cast<size_t>(LinearGroupIndex(config_, id))];
+  }
+  std::vector<quant::MatrixView>& mutable_group(LinearGroupId id) {
+    return groups_[static_cast<size_t>(LinearGroupIndex(config_, id))];
+  }
+
+ private:
+  ModelConfig config_;
+  std::vector<std::vector<quant::MatrixView>> groups_;  // [LinearGroupIndex][matrix]
+};
+
+// y_i (=|+=) x · W_iᵀ for every matrix of a group, in one parallel pass over all their rows
+// (work split over weight rows only; results equal quant::MatMul's bits).
+void SplitMatMulGroup(std::span<const quant::MatrixView> matrices,
+                      const quant::QuantizedActivations& x, std::span<float* const> outputs,
+                      bool accumulate, ThreadPool& pool);
+
+// Where the residual half of a verify matmul is computed.
+class ResidualSource {
+ public:
+  virtual ~ResidualSource() = default;
+  // outputs[i] += x · R_iᵀ for every matrix of group `id`. `x` is the group input already
+  // rotated and quantized exactly as the base matmul saw it. Called by one forward at a time.
+  virtual absl::Status Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,
+                                  std::span<float* const> outputs, ThreadPool& pool) = 0;
+};
+
+// The residual file mapped in this process. Thread safety: stateless apart from the views.
+class InProcessResidual final : public ResidualSource {
+ public:
+  // `residual` must outlive this object.
+  explicit InProcessResidual(const SplitLinearWeights& residual) : residual_(residual) {}
+  absl::Status Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,
+                          std::span<float* const> outputs, ThreadPool& pool) override;
+
+ private:
+  const SplitLinearWeights& residual_;
+};
+
+// Draft (residual == nullptr) or verify backend of a split model.
+// Thread safety: Apply keeps scratch buffers; one forward at a time (like LlamaModel::Forward).
+class SplitLinearBackend final : public LinearBackend {
+ public:
+  // `base` and `residual` (nullable: draft) must outlive the backend.
+  SplitLinearBackend(const SplitLinearWeights& base, HadamardRotation rotation,
+                     ResidualSource* residual)
+      : base_(base), rotation_(rotation), residual_(residual) {}
+
+  absl::Status Apply(LinearGroupId id, const float* x, int64_t num_tokens,
+                     std::span<float* const> outputs, ThreadPool& pool) override;
+
+ private:
+  const SplitLinearWeights& base_;
+  const HadamardRotation rotation_;
+  ResidualSource* const residual_;
+  std::vector<float> rotated_;               // [num_tokens, input dim] scratch
+  quant::QuantizedActivations activations_;  // the group input as int8, reused across calls
+};
+
+}  // namespace bitsplit::model

@@ -1,0 +1,229 @@
+// The `bitsplit quantize` command and `bitsplit generate` on split models, run as the built
+// binary: error paths (one clear line, exit status 2), a base-only Q8_0 quantization with
+// calibration, generation in draft and verify mode, and the tokenizer carried by the base file.
+// The full 2-bit + r8 quantization is the CTest fixture split_fixture.quantize_smollm2
+// (tests/CMakeLists.txt), which these tests read.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/io/split_file.h"
+#include "common/model/llama_model.h"
+#include "common/model/split_model.h"
+#include "common/text/chat_template.h"
+#include "common/text/tokenizer.h"
+#include "common/util/sha256.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/paths.h"
+#include "tests/testing/split_fixture.h"
+
+namespace bitsplit {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct Result {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::string Quote(const std::string& arg) {
+  std::string quoted = "'";
+  for (char c : arg) {
+    if (c == '\'') {
+      quoted += "'\\''";
+    } else {
+      quoted += c;
+    }
+  }
+  return quoted + "'";
+}
+
+// Runs the bitsplit binary with `args` and captures its output.
+Result Bitsplit(const std::vector<std::string>& args) {
+  static int calls = 0;
+  const std::string err_path = (testing::TestTempDir() / absl::StrCat("stderr.", calls++)).string();
+  std::string command = Quote(std::string(BITSPLIT_BINARY_DIR) + "/tools/bitsplit/bitsplit");
+  for (const std::string& arg : args) absl::StrAppend(&command, " ", Quote(arg));
+  absl::StrAppend(&command, " 2>", Quote(err_path));
+  Result result;
+  std::FILE* pipe = popen(command.c_str(), "r");
+  EXPECT_NE(pipe, nullptr) << command;
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.out.append(buffer, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.err = ReadFile(err_path);
+  return result;
+}
+
+// A bad-input failure: exit status 2 and exactly one line on stderr.
+void ExpectOneLineBadInput(const Result& result, const std::string& expected) {
+  EXPECT_EQ(result.exit_code, 2) << result.err;
+  EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+  EXPECT_THAT(result.err, HasSubstr(expected));
+}
+
+std::string SourceModel() { return testing::ModelPath(testing::kSmolLm2File); }
+std::string TempPath(const std::string& name) { return (testing::TestTempDir() / name).string(); }
+
+TEST(QuantizeCommandTest, RejectsAMissingSourceFile) {
+  const Result result = Bitsplit({"quantize", "/nonexistent/model.gguf", "-o", TempPath("x")});
+  ExpectOneLineBadInput(result, "/nonexistent/model.gguf");
+}
+
+TEST(QuantizeCommandTest, RejectsAGroupThatDoesNotFitNamingTheTensor) {
+  const std::string prefix = TempPath("bad_group");
+  const Result result = Bitsplit({"quantize", SourceModel(), "-o", prefix, "--group", "128"});
+  ExpectOneLineBadInput(result, "blk.0.attn_q.weight");
+  EXPECT_THAT(result.err, HasSubstr("32, 64, 96, 192"));
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".base.bsplit"));
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".base.bsplit.tmp"));
+}
+
+TEST(QuantizeCommandTest, RejectsKnobsThatDoNotFit) {
+  const std::string prefix = TempPath("bad");
+  ExpectOneLineBadInput(
+      Bitsplit({"quantize", SourceModel(), "-o", prefix, "--rotate-block", "128"}),
+      "rotation block 128");
+  ExpectOneLineBadInput(
+      Bitsplit({"quantize", SourceModel(), "-o", prefix, "--base-bits", "8", "--group", "32"}),
+      "symmetric");
+  ExpectOneLineBadInput(Bitsplit({"quantize", SourceModel(), "-o", prefix, "--base-bits", "8",
+                                  "--base-format", "sym", "--group", "32"}),
+                        "takes no residual");
+  EXPECT_EQ(Bitsplit({"quantize", SourceModel(), "-o", prefix, "--base-bits", "5"}).exit_code, 2);
+  EXPECT_EQ(Bitsplit({"quantize", SourceModel(), "-o", prefix, "--residual-bits", "7"}).exit_code,
+            2);
+  ExpectOneLineBadInput(
+      Bitsplit({"quantize", SourceModel(), "-o", TempPath("no/such/dir/x"), "--base-bits", "8",
+                "--base-format", "sym", "--group", "32", "--residual-bits", "0"}),
+      "no/such/dir");
+}
+
+// Quantizes SmolLM2 to the Q8_0 base-only configuration (fast: no base fit) with calibration.
+std::string QuantizeQ8_0(const std::string& name) {
+  const std::string text_path = TempPath("calibration.txt");
+  std::ofstream(text_path) << "The quick brown fox jumps over the lazy dog. "
+                              "Licences grant rights to copy, modify and distribute software.\n";
+  const std::string prefix = TempPath(name);
+  const Result result =
+      Bitsplit({"quantize", SourceModel(), "-o", prefix, "--base-bits", "8", "--base-format", "sym",
+                "--group", "32", "--residual-bits", "0", "--no-rotate", "--calib", text_path,
+                "--calib-window", "16", "--threads", "2"});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_THAT(result.out, HasSubstr("q8_0/g32 (base only), calibrated on"));
+  EXPECT_THAT(result.out, HasSubstr("RAM (residual): none (base only)"));
+  EXPECT_THAT(result.out, HasSubstr("linear weights 8.500 bits/weight"));
+  EXPECT_THAT(result.out, HasSubstr("q8_0: 211"));
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".residual.bsplit"));
+  auto base = SplitFile::Open(prefix + ".base.bsplit", SplitFileKind::kBase,
+                              model::SplitFormatRowSizeOracle());
+  EXPECT_TRUE(base.ok()) << base.status();
+  if (base.ok()) {
+    const std::string text = ReadFile(text_path);
+    EXPECT_EQ((*base)->metadata()["bitsplit"]["quantization"]["calibration_sha256"],
+              Sha256Hex(Sha256Of(text.data(), text.size())));
+  }
+  return prefix + ".base.bsplit";
+}
+
+TEST(QuantizeCommandTest, WritesABaseOnlyQ8_0ModelThatGenerateRunsInDraftMode) {
+  const std::string base = QuantizeQ8_0("q8_0");
+  const Result draft = Bitsplit(
+      {"generate", "--model", base, "-p", "The capital of France is", "-n", "8", "--threads", "2"});
+  EXPECT_EQ(draft.exit_code, 0) << draft.err;
+  EXPECT_THAT(draft.err, HasSubstr("draft mode"));
+  EXPECT_THAT(draft.out, Not(::testing::IsEmpty()));
+  ExpectOneLineBadInput(
+      Bitsplit({"generate", "--model", base, "--mode", "verify", "-p", "Hi", "-n", "2"}),
+      "--mode verify needs a split model with its --residual file");
+}
+
+TEST(GenerateCommandTest, RunsTheSplitModelInVerifyAndDraftMode) {
+  const testing::SplitModelPaths& split = testing::SmolLm2SplitModel();
+  const std::vector<std::string> prompt = {
+      "-p", "The capital of France is", "-n", "12", "--threads", "2"};
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.end(), prompt.begin(), prompt.end());
+    return Bitsplit(args);
+  };
+  const Result reference = run({"generate", "--model", SourceModel()});
+  const Result verify = run({"generate", "--model", split.base, "--residual", split.residual});
+  const Result draft =
+      run({"generate", "--model", split.base, "--residual", split.residual, "--mode", "draft"});
+  for (const Result* r : {&reference, &verify, &draft}) {
+    EXPECT_EQ(r->exit_code, 0) << r->err;
+    EXPECT_THAT(r->out, Not(::testing::IsEmpty()));
+  }
+  EXPECT_THAT(reference.err, HasSubstr("reference mode"));
+  EXPECT_THAT(verify.err, HasSubstr("verify mode"));  // the default with a residual
+  EXPECT_THAT(draft.err, HasSubstr("draft mode"));
+  std::printf("reference: %sverify:    %sdraft:     %s", reference.out.c_str(), verify.out.c_str(),
+              draft.out.c_str());
+}
+
+TEST(GenerateCommandTest, RejectsMisassembledSplitModels) {
+  const testing::SplitModelPaths& split = testing::SmolLm2SplitModel();
+  const std::vector<std::string> prompt = {"-p", "Hi", "-n", "2"};
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.end(), prompt.begin(), prompt.end());
+    return Bitsplit(args);
+  };
+  ExpectOneLineBadInput(run({"generate", "--model", split.base, "--residual", split.base}),
+                        "given as the residual file");
+  ExpectOneLineBadInput(run({"generate", "--model", split.residual}), "given as the base file");
+  ExpectOneLineBadInput(run({"generate", "--model", SourceModel(), "--residual", split.residual}),
+                        "--residual needs a split model");
+  ExpectOneLineBadInput(run({"generate", "--model", SourceModel(), "--mode", "draft"}),
+                        "--mode draft needs a split model");
+  ExpectOneLineBadInput(run({"generate", "--model", split.base, "--mode", "reference"}),
+                        "--mode reference needs a GGUF model");
+  ExpectOneLineBadInput(run({"generate", "--model", "/nonexistent.base.bsplit"}),
+                        "/nonexistent.base.bsplit");
+  // A base file of another quantize run (Q8_0) with the fixture's residual.
+  const Result mismatched =
+      run({"generate", "--model", QuantizeQ8_0("other"), "--residual", split.residual});
+  ExpectOneLineBadInput(mismatched, "do not belong together");
+  EXPECT_THAT(mismatched.err, HasSubstr("fingerprint"));
+}
+
+TEST(SplitModelTextTest, TheBaseFileCarriesTheSourceTokenizerAndChatTemplate) {
+  auto source = gguf::File::Open(SourceModel());
+  ASSERT_TRUE(source.ok()) << source.status();
+  auto split = model::LlamaModel::LoadSplit(testing::SmolLm2SplitModel().base, "", 1);
+  ASSERT_TRUE(split.ok()) << split.status();
+  auto expected = text::Tokenizer::FromGguf(**source);
+  auto actual = text::Tokenizer::FromGguf((*split)->gguf_metadata());
+  ASSERT_TRUE(expected.ok() && actual.ok());
+  for (const std::string sample : {"Hello, world!", "  indented\n\tcode();",
+                                   "<|im_start|>user\nCafé ünïcödé 🙂<|im_end|>"}) {
+    EXPECT_EQ((*actual)->Encode(sample, true), (*expected)->Encode(sample, true)) << sample;
+  }
+  EXPECT_EQ((*actual)->bos_id(), (*expected)->bos_id());
+  EXPECT_EQ((*actual)->eos_id(), (*expected)->eos_id());
+  auto expected_template = text::ChatTemplate::FromGguf(**source);
+  auto actual_template = text::ChatTemplate::FromGguf((*split)->gguf_metadata());
+  ASSERT_TRUE(expected_template.ok() && actual_template.ok());
+  const std::vector<text::ChatMessage> messages = {{"user", "Why is the sky blue?"}};
+  EXPECT_EQ(actual_template->Render(messages, true), expected_template->Render(messages, true));
+}
+
+}  // namespace
+}  // namespace bitsplit

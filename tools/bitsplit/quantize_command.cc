@@ -1,0 +1,233 @@
+// `bitsplit quantize`: GGUF -> split model (PREFIX.base.bsplit + PREFIX.residual.bsplit).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/model/llama_model.h"
+#include "common/model/split_quantizer.h"
+#include "common/quant/split_format.h"
+#include "tools/bitsplit/calibration.h"
+#include "tools/bitsplit/commands.h"
+
+namespace bitsplit::cli {
+namespace {
+
+// Defaults (to be revisited with the quality study's measurements): a 2-bit asymmetric base in
+// groups of 64 (64 divides the widths of every llama model we know, SmolLM2's 576 included), an
+// 8-bit residual in groups of 64, and a Hadamard rotation of 64-wide blocks.
+struct QuantizeOptions {
+  std::string input_path;
+  std::string output_prefix;
+  int base_bits = 2;
+  std::string base_format = "asym";
+  int residual_bits = 8;
+  int group = 64;
+  std::optional<int> residual_group;  // default: --group
+  bool rotate = true;
+  int rotate_block = 64;
+  uint64_t seed = 1;
+  std::optional<std::string> calibration_path;
+  int calibration_window = 512;
+  int threads = 0;
+};
+
+int Fail(int code, std::string_view message) {
+  std::fprintf(stderr, "bitsplit quantize: error: %.*s\n", static_cast<int>(message.size()),
+               message.data());
+  return code;
+}
+
+// Bad input (arguments, files) versus a failure of the work itself.
+int ExitCodeFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kPermissionDenied:
+      return kExitBadInput;
+    default:
+      return kExitFailure;
+  }
+}
+
+int FailWith(const absl::Status& status) {
+  return Fail(ExitCodeFor(status),
+              std::string_view(status.message().data(), status.message().size()));
+}
+
+absl::StatusOr<model::SplitQuantization> QuantizationFrom(const QuantizeOptions& options) {
+  model::SplitQuantization q;
+  if (options.base_bits == 8) {
+    if (options.base_format != "sym") {
+      return absl::InvalidArgumentError(
+          "--base-bits 8 is q8_0, which is symmetric: pass --base-format sym");
+    }
+    q.base_format = quant::SplitFormat::kQ8_0;
+  } else {
+    const std::string name = absl::StrFormat("b%d_%s", options.base_bits, options.base_format);
+    auto format = quant::ParseSplitFormat(name);
+    if (!format.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--base-bits %d --base-format %s is not a base format", options.base_bits,
+                          options.base_format));
+    }
+    q.base_format = *format;
+  }
+  q.base_group = options.group;
+  if (options.residual_bits == 0) {
+    q.residual_format = std::nullopt;
+  } else {
+    q.residual_format =
+        options.residual_bits == 6 ? quant::SplitFormat::kR6 : quant::SplitFormat::kR8;
+  }
+  q.residual_group = options.residual_group.value_or(options.group);
+  if (options.rotate) q.rotation = {.block = options.rotate_block, .seed = options.seed};
+  return q;
+}
+
+// One updating stderr line: tensors done / total, MB/s of source weights, ETA.
+class ProgressLine {
+ public:
+  ProgressLine() : enabled_(isatty(STDERR_FILENO) != 0) {}
+
+  void Update(const model::QuantizeProgress& p) {
+    if (!enabled_) return;
+    const bool done = p.tensors_done == p.tensors_total;
+    if (!done && p.elapsed_seconds - last_seconds_ < 0.1) return;
+    last_seconds_ = p.elapsed_seconds;
+    const double seconds = std::max(p.elapsed_seconds, 1e-9);
+    const double rate = p.source_bytes_done / seconds;  // bytes per second
+    const double eta =
+        rate > 0 ? static_cast<double>(p.source_bytes_total - p.source_bytes_done) / rate : 0;
+    std::fprintf(stderr, "\r[quantize] %lld/%lld tensors  %6.1f MB/s  ETA %4.0f s   ",
+                 static_cast<long long>(p.tensors_done), static_cast<long long>(p.tensors_total),
+                 rate / 1e6, eta);
+    if (done) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  bool enabled_;
+  double last_seconds_ = -1;
+};
+
+std::string Counts(const std::map<std::string, int>& counts) {
+  return absl::StrJoin(counts, ", ", [](std::string* out, const auto& entry) {
+    absl::StrAppend(out, entry.first, ": ", entry.second);
+  });
+}
+
+int RunQuantize(const QuantizeOptions& options) {
+  auto quantization = QuantizationFrom(options);
+  if (!quantization.ok()) return FailWith(quantization.status());
+  // Check the knobs against the model before the (slower) calibration pass.
+  {
+    auto source = gguf::File::Open(options.input_path);
+    if (!source.ok()) return FailWith(source.status());
+    auto config = model::ModelConfigFromGguf(**source);
+    if (!config.ok()) return FailWith(config.status());
+    if (auto status = model::ValidateSplitQuantization(*quantization, *config); !status.ok()) {
+      return FailWith(status);
+    }
+  }
+  std::optional<model::Calibration> calibration;
+  if (options.calibration_path) {
+    std::fprintf(stderr, "[quantize] calibrating on %s\n", options.calibration_path->c_str());
+    auto collected =
+        CalibrateFromTextFile(options.input_path, *options.calibration_path, quantization->rotation,
+                              /*max_tokens=*/0, options.calibration_window, options.threads);
+    if (!collected.ok()) return FailWith(collected.status());
+    calibration = std::move(*collected);
+  }
+
+  ProgressLine progress;
+  const model::SplitQuantizeOptions quantize_options{.quantization = *quantization,
+                                                     .num_threads = options.threads};
+  auto summary = model::QuantizeSplitModel(
+      options.input_path, model::SplitBasePath(options.output_prefix),
+      quantization->residual_format ? model::SplitResidualPath(options.output_prefix) : "",
+      quantize_options, calibration ? &*calibration : nullptr,
+      [&progress](const model::QuantizeProgress& p) { progress.Update(p); });
+  if (!summary.ok()) return FailWith(summary.status());
+
+  const model::QuantizeSummary& s = *summary;
+  std::printf("quantization: %s\n", model::SplitQuantizationString(s.quantization).c_str());
+  std::printf("fingerprint:  %s\n", SplitFingerprintToHex(s.fingerprint).c_str());
+  std::printf(
+      "VRAM (base):  %s  %.1f MB, %.3f bits/weight over %lld parameters (linear weights "
+      "%.3f bits/weight)\n",
+      s.base_path.c_str(), s.base_file_bytes / 1e6, s.base_bits_per_weight(),
+      static_cast<long long>(s.source_parameters), s.base_linear_bits_per_weight());
+  if (!s.residual_path.empty()) {
+    std::printf("RAM (residual): %s  %.1f MB, %.3f bits/weight over %lld linear weights\n",
+                s.residual_path.c_str(), s.residual_file_bytes / 1e6, s.residual_bits_per_weight(),
+                static_cast<long long>(s.linear_parameters));
+  } else {
+    std::printf("RAM (residual): none (base only)\n");
+  }
+  std::printf("tensors:      base {%s}", Counts(s.base_format_counts).c_str());
+  if (!s.residual_format_counts.empty()) {
+    std::printf(", residual {%s}", Counts(s.residual_format_counts).c_str());
+  }
+  std::printf("\ntime:         %.1f s\n", s.seconds);
+  return kExitOk;
+}
+
+}  // namespace
+
+Command AddQuantizeCommand(CLI::App& app) {
+  auto options = std::make_shared<QuantizeOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "quantize", "split a GGUF model into a low-bit base file and a residual file");
+  sub->add_option("input", options->input_path, "source GGUF model (llama architecture)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  sub->add_option("-o,--output", options->output_prefix,
+                  "output prefix: writes PREFIX.base.bsplit and PREFIX.residual.bsplit")
+      ->required();
+  sub->add_option("--base-bits", options->base_bits, "base bits: 2, 3, 4, or 8 (= q8_0)")
+      ->check(CLI::IsMember({2, 3, 4, 8}))
+      ->capture_default_str();
+  sub->add_option("--base-format", options->base_format, "base grid: sym or asym")
+      ->check(CLI::IsMember({"sym", "asym"}))
+      ->capture_default_str();
+  sub->add_option("--residual-bits", options->residual_bits,
+                  "residual bits: 6, 8, or 0 (base only, e.g. for q8_0)")
+      ->check(CLI::IsMember({0, 6, 8}))
+      ->capture_default_str();
+  sub->add_option("--group", options->group,
+                  "base quantization group (a multiple of 32 dividing every input width)")
+      ->capture_default_str();
+  sub->add_option("--residual-group", options->residual_group,
+                  "residual quantization group (default: --group)");
+  sub->add_flag("--rotate,!--no-rotate", options->rotate,
+                "block Hadamard rotation of every linear layer's input dimension")
+      ->capture_default_str();
+  sub->add_option("--rotate-block", options->rotate_block,
+                  "rotation block: a power of two in [8, 1024] dividing every input width")
+      ->capture_default_str();
+  sub->add_option("--seed", options->seed, "seed of the rotation's random signs")
+      ->capture_default_str();
+  sub->add_option("--calib", options->calibration_path,
+                  "text file: weight the base fit by the model's activations on it")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--calib-window", options->calibration_window,
+                  "tokens per calibration forward pass")
+      ->capture_default_str();
+  sub->add_option("--threads,-t", options->threads, "worker threads (0 = all cores)")
+      ->capture_default_str();
+  return {sub, [options] { return RunQuantize(*options); }};
+}
+
+}  // namespace bitsplit::cli
