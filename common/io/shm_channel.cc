@@ -1,0 +1,408 @@
+#include "common/io/shm_channel.h"
+
+#include <emmintrin.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace bitsplit::shm {
+namespace {
+
+constexpr uint64_t kAlign = 64;
+constexpr uint64_t kPage = 4096;
+
+uint64_t AlignUp(uint64_t value, uint64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+std::string ErrnoText(int error) { return std::strerror(error); }
+
+int PidfdOpen(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+#else
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+}  // namespace
+
+absl::StatusOr<ShmLayout> ComputeShmLayout(uint32_t max_rows, uint32_t max_cols,
+                                           uint32_t max_outputs) {
+  if (max_rows == 0 || max_cols == 0 || max_outputs == 0 || max_cols % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bad shared-memory capacities: max_rows ",
+                                                   max_rows, ", max_cols ", max_cols,
+                                                   ", max_outputs ", max_outputs));
+  }
+  ShmLayout layout;
+  layout.max_rows = max_rows;
+  layout.max_cols = max_cols;
+  layout.max_outputs = max_outputs;
+  layout.max_block_stride = static_cast<uint32_t>(BlockStride(max_cols));
+  const uint64_t rows = max_rows;
+  layout.codes_offset = kShmHeaderBytes;
+  layout.scales_offset = AlignUp(layout.codes_offset + rows * max_cols, kAlign);
+  layout.sums_offset =
+      AlignUp(layout.scales_offset + rows * layout.max_block_stride * sizeof(float), kAlign);
+  layout.outputs_offset =
+      AlignUp(layout.sums_offset + rows * layout.max_block_stride * sizeof(float), kAlign);
+  layout.segment_bytes = AlignUp(layout.outputs_offset + rows * max_outputs * sizeof(float), kPage);
+  if (layout.segment_bytes > (uint64_t{4} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory segment of ", layout.segment_bytes,
+                     " bytes is too large (max_rows ", max_rows, ")"));
+  }
+  return layout;
+}
+
+uint64_t MonotonicNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+void FutexWait(uint32_t* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  const int64_t ns = std::max<int64_t>(timeout.count(), 0);
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(uint32_t* word) {
+  syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+// ---- ShmSegment --------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string& name,
+                                                               const ShmLayout& layout,
+                                                               uint64_t channel_id,
+                                                               pid_t server_pid, pid_t client_pid,
+                                                               const uint8_t fingerprint[32]) {
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0660);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("shm_open(", name, ", O_CREAT|O_EXCL) failed: ", ErrnoText(errno)));
+  }
+  std::unique_ptr<ShmSegment> segment(new ShmSegment());
+  segment->name_ = name;
+  segment->owner_ = true;
+  // The umask may have cleared group bits: set the mode explicitly.
+  if (fchmod(fd, 0660) != 0 || ftruncate(fd, static_cast<off_t>(layout.segment_bytes)) != 0) {
+    const int error = errno;
+    close(fd);
+    shm_unlink(name.c_str());
+    return absl::InternalError(absl::StrCat("sizing shared memory ", name, " to ",
+                                            layout.segment_bytes,
+                                            " bytes failed: ", ErrnoText(error)));
+  }
+  void* base =
+      mmap(nullptr, layout.segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  const int map_error = errno;
+  close(fd);
+  if (base == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return absl::InternalError(
+        absl::StrCat("mmap of shared memory ", name, " failed: ", ErrnoText(map_error)));
+  }
+  segment->base_ = static_cast<uint8_t*>(base);
+  segment->size_ = layout.segment_bytes;
+  ShmHeader& header = segment->header_;
+  std::memcpy(header.magic, kShmMagic, sizeof(kShmMagic));
+  header.version = kShmVersion;
+  header.header_bytes = static_cast<uint32_t>(kShmHeaderBytes);
+  header.segment_bytes = layout.segment_bytes;
+  header.max_rows = layout.max_rows;
+  header.max_cols = layout.max_cols;
+  header.max_outputs = layout.max_outputs;
+  header.max_block_stride = layout.max_block_stride;
+  header.codes_offset = layout.codes_offset;
+  header.scales_offset = layout.scales_offset;
+  header.sums_offset = layout.sums_offset;
+  header.outputs_offset = layout.outputs_offset;
+  header.channel_id = channel_id;
+  header.server_pid = server_pid;
+  header.client_pid = client_pid;
+  std::memcpy(header.fingerprint, fingerprint, 32);
+  std::memcpy(segment->base_, &header, sizeof(header));
+  ShmResponse* response = segment->response();
+  response->heartbeat_ns = MonotonicNanos();
+  Word(response->server_state).store(kServerServing, std::memory_order_release);
+  return segment;
+}
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& name,
+                                                             uint64_t expected_bytes) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("shm_open(", name, ") failed: ", ErrnoText(errno)));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int error = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("fstat of ", name, " failed: ", ErrnoText(error)));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < kShmHeaderBytes || (expected_bytes != 0 && size != expected_bytes)) {
+    close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared memory ", name, " has ", size, " bytes, expected ", expected_bytes));
+  }
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  const int map_error = errno;
+  close(fd);
+  if (base == MAP_FAILED) {
+    return absl::InternalError(
+        absl::StrCat("mmap of shared memory ", name, " failed: ", ErrnoText(map_error)));
+  }
+  std::unique_ptr<ShmSegment> segment(new ShmSegment());
+  segment->name_ = name;
+  segment->base_ = static_cast<uint8_t*>(base);
+  segment->size_ = size;
+  ShmHeader& h = segment->header_;
+  std::memcpy(&h, base, sizeof(h));
+  absl::StatusOr<ShmLayout> layout = ComputeShmLayout(h.max_rows, h.max_cols, h.max_outputs);
+  if (std::memcmp(h.magic, kShmMagic, sizeof(kShmMagic)) != 0 || h.version != kShmVersion ||
+      h.header_bytes != kShmHeaderBytes || h.segment_bytes != size || !layout.ok() ||
+      layout->segment_bytes != size || layout->codes_offset != h.codes_offset ||
+      layout->scales_offset != h.scales_offset || layout->sums_offset != h.sums_offset ||
+      layout->outputs_offset != h.outputs_offset ||
+      layout->max_block_stride != h.max_block_stride) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared memory ", name, " is not a residual channel of layout version ", kShmVersion));
+  }
+  return segment;
+}
+
+ShmSegment::~ShmSegment() {
+  if (base_ != nullptr) munmap(base_, size_);
+  if (owner_) Unlink();
+}
+
+void ShmSegment::Unlink() {
+  if (unlinked_) return;
+  unlinked_ = true;
+  shm_unlink(name_.c_str());
+}
+
+// ---- Client end --------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<ShmChannelClient>> ShmChannelClient::Open(
+    const std::string& name, uint64_t expected_bytes, pid_t server_pid,
+    const ShmClientOptions& options) {
+  std::unique_ptr<ShmChannelClient> client(new ShmChannelClient());
+  auto segment = ShmSegment::Open(name, expected_bytes);
+  if (!segment.ok()) return segment.status();
+  client->segment_ = *std::move(segment);
+  if (client->segment_->header().server_pid != server_pid) {
+    return absl::FailedPreconditionError(absl::StrCat("shared memory ", name, " belongs to pid ",
+                                                      client->segment_->header().server_pid,
+                                                      ", not the service (pid ", server_pid, ")"));
+  }
+  client->server_pid_ = server_pid;
+  client->server_pidfd_ = PidfdOpen(server_pid);
+  client->options_ = options;
+  client->seq_ = Word(client->segment_->request()->seq).load(std::memory_order_acquire);
+  return client;
+}
+
+ShmChannelClient::~ShmChannelClient() {
+  if (server_pidfd_ >= 0) close(server_pidfd_);
+}
+
+absl::Status ShmChannelClient::CheckService() const {
+  ShmResponse* response = segment_->response();
+  if (Word(response->server_state).load(std::memory_order_acquire) != kServerServing) {
+    return absl::UnavailableError("residual service closed the channel");
+  }
+  bool alive = true;
+  if (server_pidfd_ >= 0) {
+    pollfd pfd{server_pidfd_, POLLIN, 0};
+    alive = poll(&pfd, 1, 0) == 0;  // readable: the process exited
+  } else {
+    alive = kill(server_pid_, 0) == 0 || errno == EPERM;
+  }
+  if (!alive) {
+    return absl::UnavailableError(
+        absl::StrCat("residual service (pid ", server_pid_, ") has exited"));
+  }
+  const uint64_t heartbeat = Word64(response->heartbeat_ns).load(std::memory_order_acquire);
+  const uint64_t now = MonotonicNanos();
+  const auto limit = static_cast<uint64_t>(options_.liveness_timeout.count());
+  if (now > heartbeat && now - heartbeat > limit) {
+    return absl::UnavailableError(absl::StrCat("residual service (pid ", server_pid_,
+                                               ") stopped heart-beating ",
+                                               (now - heartbeat) / 1'000'000, " ms ago"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmChannelClient::Call(int32_t layer, uint32_t group, uint32_t rows, uint32_t cols,
+                                    ShmCallInfo* info) {
+  if (broken_) {
+    return absl::UnavailableError("residual channel is broken after an earlier failure; reattach");
+  }
+  const uint64_t start = MonotonicNanos();
+  ShmRequest* request = segment_->request();
+  ShmResponse* response = segment_->response();
+  if (absl::Status status = CheckService(); !status.ok()) {
+    broken_ = true;
+    return status;
+  }
+  request->layer = layer;
+  request->group = group;
+  request->rows = rows;
+  request->cols = cols;
+  const uint32_t seq = ++seq_;
+  Word(request->seq).store(seq, std::memory_order_seq_cst);
+  if (Word(response->server_waiting).load(std::memory_order_seq_cst) != 0) {
+    FutexWakeAll(&request->seq);
+  }
+
+  const uint64_t spin_ns = static_cast<uint64_t>(options_.spin.count());
+  const uint64_t deadline = start + static_cast<uint64_t>(options_.timeout.count());
+  const std::chrono::nanoseconds slice = std::chrono::milliseconds(10);
+  auto done = [&] { return Word(response->seq).load(std::memory_order_acquire) == seq; };
+  bool ok = false;
+  for (uint64_t now = MonotonicNanos(); now - start < spin_ns; now = MonotonicNanos()) {
+    if (done()) {
+      ok = true;
+      break;
+    }
+    _mm_pause();
+  }
+  while (!ok) {
+    if (done()) {
+      ok = true;
+      break;
+    }
+    if (absl::Status status = CheckService(); !status.ok()) {
+      broken_ = true;
+      return status;
+    }
+    const uint64_t now = MonotonicNanos();
+    if (now >= deadline) {
+      broken_ = true;
+      return absl::DeadlineExceededError(
+          absl::StrCat("residual request (layer ", layer, ", group ", group, ", T ", rows,
+                       ") got no response within ", options_.timeout.count() / 1'000'000, " ms"));
+    }
+    const uint32_t observed = Word(response->seq).load(std::memory_order_seq_cst);
+    Word(request->client_waiting).store(1, std::memory_order_seq_cst);
+    if (!done()) {
+      FutexWait(&response->seq, observed,
+                std::min(slice, std::chrono::nanoseconds(static_cast<int64_t>(deadline - now))));
+    }
+    Word(request->client_waiting).store(0, std::memory_order_relaxed);
+  }
+
+  // The response: copy the fields once, then validate them.
+  const uint32_t code = response->status_code;
+  if (code != 0) {
+    char message[kShmMessageBytes];
+    std::memcpy(message, segment_->message(), sizeof(message));
+    message[sizeof(message) - 1] = '\0';
+    if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+      return absl::InternalError(absl::StrCat("bad status code ", code, " from residual service"));
+    }
+    return absl::Status(static_cast<absl::StatusCode>(code), message);
+  }
+  ShmCallInfo result;
+  result.num_outputs = response->num_outputs;
+  uint64_t total = 0;
+  if (result.num_outputs == 0 || result.num_outputs > kShmMaxOutputs) {
+    broken_ = true;
+    return absl::InternalError(
+        absl::StrCat("residual service answered with ", result.num_outputs, " outputs"));
+  }
+  for (uint32_t i = 0; i < result.num_outputs; ++i) {
+    result.output_rows[i] = response->output_rows[i];
+    total += result.output_rows[i];
+  }
+  if (total == 0 || total > segment_->header().max_outputs) {
+    broken_ = true;
+    return absl::InternalError(absl::StrCat("residual service answered with ", total,
+                                            " output columns, capacity ",
+                                            segment_->header().max_outputs));
+  }
+  result.compute_ns = response->compute_ns;
+  result.server_ns = response->server_ns;
+  result.round_trip_ns = MonotonicNanos() - start;
+  if (info != nullptr) *info = result;
+  return absl::OkStatus();
+}
+
+// ---- Service end -------------------------------------------------------------------------------
+
+bool WaitForRequest(ShmSegment& segment, uint32_t last_seq, std::chrono::nanoseconds spin,
+                    std::chrono::nanoseconds slice, ShmRequestCopy* out) {
+  ShmRequest* request = segment.request();
+  ShmResponse* response = segment.response();
+  auto take = [&](uint32_t seq) {
+    out->seq = seq;
+    out->layer = request->layer;
+    out->group = request->group;
+    out->rows = request->rows;
+    out->cols = request->cols;
+    return true;
+  };
+  const uint64_t start = MonotonicNanos();
+  const uint64_t spin_ns = static_cast<uint64_t>(spin.count());
+  uint32_t seq = Word(request->seq).load(std::memory_order_acquire);
+  if (seq != last_seq) return take(seq);
+  while (MonotonicNanos() - start < spin_ns) {
+    _mm_pause();
+    seq = Word(request->seq).load(std::memory_order_acquire);
+    if (seq != last_seq) return take(seq);
+  }
+  Word(response->server_waiting).store(1, std::memory_order_seq_cst);
+  seq = Word(request->seq).load(std::memory_order_seq_cst);
+  if (seq == last_seq) FutexWait(&request->seq, last_seq, slice);
+  Word(response->server_waiting).store(0, std::memory_order_relaxed);
+  seq = Word(request->seq).load(std::memory_order_acquire);
+  if (seq != last_seq) return take(seq);
+  return false;
+}
+
+void PublishResponse(ShmSegment& segment, uint32_t seq, const absl::Status& status,
+                     uint32_t num_outputs, const uint32_t* output_rows, uint64_t compute_ns,
+                     uint64_t server_ns) {
+  ShmResponse* response = segment.response();
+  response->status_code = static_cast<uint32_t>(status.code());
+  if (!status.ok()) {
+    const size_t n = std::min(status.message().size(), kShmMessageBytes - 1);
+    std::memcpy(segment.message(), status.message().data(), n);
+    segment.message()[n] = '\0';
+    num_outputs = 0;
+  }
+  response->num_outputs = num_outputs;
+  for (uint32_t i = 0; i < kShmMaxOutputs; ++i) {
+    response->output_rows[i] = i < num_outputs ? output_rows[i] : 0;
+  }
+  response->compute_ns = compute_ns;
+  response->server_ns = server_ns;
+  Word(response->seq).store(seq, std::memory_order_seq_cst);
+  if (Word(segment.request()->client_waiting).load(std::memory_order_seq_cst) != 0) {
+    FutexWakeAll(&response->seq);
+  }
+}
+
+void CloseChannel(ShmSegment& segment) {
+  Word(segment.response()->server_state).store(kServerClosed, std::memory_order_seq_cst);
+  FutexWakeAll(&segment.response()->seq);
+}
+
+}  // namespace bitsplit::shm

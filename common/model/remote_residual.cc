@@ -1,0 +1,118 @@
+#include "common/model/remote_residual.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
+
+namespace bitsplit::model {
+
+const ResidualGroupShape* ResidualShapes::Find(LinearGroupId id) const {
+  int64_t index = -1;
+  if (id.group == LinearGroup::kOutputHead) {
+    if (id.layer == LinearGroupId::kHeadLayer) index = int64_t{num_layers} * 4;
+  } else if (id.layer >= 0 && id.layer < num_layers && static_cast<int32_t>(id.group) >= 0 &&
+             static_cast<int32_t>(id.group) < 4) {
+    index = int64_t{id.layer} * 4 + static_cast<int64_t>(id.group);
+  }
+  if (index < 0 || index >= static_cast<int64_t>(groups.size())) return nullptr;
+  return &groups[static_cast<size_t>(index)];
+}
+
+int64_t ResidualShapes::max_cols() const {
+  int64_t result = 0;
+  for (const ResidualGroupShape& g : groups) result = std::max(result, g.cols);
+  return result;
+}
+
+int64_t ResidualShapes::max_outputs() const {
+  int64_t result = 0;
+  for (const ResidualGroupShape& g : groups) {
+    int64_t total = 0;
+    for (int64_t r : g.rows) total += r;
+    result = std::max(result, total);
+  }
+  return result;
+}
+
+ResidualShapes ResidualShapes::FromConfig(const ModelConfig& config) {
+  ResidualShapes shapes;
+  shapes.num_layers = static_cast<int32_t>(config.num_layers);
+  for (const LinearGroupId id : AllLinearGroups(config)) {
+    shapes.groups.push_back(
+        {LinearGroupInputDim(config, id.group), LinearGroupOutputDims(config, id.group)});
+  }
+  return shapes;
+}
+
+RemoteResidual::RemoteResidual(std::unique_ptr<shm::ShmChannelClient> channel,
+                               ResidualShapes shapes)
+    : channel_(std::move(channel)), shapes_(std::move(shapes)) {
+  BITSPLIT_CHECK(channel_ != nullptr);
+}
+
+absl::Status RemoteResidual::Compute(LinearGroupId id, const quant::QuantizedActivations& x,
+                                     const float** y, shm::ShmCallInfo* info) {
+  const ResidualGroupShape* shape = shapes_.Find(id);
+  if (shape == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote residual has no group ", LinearGroupIdString(id)));
+  }
+  const shm::ShmHeader& header = channel_->header();
+  if (x.rows < 1 || x.rows > header.max_rows || x.cols != shape->cols || x.cols > header.max_cols ||
+      x.block_stride != static_cast<int64_t>(shm::BlockStride(static_cast<uint64_t>(x.cols)))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "activations [", x.rows, " x ", x.cols, "] do not fit group ", LinearGroupIdString(id),
+        " (input width ", shape->cols, ", at most ", header.max_rows, " rows)"));
+  }
+  const size_t scale_floats = static_cast<size_t>(x.rows * x.block_stride);
+  std::memcpy(channel_->codes(), x.codes.data(), static_cast<size_t>(x.rows * x.cols));
+  std::memcpy(channel_->scales(), x.scales.data(), scale_floats * sizeof(float));
+  std::memcpy(channel_->sums(), x.sums.data(), scale_floats * sizeof(float));
+  shm::ShmCallInfo call;
+  BITSPLIT_RETURN_IF_ERROR(channel_->Call(id.layer, static_cast<uint32_t>(id.group),
+                                          static_cast<uint32_t>(x.rows),
+                                          static_cast<uint32_t>(x.cols), &call));
+  bool shapes_match = call.num_outputs == shape->rows.size();
+  for (uint32_t i = 0; shapes_match && i < call.num_outputs; ++i) {
+    shapes_match = call.output_rows[i] == shape->rows[i];
+  }
+  if (!shapes_match) {
+    return absl::InternalError(absl::StrCat("residual service answered group ",
+                                            LinearGroupIdString(id), " with ", call.num_outputs,
+                                            " outputs of other widths than it announced"));
+  }
+  ++stats_.calls;
+  stats_.round_trip_ns += call.round_trip_ns;
+  stats_.server_ns += call.server_ns;
+  stats_.compute_ns += call.compute_ns;
+  *y = channel_->outputs();
+  if (info != nullptr) *info = call;
+  return absl::OkStatus();
+}
+
+absl::Status RemoteResidual::Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,
+                                        std::span<float* const> outputs, ThreadPool& pool) {
+  const ResidualGroupShape* shape = shapes_.Find(id);
+  if (shape == nullptr || outputs.size() != shape->rows.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote residual: group ", LinearGroupIdString(id), " with ", outputs.size(),
+                     " outputs does not match the service's residual"));
+  }
+  const float* y = nullptr;
+  BITSPLIT_RETURN_IF_ERROR(Compute(id, x, &y, nullptr));
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const int64_t n = x.rows * shape->rows[i];
+    float* out = outputs[i];
+    const float* in = y;
+    // Element-wise adds: the order does not matter, so the work may be split any way.
+    pool.ParallelForGrained(n, 4096, [&](int64_t begin, int64_t end, int /*worker*/) {
+      for (int64_t j = begin; j < end; ++j) out[j] += in[j];
+    });
+    y += n;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace bitsplit::model

@@ -1,0 +1,79 @@
+#pragma once
+// The residual half of verify mode computed by the cpu-residual service over a shared-memory
+// channel (common/io/shm_channel.h): a ResidualSource, so SplitLinearBackend (and with it
+// LlamaModel's forward) runs unchanged with a remote residual. Attaching the channel is a gRPC
+// call (common/rpc/residual_client.h); this class only drives an attached channel.
+//
+// Bit-identity with InProcessResidual: the service runs the same kernels (quant::MatMulRows over
+// the same MatrixViews, split over weight rows) on the same int8 activations, producing
+// y = x·Rᵀ, and Accumulate adds out += y element by element: exactly what the in-process
+// `accumulate` path computes (out + y, one f32 add per element).
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/io/shm_channel.h"
+#include "common/model/config.h"
+#include "common/model/split_backend.h"
+
+namespace bitsplit::model {
+
+// The shapes of every residual group: input width and the output width of each matrix.
+struct ResidualGroupShape {
+  int64_t cols = 0;
+  std::vector<int64_t> rows;  // output order
+  bool operator==(const ResidualGroupShape&) const = default;
+};
+struct ResidualShapes {
+  int32_t num_layers = 0;
+  // [layer * 4 + group] for the layers, then the head at num_layers * 4 (LinearGroupIndex order).
+  std::vector<ResidualGroupShape> groups;
+
+  // Null when `id` is out of range.
+  const ResidualGroupShape* Find(LinearGroupId id) const;
+  int64_t max_cols() const;
+  int64_t max_outputs() const;  // widest group output (sum of its rows)
+  bool operator==(const ResidualShapes&) const = default;
+
+  static ResidualShapes FromConfig(const ModelConfig& config);
+};
+
+// Counters of a RemoteResidual (cumulative).
+struct RemoteResidualStats {
+  int64_t calls = 0;
+  uint64_t round_trip_ns = 0;  // submit to response, client side
+  uint64_t server_ns = 0;      // the service's own time
+  uint64_t compute_ns = 0;     // of which kernels
+};
+
+// Thread safety: one Accumulate at a time (like every ResidualSource).
+class RemoteResidual final : public ResidualSource {
+ public:
+  // `channel` is an attached channel of a service holding a residual of `shapes`.
+  RemoteResidual(std::unique_ptr<shm::ShmChannelClient> channel, ResidualShapes shapes);
+
+  // outputs[i] += x · R_iᵀ computed by the service. INVALID_ARGUMENT for a group or activation
+  // shape the residual does not have (or T above the channel's max_rows), the service's status
+  // for a refused request, UNAVAILABLE / DEADLINE_EXCEEDED when the service is gone or hangs.
+  absl::Status Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,
+                          std::span<float* const> outputs, ThreadPool& pool) override;
+
+  // The raw operation: submits `x` for group `id` and leaves y = x·R_iᵀ (matrix i at
+  // [T][rows_i], back to back) in the channel's output area, returned through `y`.
+  absl::Status Compute(LinearGroupId id, const quant::QuantizedActivations& x, const float** y,
+                       shm::ShmCallInfo* info);
+
+  const ResidualShapes& shapes() const { return shapes_; }
+  const RemoteResidualStats& stats() const { return stats_; }
+  int64_t max_rows() const { return channel_->header().max_rows; }
+  bool healthy() const { return channel_->Healthy(); }
+
+ private:
+  std::unique_ptr<shm::ShmChannelClient> channel_;
+  ResidualShapes shapes_;
+  RemoteResidualStats stats_;
+};
+
+}  // namespace bitsplit::model

@@ -1,0 +1,182 @@
+#include "common/rpc/residual_client.h"
+
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
+#include "grpcpp/grpcpp.h"
+
+namespace bitsplit::rpc {
+namespace v1 = bitsplit::internal::v1;
+using model::LinearGroup;
+using model::LinearGroupId;
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat("residual service: ", status.error_message()));
+}
+
+absl::StatusOr<model::ResidualShapes> ShapesFromInfo(const v1::InfoResponse& info) {
+  model::ResidualShapes shapes;
+  shapes.num_layers = info.num_layers();
+  auto bad = [](const std::string& detail) {
+    return absl::InvalidArgumentError(absl::StrCat("residual service Info: ", detail));
+  };
+  if (info.num_layers() <= 0 || info.groups_size() != info.num_layers() * 4 + 1) {
+    return bad(absl::StrCat(info.groups_size(), " groups for ", info.num_layers(), " layers"));
+  }
+  for (int i = 0; i < info.groups_size(); ++i) {
+    const v1::GroupInfo& g = info.groups(i);
+    const bool head = i == info.num_layers() * 4;
+    const int expected_group = head ? static_cast<int>(LinearGroup::kOutputHead) : i % 4;
+    const int expected_layer = head ? LinearGroupId::kHeadLayer : i / 4;
+    const int expected_matrices[] = {3, 1, 2, 1, 1};
+    if (g.layer() != expected_layer || static_cast<int>(g.group()) != expected_group + 1 ||
+        g.matrices_size() != expected_matrices[expected_group]) {
+      return bad(absl::StrCat("group ", i, " is layer ", g.layer(), " group ", g.group(), " with ",
+                              g.matrices_size(), " matrices"));
+    }
+    model::ResidualGroupShape shape;
+    shape.cols = g.matrices(0).cols();
+    for (const v1::MatrixInfo& m : g.matrices()) {
+      if (m.cols() != shape.cols || m.cols() <= 0 || m.cols() % 32 != 0 || m.rows() <= 0) {
+        return bad(
+            absl::StrCat("matrix ", m.name(), " has shape [", m.rows(), ", ", m.cols(), "]"));
+      }
+      shape.rows.push_back(m.rows());
+    }
+    shapes.groups.push_back(std::move(shape));
+  }
+  return shapes;
+}
+
+absl::StatusOr<std::unique_ptr<ResidualClient>> ResidualClient::Connect(
+    const std::string& target, const ResidualClientOptions& options,
+    std::chrono::milliseconds connect_timeout) {
+  std::unique_ptr<ResidualClient> client(new ResidualClient());
+  client->options_ = options;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  args.SetMaxSendMessageSize(256 << 20);
+  client->channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (!client->channel_->WaitForConnected(std::chrono::system_clock::now() + connect_timeout)) {
+    return absl::UnavailableError(absl::StrCat("residual service at ", target,
+                                               " is not reachable within ", connect_timeout.count(),
+                                               " ms"));
+  }
+  client->stub_ = v1::Residual::NewStub(client->channel_);
+  return client;
+}
+
+std::unique_ptr<grpc::ClientContext> ResidualClient::Context() const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout);
+  return context;
+}
+
+absl::StatusOr<v1::InfoResponse> ResidualClient::Info() {
+  v1::InfoResponse response;
+  BITSPLIT_RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->Info(Context().get(), v1::InfoRequest(), &response)));
+  return response;
+}
+
+absl::StatusOr<std::unique_ptr<ResidualSession>> ResidualClient::Attach(
+    const std::string& fingerprint_hex, int max_rows, const model::ResidualShapes* expected) {
+  BITSPLIT_ASSIGN_OR_RETURN(v1::InfoResponse info, Info());
+  BITSPLIT_ASSIGN_OR_RETURN(model::ResidualShapes shapes, ShapesFromInfo(info));
+  if (expected != nullptr && !(shapes == *expected)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the residual service's shapes (", shapes.num_layers, " layers, widest input ",
+                     shapes.max_cols(), ", widest output ", shapes.max_outputs(),
+                     ") differ from the model's (", expected->num_layers, " layers, widest input ",
+                     expected->max_cols(), ", widest output ", expected->max_outputs(), ")"));
+  }
+  v1::AttachRequest request;
+  request.set_fingerprint(fingerprint_hex);
+  request.set_client_pid(static_cast<int32_t>(getpid()));
+  request.set_max_rows(max_rows);
+  std::unique_ptr<ResidualSession> session(new ResidualSession());
+  session->stub_ = stub_;
+  session->rpc_timeout_ = options_.rpc_timeout;
+  BITSPLIT_RETURN_IF_ERROR(
+      FromGrpcStatus(stub_->Attach(Context().get(), request, &session->attach_)));
+  session->channel_id_ = session->attach_.channel_id();
+  auto channel =
+      shm::ShmChannelClient::Open(session->attach_.shm_name(), session->attach_.shm_bytes(),
+                                  session->attach_.server_pid(), options_.shm);
+  if (!channel.ok()) return channel.status();  // the session's destructor detaches
+  session->residual_ =
+      std::make_unique<model::RemoteResidual>(*std::move(channel), std::move(shapes));
+  return session;
+}
+
+absl::Status ResidualClient::Detach(uint64_t channel_id) {
+  v1::DetachRequest request;
+  request.set_channel_id(channel_id);
+  v1::DetachResponse response;
+  return FromGrpcStatus(stub_->Detach(Context().get(), request, &response));
+}
+
+absl::StatusOr<v1::MatMulResponse> ResidualClient::MatMul(const v1::MatMulRequest& request) {
+  v1::MatMulResponse response;
+  BITSPLIT_RETURN_IF_ERROR(FromGrpcStatus(stub_->MatMul(Context().get(), request, &response)));
+  return response;
+}
+
+ResidualSession::~ResidualSession() { (void)Detach(); }
+
+absl::Status ResidualSession::Detach() {
+  if (detached_ || channel_id_ == 0) return absl::OkStatus();
+  detached_ = true;
+  residual_.reset();  // unmaps
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + rpc_timeout_);
+  v1::DetachRequest request;
+  request.set_channel_id(channel_id_);
+  v1::DetachResponse response;
+  return FromGrpcStatus(stub_->Detach(&context, request, &response));
+}
+
+absl::Status GrpcResidual::Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,
+                                      std::span<float* const> outputs, ThreadPool& pool) {
+  const model::ResidualGroupShape* shape = shapes_.Find(id);
+  if (shape == nullptr || outputs.size() != shape->rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("gRPC residual: no group ",
+                                                   model::LinearGroupIdString(id), " with ",
+                                                   outputs.size(), " outputs"));
+  }
+  request_.set_layer(id.layer);
+  request_.set_group(static_cast<v1::MatrixGroup>(static_cast<int>(id.group) + 1));
+  request_.set_rows(static_cast<int32_t>(x.rows));
+  request_.set_cols(static_cast<int32_t>(x.cols));
+  const size_t scale_bytes = static_cast<size_t>(x.rows * x.block_stride) * sizeof(float);
+  request_.set_codes(x.codes.data(), static_cast<size_t>(x.rows * x.cols));
+  request_.set_scales(x.scales.data(), scale_bytes);
+  request_.set_sums(x.sums.data(), scale_bytes);
+  BITSPLIT_ASSIGN_OR_RETURN(v1::MatMulResponse response, client_.MatMul(request_));
+  if (response.outputs_size() != static_cast<int>(outputs.size())) {
+    return absl::InternalError("residual service answered with the wrong number of outputs");
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const std::string& bytes = response.outputs(static_cast<int>(i));
+    const size_t n = static_cast<size_t>(x.rows * shape->rows[i]);
+    if (bytes.size() != n * sizeof(float)) {
+      return absl::InternalError("residual service answered with an output of the wrong size");
+    }
+    float* out = outputs[i];
+    const char* in = bytes.data();
+    for (size_t j = 0; j < n; ++j) {
+      float v;
+      std::memcpy(&v, in + j * sizeof(float), sizeof(float));
+      out[j] += v;
+    }
+  }
+  (void)pool;
+  return absl::OkStatus();
+}
+
+}  // namespace bitsplit::rpc

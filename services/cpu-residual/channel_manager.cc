@@ -1,0 +1,243 @@
+#include "services/cpu-residual/channel_manager.h"
+
+#include <dirent.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/quant/split_matmul.h"
+#include "spdlog/spdlog.h"
+
+namespace bitsplit::residual {
+namespace {
+
+constexpr char kShmPrefix[] = "bitsplit-res-";
+
+int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
+bool PidfdExited(int pidfd) {
+  pollfd pfd{pidfd, POLLIN, 0};
+  return poll(&pfd, 1, 0) > 0;
+}
+
+}  // namespace
+
+struct ChannelManager::Channel {
+  uint64_t id = 0;
+  pid_t client_pid = 0;
+  int pidfd = -1;
+  uint32_t max_rows = 0;
+  std::unique_ptr<shm::ShmSegment> segment;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  quant::QuantizedActivations activations;  // the serving thread's copy of each request
+
+  ~Channel() {
+    if (pidfd >= 0) close(pidfd);
+  }
+};
+
+ChannelManager::ChannelManager(ResidualStore& store, const ChannelOptions& options)
+    : store_(store), options_(options), pid_(getpid()) {
+  housekeeper_ = std::thread([this] { Housekeeping(); });
+}
+
+ChannelManager::~ChannelManager() { Shutdown(); }
+
+void ChannelManager::RemoveStaleSegments() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  std::vector<std::string> stale;
+  while (dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name.rfind(kShmPrefix, 0) != 0) continue;
+    const pid_t pid = static_cast<pid_t>(std::atoi(name.c_str() + sizeof(kShmPrefix) - 1));
+    if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) stale.push_back("/" + name);
+  }
+  closedir(dir);
+  for (const std::string& name : stale) {
+    if (shm_unlink(name.c_str()) == 0) spdlog::info("removed stale segment {}", name);
+  }
+}
+
+absl::StatusOr<AttachResult> ChannelManager::Attach(pid_t client_pid, uint32_t max_rows) {
+  if (stopping_.load()) return absl::UnavailableError("the residual service is shutting down");
+  if (client_pid <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("client_pid ", client_pid, " is not a pid"));
+  }
+  if (max_rows > options_.max_rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_rows ", max_rows, " exceeds the service maximum ", options_.max_rows));
+  }
+  if (max_rows == 0) max_rows = options_.max_rows;
+  const int pidfd = PidfdOpen(client_pid);
+  if (pidfd < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("client_pid ", client_pid,
+                                                   " is not a live process visible to the "
+                                                   "service: ",
+                                                   std::strerror(errno)));
+  }
+  auto channel = std::make_unique<Channel>();
+  channel->pidfd = pidfd;
+  channel->client_pid = client_pid;
+  channel->max_rows = max_rows;
+  const model::ResidualShapes& shapes = store_.shapes();
+  auto layout = shm::ComputeShmLayout(max_rows, static_cast<uint32_t>(shapes.max_cols()),
+                                      static_cast<uint32_t>(shapes.max_outputs()));
+  if (!layout.ok()) return layout.status();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (channels_.size() >= options_.max_channels) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the service already has ", channels_.size(), " attached channels"));
+    }
+    // Ids are hard to guess, so that a client cannot detach another's channel by accident.
+    std::random_device random;
+    channel->id = (uint64_t{random()} << 32 ^ random()) << 16 | (next_id_++ & 0xffff);
+  }
+  const std::string name =
+      absl::StrFormat("/%s%d-%016x", kShmPrefix, static_cast<int>(pid_), channel->id);
+  auto segment = shm::ShmSegment::Create(name, *layout, channel->id, pid_, client_pid,
+                                         store_.file().fingerprint().data());
+  if (!segment.ok()) return segment.status();
+  channel->segment = *std::move(segment);
+  AttachResult result{channel->id, name, layout->segment_bytes, max_rows};
+  Channel* raw = channel.get();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_.load()) return absl::UnavailableError("the residual service is shutting down");
+    channels_[raw->id] = std::move(channel);
+    raw->thread = std::thread([this, raw] { Serve(raw); });
+  }
+  spdlog::info("attached channel {:016x} for pid {} ({}, {} bytes, T <= {})", result.channel_id,
+               client_pid, name, result.shm_bytes, max_rows);
+  return result;
+}
+
+void ChannelManager::Close(std::unique_ptr<Channel> channel) {
+  channel->stop.store(true);
+  shm::CloseChannel(*channel->segment);
+  shm::FutexWakeAll(&channel->segment->request()->seq);
+  if (channel->thread.joinable()) channel->thread.join();
+  channel->segment->Unlink();
+}
+
+absl::Status ChannelManager::Detach(uint64_t channel_id) {
+  std::unique_ptr<Channel> channel;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = channels_.find(channel_id);
+    if (it == channels_.end()) {
+      return absl::NotFoundError(absl::StrFormat("no attached channel %016x", channel_id));
+    }
+    channel = std::move(it->second);
+    channels_.erase(it);
+  }
+  spdlog::info("detached channel {:016x} (pid {})", channel_id, channel->client_pid);
+  Close(std::move(channel));
+  return absl::OkStatus();
+}
+
+size_t ChannelManager::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return channels_.size();
+}
+
+void ChannelManager::Shutdown() {
+  if (stopping_.exchange(true)) return;
+  if (housekeeper_.joinable()) housekeeper_.join();
+  std::map<uint64_t, std::unique_ptr<Channel>> channels;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    channels.swap(channels_);
+  }
+  for (auto& [id, channel] : channels) Close(std::move(channel));
+}
+
+void ChannelManager::Housekeeping() {
+  while (!stopping_.load()) {
+    std::vector<std::unique_ptr<Channel>> dead;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const uint64_t now = shm::MonotonicNanos();
+      for (auto it = channels_.begin(); it != channels_.end();) {
+        shm::Word64(it->second->segment->response()->heartbeat_ns)
+            .store(now, std::memory_order_release);
+        if (PidfdExited(it->second->pidfd)) {
+          dead.push_back(std::move(it->second));
+          it = channels_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& channel : dead) {
+      spdlog::info("client pid {} exited: reclaiming channel {:016x}", channel->client_pid,
+                   channel->id);
+      Close(std::move(channel));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+void ChannelManager::Serve(Channel* channel) {
+  if (store_.worker0_cpu() >= 0) (void)PinCurrentThread(store_.worker0_cpu());
+  shm::ShmSegment& segment = *channel->segment;
+  const shm::ShmHeader& header = segment.header();  // the service's own copy
+  uint32_t last = 0;  // a new segment starts at seq 0; a request may already be waiting
+  quant::QuantizedActivations& x = channel->activations;
+  while (!channel->stop.load(std::memory_order_relaxed)) {
+    shm::ShmRequestCopy request;
+    if (!shm::WaitForRequest(segment, last, options_.spin, std::chrono::milliseconds(100),
+                             &request)) {
+      continue;
+    }
+    last = request.seq;
+    const uint64_t start = shm::MonotonicNanos();
+    // Every field was copied once out of shared memory; validate the copies.
+    auto group = store_.Validate(request.layer, request.group, request.rows, request.cols,
+                                 channel->max_rows);
+    if (!group.ok()) {
+      spdlog::debug("channel {:016x}: refused request: {}", channel->id,
+                    std::string(group.status().message()));
+      shm::PublishResponse(segment, request.seq, group.status(), 0, nullptr, 0,
+                           shm::MonotonicNanos() - start);
+      continue;
+    }
+    // Validate() bounds rows by max_rows and cols by the group width (<= max_cols), so every
+    // copy below stays inside the capacities of this segment.
+    const int64_t rows = request.rows, cols = request.cols;
+    const int64_t stride = static_cast<int64_t>(shm::BlockStride(static_cast<uint64_t>(cols)));
+    x.rows = rows;
+    x.cols = cols;
+    x.block_stride = stride;
+    x.codes.resize(static_cast<size_t>(rows * cols));
+    x.scales.resize(static_cast<size_t>(rows * stride));
+    x.sums.resize(static_cast<size_t>(rows * stride));
+    std::memcpy(x.codes.data(), segment.base() + header.codes_offset, x.codes.size());
+    std::memcpy(x.scales.data(), segment.base() + header.scales_offset,
+                x.scales.size() * sizeof(float));
+    std::memcpy(x.sums.data(), segment.base() + header.sums_offset, x.sums.size() * sizeof(float));
+    float* y = reinterpret_cast<float*>(segment.base() + header.outputs_offset);
+    const uint64_t compute_ns = store_.Compute(**group, x, y);
+    uint32_t output_rows[shm::kShmMaxOutputs] = {0, 0, 0};
+    const auto& matrices = (*group)->matrices;
+    for (size_t i = 0; i < matrices.size(); ++i) {
+      output_rows[i] = static_cast<uint32_t>(matrices[i].rows);
+    }
+    shm::PublishResponse(segment, request.seq, absl::OkStatus(),
+                         static_cast<uint32_t>(matrices.size()), output_rows, compute_ns,
+                         shm::MonotonicNanos() - start);
+  }
+}
+
+}  // namespace bitsplit::residual

@@ -1,0 +1,170 @@
+// bitsplit-residual: the cpu-residual service (services/cpu-residual/README.md).
+//
+//   bitsplit-residual MODEL.residual.bsplit [--socket PATH | --tcp HOST:PORT] [--threads N]
+//                     [--pin] [--mlock] [--no-huge-pages] [--no-prefault] [--max-rows T]
+//                     [--verbose]
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "services/cpu-residual/channel_manager.h"
+#include "services/cpu-residual/residual_service.h"
+#include "services/cpu-residual/residual_store.h"
+#include "spdlog/spdlog.h"
+
+namespace bitsplit::residual {
+namespace {
+
+constexpr char kServiceName[] = "bitsplit.internal.v1.Residual";
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "bitsplit-residual: error: %.*s\n",
+               static_cast<int>(status.message().size()), status.message().data());
+  return 1;
+}
+
+absl::Status PrepareSocketPath(const std::string& path) {
+  std::error_code error;
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty() && !std::filesystem::exists(parent, error)) {
+    std::filesystem::create_directories(parent, error);
+    if (error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create ", parent.string(), ": ", error.message()));
+    }
+    chmod(parent.c_str(), 0770);
+  }
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
+    }
+    unlink(path.c_str());  // a stale socket of an earlier run
+  }
+  return absl::OkStatus();
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{"bitsplit-residual: serves batched residual matmuls over shared memory and gRPC"};
+  std::string residual_path;
+  std::string socket_path = "/run/bitsplit/residual.sock";
+  std::string tcp;
+  StoreOptions store_options;
+  ChannelOptions channel_options;
+  bool no_huge_pages = false, no_prefault = false, verbose = false;
+  int spin_us = 50;
+  int shutdown_grace_ms = 200;
+  uint32_t max_rows = channel_options.max_rows;
+  app.add_option("residual", residual_path, "the residual split file (MODEL.residual.bsplit)")
+      ->required();
+  app.add_option("--socket", socket_path, "unix socket to listen on (mode 0660)")
+      ->capture_default_str();
+  app.add_option("--tcp", tcp, "listen on TCP HOST:PORT instead of the unix socket");
+  app.add_option("--threads", store_options.threads, "kernel threads (0: every allowed CPU)")
+      ->capture_default_str();
+  app.add_flag("--pin", store_options.pin_threads, "pin kernel thread i to the i-th allowed CPU");
+  app.add_flag("--mlock", store_options.mlock, "lock the residual in RAM (RLIMIT_MEMLOCK)");
+  app.add_flag("--no-huge-pages", no_huge_pages, "do not madvise(MADV_HUGEPAGE) the mapping");
+  app.add_flag("--no-prefault", no_prefault, "do not touch every page at startup");
+  app.add_option("--max-rows", max_rows, "largest T of one request")->capture_default_str();
+  app.add_option("--spin-us", spin_us, "busy-wait this long before sleeping (workers, channels)")
+      ->capture_default_str();
+  app.add_option("--shutdown-grace-ms", shutdown_grace_ms,
+                 "on SIGTERM, report NOT_SERVING this long before stopping")
+      ->capture_default_str();
+  app.add_option("--memory-limit-bytes", store_options.memory_total_override,
+                 "testing: pretend the machine has this much RAM");
+  app.add_flag("--verbose", verbose, "log details to stderr");
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::warn);
+  store_options.huge_pages = !no_huge_pages;
+  store_options.prefault = !no_prefault;
+  store_options.spin = std::chrono::microseconds(spin_us);
+  channel_options.spin = std::chrono::microseconds(spin_us);
+  if (max_rows < 1 || max_rows > 4096) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--max-rows ", max_rows, " is out of range [1, 4096]")));
+  }
+  channel_options.max_rows = max_rows;
+
+  // SIGTERM/SIGINT are taken by sigwait below; block them before any thread exists.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto store = ResidualStore::Open(residual_path, store_options);
+  if (!store.ok()) return Fail(store.status());
+  ChannelManager::RemoveStaleSegments();
+  ChannelManager channels(**store, channel_options);
+  ResidualServiceImpl service(**store, channels);
+
+  std::string address;
+  if (!tcp.empty()) {
+    address = tcp;
+  } else {
+    if (absl::Status status = PrepareSocketPath(socket_path); !status.ok()) return Fail(status);
+    address = "unix:" + socket_path;
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+                           tcp.empty() ? nullptr : &port);
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxSendMessageSize(256 << 20);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", address)));
+  }
+  if (tcp.empty()) chmod(socket_path.c_str(), 0660);
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus("", true);
+  health->SetServingStatus(kServiceName, true);
+  const SplitFile& file = (*store)->file();
+  std::fprintf(
+      stderr,
+      "bitsplit-residual: serving %s (fingerprint %s, %d layers, %llu bytes, %d threads%s%s) "
+      "on %s%s\n",
+      file.name().c_str(), file.fingerprint_hex().c_str(), (*store)->num_layers(),
+      static_cast<unsigned long long>((*store)->weight_bytes()), (*store)->threads(),
+      (*store)->mlocked() ? ", mlocked" : "", (*store)->pinned() ? ", pinned" : "", address.c_str(),
+      tcp.empty() ? "" : absl::StrCat(" (port ", port, ")").c_str());
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::warn("signal {}: shutting down", signal_number);
+  // Health first, so that clients and supervisors stop sending work, then stop accepting,
+  // let in-flight RPCs finish (bounded), close the channels (clients get UNAVAILABLE).
+  health->SetServingStatus("", false);
+  health->SetServingStatus(kServiceName, false);
+  std::this_thread::sleep_for(std::chrono::milliseconds(shutdown_grace_ms));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  channels.Shutdown();
+  server->Wait();
+  if (tcp.empty()) unlink(socket_path.c_str());
+  std::fprintf(stderr, "bitsplit-residual: stopped\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace bitsplit::residual
+
+int main(int argc, char** argv) { return bitsplit::residual::Run(argc, argv); }

@@ -1,0 +1,843 @@
+// The cpu-residual service as a process (services/cpu-residual): started and stopped by the
+// tests, driven through common/rpc/residual_client.h (gRPC control + shared-memory channel) and
+// compared bit for bit with the in-process residual (InProcessResidual).
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bitsplit/internal/v1/residual.grpc.pb.h"
+#include "common/io/shm_channel.h"
+#include "common/io/split_file.h"
+#include "common/model/llama_model.h"
+#include "common/model/remote_residual.h"
+#include "common/model/split_backend.h"
+#include "common/model/split_model.h"
+#include "common/model/split_quantizer.h"
+#include "common/quant/split_format.h"
+#include "common/quant/split_matmul.h"
+#include "common/rpc/residual_client.h"
+#include "common/util/thread_pool.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+extern char** environ;
+
+namespace bitsplit {
+namespace {
+
+namespace v1 = bitsplit::internal::v1;
+using model::LinearGroup;
+using model::LinearGroupId;
+using Clock = std::chrono::steady_clock;
+
+const char kServiceBinary[] = BITSPLIT_BINARY_DIR "/services/cpu-residual/bitsplit-residual";
+constexpr char kChildSocketEnv[] = "BITSPLIT_RESIDUAL_CHILD_SOCKET";
+constexpr char kChildFingerprintEnv[] = "BITSPLIT_RESIDUAL_CHILD_FINGERPRINT";
+constexpr char kChildMarkerEnv[] = "BITSPLIT_RESIDUAL_CHILD_MARKER";
+
+// ---- A small synthetic residual ----------------------------------------------------------------
+
+model::ModelConfig TinyConfig() {
+  model::ModelConfig config;
+  config.architecture = "llama";
+  config.num_layers = 2;
+  config.d_model = 128;
+  config.d_ff = 256;
+  config.num_heads = 4;
+  config.num_kv_heads = 2;
+  config.head_dim = 32;
+  config.rope_dims = 32;
+  config.context_length = 256;
+  config.vocab_size = 160;
+  return config;
+}
+
+SplitFingerprint MakeFingerprint(uint8_t seed) {
+  SplitFingerprint f;
+  for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<uint8_t>(seed * 31 + i);
+  return f;
+}
+
+// Writes a residual file of TinyConfig() with random r6/g32 matrices.
+void WriteTinyResidual(const std::string& path, const SplitFingerprint& fingerprint) {
+  const model::ModelConfig config = TinyConfig();
+  model::SplitQuantization q;
+  q.residual_format = quant::SplitFormat::kR6;
+  q.residual_group = 32;
+  const nlohmann::json metadata = {
+      {model::kSplitMetadataKey, {{"version", 1}, {"quantization", SplitQuantizationToJson(q)}}}};
+  auto writer = SplitFileWriter::Create(path, SplitFileKind::kResidual, fingerprint, metadata,
+                                        model::SplitFormatRowSizeOracle());
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  struct Matrix {
+    std::string name;
+    int64_t rows, cols;
+  };
+  std::vector<Matrix> matrices;
+  for (const LinearGroupId id : model::AllLinearGroups(config)) {
+    const auto names = model::LinearGroupTensorNames(id);
+    const auto rows = model::LinearGroupOutputDims(config, id.group);
+    for (size_t i = 0; i < names.size(); ++i) {
+      matrices.push_back({names[i], rows[i], model::LinearGroupInputDim(config, id.group)});
+    }
+  }
+  for (const Matrix& m : matrices) {
+    ASSERT_TRUE((*writer)
+                    ->DeclareTensor(m.name,
+                                    SplitTensorFormat(static_cast<uint32_t>(*q.residual_format)),
+                                    32, {m.cols, m.rows})
+                    .ok());
+  }
+  std::mt19937 rng(fingerprint[0]);
+  std::normal_distribution<float> normal(0.0f, 0.01f);
+  for (const Matrix& m : matrices) {
+    const size_t row_bytes = quant::SplitRowBytes(*q.residual_format, 32, m.cols);
+    std::vector<uint8_t> bytes(row_bytes * m.rows);
+    std::vector<float> row(m.cols);
+    for (int64_t r = 0; r < m.rows; ++r) {
+      for (float& v : row) v = normal(rng);
+      ASSERT_TRUE(quant::QuantizeResidualRow(*q.residual_format, 32, row.data(), m.cols,
+                                             bytes.data() + r * row_bytes)
+                      .ok());
+    }
+    ASSERT_TRUE((*writer)->WriteTensorData(m.name, bytes.data(), bytes.size()).ok());
+  }
+  ASSERT_TRUE((*writer)->Finish().ok());
+}
+
+// ---- The service process -----------------------------------------------------------------------
+
+class ServiceProcess {
+ public:
+  ~ServiceProcess() { Kill(SIGKILL); }
+
+  // Starts the binary; returns once its health check says SERVING (or it exited).
+  ::testing::AssertionResult Start(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {kServiceBinary};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> raw;
+    for (std::string& a : argv) raw.push_back(a.data());
+    raw.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    stderr_path_ = std::filesystem::temp_directory_path() /
+                   ("bitsplit-residual-test-" + std::to_string(getpid()) + "-" +
+                    std::to_string(counter_++) + ".log");
+    posix_spawn_file_actions_addopen(&actions, 2, stderr_path_.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int error = posix_spawn(&pid_, kServiceBinary, &actions, nullptr, raw.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (error != 0) return ::testing::AssertionFailure() << "posix_spawn: " << strerror(error);
+    return ::testing::AssertionSuccess();
+  }
+
+  // Waits for the process to exit; returns its exit status (or -1 after `timeout`).
+  int Wait(std::chrono::milliseconds timeout) {
+    if (pid_ <= 0) return exit_status_;
+    const auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = 0;
+        exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return exit_status_;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return -1;
+  }
+
+  void Kill(int signal) {
+    if (pid_ > 0) {
+      kill(pid_, signal);
+      if (signal == SIGKILL) Wait(std::chrono::seconds(10));
+    }
+  }
+  void Signal(int signal) {
+    if (pid_ > 0) kill(pid_, signal);
+  }
+  // SIGSTOP, and wait until every thread is stopped (delivery is asynchronous).
+  void Stop() {
+    Signal(SIGSTOP);
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (Clock::now() < deadline) {
+      bool all_stopped = true;
+      for (const auto& task :
+           std::filesystem::directory_iterator("/proc/" + std::to_string(pid_) + "/task")) {
+        std::ifstream in(task.path() / "stat");
+        std::string stat;
+        std::getline(in, stat);
+        const size_t paren = stat.rfind(')');
+        if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') {
+          all_stopped = false;
+        }
+      }
+      if (all_stopped) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  pid_t pid() const { return pid_; }
+  std::string Stderr() const {
+    std::ifstream in(stderr_path_);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+ private:
+  static inline int counter_ = 0;
+  pid_t pid_ = 0;
+  int exit_status_ = -1;
+  std::filesystem::path stderr_path_;
+};
+
+// SERVING / NOT_SERVING / ... of the standard health service, or -1 when the call fails.
+int HealthStatus(const std::string& target) {
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  if (!stub->Check(&context, request, &response).ok()) return -1;
+  return response.status();
+}
+
+bool WaitServing(const std::string& target, ServiceProcess& process) {
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (Clock::now() < deadline) {
+    if (HealthStatus(target) == grpc::health::v1::HealthCheckResponse::SERVING) return true;
+    if (process.Wait(std::chrono::milliseconds(20)) >= 0) return false;
+  }
+  return false;
+}
+
+// ---- Activations and the in-process reference --------------------------------------------------
+
+quant::QuantizedActivations RandomActivations(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(rows * cols));
+  for (float& v : x) v = normal(rng);
+  quant::QuantizedActivations q;
+  quant::QuantizeActivations(x.data(), rows, cols, &q);
+  return q;
+}
+
+// The residual file mapped in the test process, as LlamaModel's verify mode holds it.
+struct LocalResidual {
+  std::unique_ptr<SplitFile> file;
+  model::SplitLinearWeights weights;
+  std::unique_ptr<model::InProcessResidual> source;
+
+  static LocalResidual Open(const std::string& path, const model::ModelConfig& config) {
+    LocalResidual local;
+    auto file = SplitFile::Open(path, SplitFileKind::kResidual, model::SplitFormatRowSizeOracle());
+    EXPECT_TRUE(file.ok()) << file.status();
+    local.file = *std::move(file);
+    local.weights = model::SplitLinearWeights(config);
+    for (const LinearGroupId id : model::AllLinearGroups(config)) {
+      for (const std::string& name : model::LinearGroupTensorNames(id)) {
+        const SplitTensor* t = local.file->FindTensor(name);
+        EXPECT_NE(t, nullptr) << name;
+        const auto format = static_cast<quant::SplitFormat>(SplitFormatIdOf(t->format));
+        local.weights.mutable_group(id).push_back(*quant::MakeMatrixView(
+            format, static_cast<int>(t->group_size), t->rows(), t->cols(), t->data, t->num_bytes));
+      }
+    }
+    local.source = std::make_unique<model::InProcessResidual>(local.weights);
+    return local;
+  }
+};
+
+// Outputs of a group pre-filled with a "base" result, so that accumulation is exercised.
+struct GroupOutputs {
+  std::vector<std::vector<float>> buffers;
+  std::vector<float*> pointers;
+
+  GroupOutputs(const model::ResidualGroupShape& shape, int64_t rows, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (int64_t r : shape.rows) {
+      buffers.emplace_back(static_cast<size_t>(rows * r));
+      for (float& v : buffers.back()) v = uniform(rng);
+    }
+    for (auto& b : buffers) pointers.push_back(b.data());
+  }
+  bool operator==(const GroupOutputs& other) const {
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (buffers[i].size() != other.buffers[i].size() ||
+          std::memcmp(buffers[i].data(), other.buffers[i].data(),
+                      buffers[i].size() * sizeof(float)) != 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+};
+
+// ---- Fixture -----------------------------------------------------------------------------------
+
+class ResidualServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char pattern[] = "/tmp/bitsplit-residual-test-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = new std::string(pattern);
+    residual_path_ = new std::string(*dir_ + "/tiny.residual.bsplit");
+    WriteTinyResidual(*residual_path_, MakeFingerprint(7));
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+    delete residual_path_;
+  }
+
+  void SetUp() override {
+    socket_ =
+        *dir_ + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".sock";
+    target_ = "unix:" + socket_;
+  }
+
+  std::vector<std::string> Args(std::vector<std::string> extra = {}) const {
+    std::vector<std::string> args = {*residual_path_, "--socket", socket_,      "--threads", "2",
+                                     "--spin-us",     "20",       "--max-rows", "32"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+  void StartService(ServiceProcess& process, std::vector<std::string> extra = {}) {
+    ASSERT_TRUE(process.Start(Args(std::move(extra))));
+    ASSERT_TRUE(WaitServing(target_, process)) << process.Stderr();
+  }
+
+  std::unique_ptr<rpc::ResidualClient> Connect(rpc::ResidualClientOptions options = {}) {
+    auto client = rpc::ResidualClient::Connect(target_, options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  static std::string FingerprintHex() { return SplitFingerprintToHex(MakeFingerprint(7)); }
+
+  static inline std::string* dir_ = nullptr;
+  static inline std::string* residual_path_ = nullptr;
+  std::string socket_;
+  std::string target_;
+};
+
+TEST_F(ResidualServiceTest, InfoDescribesTheResidual) {
+  ServiceProcess service;
+  StartService(service);
+  auto client = Connect();
+  auto info = client->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->fingerprint(), FingerprintHex());
+  EXPECT_EQ(info->num_layers(), 2);
+  EXPECT_EQ(info->groups_size(), 9);
+  EXPECT_EQ(info->threads(), 2);
+  EXPECT_EQ(info->max_rows(), 32);
+  EXPECT_EQ(info->pid(), service.pid());
+  EXPECT_EQ(info->groups(0).matrices(0).format(), "r6");
+  EXPECT_GT(info->weight_bytes(), 0u);
+  auto shapes = rpc::ShapesFromInfo(*info);
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  EXPECT_EQ(*shapes, model::ResidualShapes::FromConfig(TinyConfig()));
+  // The socket is owner/group only.
+  struct stat st;
+  ASSERT_EQ(stat(socket_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+}
+
+TEST_F(ResidualServiceTest, SharedMemoryAndGrpcMatchInProcessBitForBit) {
+  ServiceProcess service;
+  StartService(service);
+  auto client = Connect();
+  const model::ModelConfig config = TinyConfig();
+  const model::ResidualShapes shapes = model::ResidualShapes::FromConfig(config);
+  auto session = client->Attach(FingerprintHex(), 0, &shapes);
+  ASSERT_TRUE(session.ok()) << session.status();
+  // The segment is owner/group only.
+  struct stat st;
+  const std::string shm_path = "/dev/shm" + (*session)->attach_response().shm_name();
+  ASSERT_EQ(stat(shm_path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+
+  LocalResidual local = LocalResidual::Open(*residual_path_, config);
+  rpc::GrpcResidual grpc_residual(*client, shapes);
+  ThreadPool pool(3);
+  uint32_t seed = 1;
+  for (const LinearGroupId id : model::AllLinearGroups(config)) {
+    const model::ResidualGroupShape& shape = *shapes.Find(id);
+    for (int64_t rows : {1, 3, 16, 32}) {
+      const quant::QuantizedActivations x = RandomActivations(rows, shape.cols, ++seed);
+      GroupOutputs expected(shape, rows, seed), via_shm(shape, rows, seed),
+          via_grpc(shape, rows, seed);
+      ASSERT_TRUE(local.source->Accumulate(id, x, expected.pointers, pool).ok());
+      absl::Status status = (*session)->residual().Accumulate(id, x, via_shm.pointers, pool);
+      ASSERT_TRUE(status.ok()) << status;
+      status = grpc_residual.Accumulate(id, x, via_grpc.pointers, pool);
+      ASSERT_TRUE(status.ok()) << status;
+      EXPECT_TRUE(via_shm == expected) << model::LinearGroupIdString(id) << " T=" << rows;
+      EXPECT_TRUE(via_grpc == expected) << model::LinearGroupIdString(id) << " T=" << rows;
+    }
+  }
+  EXPECT_GT((*session)->residual().stats().calls, 0);
+  ASSERT_TRUE((*session)->Detach().ok());
+  EXPECT_NE(stat(shm_path.c_str(), &st), 0) << "segment not removed on detach";
+  EXPECT_EQ(client->Info()->attached_clients(), 0u);
+}
+
+TEST_F(ResidualServiceTest, BadRequestsAreRejectedAndTheServiceKeepsServing) {
+  ServiceProcess service;
+  StartService(service);
+  auto client = Connect();
+  // A raw channel, so that requests bypass the client library's own checks.
+  auto channel = grpc::CreateChannel(target_, grpc::InsecureChannelCredentials());
+  auto stub = v1::Residual::NewStub(channel);
+  v1::AttachRequest attach;
+  attach.set_fingerprint(FingerprintHex());
+  attach.set_client_pid(getpid());
+  v1::AttachResponse attached;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub->Attach(&context, attach, &attached).ok());
+  }
+  shm::ShmClientOptions options;
+  options.timeout = std::chrono::seconds(5);
+  auto raw = shm::ShmChannelClient::Open(attached.shm_name(), attached.shm_bytes(),
+                                         attached.server_pid(), options);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  const model::ModelConfig config = TinyConfig();
+  const quant::QuantizedActivations x = RandomActivations(2, 128, 5);
+  std::memcpy((*raw)->codes(), x.codes.data(), x.codes.size());
+  std::memcpy((*raw)->scales(), x.scales.data(), x.scales.size() * sizeof(float));
+  std::memcpy((*raw)->sums(), x.sums.data(), x.sums.size() * sizeof(float));
+  struct Bad {
+    int32_t layer;
+    uint32_t group, rows, cols;
+  };
+  const Bad cases[] = {
+      {2, 0, 2, 128},  {-2, 0, 2, 128}, {INT32_MAX, 0, 2, 128},  {INT32_MIN, 1, 2, 128},
+      {-1, 0, 2, 128}, {0, 4, 2, 128},  {0, 5, 2, 128},          {0, UINT32_MAX, 2, 128},
+      {0, 0, 0, 128},  {0, 0, 33, 128}, {0, 0, UINT32_MAX, 128}, {0, 0, 2, 0},
+      {0, 0, 2, 96},   {0, 0, 2, 256},  {0, 3, 2, 128},          {0, 0, 2, UINT32_MAX},
+  };
+  for (const Bad& bad : cases) {
+    shm::ShmCallInfo info;
+    const absl::Status status = (*raw)->Call(bad.layer, bad.group, bad.rows, bad.cols, &info);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument)
+        << bad.layer << " " << bad.group << " " << bad.rows << " " << bad.cols << ": " << status;
+    // A valid request right after still works.
+    ASSERT_TRUE((*raw)->Call(0, 0, 2, 128, &info).ok());
+    EXPECT_EQ(info.num_outputs, 3u);
+    EXPECT_EQ(info.output_rows[0], 128u);
+    EXPECT_EQ(info.output_rows[1], 64u);
+  }
+  // Garbage activations (e.g. -128 codes, NaN scales) cannot break the service either.
+  std::memset((*raw)->codes(), 0x80, 2 * 128);
+  for (int i = 0; i < 16; ++i) (*raw)->scales()[i] = std::nanf("");
+  shm::ShmCallInfo info;
+  EXPECT_TRUE((*raw)->Call(0, 0, 2, 128, &info).ok());
+
+  // The same over gRPC, plus sizes that do not match.
+  auto matmul = [&](int32_t layer, v1::MatrixGroup group, int32_t rows, int32_t cols, size_t codes,
+                    size_t scales, size_t sums) {
+    v1::MatMulRequest request;
+    request.set_layer(layer);
+    request.set_group(group);
+    request.set_rows(rows);
+    request.set_cols(cols);
+    request.set_codes(std::string(codes, '\1'));
+    request.set_scales(std::string(scales, '\0'));
+    request.set_sums(std::string(sums, '\0'));
+    v1::MatMulResponse response;
+    grpc::ClientContext context;
+    return stub->MatMul(&context, request, &response).error_code();
+  };
+  const size_t good_scales = 2 * 8 * sizeof(float);
+  EXPECT_EQ(matmul(0, v1::MATRIX_GROUP_QKV, 2, 128, 256, good_scales, good_scales), grpc::OK);
+  EXPECT_EQ(matmul(0, v1::MATRIX_GROUP_UNSPECIFIED, 2, 128, 256, good_scales, good_scales),
+            grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(matmul(0, static_cast<v1::MatrixGroup>(77), 2, 128, 256, good_scales, good_scales),
+            grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(matmul(5, v1::MATRIX_GROUP_QKV, 2, 128, 256, good_scales, good_scales),
+            grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(matmul(0, v1::MATRIX_GROUP_OUTPUT_HEAD, 2, 128, 256, good_scales, good_scales),
+            grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(matmul(0, v1::MATRIX_GROUP_QKV, 0, 128, 0, 0, 0), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(matmul(0, v1::MATRIX_GROUP_QKV, 33, 128, 33 * 128, 33 * 32, 33 * 32),
+            grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(matmul(0, v1::MATRIX_GROUP_QKV, 2, 64, 128, good_scales, good_scales),
+            grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(matmul(0, v1::MATRIX_GROUP_QKV, 2, 128, 255, good_scales, good_scales),
+            grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(matmul(0, v1::MATRIX_GROUP_QKV, 2, 128, 256, good_scales - 4, good_scales),
+            grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(matmul(0, v1::MATRIX_GROUP_QKV, 2, 128, 256, good_scales, 0), grpc::INVALID_ARGUMENT);
+  // Bad attach requests.
+  auto attach_code = [&](const std::string& fingerprint, int32_t pid, int32_t max_rows) {
+    v1::AttachRequest request;
+    request.set_fingerprint(fingerprint);
+    request.set_client_pid(pid);
+    request.set_max_rows(max_rows);
+    v1::AttachResponse response;
+    grpc::ClientContext context;
+    return stub->Attach(&context, request, &response).error_code();
+  };
+  EXPECT_EQ(attach_code(FingerprintHex(), 0, 0), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(attach_code(FingerprintHex(), -5, 0), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(attach_code(FingerprintHex(), 0x3fffffff, 0), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(attach_code(FingerprintHex(), getpid(), 33), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(attach_code(FingerprintHex(), getpid(), -1), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(attach_code("", getpid(), 0), grpc::INVALID_ARGUMENT);
+  {
+    v1::DetachRequest request;
+    request.set_channel_id(12345);
+    v1::DetachResponse response;
+    grpc::ClientContext context;
+    EXPECT_EQ(stub->Detach(&context, request, &response).error_code(), grpc::NOT_FOUND);
+  }
+  // Still serving, and computing.
+  EXPECT_EQ(HealthStatus(target_), grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_TRUE((*raw)->Call(-1, 4, 1, 128, &info).ok());
+  EXPECT_EQ(info.output_rows[0], 160u);
+  EXPECT_EQ(client->Info()->attached_clients(), 1u);
+}
+
+TEST_F(ResidualServiceTest, WrongFingerprintIsRefused) {
+  ServiceProcess service;
+  StartService(service);
+  auto client = Connect();
+  auto session = client->Attach(SplitFingerprintToHex(MakeFingerprint(8)), 0, nullptr);
+  ASSERT_FALSE(session.ok());
+  EXPECT_EQ(session.status().code(), absl::StatusCode::kFailedPrecondition) << session.status();
+  EXPECT_NE(session.status().message().find(FingerprintHex()), std::string::npos);
+  // Shapes of another model are refused by the client library.
+  model::ModelConfig other = TinyConfig();
+  other.d_ff = 512;
+  const model::ResidualShapes other_shapes = model::ResidualShapes::FromConfig(other);
+  session = client->Attach(FingerprintHex(), 0, &other_shapes);
+  EXPECT_EQ(session.status().code(), absl::StatusCode::kFailedPrecondition) << session.status();
+  EXPECT_EQ(client->Info()->attached_clients(), 0u);
+}
+
+// The body of the child process of ClientKilledMidRequestIsReclaimed (skipped otherwise): attach,
+// then issue requests until killed.
+TEST(ResidualServiceChild, AttachAndLoop) {
+  const char* socket = std::getenv(kChildSocketEnv);
+  if (socket == nullptr) GTEST_SKIP() << "only run as a child process";
+  auto client = rpc::ResidualClient::Connect(std::string("unix:") + socket, {});
+  ASSERT_TRUE(client.ok());
+  const model::ResidualShapes shapes = model::ResidualShapes::FromConfig(TinyConfig());
+  auto session = (*client)->Attach(std::getenv(kChildFingerprintEnv), 0, &shapes);
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::ofstream(std::getenv(kChildMarkerEnv)) << (*session)->attach_response().shm_name();
+  ThreadPool pool(1);
+  const quant::QuantizedActivations x = RandomActivations(32, 256, 3);
+  GroupOutputs out(*shapes.Find({0, LinearGroup::kDown}), 32, 3);
+  while (true) {
+    if (!(*session)->residual().Accumulate({0, LinearGroup::kDown}, x, out.pointers, pool).ok()) {
+      break;
+    }
+  }
+}
+
+TEST_F(ResidualServiceTest, ClientKilledMidRequestIsReclaimed) {
+  ServiceProcess service;
+  StartService(service);
+  const std::string marker = *dir_ + "/child.marker";
+  std::filesystem::remove(marker);
+  std::vector<std::string> env_strings = {
+      std::string(kChildSocketEnv) + "=" + socket_,
+      std::string(kChildFingerprintEnv) + "=" + FingerprintHex(),
+      std::string(kChildMarkerEnv) + "=" + marker};
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+  for (std::string& s : env_strings) env.push_back(s.data());
+  env.push_back(nullptr);
+  std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  std::string filter = "--gtest_filter=ResidualServiceChild.AttachAndLoop";
+  char* argv[] = {self.data(), filter.data(), nullptr};
+  pid_t child = 0;
+  ASSERT_EQ(posix_spawn(&child, self.c_str(), nullptr, nullptr, argv, env.data()), 0);
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (!std::filesystem::exists(marker) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(std::filesystem::exists(marker));
+  std::string shm_name;
+  std::ifstream(marker) >> shm_name;
+  auto client = Connect();
+  EXPECT_EQ(client->Info()->attached_clients(), 1u);
+  // Freeze the service so that the child is certainly waiting on a request, kill the child,
+  // then let the service go on: it answers into the dead client's segment and reclaims it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  service.Stop();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  service.Signal(SIGCONT);
+  const auto reclaim_deadline = Clock::now() + std::chrono::seconds(5);
+  uint32_t attached = 1;
+  while (Clock::now() < reclaim_deadline) {
+    attached = client->Info()->attached_clients();
+    if (attached == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(attached, 0u);
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm" + shm_name));
+  // And serves the next client.
+  const model::ResidualShapes shapes = model::ResidualShapes::FromConfig(TinyConfig());
+  auto session = client->Attach(FingerprintHex(), 0, &shapes);
+  ASSERT_TRUE(session.ok()) << session.status();
+  ThreadPool pool(1);
+  const quant::QuantizedActivations x = RandomActivations(4, 128, 9);
+  GroupOutputs out(*shapes.Find({1, LinearGroup::kQkv}), 4, 9);
+  EXPECT_TRUE(
+      (*session)->residual().Accumulate({1, LinearGroup::kQkv}, x, out.pointers, pool).ok());
+}
+
+TEST_F(ResidualServiceTest, ServiceKilledMidRequestGivesUnavailableThenRestartWorks) {
+  const model::ModelConfig config = TinyConfig();
+  const model::ResidualShapes shapes = model::ResidualShapes::FromConfig(config);
+  LocalResidual local = LocalResidual::Open(*residual_path_, config);
+  ThreadPool pool(1);
+  const LinearGroupId id{1, LinearGroup::kGateUp};
+  const quant::QuantizedActivations x = RandomActivations(8, 128, 11);
+  rpc::ResidualClientOptions options;
+  options.shm.timeout = std::chrono::seconds(5);
+  options.shm.liveness_timeout = std::chrono::milliseconds(700);
+  {
+    ServiceProcess service;
+    StartService(service);
+    auto client = Connect(options);
+    auto session = client->Attach(FingerprintHex(), 0, &shapes);
+    ASSERT_TRUE(session.ok()) << session.status();
+    GroupOutputs out(*shapes.Find(id), 8, 1);
+    const absl::Status first = (*session)->residual().Accumulate(id, x, out.pointers, pool);
+    ASSERT_TRUE(first.ok()) << first;
+
+    // Killed while a request is pending: UNAVAILABLE quickly, not at the timeout.
+    service.Stop();
+    auto pending = std::async(std::launch::async, [&] {
+      const auto start = Clock::now();
+      const absl::Status status = (*session)->residual().Accumulate(id, x, out.pointers, pool);
+      return std::make_pair(status, Clock::now() - start);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    service.Kill(SIGKILL);
+    ASSERT_EQ(pending.wait_for(std::chrono::seconds(4)), std::future_status::ready);
+    const auto [status, elapsed] = pending.get();
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+    EXPECT_LT(elapsed, std::chrono::seconds(1));
+    // The channel stays broken (reattach needed).
+    EXPECT_EQ((*session)->residual().Accumulate(id, x, out.pointers, pool).code(),
+              absl::StatusCode::kUnavailable);
+    EXPECT_FALSE((*session)->residual().healthy());
+  }
+  {
+    // A hung (stopped) service: UNAVAILABLE after the liveness timeout, never a hang.
+    ServiceProcess service;
+    StartService(service);
+    auto client = Connect(options);
+    auto session = client->Attach(FingerprintHex(), 0, &shapes);
+    ASSERT_TRUE(session.ok()) << session.status();
+    GroupOutputs out(*shapes.Find(id), 8, 1);
+    service.Stop();
+    const auto start = Clock::now();
+    const absl::Status status = (*session)->residual().Accumulate(id, x, out.pointers, pool);
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+    service.Kill(SIGKILL);
+  }
+  // Restart on the same socket and reattach: results as before.
+  ServiceProcess service;
+  StartService(service);
+  auto client = Connect(options);
+  auto session = client->Attach(FingerprintHex(), 0, &shapes);
+  ASSERT_TRUE(session.ok()) << session.status();
+  GroupOutputs expected(*shapes.Find(id), 8, 2), got(*shapes.Find(id), 8, 2);
+  ASSERT_TRUE(local.source->Accumulate(id, x, expected.pointers, pool).ok());
+  ASSERT_TRUE((*session)->residual().Accumulate(id, x, got.pointers, pool).ok());
+  EXPECT_TRUE(got == expected);
+}
+
+TEST_F(ResidualServiceTest, HealthFlipsToNotServingDuringGracefulShutdown) {
+  ServiceProcess service;
+  StartService(service, {"--shutdown-grace-ms", "1500"});
+  auto client = Connect();
+  const model::ResidualShapes shapes = model::ResidualShapes::FromConfig(TinyConfig());
+  auto session = client->Attach(FingerprintHex(), 0, &shapes);
+  ASSERT_TRUE(session.ok()) << session.status();
+  service.Signal(SIGTERM);
+  int health = -1;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(1200);
+  while (Clock::now() < deadline) {
+    health = HealthStatus(target_);
+    if (health == grpc::health::v1::HealthCheckResponse::NOT_SERVING) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(health, grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(service.Wait(std::chrono::seconds(15)), 0) << service.Stderr();
+  EXPECT_FALSE(std::filesystem::exists(socket_));
+  // The attached client learns that the service is gone.
+  ThreadPool pool(1);
+  const quant::QuantizedActivations x = RandomActivations(1, 128, 1);
+  GroupOutputs out(*shapes.Find({0, LinearGroup::kQkv}), 1, 1);
+  EXPECT_EQ((*session)->residual().Accumulate({0, LinearGroup::kQkv}, x, out.pointers, pool).code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST_F(ResidualServiceTest, RefusesCorruptFilesAndTooLittleRam) {
+  // Truncated.
+  const std::string truncated = *dir_ + "/truncated.residual.bsplit";
+  std::filesystem::copy_file(*residual_path_, truncated,
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::resize_file(truncated, std::filesystem::file_size(truncated) - 100);
+  ServiceProcess bad;
+  ASSERT_TRUE(bad.Start({truncated, "--socket", socket_}));
+  EXPECT_EQ(bad.Wait(std::chrono::seconds(10)), 1);
+  EXPECT_NE(bad.Stderr().find(truncated), std::string::npos) << bad.Stderr();
+  // Not a split file at all.
+  const std::string garbage = *dir_ + "/garbage.bsplit";
+  std::ofstream(garbage) << std::string(4096, 'x');
+  ServiceProcess bad2;
+  ASSERT_TRUE(bad2.Start({garbage, "--socket", socket_}));
+  EXPECT_EQ(bad2.Wait(std::chrono::seconds(10)), 1);
+  // Too little RAM: refused with the numbers.
+  ServiceProcess small;
+  ASSERT_TRUE(small.Start({*residual_path_, "--socket", socket_, "--memory-limit-bytes", "4096"}));
+  EXPECT_EQ(small.Wait(std::chrono::seconds(10)), 1);
+  const std::string message = small.Stderr();
+  EXPECT_NE(message.find("RAM"), std::string::npos) << message;
+  EXPECT_NE(message.find(std::to_string(std::filesystem::file_size(*residual_path_))),
+            std::string::npos)
+      << message;
+}
+
+TEST_F(ResidualServiceTest, MlockFailureNamesTheLimit) {
+  // Run with RLIMIT_MEMLOCK of 64 KiB through prlimit(1) when available; root with
+  // CAP_IPC_LOCK may lock anyway, in which case the service must report mlocked = true.
+  if (std::system("command -v prlimit >/dev/null 2>&1") != 0) GTEST_SKIP() << "no prlimit";
+  ServiceProcess service;
+  std::vector<std::string> args = {"--memlock=65536", kServiceBinary};
+  std::vector<std::string> rest = Args({"--mlock"});
+  args.insert(args.end(), rest.begin(), rest.end());
+  std::string command = "prlimit";
+  for (const std::string& a : args) command += " '" + a + "'";
+  command += " 2>" + *dir_ + "/mlock.log & echo $! > " + *dir_ + "/mlock.pid; wait";
+  auto done = std::async(std::launch::async, [&] { return std::system(command.c_str()); });
+  if (done.wait_for(std::chrono::seconds(3)) == std::future_status::ready) {
+    std::ifstream in(*dir_ + "/mlock.log");
+    std::stringstream text;
+    text << in.rdbuf();
+    EXPECT_NE(text.str().find("RLIMIT_MEMLOCK"), std::string::npos) << text.str();
+    EXPECT_NE(text.str().find(std::to_string(std::filesystem::file_size(*residual_path_))),
+              std::string::npos)
+        << text.str();
+  } else {
+    // It started: locking was allowed (CAP_IPC_LOCK).
+    auto client = Connect();
+    EXPECT_TRUE(client->Info()->mlocked());
+    pid_t pid = 0;
+    std::ifstream(*dir_ + "/mlock.pid") >> pid;
+    if (pid > 0) kill(pid, SIGKILL);
+    done.wait();
+  }
+}
+
+// ---- The real model: LlamaModel's verify forward with the remote residual ----------------------
+
+TEST(ResidualServiceModelTest, VerifyForwardWithRemoteResidualMatchesInProcess) {
+  const std::string gguf =
+      std::string(BITSPLIT_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  ASSERT_TRUE(std::filesystem::exists(gguf)) << gguf << " is missing (scripts/setup.sh)";
+  char pattern[] = "/tmp/bitsplit-residual-model-XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  const std::string prefix = dir + "/smol";
+  model::SplitQuantizeOptions options;
+  options.quantization.residual_format = quant::SplitFormat::kR6;
+  options.quantization.residual_group = 32;
+  auto summary = model::QuantizeSplitModel(gguf, prefix + ".base.bsplit",
+                                           prefix + ".residual.bsplit", options);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+
+  auto in_process = model::LlamaModel::LoadSplit(summary->base_path, summary->residual_path, 2);
+  ASSERT_TRUE(in_process.ok()) << in_process.status();
+  auto draft_only = model::LlamaModel::LoadSplit(summary->base_path, "", 2);
+  ASSERT_TRUE(draft_only.ok()) << draft_only.status();
+
+  ServiceProcess service;
+  const std::string socket = dir + "/residual.sock";
+  ASSERT_TRUE(service.Start(
+      {summary->residual_path, "--socket", socket, "--threads", "2", "--max-rows", "16"}));
+  ASSERT_TRUE(WaitServing("unix:" + socket, service)) << service.Stderr();
+  auto client = rpc::ResidualClient::Connect("unix:" + socket, {});
+  ASSERT_TRUE(client.ok()) << client.status();
+  const model::ModelConfig& config = (*draft_only)->config();
+  const model::ResidualShapes shapes = model::ResidualShapes::FromConfig(config);
+  auto session = (*client)->Attach(SplitFingerprintToHex(summary->fingerprint), 16, &shapes);
+  ASSERT_TRUE(session.ok()) << session.status();
+  const model::SplitModelFiles& files = *(*draft_only)->split_files();
+  model::SplitLinearBackend remote_verify(files.base_linear(), files.quantization().rotation,
+                                          &(*session)->residual());
+
+  // A prefill of 7 tokens, then a tree of 5 nodes: logits identical bit for bit.
+  const std::vector<int32_t> prompt = {1, 504, 3458, 282, 253, 1345, 30};
+  auto expected_cache = (*in_process)->NewKvCache(64);
+  auto remote_cache = (*draft_only)->NewKvCache(64);
+  ASSERT_TRUE(expected_cache.ok() && remote_cache.ok());
+  const model::Batch prefill = model::Batch::Causal(prompt, 0);
+  const size_t vocab = static_cast<size_t>(config.vocab_size);
+  std::vector<float> expected(prompt.size() * vocab), got(prompt.size() * vocab);
+  ASSERT_TRUE((*in_process)
+                  ->Forward(prefill, *expected_cache, std::span<float>(expected),
+                            model::ForwardMode::kVerify)
+                  .ok());
+  absl::Status status =
+      (*draft_only)->ForwardWith(remote_verify, prefill, *remote_cache, std::span<float>(got));
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)), 0);
+  ASSERT_TRUE(expected_cache->Commit(static_cast<int64_t>(prompt.size())).ok());
+  ASSERT_TRUE(remote_cache->Commit(static_cast<int64_t>(prompt.size())).ok());
+  const std::vector<int32_t> tree = {42, 43, 44, 45, 46};
+  const std::vector<int32_t> parents = {-1, 0, 0, 1, 3};
+  auto verify = model::Batch::Tree(tree, parents, static_cast<int32_t>(prompt.size()));
+  ASSERT_TRUE(verify.ok()) << verify.status();
+  expected.assign(tree.size() * vocab, 0.0f);
+  got.assign(tree.size() * vocab, 1.0f);
+  ASSERT_TRUE((*in_process)
+                  ->Forward(*verify, *expected_cache, std::span<float>(expected),
+                            model::ForwardMode::kVerify)
+                  .ok());
+  status = (*draft_only)->ForwardWith(remote_verify, *verify, *remote_cache, std::span<float>(got));
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)), 0);
+  session->reset();
+  service.Signal(SIGTERM);
+  EXPECT_EQ(service.Wait(std::chrono::seconds(15)), 0) << service.Stderr();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace bitsplit
