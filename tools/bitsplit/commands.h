@@ -17,5 +17,7 @@ struct Command {
 };
 
 Command AddGenerateCommand(CLI::App& app);
+Command AddQuantizeCommand(CLI::App& app);
+Command AddEvalCommand(CLI::App& app);
 
 }  // namespace bitsplit::cli

@@ -1,16 +1,18 @@
-// `bitsplit generate`: local streamed generation with the reference engine.
+// `bitsplit generate`: local streamed generation from a GGUF model (reference mode) or a split
+// model (draft mode: base only; verify mode: base + residual).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "common/io/gguf.h"
+#include "common/io/split_file.h"
 #include "common/model/llama_model.h"
 #include "common/model/sampler.h"
 #include "common/text/chat_template.h"
@@ -23,6 +25,8 @@ namespace {
 
 struct GenerateOptions {
   std::string model_path;
+  std::optional<std::string> residual_path;
+  std::optional<std::string> mode;  // default: the model's (verify when a residual is given)
   std::optional<std::string> prompt;
   std::optional<std::string> chat;
   int max_tokens = 128;
@@ -41,23 +45,55 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Whether `path` starts with the split container's magic (else it is taken for a GGUF file).
+absl::StatusOr<bool> IsSplitFile(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) return absl::NotFoundError(absl::StrFormat("cannot open %s", path));
+  char magic[sizeof(kSplitFileMagic)] = {};
+  const size_t read = std::fread(magic, 1, sizeof(magic), file);
+  std::fclose(file);
+  return read == sizeof(magic) && std::memcmp(magic, kSplitFileMagic, sizeof(magic)) == 0;
+}
+
 int RunGenerate(const GenerateOptions& options) {
   if (auto status = model::ValidateSamplingParams(options.sampling); !status.ok()) {
     return Fail(kExitBadInput, std::string(status.message()));
   }
   if (options.max_tokens < 1) return Fail(kExitBadInput, "-n must be at least 1");
   const Clock::time_point load_start = Clock::now();
-  auto model = model::LlamaModel::Load(options.model_path, options.threads);
+  auto split = IsSplitFile(options.model_path);
+  if (!split.ok()) return Fail(kExitBadInput, std::string(split.status().message()));
+  if (!*split && options.residual_path) {
+    return Fail(kExitBadInput, absl::StrFormat("--residual needs a split model, but %s is not a "
+                                               "split base file (.bsplit)",
+                                               options.model_path));
+  }
+  auto model = *split ? model::LlamaModel::LoadSplit(
+                            options.model_path, options.residual_path.value_or(""), options.threads)
+                      : model::LlamaModel::Load(options.model_path, options.threads);
   if (!model.ok()) return Fail(kExitBadInput, std::string(model.status().message()));
+  model::ForwardMode mode = (*model)->default_mode();
+  if (options.mode) {
+    auto parsed = model::ParseForwardMode(*options.mode);
+    if (!parsed.ok()) return Fail(kExitBadInput, std::string(parsed.status().message()));
+    mode = *parsed;
+  }
+  if (!(*model)->SupportsMode(mode)) {
+    const std::string_view name = model::ForwardModeName(mode);
+    return Fail(kExitBadInput, absl::StrFormat("--mode %s needs %s", name,
+                                               mode == model::ForwardMode::kVerify
+                                                   ? "a split model with its --residual file"
+                                               : mode == model::ForwardMode::kDraft
+                                                   ? "a split model (--model PREFIX.base.bsplit)"
+                                                   : "a GGUF model"));
+  }
   const model::ModelConfig& config = (*model)->config();
-  auto file = gguf::File::Open(options.model_path);
-  if (!file.ok()) return Fail(kExitBadInput, std::string(file.status().message()));
-  auto tokenizer = text::Tokenizer::FromGguf(**file);
+  auto tokenizer = text::Tokenizer::FromGguf((*model)->gguf_metadata());
   if (!tokenizer.ok()) return Fail(kExitBadInput, std::string(tokenizer.status().message()));
 
   std::string prompt_text;
   if (options.chat) {
-    auto chat_template = text::ChatTemplate::FromGguf(**file);
+    auto chat_template = text::ChatTemplate::FromGguf((*model)->gguf_metadata());
     if (!chat_template.ok()) {
       return Fail(kExitBadInput, std::string(chat_template.status().message()));
     }
@@ -91,7 +127,7 @@ int RunGenerate(const GenerateOptions& options) {
     std::span<const int32_t> chunk(tokens.data() + begin, end - begin);
     model::Batch batch = model::Batch::Causal(chunk, static_cast<int32_t>(begin));
     batch.logit_rows = {static_cast<int32_t>(chunk.size() - 1)};
-    if (auto status = (*model)->Forward(batch, *cache, logits.data()); !status.ok()) {
+    if (auto status = (*model)->Forward(batch, *cache, logits.data(), mode); !status.ok()) {
       return Fail(kExitFailure, std::string(status.message()));
     }
     if (auto status = cache->Commit(static_cast<int64_t>(chunk.size())); !status.ok()) {
@@ -116,7 +152,7 @@ int RunGenerate(const GenerateOptions& options) {
     if (generated == options.max_tokens) break;
     const int32_t single[1] = {next};
     model::Batch batch = model::Batch::Causal(single, static_cast<int32_t>(position));
-    if (auto status = (*model)->Forward(batch, *cache, logits.data()); !status.ok()) {
+    if (auto status = (*model)->Forward(batch, *cache, logits.data(), mode); !status.ok()) {
       return Fail(kExitFailure, std::string(status.message()));
     }
     if (auto status = cache->Commit(1); !status.ok()) {
@@ -130,9 +166,11 @@ int RunGenerate(const GenerateOptions& options) {
   std::fflush(stdout);
   const double decode_seconds = SecondsSince(decode_start);
   std::fprintf(stderr,
-               "[prompt %zu tokens, %.1f tok/s | generated %d tokens, %.1f tok/s | %d threads]\n",
+               "[prompt %zu tokens, %.1f tok/s | generated %d tokens, %.1f tok/s | %d threads | "
+               "%s mode]\n",
                tokens.size(), tokens.size() / std::max(prefill_seconds, 1e-9), generated,
-               generated / std::max(decode_seconds, 1e-9), (*model)->num_threads());
+               generated / std::max(decode_seconds, 1e-9), (*model)->num_threads(),
+               std::string(model::ForwardModeName(mode)).c_str());
   return kExitOk;
 }
 
@@ -140,10 +178,18 @@ int RunGenerate(const GenerateOptions& options) {
 
 Command AddGenerateCommand(CLI::App& app) {
   auto options = std::make_shared<GenerateOptions>();
-  CLI::App* sub = app.add_subcommand("generate", "stream a completion from a GGUF model");
-  sub->add_option("--model,-m", options->model_path, "GGUF model file")
+  CLI::App* sub = app.add_subcommand("generate", "stream a completion from a GGUF or split model");
+  sub->add_option("--model,-m", options->model_path,
+                  "GGUF model file, or the base file of a split model (PREFIX.base.bsplit)")
       ->required()
       ->check(CLI::ExistingFile);
+  sub->add_option("--residual", options->residual_path,
+                  "residual file of the split model (PREFIX.residual.bsplit); enables verify mode")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--mode", options->mode,
+                  "reference (GGUF), draft (split: base only) or verify (split: base + residual); "
+                  "default: verify when --residual is given, else draft or reference")
+      ->check(CLI::IsMember({"reference", "draft", "verify"}));
   auto* prompt = sub->add_option("--prompt,-p", options->prompt, "raw prompt text");
   auto* chat = sub->add_option("--chat,-c", options->chat,
                                "a user message, wrapped in the model's chat template");

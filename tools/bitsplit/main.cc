@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   app.add_flag("--verbose", verbose, "log details to stderr");
   std::vector<bitsplit::cli::Command> commands = {
       bitsplit::cli::AddGenerateCommand(app),
+      bitsplit::cli::AddQuantizeCommand(app),
+      bitsplit::cli::AddEvalCommand(app),
   };
   try {
     app.parse(argc, argv);

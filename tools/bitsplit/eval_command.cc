@@ -1,0 +1,538 @@
+// `bitsplit eval`: the quality study (docs/quality.md). Every configuration is compared with the
+// reference (the source GGUF, reference engine, f32 activations) over the same token windows:
+// per-token KL(reference ‖ config) (mean, median, p99), top-1 agreement and perplexity. Split
+// configurations are quantized from the source GGUF into a work directory by the split engine's
+// quantizer and run through the real kernels (draft mode for base only, verify mode for base +
+// residual). Markdown table on stdout, progress on stderr, all rows as JSON with --json.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/io/gguf.h"
+#include "common/model/eval.h"
+#include "common/model/eval_configs.h"
+#include "common/model/llama_model.h"
+#include "common/model/split_quantizer.h"
+#include "common/model/weights.h"
+#include "common/text/tokenizer.h"
+#include "common/util/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "tools/bitsplit/calibration.h"
+#include "tools/bitsplit/commands.h"
+
+namespace bitsplit::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+constexpr char kDefaultConfigs[] = "b2,b3,b4,b2+r6,b2+r8,b3+r6,q8_0";
+
+struct EvalCommandOptions {
+  std::string model_path;
+  std::string text_path;
+  std::string configs = kDefaultConfigs;
+  std::optional<std::string> json_path;
+  int64_t window = 512;
+  int64_t max_tokens = 0;
+  int threads = 0;
+  std::string work_dir;  // empty: a fresh directory under $TMPDIR, removed at exit
+  bool keep_work_dir = false;
+  std::string calibration_path;
+  int64_t calibration_tokens = 4096;
+  model::EvalSpecDefaults defaults;
+};
+
+int Fail(int code, absl::string_view message) {
+  std::fprintf(stderr, "bitsplit eval: error: %.*s\n", static_cast<int>(message.size()),
+               message.data());
+  return code;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrFormat("cannot read %s", path));
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+// One configuration's row: what it runs and what it measured.
+struct Row {
+  model::EvalConfigSpec spec;
+  std::string mode;  // "reference", "draft", "verify"
+  model::LlamaModel* model = nullptr;
+  model::ForwardMode forward_mode = model::ForwardMode::kReference;
+  // "hq8": the output head from this base-only Q8_0 model instead of `model`'s.
+  model::LlamaModel* head_model = nullptr;
+  model::WeightStats weights;
+  bool has_weight_stats = false;
+  double quantize_seconds = 0;
+  std::string files;  // the quantized files or the GGUF path
+};
+
+// Whether the configuration's weights reproduce the source's grid (docs/quality.md, "Reference
+// grids"), measured rather than assumed, for the layers' matrices and the head separately:
+// "YES" when at least half of the weights equal the source's exactly, "partly" from 1%.
+std::string AlignmentWord(double exact_fraction) {
+  return exact_fraction >= 0.5 ? "YES" : exact_fraction >= 0.01 ? "partly" : "no";
+}
+
+std::string AlignmentLabel(const Row& row) {
+  if (row.spec.kind == model::EvalConfigSpec::Kind::kReference) return "is the reference";
+  if (!row.has_weight_stats) return "?";
+  const model::WeightStats& w = row.weights;
+  return absl::StrFormat("layers %s, head %s (%.1f%% / %.1f%% exact)",
+                         AlignmentWord(w.layers.exact_fraction),
+                         AlignmentWord(w.head.exact_fraction), 100.0 * w.layers.exact_fraction,
+                         100.0 * w.head.exact_fraction);
+}
+
+std::string Percent(double fraction) { return absl::StrFormat("%.2f%%", 100.0 * fraction); }
+
+void PrintTable(const std::vector<Row>& rows, const model::EvalReport& report,
+                const std::string& model_path) {
+  std::printf(
+      "Reference: %s dequantized to f32, reference engine (f32 activations). %lld windows of <= "
+      "%lld tokens from an empty cache, %lld scored positions. Reference perplexity %.4f.\n\n",
+      model_path.c_str(), static_cast<long long>(report.windows),
+      static_cast<long long>(rows.empty() ? 0 : report.tokens_evaluated / report.windows),
+      static_cast<long long>(report.reference.tokens), report.reference.perplexity);
+  std::printf(
+      "| config | mode | aligned with source grid? | weight rel. err | GPU B/w | RAM B/w | KL mean "
+      "| KL median | KL p99 | top-1 | PPL |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& row = rows[i];
+    const model::EvalSummary& s = report.configs[i].summary;
+    const std::string weight_error =
+        row.has_weight_stats ? absl::StrFormat("%.3g", row.weights.relative_error) : "-";
+    const std::string gpu =
+        row.has_weight_stats ? absl::StrFormat("%.4f", row.weights.gpu_bytes_per_weight) : "-";
+    const std::string ram =
+        row.has_weight_stats ? absl::StrFormat("%.4f", row.weights.ram_bytes_per_weight) : "-";
+    std::printf("| `%s` | %s | %s | %s | %s | %s | %.3g | %.3g | %.3g | %s | %.4f |\n",
+                row.spec.label.c_str(), row.mode.c_str(), AlignmentLabel(row).c_str(),
+                weight_error.c_str(), gpu.c_str(), ram.c_str(), s.kl_mean, s.kl_median, s.kl_p99,
+                Percent(s.top1_agreement).c_str(), s.perplexity);
+  }
+  std::fflush(stdout);
+}
+
+nlohmann::json SummaryJson(const model::EvalSummary& s) {
+  return {{"tokens", s.tokens},         {"kl_mean", s.kl_mean},
+          {"kl_median", s.kl_median},   {"kl_p99", s.kl_p99},
+          {"kl_max", s.kl_max},         {"top1_agreement", s.top1_agreement},
+          {"perplexity", s.perplexity}, {"nll_mean", s.nll_mean}};
+}
+
+// The linear layers of one model with the output head of another (same shapes), e.g. a 2-bit
+// draft whose head is Q8_0. Each backend rotates and quantizes its own inputs.
+class HeadSwapBackend final : public model::LinearBackend {
+ public:
+  HeadSwapBackend(model::LinearBackend* body, model::LinearBackend* head)
+      : body_(body), head_(head) {}
+  absl::Status Apply(model::LinearGroupId id, const float* x, int64_t num_tokens,
+                     std::span<float* const> outputs, ThreadPool& pool) override {
+    model::LinearBackend* backend = id.group == model::LinearGroup::kOutputHead ? head_ : body_;
+    return backend->Apply(id, x, num_tokens, outputs, pool);
+  }
+
+ private:
+  model::LinearBackend* body_;
+  model::LinearBackend* head_;
+};
+
+// Quantizes (or reuses) the split model of a spec. `jobs` maps a quantization key to its model.
+struct SplitJob {
+  model::SplitQuantization quantization;
+  bool importance = false;
+  std::unique_ptr<model::LlamaModel> model;
+  double seconds = 0;
+  std::string base_path;
+  std::string residual_path;
+};
+
+// The same quantization without the residual: a base-only spec can run the draft mode of a
+// verify job whose base matches (the base codes do not depend on the residual settings).
+bool SameBase(const model::SplitQuantization& a, const model::SplitQuantization& b) {
+  return a.base_format == b.base_format && a.base_group == b.base_group && a.rotation == b.rotation;
+}
+
+int RunEval(const EvalCommandOptions& options) {
+  auto specs = model::ParseEvalConfigSpecs(options.configs, options.defaults);
+  if (!specs.ok()) return Fail(kExitBadInput, specs.status().message());
+  if (options.window < 2) return Fail(kExitBadInput, "--window must be at least 2");
+  if (options.max_tokens < 0) return Fail(kExitBadInput, "--max-tokens must be >= 0");
+  bool any_importance = false;
+  for (const auto& spec : *specs) any_importance |= spec.importance;
+  if (any_importance && options.calibration_path.empty()) {
+    return Fail(kExitBadInput, "configurations with :imp need --calibration FILE");
+  }
+
+  // The reference and the source weights (a second view of the same mapping, for the weight
+  // comparison: the model keeps its own private).
+  const Clock::time_point load_start = Clock::now();
+  auto reference = model::LlamaModel::Load(options.model_path, options.threads);
+  if (!reference.ok()) return Fail(kExitBadInput, reference.status().message());
+  auto source_file = gguf::File::Open(options.model_path);
+  if (!source_file.ok()) return Fail(kExitBadInput, source_file.status().message());
+  auto source_weights = model::ModelWeightsFromGguf(**source_file, (*reference)->config());
+  if (!source_weights.ok()) return Fail(kExitBadInput, source_weights.status().message());
+  const model::ModelConfig& config = (*reference)->config();
+  ThreadPool pool((*reference)->num_threads());
+
+  // Every split configuration must fit the model before anything is quantized.
+  for (const model::EvalConfigSpec& spec : *specs) {
+    if (spec.kind != model::EvalConfigSpec::Kind::kSplit) continue;
+    if (absl::Status status = model::ValidateSplitQuantization(spec.quantization, config);
+        !status.ok()) {
+      return Fail(kExitBadInput, absl::StrFormat("%s: %s", spec.label, status.message()));
+    }
+  }
+
+  auto tokenizer = text::Tokenizer::FromGguf(**source_file);
+  if (!tokenizer.ok()) return Fail(kExitBadInput, tokenizer.status().message());
+  auto text = ReadFile(options.text_path);
+  if (!text.ok()) return Fail(kExitBadInput, text.status().message());
+  // Plain text: control-token spellings in it are tokenized as ordinary text.
+  const std::vector<int32_t> tokens = (*tokenizer)->Encode(*text, /*parse_special=*/false);
+  model::EvalOptions eval_options;
+  eval_options.window = options.window;
+  eval_options.max_tokens = options.max_tokens;
+  eval_options.num_threads = (*reference)->num_threads();
+  const auto windows = model::EvalWindows(static_cast<int64_t>(tokens.size()), eval_options);
+  int64_t scored = 0;
+  for (const auto& [begin, length] : windows) scored += length - 1;
+  std::fprintf(stderr,
+               "[eval] %s: %zu bytes -> %zu tokens; %zu windows of <= %lld, %lld scored positions; "
+               "%d threads\n",
+               options.text_path.c_str(), text->size(), tokens.size(), windows.size(),
+               static_cast<long long>(options.window), static_cast<long long>(scored),
+               (*reference)->num_threads());
+
+  // Work directory for the quantized models.
+  std::filesystem::path work_dir = options.work_dir;
+  bool remove_work_dir = false;
+  if (work_dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr ? tmp : "/tmp") + "/bitsplit-eval-XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) return Fail(kExitFailure, "cannot create a work dir");
+    work_dir = pattern;
+    remove_work_dir = !options.keep_work_dir;
+  } else {
+    std::error_code error;
+    std::filesystem::create_directories(work_dir, error);
+    if (error) return Fail(kExitBadInput, "cannot create --work-dir " + work_dir.string());
+  }
+  struct Cleanup {
+    std::filesystem::path dir;
+    bool active;
+    ~Cleanup() {
+      if (active) {
+        std::error_code ignored;
+        std::filesystem::remove_all(dir, ignored);
+      }
+    }
+  } cleanup{work_dir, remove_work_dir};
+
+  // Build every row: verify specs first so that base-only specs can share their base.
+  std::vector<Row> rows(specs->size());
+  std::vector<std::unique_ptr<SplitJob>> jobs;
+  std::vector<std::unique_ptr<model::LlamaModel>> gguf_models;
+  std::map<std::string, model::Calibration> calibrations;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < specs->size(); ++i) {
+    if ((*specs)[i].verify) order.push_back(i);
+  }
+  for (size_t i = 0; i < specs->size(); ++i) {
+    if (!(*specs)[i].verify) order.push_back(i);
+  }
+  // The split model of a spec: an existing job with the same quantization (a base-only spec
+  // may use the draft mode of a verify job with the same base), or a new one quantized now.
+  auto find_or_quantize = [&](const model::EvalConfigSpec& spec,
+                              bool* created_now) -> absl::StatusOr<SplitJob*> {
+    *created_now = false;
+    SplitJob* job = nullptr;
+    for (const auto& existing : jobs) {
+      if (existing->importance != spec.importance) continue;
+      if (spec.verify ? existing->quantization == spec.quantization
+                      : SameBase(existing->quantization, spec.quantization)) {
+        job = existing.get();
+        break;
+      }
+    }
+    if (job == nullptr) {
+      auto created = std::make_unique<SplitJob>();
+      created->quantization = spec.quantization;
+      created->importance = spec.importance;
+      const std::string stem =
+          (work_dir / absl::StrFormat("config%zu", jobs.size())).string();
+      created->base_path = model::SplitBasePath(stem);
+      created->residual_path =
+          spec.quantization.residual_format ? model::SplitResidualPath(stem) : "";
+      std::fprintf(stderr, "[eval] quantizing %s ...\n", spec.label.c_str());
+      const Clock::time_point start = Clock::now();
+      const model::Calibration* calibration = nullptr;
+      if (spec.importance) {
+        // One calibration per rotation (importance lives in the rotated space).
+        const std::string key = absl::StrFormat("%d/%d", spec.quantization.rotation.block,
+                                                spec.quantization.rotation.seed);
+        auto it = calibrations.find(key);
+        if (it == calibrations.end()) {
+          auto collected = CalibrateFromTextFile(
+              options.model_path, options.calibration_path, spec.quantization.rotation,
+              options.calibration_tokens, options.window, options.threads);
+          if (!collected.ok()) return collected.status();
+          it = calibrations.emplace(key, std::move(*collected)).first;
+        }
+        calibration = &it->second;
+      }
+      model::SplitQuantizeOptions quantize_options;
+      quantize_options.quantization = spec.quantization;
+      quantize_options.num_threads = options.threads;
+      auto summary =
+          model::QuantizeSplitModel(options.model_path, created->base_path,
+                                    created->residual_path, quantize_options, calibration);
+      if (!summary.ok()) {
+        return absl::Status(summary.status().code(),
+                            absl::StrFormat("quantizing %s: %s", spec.label,
+                                            summary.status().message()));
+      }
+      created->seconds = SecondsSince(start);
+      auto loaded = model::LlamaModel::LoadSplit(created->base_path, created->residual_path,
+                                                 options.threads);
+      if (!loaded.ok()) return loaded.status();
+      created->model = std::move(*loaded);
+      std::fprintf(stderr, "[eval] quantized %s in %.1f s\n", spec.label.c_str(),
+                   created->seconds);
+      jobs.push_back(std::move(created));
+      *created_now = true;
+      job = jobs.back().get();
+    }
+    return job;
+  };
+  for (size_t i : order) {
+    Row& row = rows[i];
+    row.spec = (*specs)[i];
+    const model::EvalConfigSpec& spec = row.spec;
+    switch (spec.kind) {
+      case model::EvalConfigSpec::Kind::kReference:
+        row.mode = "reference";
+        row.model = reference->get();
+        row.files = options.model_path;
+        break;
+      case model::EvalConfigSpec::Kind::kGguf: {
+        auto loaded = model::LlamaModel::Load(spec.gguf_path, options.threads);
+        if (!loaded.ok()) return Fail(kExitBadInput, loaded.status().message());
+        if ((*loaded)->config().vocab_size != config.vocab_size) {
+          return Fail(kExitBadInput, spec.gguf_path + ": a different vocabulary");
+        }
+        auto file = gguf::File::Open(spec.gguf_path);
+        if (!file.ok()) return Fail(kExitBadInput, file.status().message());
+        auto weights = model::ModelWeightsFromGguf(**file, (*loaded)->config());
+        if (!weights.ok()) return Fail(kExitBadInput, weights.status().message());
+        auto stats = model::MeasureGgufWeights(*source_weights, config, *weights, pool);
+        if (!stats.ok()) return Fail(kExitBadInput, stats.status().message());
+        row.weights = *stats;
+        row.has_weight_stats = true;
+        row.mode = "reference";
+        row.model = loaded->get();
+        row.files = spec.gguf_path;
+        gguf_models.push_back(std::move(*loaded));
+        break;
+      }
+      case model::EvalConfigSpec::Kind::kSplit: {
+        bool created_now = false;
+        auto found = find_or_quantize(spec, &created_now);
+        if (!found.ok()) return Fail(kExitFailure, found.status().message());
+        SplitJob* job = *found;
+        if (created_now) row.quantize_seconds = job->seconds;
+        row.model = job->model.get();
+        row.forward_mode = spec.verify ? model::ForwardMode::kVerify : model::ForwardMode::kDraft;
+        row.mode = spec.verify ? "verify" : "draft";
+        row.files = job->base_path + (spec.verify ? " + " + job->residual_path : "");
+        auto stats = model::MeasureSplitWeights(*source_weights, config,
+                                                *row.model->split_files(), spec.verify, pool);
+        if (!stats.ok()) return Fail(kExitFailure, stats.status().message());
+        row.weights = *stats;
+        row.has_weight_stats = true;
+        if (spec.head_q8_0) {
+          auto q8_0 = model::ParseEvalConfigSpec("q8_0", options.defaults);
+          if (!q8_0.ok()) return Fail(kExitFailure, q8_0.status().message());
+          bool head_created = false;
+          auto head_job = find_or_quantize(*q8_0, &head_created);
+          if (!head_job.ok()) return Fail(kExitFailure, head_job.status().message());
+          if (head_created) row.quantize_seconds += (*head_job)->seconds;
+          row.head_model = (*head_job)->model.get();
+          auto head_stats = model::MeasureSplitWeights(
+              *source_weights, config, *row.head_model->split_files(), false, pool);
+          if (!head_stats.ok()) return Fail(kExitFailure, head_stats.status().message());
+          row.weights = model::CombineLayersAndHead(row.weights, *head_stats);
+          row.files += "; head: " + (*head_job)->base_path;
+        }
+        break;
+      }
+    }
+  }
+  spdlog::debug("setup took {:.1f} s", SecondsSince(load_start));
+
+  model::LlamaLogitsSource reference_source(reference->get());
+  std::vector<std::unique_ptr<model::LogitsSource>> sources;
+  std::vector<model::LogitsSource*> source_ptrs;
+  std::vector<std::unique_ptr<HeadSwapBackend>> head_swaps;
+  for (const Row& row : rows) {
+    model::LlamaModel* m = row.model;
+    const model::ForwardMode mode = row.forward_mode;
+    if (row.head_model != nullptr) {
+      head_swaps.push_back(std::make_unique<HeadSwapBackend>(
+          m->backend(mode), row.head_model->backend(model::ForwardMode::kDraft)));
+      HeadSwapBackend* swap = head_swaps.back().get();
+      sources.push_back(std::make_unique<model::ForwardLogitsSource>(
+          m->config(), [m, swap](const model::Batch& batch, model::KvCache& cache,
+                                 std::span<float> logits) {
+            return m->ForwardWith(*swap, batch, cache, logits);
+          }));
+      source_ptrs.push_back(sources.back().get());
+      continue;
+    }
+    sources.push_back(std::make_unique<model::ForwardLogitsSource>(
+        m->config(), [m, mode](const model::Batch& batch, model::KvCache& cache,
+                               std::span<float> logits) {
+          return m->Forward(batch, cache, logits, mode);
+        }));
+    source_ptrs.push_back(sources.back().get());
+  }
+  eval_options.progress = [](int64_t done, int64_t total, double seconds) {
+    std::fprintf(stderr, "[eval] window %lld/%lld, %.0f s elapsed, ~%.0f s left\n",
+                 static_cast<long long>(done), static_cast<long long>(total), seconds,
+                 seconds / static_cast<double>(done) * static_cast<double>(total - done));
+  };
+  const Clock::time_point eval_start = Clock::now();
+  auto report = model::Evaluate(reference_source, source_ptrs, tokens, eval_options);
+  if (!report.ok()) return Fail(kExitFailure, report.status().message());
+  const double eval_seconds = SecondsSince(eval_start);
+
+  PrintTable(rows, *report, options.model_path);
+  std::fprintf(stderr, "[eval] evaluation %.1f s (reference forward %.1f s)\n", eval_seconds,
+               report->reference_forward_seconds);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::fprintf(stderr, "[eval]   %-36s quantize %6.1f s, forward %6.1f s, stats %5.1f s\n",
+                 rows[i].spec.label.c_str(), rows[i].quantize_seconds,
+                 report->configs[i].forward_seconds, report->configs[i].stats_seconds);
+  }
+
+  if (options.json_path) {
+    nlohmann::json json;
+    json["model"] = options.model_path;
+    json["text"] = options.text_path;
+    json["text_bytes"] = text->size();
+    json["text_tokens"] = tokens.size();
+    json["window"] = options.window;
+    json["max_tokens"] = options.max_tokens;
+    json["windows"] = report->windows;
+    json["tokens_evaluated"] = report->tokens_evaluated;
+    json["threads"] = (*reference)->num_threads();
+    json["reference"] = {{"engine", "reference (source GGUF dequantized, f32 activations)"},
+                         {"summary", SummaryJson(report->reference)},
+                         {"forward_seconds", report->reference_forward_seconds}};
+    json["eval_seconds"] = eval_seconds;
+    nlohmann::json configs = nlohmann::json::array();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& row = rows[i];
+      nlohmann::json c;
+      c["label"] = row.spec.label;
+      c["mode"] = row.mode;
+      c["files"] = row.files;
+      if (row.spec.kind == model::EvalConfigSpec::Kind::kSplit) {
+        c["quantization"] = model::SplitQuantizationToJson(row.spec.quantization);
+        c["importance"] = row.spec.importance;
+      }
+      c["aligned_with_source_grid"] = AlignmentLabel(row);
+      if (row.has_weight_stats) {
+        c["weights"] = {{"count", row.weights.weights},
+                        {"gpu_bytes_per_weight", row.weights.gpu_bytes_per_weight},
+                        {"ram_bytes_per_weight", row.weights.ram_bytes_per_weight},
+                        {"relative_error", row.weights.relative_error},
+                        {"exact_fraction", row.weights.exact_fraction},
+                        {"layers",
+                         {{"count", row.weights.layers.weights},
+                          {"relative_error", row.weights.layers.relative_error},
+                          {"exact_fraction", row.weights.layers.exact_fraction}}},
+                        {"head",
+                         {{"count", row.weights.head.weights},
+                          {"relative_error", row.weights.head.relative_error},
+                          {"exact_fraction", row.weights.head.exact_fraction}}}};
+      }
+      c["summary"] = SummaryJson(report->configs[i].summary);
+      c["quantize_seconds"] = row.quantize_seconds;
+      c["forward_seconds"] = report->configs[i].forward_seconds;
+      c["stats_seconds"] = report->configs[i].stats_seconds;
+      configs.push_back(std::move(c));
+    }
+    json["configs"] = std::move(configs);
+    std::ofstream out(*options.json_path);
+    out << json.dump(2) << "\n";
+    if (!out) return Fail(kExitFailure, "cannot write " + *options.json_path);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Command AddEvalCommand(CLI::App& app) {
+  auto options = std::make_shared<EvalCommandOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "eval", "KL / top-1 / perplexity of quantized configurations against the source GGUF");
+  sub->add_option("--model,-m", options->model_path, "source GGUF model (the reference)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  sub->add_option("--text", options->text_path, "evaluation text (UTF-8)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  sub->add_option("--configs", options->configs,
+                  "comma-separated configurations: ref, q8_0, gguf:PATH, bN, bN+rM with "
+                  ":gK :bgK :rgK :sym :asym :rot :rotK :norot :imp :noimp")
+      ->capture_default_str();
+  sub->add_option("--json", options->json_path, "write every row as JSON here");
+  sub->add_option("--window", options->window, "tokens per window (each from an empty cache)")
+      ->capture_default_str();
+  sub->add_option("--max-tokens", options->max_tokens, "use at most this many tokens (0 = all)")
+      ->capture_default_str();
+  sub->add_option("--threads,-t", options->threads, "worker threads (0 = all cores)")
+      ->capture_default_str();
+  sub->add_option("--work-dir", options->work_dir,
+                  "where quantized models go (default: a temporary directory, removed after)");
+  sub->add_flag("--keep-work-dir", options->keep_work_dir, "keep the temporary work directory");
+  sub->add_option("--calibration", options->calibration_path,
+                  "calibration text for :imp configurations (must differ from --text)")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--calibration-tokens", options->calibration_tokens,
+                  "calibration tokens for :imp configurations")
+      ->capture_default_str();
+  sub->add_option("--default-base-group", options->defaults.base_group,
+                  "base group when a spec gives none")
+      ->capture_default_str();
+  sub->add_option("--default-residual-group", options->defaults.residual_group,
+                  "residual group when a spec gives none")
+      ->capture_default_str();
+  sub->add_option("--default-rotation", options->defaults.rotation_block,
+                  "Hadamard block when a spec gives none (0 = off)")
+      ->capture_default_str();
+  return {sub, [options] { return RunEval(*options); }};
+}
+
+}  // namespace bitsplit::cli
