@@ -13,7 +13,7 @@ ours=$("$ROOT/build/bench/engine_speed_bench" --model "$MODEL" --threads "$THREA
 theirs=$("$PY" "$ROOT/bench/llamacpp_speed.py" --model "$MODEL" --threads "$THREADS")
 "$PY" - "$ours" "$theirs" "$MODEL" "$THREADS" <<'PYEOF'
 import json, sys
-ours = {b["name"]: b["tokens_per_s"] for b in json.loads(sys.argv[1])["benchmarks"]}
+ours = {b["name"].split("/")[0]: b["tokens_per_s"] for b in json.loads(sys.argv[1])["benchmarks"]}
 theirs = json.loads(sys.argv[2])
 print(f"model {sys.argv[3].split('/')[-1]}, {sys.argv[4]} threads, prompt 256 tokens, decode 64 tokens")
 print("| engine | prefill tok/s | decode tok/s |")
