@@ -179,6 +179,46 @@ TEST(GenerateCommandTest, RunsTheSplitModelInVerifyAndDraftMode) {
               draft.out.c_str());
 }
 
+// The reference engine through the CLI: every bad-input path is one line and exit status 2;
+// a good run streams the answer and ends with the stats line.
+TEST(GenerateCommandTest, ReferenceRunStreamsTextAndEndsWithStats) {
+  const Result chat = Bitsplit({"generate", "--model", SourceModel(), "--chat",
+                                "What is the capital of France?", "-n", "200", "-n", "12"});
+  EXPECT_EQ(chat.exit_code, 0) << chat.err;
+  EXPECT_THAT(chat.out, HasSubstr("Paris"));
+  // A repeated option takes its last value (-n 12): at most 12 tokens generated.
+  EXPECT_THAT(chat.err, ::testing::ContainsRegex("prompt [0-9]+ tokens.*generated ([1-9]|1[0-2]) "
+                                                 "tokens.*tok/s"));
+}
+
+TEST(GenerateCommandTest, RejectsBadArgumentsAndFilesWithOneLine) {
+  const std::string model = SourceModel();
+  ExpectOneLineBadInput(Bitsplit({"generate", "--model", "/nonexistent.gguf", "-p", "hi"}),
+                        "File does not exist");
+  ExpectOneLineBadInput(Bitsplit({"generate", "--model", model}), "--prompt or --chat");
+  ExpectOneLineBadInput(Bitsplit({"generate", "--model", model, "-p", "a", "-c", "b"}), "excludes");
+  ExpectOneLineBadInput(Bitsplit({"generate", "--model", model, "-p", "hi", "-n", "0"}),
+                        "-n must be at least 1");
+  ExpectOneLineBadInput(Bitsplit({"generate", "--model", model, "-p", "hi", "-n", "x"}),
+                        "max-tokens");
+  ExpectOneLineBadInput(Bitsplit({"generate", "--model", model, "-p", "hi", "--temperature", "-1"}),
+                        "temperature");
+  ExpectOneLineBadInput(Bitsplit({"generate", "--model", model, "-p", "hi", "--top-p", "2"}),
+                        "top_p");
+  ExpectOneLineBadInput(Bitsplit({"generate", "--model", model, "-p", "hi", "--top-k", "-3"}),
+                        "top_k");
+  ExpectOneLineBadInput(Bitsplit({"generate", "--model", model, "-p", "hi", "-n", "100000"}),
+                        "exceeds the model's context");
+  ExpectOneLineBadInput(Bitsplit({"generate", "--model", model, "-p", ""}), "empty");
+  const std::string not_gguf = TempPath("not_a_model.gguf");
+  std::ofstream(not_gguf) << "# definitely not a GGUF file\n";
+  ExpectOneLineBadInput(Bitsplit({"generate", "--model", not_gguf, "-p", "hi"}), "bad magic");
+  ExpectOneLineBadInput(
+      Bitsplit({"generate", "--model", testing::ModelPath(testing::kGemma3File), "-p", "hi"}),
+      "gemma3");
+  ExpectOneLineBadInput(Bitsplit({"frobnicate"}), "bitsplit: error");
+}
+
 TEST(GenerateCommandTest, RejectsMisassembledSplitModels) {
   const testing::SplitModelPaths& split = testing::SmolLm2SplitModel();
   const std::vector<std::string> prompt = {"-p", "Hi", "-n", "2"};

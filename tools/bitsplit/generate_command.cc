@@ -179,6 +179,9 @@ int RunGenerate(const GenerateOptions& options) {
 Command AddGenerateCommand(CLI::App& app) {
   auto options = std::make_shared<GenerateOptions>();
   CLI::App* sub = app.add_subcommand("generate", "stream a completion from a GGUF or split model");
+  // A repeated option takes its last value, so wrappers (scripts/run.sh) can set defaults that
+  // the user's own flags override.
+  sub->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   sub->add_option("--model,-m", options->model_path,
                   "GGUF model file, or the base file of a split model (PREFIX.base.bsplit)")
       ->required()
