@@ -1,7 +1,5 @@
 // Statistics of `bitsplit eval` (common/model/eval.h) against hand-computed values, and an
 // end-to-end evaluation of SmolLM2 on a few hundred tokens.
-#include "common/model/eval.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "common/model/eval.h"
 #include "common/model/eval_configs.h"
 #include "common/model/llama_model.h"
 #include "common/model/split_quantizer.h"
@@ -260,8 +259,8 @@ TEST(EvalConfigSpecTest, ParsesSpecsIntoCanonicalLabels) {
   EXPECT_EQ(spec->kind, EvalConfigSpec::Kind::kGguf);
   EXPECT_EQ(spec->gguf_path, "/a/b:c.gguf");
 
-  for (const char* bad : {"b5", "b2+r7", "b2:g48", "b2:rot12", "q8_0:imp", "b2:wat", "", "gguf:", "q8_0:hq8",
-                          "b2+r6+r8"}) {
+  for (const char* bad : {"b5", "b2+r7", "b2:g48", "b2:rot12", "q8_0:imp", "b2:wat", "",
+                          "gguf:", "q8_0:hq8", "b2+r6+r8"}) {
     EXPECT_EQ(ParseEvalConfigSpec(bad, defaults).status().code(),
               absl::StatusCode::kInvalidArgument)
         << bad;
@@ -300,10 +299,10 @@ TEST(EvaluateSmolLm2Test, ReferenceIsExactAndResidualImprovesOnTheDraft) {
   LlamaLogitsSource ref_again(reference->get());
   auto mode_source = [&](ForwardMode mode) {
     LlamaModel* m = split->get();
-    return ForwardLogitsSource(m->config(), [m, mode](const Batch& batch, KvCache& cache,
-                                                      std::span<float> logits) {
-      return m->Forward(batch, cache, logits, mode);
-    });
+    return ForwardLogitsSource(
+        m->config(), [m, mode](const Batch& batch, KvCache& cache, std::span<float> logits) {
+          return m->Forward(batch, cache, logits, mode);
+        });
   };
   ForwardLogitsSource draft = mode_source(ForwardMode::kDraft);
   ForwardLogitsSource verify = mode_source(ForwardMode::kVerify);
@@ -388,11 +387,21 @@ TEST(MeasureWeightsTest, OurQ8_0ReproducesTheQ8_0HeadExactly) {
 
 TEST(MeasureWeightsTest, CombinesTheLayersOfOneConfigurationWithTheHeadOfAnother) {
   WeightStats body, head;
-  body.layers = {.weights = 300, .relative_error = 0.5, .exact_fraction = 0.0, .gpu_bytes = 90,
-                 .ram_bytes = 30, .error2 = 25, .source2 = 100};
+  body.layers = {.weights = 300,
+                 .relative_error = 0.5,
+                 .exact_fraction = 0.0,
+                 .gpu_bytes = 90,
+                 .ram_bytes = 30,
+                 .error2 = 25,
+                 .source2 = 100};
   body.head = {.weights = 100, .gpu_bytes = 30, .error2 = 1000, .source2 = 100};
-  head.head = {.weights = 100, .relative_error = 0, .exact_fraction = 1.0, .gpu_bytes = 106,
-               .ram_bytes = 0, .error2 = 0, .source2 = 100};
+  head.head = {.weights = 100,
+               .relative_error = 0,
+               .exact_fraction = 1.0,
+               .gpu_bytes = 106,
+               .ram_bytes = 0,
+               .error2 = 0,
+               .source2 = 100};
   const WeightStats combined = CombineLayersAndHead(body, head);
   EXPECT_EQ(combined.weights, 400);
   EXPECT_DOUBLE_EQ(combined.gpu_bytes_per_weight, (90.0 + 106.0) / 400);

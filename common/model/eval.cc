@@ -134,8 +134,7 @@ std::vector<std::pair<int64_t, int64_t>> EvalWindows(int64_t num_tokens,
   return windows;
 }
 
-absl::StatusOr<EvalReport> Evaluate(LogitsSource& reference,
-                                    std::span<LogitsSource* const> configs,
+absl::StatusOr<EvalReport> Evaluate(LogitsSource& reference, std::span<LogitsSource* const> configs,
                                     std::span<const int32_t> tokens, const EvalOptions& options) {
   if (options.window < 2) {
     return absl::InvalidArgumentError(
@@ -174,8 +173,8 @@ absl::StatusOr<EvalReport> Evaluate(LogitsSource& reference,
 
   for (size_t w = 0; w < windows.size(); ++w) {
     const auto [begin, length] = windows[w];
-    const std::span<const int32_t> window = tokens.subspan(static_cast<size_t>(begin),
-                                                           static_cast<size_t>(length));
+    const std::span<const int32_t> window =
+        tokens.subspan(static_cast<size_t>(begin), static_cast<size_t>(length));
     const int64_t scored = length - 1;
     report.tokens_evaluated += length;
 
@@ -214,8 +213,8 @@ absl::StatusOr<EvalReport> Evaluate(LogitsSource& reference,
     for (size_t c = 0; c < configs.size(); ++c) {
       t0 = Clock::now();
       if (absl::Status status = configs[c]->WindowLogits(window, &logits); !status.ok()) {
-        return absl::Status(status.code(), absl::StrFormat("configuration %d, window %d: %s", c,
-                                                           w, status.message()));
+        return absl::Status(status.code(), absl::StrFormat("configuration %d, window %d: %s", c, w,
+                                                           status.message()));
       }
       report.configs[c].forward_seconds += SecondsSince(t0);
       t0 = Clock::now();

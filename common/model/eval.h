@@ -50,14 +50,14 @@ double Quantile(std::vector<double>& values, double q);
 
 // Aggregate of one configuration over all scored positions.
 struct EvalSummary {
-  int64_t tokens = 0;          // scored positions
-  double kl_mean = 0;          // nats
+  int64_t tokens = 0;  // scored positions
+  double kl_mean = 0;  // nats
   double kl_median = 0;
   double kl_p99 = 0;
   double kl_max = 0;
-  double top1_agreement = 0;   // fraction of positions whose argmax equals the reference's
-  double perplexity = 0;       // of this configuration on the text
-  double nll_mean = 0;         // mean negative log-likelihood of the next token (nats)
+  double top1_agreement = 0;  // fraction of positions whose argmax equals the reference's
+  double perplexity = 0;      // of this configuration on the text
+  double nll_mean = 0;        // mean negative log-likelihood of the next token (nats)
 };
 
 // Accumulates per-position results (all KL values are kept: 8 bytes per position).
@@ -127,7 +127,8 @@ struct EvalOptions {
 };
 
 // The windows `tokens` is cut into under `options`: (begin, length) pairs.
-std::vector<std::pair<int64_t, int64_t>> EvalWindows(int64_t num_tokens, const EvalOptions& options);
+std::vector<std::pair<int64_t, int64_t>> EvalWindows(int64_t num_tokens,
+                                                     const EvalOptions& options);
 
 struct EvalResult {
   EvalSummary summary;
@@ -136,7 +137,7 @@ struct EvalResult {
 };
 
 struct EvalReport {
-  EvalSummary reference;         // the reference against itself: KL 0, top-1 1, its perplexity
+  EvalSummary reference;  // the reference against itself: KL 0, top-1 1, its perplexity
   double reference_forward_seconds = 0;
   std::vector<EvalResult> configs;  // in the order given
   int64_t windows = 0;
@@ -146,8 +147,7 @@ struct EvalReport {
 // Runs the reference and every configuration over the windows of `tokens` side by side.
 // INVALID_ARGUMENT for a window < 2, no tokens to score or a vocabulary mismatch; errors of a
 // source are returned with its index.
-absl::StatusOr<EvalReport> Evaluate(LogitsSource& reference,
-                                    std::span<LogitsSource* const> configs,
+absl::StatusOr<EvalReport> Evaluate(LogitsSource& reference, std::span<LogitsSource* const> configs,
                                     std::span<const int32_t> tokens, const EvalOptions& options);
 
 }  // namespace bitsplit::model

@@ -52,8 +52,8 @@ quant::SplitFormat BaseFormat(int bits, bool asymmetric) {
 
 absl::Status CheckGroup(std::string_view spec, int group) {
   if (group % quant::kSplitSubBlock != 0) {
-    return SpecError(spec, absl::StrFormat("group %d is not a multiple of %d", group,
-                                           quant::kSplitSubBlock));
+    return SpecError(
+        spec, absl::StrFormat("group %d is not a multiple of %d", group, quant::kSplitSubBlock));
   }
   return absl::OkStatus();
 }
@@ -244,14 +244,16 @@ absl::StatusOr<EvalConfigSpec> ParseEvalConfigSpec(std::string_view spec,
     BITSPLIT_RETURN_IF_ERROR(CheckGroup(spec, residual_group));
     q.residual_format = residual_bits == 6 ? quant::SplitFormat::kR6 : quant::SplitFormat::kR8;
     q.residual_group = residual_group;
-    if (residual_group != base_group) groups = absl::StrCat("bg", base_group, ":rg", residual_group);
+    if (residual_group != base_group)
+      groups = absl::StrCat("bg", base_group, ":rg", residual_group);
   } else {
     q.residual_format = std::nullopt;
     q.residual_group = base_group;
   }
-  out.label = absl::StrCat("b", base_bits, residual_bits != 0 ? absl::StrCat("+r", residual_bits) : "",
-                           ":", groups, ":", asymmetric ? "asym" : "sym", ":", rotation_label, ":",
-                           importance ? "imp" : "noimp", head_q8_0 ? ":hq8" : "");
+  out.label =
+      absl::StrCat("b", base_bits, residual_bits != 0 ? absl::StrCat("+r", residual_bits) : "", ":",
+                   groups, ":", asymmetric ? "asym" : "sym", ":", rotation_label, ":",
+                   importance ? "imp" : "noimp", head_q8_0 ? ":hq8" : "");
   return out;
 }
 
@@ -261,9 +263,9 @@ absl::StatusOr<std::vector<EvalConfigSpec>> ParseEvalConfigSpecs(std::string_vie
   // gguf:PATH may hold commas only if the caller passes it alone; split on commas otherwise.
   for (absl::string_view item : absl::StrSplit(Absl(specs), ',')) {
     if (item.empty()) return absl::InvalidArgumentError("empty configuration in the list");
-    BITSPLIT_ASSIGN_OR_RETURN(EvalConfigSpec spec,
-                              ParseEvalConfigSpec(std::string_view(item.data(), item.size()),
-                                                  defaults));
+    BITSPLIT_ASSIGN_OR_RETURN(
+        EvalConfigSpec spec,
+        ParseEvalConfigSpec(std::string_view(item.data(), item.size()), defaults));
     out.push_back(std::move(spec));
   }
   return out;
@@ -292,7 +294,8 @@ WeightStats CombineLayersAndHead(const WeightStats& layers_from, const WeightSta
   return FromParts(layers_from.layers, head_from.head);
 }
 
-absl::StatusOr<WeightStats> MeasureSplitWeights(const ModelWeights& source, const ModelConfig& config,
+absl::StatusOr<WeightStats> MeasureSplitWeights(const ModelWeights& source,
+                                                const ModelConfig& config,
                                                 const SplitModelFiles& split, bool verify,
                                                 ThreadPool& pool) {
   if (verify && split.residual_linear() == nullptr) {
@@ -321,29 +324,32 @@ absl::StatusOr<WeightStats> MeasureSplitWeights(const ModelWeights& source, cons
       const int part = id.group == LinearGroup::kOutputHead ? 1 : 0;
       sums.weights[part] += b.rows * b.cols;
       gpu_bytes[part] += static_cast<double>(b.rows) *
-                   static_cast<double>(quant::SplitRowBytes(b.format, b.group, b.cols));
+                         static_cast<double>(quant::SplitRowBytes(b.format, b.group, b.cols));
       const quant::MatrixView* r = verify ? &residual[m] : nullptr;
       if (r != nullptr) {
         ram_bytes[part] += static_cast<double>(r->rows) *
-                     static_cast<double>(quant::SplitRowBytes(r->format, r->group, r->cols));
+                           static_cast<double>(quant::SplitRowBytes(r->format, r->group, r->cols));
       }
-      CompareRows(b.rows, b.cols, pool, sums.parts[part], [&](int64_t row, float* src_row, float* cfg_row) {
-        ops::DequantizeWeightRow(s, row, src_row);
-        RotateRows(rotation, src_row, 1, b.cols);
-        quant::DequantizeSplitRow(b.format, b.group, b.row(row), b.cols, cfg_row);
-        if (r != nullptr) {
-          std::vector<float> residual_row(static_cast<size_t>(b.cols));
-          quant::DequantizeSplitRow(r->format, r->group, r->row(row), r->cols,
-                                    residual_row.data());
-          for (int64_t c = 0; c < b.cols; ++c) cfg_row[c] += residual_row[static_cast<size_t>(c)];
-        }
-      });
+      CompareRows(b.rows, b.cols, pool, sums.parts[part],
+                  [&](int64_t row, float* src_row, float* cfg_row) {
+                    ops::DequantizeWeightRow(s, row, src_row);
+                    RotateRows(rotation, src_row, 1, b.cols);
+                    quant::DequantizeSplitRow(b.format, b.group, b.row(row), b.cols, cfg_row);
+                    if (r != nullptr) {
+                      std::vector<float> residual_row(static_cast<size_t>(b.cols));
+                      quant::DequantizeSplitRow(r->format, r->group, r->row(row), r->cols,
+                                                residual_row.data());
+                      for (int64_t c = 0; c < b.cols; ++c)
+                        cfg_row[c] += residual_row[static_cast<size_t>(c)];
+                    }
+                  });
     }
   }
   return Finish(sums, gpu_bytes, ram_bytes);
 }
 
-absl::StatusOr<WeightStats> MeasureGgufWeights(const ModelWeights& source, const ModelConfig& config,
+absl::StatusOr<WeightStats> MeasureGgufWeights(const ModelWeights& source,
+                                               const ModelConfig& config,
                                                const ModelWeights& candidate, ThreadPool& pool) {
   PartSums sums(pool.num_threads());
   double bytes[2] = {0, 0};
@@ -361,10 +367,11 @@ absl::StatusOr<WeightStats> MeasureGgufWeights(const ModelWeights& source, const
       const int part = id.group == LinearGroup::kOutputHead ? 1 : 0;
       sums.weights[part] += s.rows * s.cols;
       bytes[part] += static_cast<double>(c.rows) * static_cast<double>(c.row_bytes);
-      CompareRows(s.rows, s.cols, pool, sums.parts[part], [&](int64_t row, float* src_row, float* cfg_row) {
-        ops::DequantizeWeightRow(s, row, src_row);
-        ops::DequantizeWeightRow(c, row, cfg_row);
-      });
+      CompareRows(s.rows, s.cols, pool, sums.parts[part],
+                  [&](int64_t row, float* src_row, float* cfg_row) {
+                    ops::DequantizeWeightRow(s, row, src_row);
+                    ops::DequantizeWeightRow(c, row, cfg_row);
+                  });
     }
   }
   return Finish(sums, bytes, no_bytes);

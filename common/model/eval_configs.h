@@ -84,7 +84,7 @@ struct WeightErrorPart {
 // 7 matrices of every layer (q, k, v, o, gate, up, down) and the output head (token_embd's matrix
 // when tied). Embedding lookups, norms and RoPE factors are not counted.
 struct WeightStats {
-  int64_t weights = 0;          // elements counted
+  int64_t weights = 0;              // elements counted
   double gpu_bytes_per_weight = 0;  // base file's linear weights (a GGUF config: all of them)
   double ram_bytes_per_weight = 0;  // residual file's (0 without a residual)
   // ||W_src - W_cfg||_F / ||W_src||_F over all counted weights, in the configuration's own
@@ -106,11 +106,13 @@ WeightStats CombineLayersAndHead(const WeightStats& layers_from, const WeightSta
 
 // `source`: the reference GGUF's weights. For a split model (`split` loaded with LoadSplit) the
 // configuration's weights are dequant(base) (+ dequant(residual) when `verify`).
-absl::StatusOr<WeightStats> MeasureSplitWeights(const ModelWeights& source, const ModelConfig& config,
+absl::StatusOr<WeightStats> MeasureSplitWeights(const ModelWeights& source,
+                                                const ModelConfig& config,
                                                 const SplitModelFiles& split, bool verify,
                                                 ThreadPool& pool);
 // For a GGUF configuration (another quantization of the same model).
-absl::StatusOr<WeightStats> MeasureGgufWeights(const ModelWeights& source, const ModelConfig& config,
+absl::StatusOr<WeightStats> MeasureGgufWeights(const ModelWeights& source,
+                                               const ModelConfig& config,
                                                const ModelWeights& candidate, ThreadPool& pool);
 
 }  // namespace bitsplit::model

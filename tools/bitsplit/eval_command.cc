@@ -182,6 +182,14 @@ int RunEval(const EvalCommandOptions& options) {
   if (any_importance && options.calibration_path.empty()) {
     return Fail(kExitBadInput, "configurations with :imp need --calibration FILE");
   }
+  if (!options.calibration_path.empty()) {
+    std::error_code error;
+    if (std::filesystem::equivalent(options.calibration_path, options.text_path, error)) {
+      return Fail(kExitBadInput,
+                  "--calibration is the evaluation text: a configuration would be fitted on the "
+                  "text it is scored on");
+    }
+  }
 
   // The reference and the source weights (a second view of the same mapping, for the weight
   // comparison: the model keeps its own private).
@@ -215,6 +223,12 @@ int RunEval(const EvalCommandOptions& options) {
   eval_options.max_tokens = options.max_tokens;
   eval_options.num_threads = (*reference)->num_threads();
   const auto windows = model::EvalWindows(static_cast<int64_t>(tokens.size()), eval_options);
+  if (windows.empty()) {
+    return Fail(kExitBadInput,
+                absl::StrFormat("nothing to score: %d tokens (--max-tokens %d) give no window of "
+                                "at least 2 tokens",
+                                tokens.size(), options.max_tokens));
+  }
   int64_t scored = 0;
   for (const auto& [begin, length] : windows) scored += length - 1;
   std::fprintf(stderr,
@@ -279,8 +293,7 @@ int RunEval(const EvalCommandOptions& options) {
       auto created = std::make_unique<SplitJob>();
       created->quantization = spec.quantization;
       created->importance = spec.importance;
-      const std::string stem =
-          (work_dir / absl::StrFormat("config%zu", jobs.size())).string();
+      const std::string stem = (work_dir / absl::StrFormat("config%zu", jobs.size())).string();
       created->base_path = model::SplitBasePath(stem);
       created->residual_path =
           spec.quantization.residual_format ? model::SplitResidualPath(stem) : "";
@@ -305,20 +318,19 @@ int RunEval(const EvalCommandOptions& options) {
       quantize_options.quantization = spec.quantization;
       quantize_options.num_threads = options.threads;
       auto summary =
-          model::QuantizeSplitModel(options.model_path, created->base_path,
-                                    created->residual_path, quantize_options, calibration);
+          model::QuantizeSplitModel(options.model_path, created->base_path, created->residual_path,
+                                    quantize_options, calibration);
       if (!summary.ok()) {
-        return absl::Status(summary.status().code(),
-                            absl::StrFormat("quantizing %s: %s", spec.label,
-                                            summary.status().message()));
+        return absl::Status(
+            summary.status().code(),
+            absl::StrFormat("quantizing %s: %s", spec.label, summary.status().message()));
       }
       created->seconds = SecondsSince(start);
-      auto loaded = model::LlamaModel::LoadSplit(created->base_path, created->residual_path,
-                                                 options.threads);
+      auto loaded =
+          model::LlamaModel::LoadSplit(created->base_path, created->residual_path, options.threads);
       if (!loaded.ok()) return loaded.status();
       created->model = std::move(*loaded);
-      std::fprintf(stderr, "[eval] quantized %s in %.1f s\n", spec.label.c_str(),
-                   created->seconds);
+      std::fprintf(stderr, "[eval] quantized %s in %.1f s\n", spec.label.c_str(), created->seconds);
       jobs.push_back(std::move(created));
       *created_now = true;
       job = jobs.back().get();
@@ -365,8 +377,8 @@ int RunEval(const EvalCommandOptions& options) {
         row.forward_mode = spec.verify ? model::ForwardMode::kVerify : model::ForwardMode::kDraft;
         row.mode = spec.verify ? "verify" : "draft";
         row.files = job->base_path + (spec.verify ? " + " + job->residual_path : "");
-        auto stats = model::MeasureSplitWeights(*source_weights, config,
-                                                *row.model->split_files(), spec.verify, pool);
+        auto stats = model::MeasureSplitWeights(*source_weights, config, *row.model->split_files(),
+                                                spec.verify, pool);
         if (!stats.ok()) return Fail(kExitFailure, stats.status().message());
         row.weights = *stats;
         row.has_weight_stats = true;
@@ -378,8 +390,8 @@ int RunEval(const EvalCommandOptions& options) {
           if (!head_job.ok()) return Fail(kExitFailure, head_job.status().message());
           if (head_created) row.quantize_seconds += (*head_job)->seconds;
           row.head_model = (*head_job)->model.get();
-          auto head_stats = model::MeasureSplitWeights(
-              *source_weights, config, *row.head_model->split_files(), false, pool);
+          auto head_stats = model::MeasureSplitWeights(*source_weights, config,
+                                                       *row.head_model->split_files(), false, pool);
           if (!head_stats.ok()) return Fail(kExitFailure, head_stats.status().message());
           row.weights = model::CombineLayersAndHead(row.weights, *head_stats);
           row.files += "; head: " + (*head_job)->base_path;
@@ -402,16 +414,16 @@ int RunEval(const EvalCommandOptions& options) {
           m->backend(mode), row.head_model->backend(model::ForwardMode::kDraft)));
       HeadSwapBackend* swap = head_swaps.back().get();
       sources.push_back(std::make_unique<model::ForwardLogitsSource>(
-          m->config(), [m, swap](const model::Batch& batch, model::KvCache& cache,
-                                 std::span<float> logits) {
+          m->config(),
+          [m, swap](const model::Batch& batch, model::KvCache& cache, std::span<float> logits) {
             return m->ForwardWith(*swap, batch, cache, logits);
           }));
       source_ptrs.push_back(sources.back().get());
       continue;
     }
     sources.push_back(std::make_unique<model::ForwardLogitsSource>(
-        m->config(), [m, mode](const model::Batch& batch, model::KvCache& cache,
-                               std::span<float> logits) {
+        m->config(),
+        [m, mode](const model::Batch& batch, model::KvCache& cache, std::span<float> logits) {
           return m->Forward(batch, cache, logits, mode);
         }));
     source_ptrs.push_back(sources.back().get());
