@@ -129,7 +129,7 @@ TEST(SplitQuantizationTest, RecordRoundTripsThroughJson) {
     EXPECT_EQ(*parsed, q) << json.dump();
   }
   EXPECT_EQ(SplitQuantizationString(calibrated),
-            "b2_asym/g64 + r6/g64, hadamard 64 (seed 18446744073709551615), calibrated on 4096 "
+            "b2_asym/g64 + r6/g32, hadamard 64 (seed 18446744073709551615), calibrated on 4096 "
             "tokens");
   EXPECT_EQ(SplitQuantizationString(base_only), "q8_0/g32 (base only)");
 }

@@ -25,7 +25,7 @@ inline model::SplitQuantization SplitFixtureQuantization() {
   q.base_format = quant::SplitFormat::kB2Asym;
   q.base_group = 64;
   q.residual_format = quant::SplitFormat::kR8;
-  q.residual_group = 64;
+  q.residual_group = 32;
   q.rotation = {.block = 64, .seed = 1};
   return q;
 }
