@@ -56,10 +56,10 @@ struct EvalCommandOptions {
   model::EvalSpecDefaults defaults;
 };
 
+// absl::Status::message() is an absl::string_view, distinct from std::string_view in Debian's
+// abseil.
 int Fail(int code, absl::string_view message) {
-  std::fprintf(stderr, "bitsplit eval: error: %.*s\n", static_cast<int>(message.size()),
-               message.data());
-  return code;
+  return ReportError("eval", code, std::string_view(message.data(), message.size()));
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {

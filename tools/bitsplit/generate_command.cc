@@ -35,10 +35,7 @@ struct GenerateOptions {
   int prefill_chunk = 256;
 };
 
-int Fail(int code, const std::string& message) {
-  std::fprintf(stderr, "bitsplit generate: error: %s\n", message.c_str());
-  return code;
-}
+int Fail(int code, std::string_view message) { return ReportError("generate", code, message); }
 
 using Clock = std::chrono::steady_clock;
 double SecondsSince(Clock::time_point start) {

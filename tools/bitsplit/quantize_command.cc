@@ -43,11 +43,7 @@ struct QuantizeOptions {
   int threads = 0;
 };
 
-int Fail(int code, std::string_view message) {
-  std::fprintf(stderr, "bitsplit quantize: error: %.*s\n", static_cast<int>(message.size()),
-               message.data());
-  return code;
-}
+int Fail(int code, std::string_view message) { return ReportError("quantize", code, message); }
 
 // Bad input (arguments, files) versus a failure of the work itself.
 int ExitCodeFor(const absl::Status& status) {
