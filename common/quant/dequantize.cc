@@ -186,6 +186,24 @@ void GetScaleMinK4(int j, const uint8_t packed[kKScaleSize], int* scale, int* mi
   }
 }
 
+// The effective scales and mins of the two 32-element sub-blocks (2*pair, 2*pair+1) that share
+// one 32-byte run of nibbles in Q4_K / Q5_K: y = d1 * q - m1 (low nibbles), d2 * q - m2 (high).
+struct SubBlockPairScales {
+  float d1, m1, d2, m2;
+};
+SubBlockPairScales GetSubBlockPairScales(int pair, const uint8_t packed[kKScaleSize], float d,
+                                         float dmin) {
+  int scale, min;
+  GetScaleMinK4(2 * pair, packed, &scale, &min);
+  SubBlockPairScales s;
+  s.d1 = d * static_cast<float>(scale);
+  s.m1 = dmin * static_cast<float>(min);
+  GetScaleMinK4(2 * pair + 1, packed, &scale, &min);
+  s.d2 = d * static_cast<float>(scale);
+  s.m2 = dmin * static_cast<float>(min);
+  return s;
+}
+
 void DequantizeRowQ4_K(const void* src, float* dst, int64_t n) {
   for (int64_t b = 0; b < n / kQkK; ++b) {
     const auto block = LoadBlock<BlockQ4_K>(src, b);
@@ -194,13 +212,7 @@ void DequantizeRowQ4_K(const void* src, float* dst, int64_t n) {
     float* y = dst + b * kQkK;
     const uint8_t* q = block.qs;
     for (int pair = 0; pair < kQkK / 64; ++pair) {
-      int scale, min;
-      GetScaleMinK4(2 * pair, block.scales, &scale, &min);
-      const float d1 = d * static_cast<float>(scale);
-      const float m1 = dmin * static_cast<float>(min);
-      GetScaleMinK4(2 * pair + 1, block.scales, &scale, &min);
-      const float d2 = d * static_cast<float>(scale);
-      const float m2 = dmin * static_cast<float>(min);
+      const auto [d1, m1, d2, m2] = GetSubBlockPairScales(pair, block.scales, d, dmin);
       for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0x0f) - m1;
       for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
       q += 32;
@@ -216,13 +228,7 @@ void DequantizeRowQ5_K(const void* src, float* dst, int64_t n) {
     float* y = dst + b * kQkK;
     const uint8_t* ql = block.qs;
     for (int pair = 0; pair < kQkK / 64; ++pair) {
-      int scale, min;
-      GetScaleMinK4(2 * pair, block.scales, &scale, &min);
-      const float d1 = d * static_cast<float>(scale);
-      const float m1 = dmin * static_cast<float>(min);
-      GetScaleMinK4(2 * pair + 1, block.scales, &scale, &min);
-      const float d2 = d * static_cast<float>(scale);
-      const float m2 = dmin * static_cast<float>(min);
+      const auto [d1, m1, d2, m2] = GetSubBlockPairScales(pair, block.scales, d, dmin);
       const uint8_t low_mask = static_cast<uint8_t>(1u << (2 * pair));
       const uint8_t high_mask = static_cast<uint8_t>(2u << (2 * pair));
       for (int l = 0; l < 32; ++l) {
