@@ -217,16 +217,8 @@ void ChannelManager::Serve(Channel* channel) {
     // copy below stays inside the capacities of this segment.
     const int64_t rows = request.rows, cols = request.cols;
     const int64_t stride = static_cast<int64_t>(shm::BlockStride(static_cast<uint64_t>(cols)));
-    x.rows = rows;
-    x.cols = cols;
-    x.block_stride = stride;
-    x.codes.resize(static_cast<size_t>(rows * cols));
-    x.scales.resize(static_cast<size_t>(rows * stride));
-    x.sums.resize(static_cast<size_t>(rows * stride));
-    std::memcpy(x.codes.data(), segment.base() + header.codes_offset, x.codes.size());
-    std::memcpy(x.scales.data(), segment.base() + header.scales_offset,
-                x.scales.size() * sizeof(float));
-    std::memcpy(x.sums.data(), segment.base() + header.sums_offset, x.sums.size() * sizeof(float));
+    CopyActivations(rows, cols, stride, segment.base() + header.codes_offset,
+                    segment.base() + header.scales_offset, segment.base() + header.sums_offset, &x);
     float* y = reinterpret_cast<float*>(segment.base() + header.outputs_offset);
     const uint64_t compute_ns = store_.Compute(**group, x, y);
     uint32_t output_rows[shm::kShmMaxOutputs] = {0, 0, 0};

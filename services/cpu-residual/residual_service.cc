@@ -137,15 +137,8 @@ absl::Status ResidualServiceImpl::DoMatMul(const v1::MatMulRequest& request,
         " (expected ", rows * cols, ", ", scale_bytes, ", ", scale_bytes, ")"));
   }
   quant::QuantizedActivations x;
-  x.rows = rows;
-  x.cols = cols;
-  x.block_stride = stride;
-  x.codes.resize(static_cast<size_t>(rows * cols));
-  x.scales.resize(static_cast<size_t>(rows * stride));
-  x.sums.resize(static_cast<size_t>(rows * stride));
-  std::memcpy(x.codes.data(), request.codes().data(), x.codes.size());
-  std::memcpy(x.scales.data(), request.scales().data(), scale_bytes);
-  std::memcpy(x.sums.data(), request.sums().data(), scale_bytes);
+  CopyActivations(rows, cols, stride, request.codes().data(), request.scales().data(),
+                  request.sums().data(), &x);
   std::vector<float> y(static_cast<size_t>(rows * group->total_rows));
   const uint64_t compute_ns = store_.Compute(*group, x, y.data());
   const float* p = y.data();

@@ -17,6 +17,19 @@
 #include "spdlog/spdlog.h"
 
 namespace bitsplit::residual {
+
+void CopyActivations(int64_t rows, int64_t cols, int64_t block_stride, const void* codes,
+                     const void* scales, const void* sums, quant::QuantizedActivations* x) {
+  x->rows = rows;
+  x->cols = cols;
+  x->block_stride = block_stride;
+  x->codes.resize(static_cast<size_t>(rows * cols));
+  x->scales.resize(static_cast<size_t>(rows * block_stride));
+  x->sums.resize(static_cast<size_t>(rows * block_stride));
+  std::memcpy(x->codes.data(), codes, x->codes.size());
+  std::memcpy(x->scales.data(), scales, x->scales.size() * sizeof(float));
+  std::memcpy(x->sums.data(), sums, x->sums.size() * sizeof(float));
+}
 namespace {
 
 using model::LinearGroup;

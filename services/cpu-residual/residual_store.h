@@ -41,6 +41,13 @@ struct StoreGroup {
   uint64_t bytes = 0;
 };
 
+// Fills `x` (reusing its buffers) with T = rows activation rows received from a client: int8
+// codes [rows][cols] and f32 block scales and sums [rows][block_stride], copied from `codes`,
+// `scales` and `sums`. The caller has validated the sizes; both transports (shared memory and
+// the MatMul RPC) hand their bytes to the kernels through this one copy.
+void CopyActivations(int64_t rows, int64_t cols, int64_t block_stride, const void* codes,
+                     const void* scales, const void* sums, quant::QuantizedActivations* x);
+
 class ResidualStore {
  public:
   // Opens and validates `path` (a residual split file) and prepares memory as `options` say.
