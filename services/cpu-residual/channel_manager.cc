@@ -139,6 +139,7 @@ absl::Status ChannelManager::Detach(uint64_t channel_id) {
     if (it == channels_.end()) {
       return absl::NotFoundError(absl::StrFormat("no attached channel %016x", channel_id));
     }
+    it->second->segment->Unlink();  // as in Housekeeping: the name goes before the count drops
     channel = std::move(it->second);
     channels_.erase(it);
   }
@@ -173,6 +174,9 @@ void ChannelManager::Housekeeping() {
         shm::Word64(it->second->segment->response()->heartbeat_ns)
             .store(now, std::memory_order_release);
         if (PidfdExited(it->second->pidfd)) {
+          // Remove the segment's name while still counted, so that once a client sees the
+          // channel gone from Info its /dev/shm entry is gone too (Close may take a while).
+          it->second->segment->Unlink();
           dead.push_back(std::move(it->second));
           it = channels_.erase(it);
         } else {
