@@ -79,6 +79,16 @@ absl::Status KvCache::CommitSlots(std::span<const int32_t> pending_indices) {
   return absl::OkStatus();
 }
 
+absl::Status KvCache::Truncate(int64_t length) {
+  if (length < 0 || length > committed_length_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cannot truncate the KV cache to %d tokens: %d are committed", length, committed_length_));
+  }
+  committed_length_ = length;
+  pending_length_ = 0;
+  return absl::OkStatus();
+}
+
 void KvCache::MoveSlot(int64_t from, int64_t to) {
   for (int64_t layer = 0; layer < num_layers_; ++layer) {
     const size_t base = LayerOffset(layer);

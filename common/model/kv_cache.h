@@ -55,6 +55,9 @@ class KvCache {
   absl::Status CommitSlots(std::span<const int32_t> pending_indices);
 
   void DiscardPending() { pending_length_ = 0; }
+  // Forgets committed slots from `length` on (and everything pending): a rollback to an earlier
+  // committed length. INVALID_ARGUMENT when length exceeds the committed length.
+  absl::Status Truncate(int64_t length);
   // Forgets everything (committed and pending); the storage is kept.
   void Clear() {
     committed_length_ = 0;

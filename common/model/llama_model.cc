@@ -131,6 +131,22 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::LoadSplit(const std::str
   return model;
 }
 
+absl::Status LlamaModel::SetResidualSource(ResidualSource* source) {
+  if (split_files_ == nullptr) {
+    return absl::FailedPreconditionError("only a split model has a residual");
+  }
+  auto& verify = backends_[static_cast<size_t>(ForwardMode::kVerify)];
+  if (source == nullptr) {
+    verify.reset();
+    default_mode_ = ForwardMode::kDraft;
+    return absl::OkStatus();
+  }
+  verify = std::make_unique<SplitLinearBackend>(split_files_->base_linear(),
+                                                split_files_->quantization().rotation, source);
+  default_mode_ = ForwardMode::kVerify;
+  return absl::OkStatus();
+}
+
 absl::Status LlamaModel::ValidateBatch(const Batch& batch, const KvCache& cache,
                                        size_t logits_size) const {
   const int64_t n = batch.size();
@@ -139,10 +155,16 @@ absl::Status LlamaModel::ValidateBatch(const Batch& batch, const KvCache& cache,
     return absl::InvalidArgumentError(
         absl::StrFormat("batch has %d tokens but %d positions", n, batch.positions.size()));
   }
-  if (static_cast<int64_t>(batch.attention_mask.size()) != n * n) {
+  const int64_t width = batch.mask_width();
+  if (batch.context < 0 || (batch.context > 0 && batch.context != cache.pending_length())) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("batch extends %d pending KV slots but the cache holds %d", batch.context,
+                        cache.pending_length()));
+  }
+  if (static_cast<int64_t>(batch.attention_mask.size()) != n * width) {
     return absl::InvalidArgumentError(
         absl::StrFormat("attention mask has %d entries; a batch of %d tokens needs %d x %d",
-                        batch.attention_mask.size(), n, n, n));
+                        batch.attention_mask.size(), n, n, width));
   }
   for (int64_t i = 0; i < n; ++i) {
     const int32_t token = batch.tokens[i];
@@ -155,7 +177,7 @@ absl::Status LlamaModel::ValidateBatch(const Batch& batch, const KvCache& cache,
       return absl::InvalidArgumentError(
           absl::StrFormat("batch row %d has negative position %d", i, batch.positions[i]));
     }
-    if (batch.attention_mask[i * n + i] == 0) {
+    if (batch.attention_mask[i * width + batch.context + i] == 0) {
       return absl::InvalidArgumentError(
           absl::StrFormat("batch row %d does not attend to itself (mask[%d][%d] is 0)", i, i, i));
     }
@@ -171,10 +193,10 @@ absl::Status LlamaModel::ValidateBatch(const Batch& batch, const KvCache& cache,
         absl::StrFormat("KV cache shaped for %d layers x %d kv dims, the model has %d x %d",
                         cache.num_layers(), cache.kv_dim(), config_.num_layers, config_.kv_dim()));
   }
-  if (n > cache.capacity() - cache.committed_length()) {
+  if (width > cache.capacity() - cache.committed_length()) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("KV cache full: %d committed + %d new tokens exceed the capacity of %d",
-                        cache.committed_length(), n, cache.capacity()));
+                        cache.committed_length(), width, cache.capacity()));
   }
   const int64_t needed = batch.num_logit_rows() * config_.vocab_size;
   if (static_cast<int64_t>(logits_size) < needed) {
@@ -206,7 +228,8 @@ absl::Status LlamaModel::ForwardWith(LinearBackend& linear, const Batch& batch, 
   const EmbeddingAndNorms& w = embedding_and_norms_;
   const int64_t num_tokens = batch.size();
   const int64_t prefix_length = cache.committed_length();
-  BITSPLIT_RETURN_IF_ERROR(cache.BeginPending(num_tokens));
+  const int64_t first_slot = prefix_length + batch.context;  // the batch's first cache slot
+  BITSPLIT_RETURN_IF_ERROR(cache.BeginPending(batch.context + num_tokens));
   ThreadPool& pool = *pool_;
 
   std::vector<float> x = Buffer(num_tokens, c.d_model);       // residual stream
@@ -237,15 +260,16 @@ absl::Status LlamaModel::ForwardWith(LinearBackend& linear, const Batch& batch, 
 
     // Attention block. The batch's keys and values go straight into their pending cache slots.
     ops::RmsNorm(x.data(), num_tokens, c.d_model, norms.attn_norm, c.rms_norm_eps, normed.data());
-    float* keys = cache.keys(layer) + prefix_length * c.kv_dim();
-    float* values = cache.values(layer) + prefix_length * c.kv_dim();
+    float* keys = cache.keys(layer) + first_slot * c.kv_dim();
+    float* values = cache.values(layer) + first_slot * c.kv_dim();
     float* const qkv_outputs[] = {q.data(), keys, values};
     BITSPLIT_RETURN_IF_ERROR(
         linear.Apply({layer, LinearGroup::kQkv}, normed.data(), num_tokens, qkv_outputs, pool));
     ops::ApplyRope(q.data(), num_tokens, c.num_heads, batch.positions.data(), rope);
     ops::ApplyRope(keys, num_tokens, c.num_kv_heads, batch.positions.data(), rope);
-    ops::Attention(q.data(), num_tokens, cache.keys(layer), cache.values(layer), prefix_length,
-                   batch.attention_mask.data(), attention_shape, attention.data(), pool);
+    ops::AttentionWithContext(q.data(), num_tokens, cache.keys(layer), cache.values(layer),
+                              prefix_length, batch.context, batch.attention_mask.data(),
+                              attention_shape, attention.data(), pool);
     float* const attention_outputs[] = {projected.data()};
     BITSPLIT_RETURN_IF_ERROR(linear.Apply({layer, LinearGroup::kAttnOutput}, attention.data(),
                                           num_tokens, attention_outputs, pool));

@@ -37,14 +37,20 @@ namespace bitsplit::model {
 struct Batch {
   std::vector<int32_t> tokens;     // [T] token ids
   std::vector<int32_t> positions;  // [T] RoPE positions (>= 0)
-  // [T, T] row-major: attention_mask[i * T + j] != 0 iff token i may attend to batch token j.
+  // [T, T] row-major (see `context`): attention_mask[i * T + j] != 0 iff token i may attend to
+  // batch token j.
   // The committed cache prefix is always visible. Every token must see itself.
   std::vector<uint8_t> attention_mask;
   // Rows whose logits Forward computes, in output order; empty means all T rows. Prefill
   // usually asks for the last row only, which skips most of the output-head cost.
   std::vector<int32_t> logit_rows;
+  // Pending cache slots of earlier forwards that this batch extends (a draft tree grown over
+  // several forwards): they stay in the cache and the batch's K/V go after them. With context C
+  // the mask is [T, C + T]: column j < C is pending slot j, column C + i is batch token i.
+  int32_t context = 0;
 
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t mask_width() const { return context + size(); }
   int64_t num_logit_rows() const {
     return logit_rows.empty() ? size() : static_cast<int64_t>(logit_rows.size());
   }
@@ -105,12 +111,13 @@ class LlamaModel {
   }
 
   // Runs the batch after the committed prefix of `cache`: writes the batch's keys/values to the
-  // pending slots [L, L + T) (see KvCache; the caller commits) and the logits of the selected
-  // rows to `logits` as [num_logit_rows, vocab_size]. INVALID_ARGUMENT for a malformed batch,
-  // token ids outside the vocabulary, a cache of another shape or a too small `logits`;
-  // RESOURCE_EXHAUSTED when L + T exceeds the cache capacity; FAILED_PRECONDITION for a mode
-  // this model cannot run. On those errors nothing is changed. A backend error (e.g. a residual
-  // service that went away) is returned as is; the committed cache is unchanged then.
+  // pending slots [L, L + T) (see KvCache; the caller commits; with batch.context = C > 0 the
+  // cache must hold exactly C pending slots and the batch's go to [L + C, L + C + T)) and the
+  // logits of the selected rows to `logits` as [num_logit_rows, vocab_size]. INVALID_ARGUMENT for a
+  // malformed batch, token ids outside the vocabulary, a cache of another shape or a too small
+  // `logits`; RESOURCE_EXHAUSTED when L + T exceeds the cache capacity; FAILED_PRECONDITION for a
+  // mode this model cannot run. On those errors nothing is changed. A backend error (e.g. a
+  // residual service that went away) is returned as is; the committed cache is unchanged then.
   absl::Status Forward(const Batch& batch, KvCache& cache, std::span<float> logits,
                        ForwardMode mode);
   // The same in default_mode().
@@ -127,6 +134,11 @@ class LlamaModel {
   absl::Status Forward(const Batch& batch, KvCache& cache, float* logits) {
     return Forward(batch, cache, logits, default_mode_);
   }
+  // Replaces the residual of verify mode (split models only): e.g. a RemoteResidual of the
+  // cpu-residual service instead of the residual file mapped in process. nullptr removes verify
+  // mode. `source` must outlive its use. FAILED_PRECONDITION for a GGUF model.
+  absl::Status SetResidualSource(ResidualSource* source);
+
   // The same forward with the linear layers computed by `backend`, which must compute this
   // model's groups (e.g. a wrapper of backend(mode)).
   absl::Status ForwardWith(LinearBackend& backend, const Batch& batch, KvCache& cache,

@@ -43,6 +43,15 @@ void AttendOneHead(const float* query, const float* keys, const float* values, i
 void Attention(const float* q, int64_t num_tokens, const float* keys, const float* values,
                int64_t prefix_length, const uint8_t* mask, const AttentionShape& shape, float* out,
                ThreadPool& pool) {
+  AttentionWithContext(q, num_tokens, keys, values, prefix_length, /*context=*/0, mask, shape, out,
+                       pool);
+}
+
+void AttentionWithContext(const float* q, int64_t num_tokens, const float* keys,
+                          const float* values, int64_t prefix_length, int64_t context,
+                          const uint8_t* mask, const AttentionShape& shape, float* out,
+                          ThreadPool& pool) {
+  const int64_t mask_width = context + num_tokens;
   BITSPLIT_CHECK(shape.num_kv_heads > 0 && shape.num_heads % shape.num_kv_heads == 0);
   const int64_t heads_per_kv = shape.num_heads / shape.num_kv_heads;
   const int64_t q_dim = shape.num_heads * shape.head_dim;
@@ -57,8 +66,8 @@ void Attention(const float* q, int64_t num_tokens, const float* keys, const floa
       if (token != slots_token) {
         slots.clear();
         for (int64_t s = 0; s < prefix_length; ++s) slots.push_back(s);
-        for (int64_t j = 0; j < num_tokens; ++j) {
-          if (mask[token * num_tokens + j] != 0) slots.push_back(prefix_length + j);
+        for (int64_t j = 0; j < mask_width; ++j) {
+          if (mask[token * mask_width + j] != 0) slots.push_back(prefix_length + j);
         }
         BITSPLIT_CHECK(!slots.empty());
         slots_token = token;

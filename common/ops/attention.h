@@ -28,4 +28,13 @@ void Attention(const float* q, int64_t num_tokens, const float* keys, const floa
                int64_t prefix_length, const uint8_t* mask, const AttentionShape& shape, float* out,
                ThreadPool& pool);
 
+// The same with `context` masked slots between the prefix and the batch (the KV of earlier
+// forwards of a draft tree, still pending): mask is [num_tokens, context + num_tokens], column j
+// is slot prefix_length + j, and the batch's own keys/values sit at slots
+// [prefix_length + context, prefix_length + context + num_tokens). Attention() is context 0.
+void AttentionWithContext(const float* q, int64_t num_tokens, const float* keys,
+                          const float* values, int64_t prefix_length, int64_t context,
+                          const uint8_t* mask, const AttentionShape& shape, float* out,
+                          ThreadPool& pool);
+
 }  // namespace bitsplit::ops

@@ -1,0 +1,161 @@
+#pragma once
+// Speculative decoding of one sequence (DESIGN.md §3): the drafter's side of a step (draft a tree
+// with the base weights, verify it with base + residual, commit the accepted path) and the
+// coordinator's walk. The gpu-drafter service runs a SpeculativeSession per client session; the
+// tests and the speculation bench run it in process.
+//
+//   step (committed length L, pending root r at position L):
+//     tree    = session.Draft(r, shape)             // best-first growth, draft forwards only
+//     targets = session.Verify(tree, sampling)      // one verifier forward over all nodes
+//     walk    = WalkTree(tree, targets)             // accepted path + emitted tokens
+//     session.Commit(walk.path)                     // L += walk.path.size()
+//     r       = walk.tokens.back()                  // the bonus token is the next root
+//
+// Losslessness: the verifier forward is batch-invariant (a node's logits equal those of its path
+// run as a causal chain) and the target's choice at a node uses the sampler keyed by (seed,
+// absolute position), so the emitted tokens equal plain decoding's whatever the tree shape.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model/kv_cache.h"
+#include "common/model/llama_model.h"
+#include "common/model/sampler.h"
+
+namespace bitsplit::model {
+
+// Shape of a draft tree. `nodes` counts drafted tokens beyond the root (the verify batch is
+// nodes + 1); expansions = 1 gives a chain.
+struct TreeShape {
+  int32_t nodes = 16;
+  int32_t expansions = 4;  // k: frontier nodes expanded per draft forward (and children kept)
+  int32_t max_depth = 8;   // the root has depth 0
+};
+// INVALID_ARGUMENT unless 0 <= nodes <= max_nodes, 1 <= expansions <= 64, 1 <= max_depth <= 64
+// (depth is irrelevant when nodes is 0).
+absl::Status ValidateTreeShape(const TreeShape& shape, int32_t max_nodes);
+
+// A tree in topological order: node 0 is the root, parents[i] < i (parents[0] = -1).
+struct DraftTree {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> parents;
+  std::vector<float> logprobs;  // cumulative draft log-probability (root 0)
+  int32_t draft_forwards = 0;
+
+  int32_t size() const { return static_cast<int32_t>(tokens.size()); }
+};
+// INVALID_ARGUMENT for an empty tree, mismatched lengths, a bad parent, or a token outside
+// [0, vocab_size).
+absl::Status ValidateTree(std::span<const int32_t> tokens, std::span<const int32_t> parents,
+                          int64_t vocab_size, int64_t max_nodes);
+// Depth of every node (root 0).
+std::vector<int32_t> TreeDepths(std::span<const int32_t> parents);
+
+// The target's choice after one node.
+struct TargetChoice {
+  int32_t token = 0;
+  float logprob = 0.0f;  // set when log-probabilities were asked for
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+
+// The walk of DESIGN.md §3: from the root, descend while the target's choice at the current node
+// is one of its children. `path` are the accepted node indices (path[0] = 0) and `tokens` the
+// emitted tokens: the target's choice at each node of the path (the last is the bonus token).
+struct WalkResult {
+  std::vector<int32_t> path;
+  std::vector<int32_t> tokens;
+};
+WalkResult WalkTree(std::span<const int32_t> tokens, std::span<const int32_t> parents,
+                    std::span<const int32_t> target_tokens);
+
+// Where the draft reads the committed prefix's keys and values.
+enum class DraftKv {
+  kShared = 0,  // the verifier's exact KV (the design)
+  kOwn = 1,     // the draft model's own KV, computed over the committed tokens (ablation)
+};
+std::string_view DraftKvName(DraftKv kv);  // "shared", "own"
+absl::StatusOr<DraftKv> ParseDraftKv(std::string_view name);
+
+struct DraftTimings {
+  int64_t draft_ns = 0;    // the last Draft (catch-up of an own KV included)
+  int64_t verify_ns = 0;   // the last Verify
+  int64_t prefill_ns = 0;  // the last Prefill
+};
+
+// One sequence. The models are shared between sessions; Forward is not thread-safe, so the
+// caller serializes every session method of sessions sharing a model (the drafter holds one lock
+// for the engine). Thread safety: none.
+class SpeculativeSession {
+ public:
+  struct Options {
+    int64_t capacity = 2048;  // tokens the session may hold (prompt + output + a tree)
+    int64_t prefill_chunk = 64;
+    DraftKv draft_kv = DraftKv::kShared;
+  };
+
+  // `target` runs in `target_mode` (verify for a split model), `draft` in `draft_mode` (draft for
+  // the split model's base; reference for a separate GGUF draft model). Both must outlive the
+  // session and have the same layer count and KV width when the draft reads the verifier's KV.
+  static absl::StatusOr<std::unique_ptr<SpeculativeSession>> Create(LlamaModel& target,
+                                                                    ForwardMode target_mode,
+                                                                    LlamaModel& draft,
+                                                                    ForwardMode draft_mode,
+                                                                    const Options& options);
+
+  int64_t committed_length() const { return target_cache_.committed_length(); }
+  int64_t capacity() const { return target_cache_.capacity(); }
+  std::span<const int32_t> committed_tokens() const { return committed_tokens_; }
+
+  // Runs the verifier over `tokens` in chunks and commits them. INVALID_ARGUMENT for token ids
+  // outside the vocabulary, RESOURCE_EXHAUSTED beyond the capacity (nothing committed then).
+  absl::Status Prefill(std::span<const int32_t> tokens);
+
+  // Grows a tree from `root` (the next token, not yet committed) by best-first expansion on
+  // draft probabilities: each draft forward runs the `expansions` most probable frontier nodes;
+  // every node keeps its `expansions` most probable children as candidates; the `nodes` most
+  // probable candidates (within max_depth) become the tree. shape.nodes = 0 returns the root.
+  absl::StatusOr<DraftTree> Draft(int32_t root, const TreeShape& shape);
+
+  // One verifier forward over the tree: the target's choice after every node, sampled at
+  // position committed_length + depth + 1. `top_logprobs` >= 0 alternatives per node; log-
+  // probabilities are filled when `with_logprobs` (or top_logprobs > 0). The tree's KV stays
+  // pending until Commit.
+  absl::StatusOr<std::vector<TargetChoice>> Verify(std::span<const int32_t> tokens,
+                                                   std::span<const int32_t> parents,
+                                                   const SamplingParams& sampling,
+                                                   int32_t top_logprobs, bool with_logprobs);
+
+  // Keeps the verifier KV of `path` (node indices of the last Verify: 0, then each a child of the
+  // previous). FAILED_PRECONDITION without a pending Verify; INVALID_ARGUMENT for a bad path.
+  absl::Status Commit(std::span<const int32_t> path);
+
+  const DraftTimings& timings() const { return timings_; }
+
+ private:
+  SpeculativeSession(LlamaModel& target, ForwardMode target_mode, LlamaModel& draft,
+                     ForwardMode draft_mode, const Options& options, KvCache target_cache);
+  // Brings the draft's own cache up to the committed tokens (own-KV mode).
+  absl::Status CatchUpDraftCache();
+
+  LlamaModel& target_;
+  const ForwardMode target_mode_;
+  LlamaModel& draft_;
+  const ForwardMode draft_mode_;
+  const Options options_;
+  KvCache target_cache_;
+  std::unique_ptr<KvCache> draft_cache_;  // own-KV mode only
+  std::vector<int32_t> committed_tokens_;
+  // The last Verify's tree, until Commit.
+  std::vector<int32_t> pending_tokens_;
+  std::vector<int32_t> pending_parents_;
+  Sampler sampler_;
+  std::vector<float> logits_;
+  DraftTimings timings_;
+};
+
+}  // namespace bitsplit::model

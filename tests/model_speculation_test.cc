@@ -1,0 +1,328 @@
+// Speculative decoding in process (common/model/speculation.h): the walk, the tree growth, and
+// the losslessness invariant of DESIGN.md §3 on the real SmolLM2 split model — speculative output
+// equals plain decoding (one verifier token at a time, sampled at the token's index) for every
+// tree shape and sampling setting.
+#include <algorithm>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/model/llama_model.h"
+#include "common/model/sampler.h"
+#include "common/model/speculation.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/paths.h"
+#include "tests/testing/split_fixture.h"
+
+namespace bitsplit::model {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int kThreads = 2;
+
+TEST(WalkTreeTest, DescendsWhileTheTargetPicksAChild) {
+  // root(10) -> a(11) -> c(13)
+  //          -> b(12) -> d(14)
+  const std::vector<int32_t> tokens = {10, 11, 12, 13, 14};
+  const std::vector<int32_t> parents = {-1, 0, 0, 1, 2};
+  // The target picks 12 after the root (node b), then 14 after b (node d), then 99 after d.
+  const std::vector<int32_t> targets = {12, 0, 14, 0, 99};
+  const WalkResult walk = WalkTree(tokens, parents, targets);
+  EXPECT_THAT(walk.path, ElementsAre(0, 2, 4));
+  EXPECT_THAT(walk.tokens, ElementsAre(12, 14, 99));
+}
+
+TEST(WalkTreeTest, RejectingTheFirstLevelEmitsOnlyTheBonusToken) {
+  const std::vector<int32_t> tokens = {10, 11, 12};
+  const std::vector<int32_t> parents = {-1, 0, 0};
+  const WalkResult walk = WalkTree(tokens, parents, std::vector<int32_t>{7, 1, 2});
+  EXPECT_THAT(walk.path, ElementsAre(0));
+  EXPECT_THAT(walk.tokens, ElementsAre(7));
+}
+
+TEST(WalkTreeTest, ATokenOfANonChildDoesNotCount) {
+  // Node 2 carries the target's token but hangs below node 1, not the root.
+  const std::vector<int32_t> tokens = {10, 11, 12};
+  const std::vector<int32_t> parents = {-1, 0, 1};
+  const WalkResult walk = WalkTree(tokens, parents, std::vector<int32_t>{12, 5, 6});
+  EXPECT_THAT(walk.path, ElementsAre(0));
+  EXPECT_THAT(walk.tokens, ElementsAre(12));
+}
+
+TEST(TreeValidationTest, RejectsMalformedTreesAndShapes) {
+  EXPECT_THAT(ValidateTree({}, {}, 100, 64).message(), HasSubstr("empty"));
+  EXPECT_THAT(ValidateTree(std::vector<int32_t>{1, 2}, std::vector<int32_t>{-1}, 100, 64).message(),
+              HasSubstr("parents"));
+  EXPECT_THAT(
+      ValidateTree(std::vector<int32_t>{1, 2}, std::vector<int32_t>{0, 0}, 100, 64).message(),
+      HasSubstr("parent"));
+  EXPECT_THAT(
+      ValidateTree(std::vector<int32_t>{1, 2}, std::vector<int32_t>{-1, 1}, 100, 64).message(),
+      HasSubstr("precedes"));
+  EXPECT_THAT(
+      ValidateTree(std::vector<int32_t>{1, 200}, std::vector<int32_t>{-1, 0}, 100, 64).message(),
+      HasSubstr("vocabulary"));
+  EXPECT_THAT(
+      ValidateTree(std::vector<int32_t>{1, 2, 3}, std::vector<int32_t>{-1, 0, 0}, 100, 2).message(),
+      HasSubstr("at most 2"));
+  EXPECT_TRUE(ValidateTree(std::vector<int32_t>{1, 2}, std::vector<int32_t>{-1, 0}, 100, 64).ok());
+
+  EXPECT_TRUE(ValidateTreeShape({.nodes = 0, .expansions = 0, .max_depth = 0}, 64).ok());
+  EXPECT_THAT(ValidateTreeShape({.nodes = 65, .expansions = 4, .max_depth = 8}, 64).message(),
+              HasSubstr("[0, 64]"));
+  EXPECT_THAT(ValidateTreeShape({.nodes = -1, .expansions = 4, .max_depth = 8}, 64).message(),
+              HasSubstr("nodes"));
+  EXPECT_THAT(ValidateTreeShape({.nodes = 8, .expansions = 0, .max_depth = 8}, 64).message(),
+              HasSubstr("expansions"));
+  EXPECT_THAT(ValidateTreeShape({.nodes = 8, .expansions = 2, .max_depth = 0}, 64).message(),
+              HasSubstr("depth"));
+  EXPECT_THAT(TreeDepths(std::vector<int32_t>{-1, 0, 0, 1, 3}), ElementsAre(0, 1, 1, 2, 3));
+}
+
+// Prompts as token ids from the oracle fixture (tokenized by llama.cpp), cut to a short prefix.
+std::vector<std::vector<int32_t>> OraclePrompts(size_t max_tokens) {
+  std::ifstream in(std::string(BITSPLIT_SOURCE_DIR) +
+                   "/tests/fixtures/oracle/smollm2_f32_logits.json");
+  const nlohmann::json fixture = nlohmann::json::parse(in);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& c : fixture["cases"]) {
+    std::vector<int32_t> tokens = c["tokens"].get<std::vector<int32_t>>();
+    if (tokens.size() > max_tokens) tokens.resize(max_tokens);
+    prompts.push_back(std::move(tokens));
+  }
+  return prompts;
+}
+
+class SpeculationTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const testing::SplitModelPaths& paths = testing::SmolLm2SplitModel();
+    auto model = LlamaModel::LoadSplit(paths.base, paths.residual, kThreads);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = model->release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+
+  // The reference: the verifier one token at a time, the token at index i sampled with the
+  // logits of index i - 1 (what `bitsplit generate` does).
+  static std::vector<int32_t> PlainDecode(const std::vector<int32_t>& prompt,
+                                          const SamplingParams& sampling, int count) {
+    KvCache cache = *model_->NewKvCache(256);
+    const int64_t vocab = model_->config().vocab_size;
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    Batch batch = Batch::Causal(prompt, 0);
+    batch.logit_rows = {static_cast<int32_t>(prompt.size() - 1)};
+    EXPECT_TRUE(model_->Forward(batch, cache, logits, ForwardMode::kVerify).ok());
+    EXPECT_TRUE(cache.Commit(static_cast<int64_t>(prompt.size())).ok());
+    Sampler sampler;
+    std::vector<int32_t> out;
+    for (int i = 0; i < count; ++i) {
+      const int64_t index = static_cast<int64_t>(prompt.size()) + i;
+      out.push_back(sampler.Choose(logits, sampling, index));
+      if (i + 1 == count) break;
+      const int32_t token[1] = {out.back()};
+      EXPECT_TRUE(model_
+                      ->Forward(Batch::Causal(token, static_cast<int32_t>(index)), cache, logits,
+                                ForwardMode::kVerify)
+                      .ok());
+      EXPECT_TRUE(cache.Commit(1).ok());
+    }
+    return out;
+  }
+
+  struct SpecRun {
+    std::vector<int32_t> tokens;
+    int verify_steps = 0;
+  };
+
+  // The speculation loop of DESIGN.md §3 with `draft_mode` drafting (kVerify: a perfect drafter).
+  static SpecRun SpeculativeDecode(const std::vector<int32_t>& prompt,
+                                   const SamplingParams& sampling, int count,
+                                   const TreeShape& shape, ForwardMode draft_mode,
+                                   DraftKv draft_kv = DraftKv::kShared) {
+    SpecRun run;
+    auto session =
+        SpeculativeSession::Create(*model_, ForwardMode::kVerify, *model_, draft_mode,
+                                   {.capacity = 256, .prefill_chunk = 16, .draft_kv = draft_kv});
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok()) return run;
+    SpeculativeSession& s = **session;
+    const std::span<const int32_t> all(prompt);
+    EXPECT_TRUE(s.Prefill(all.first(all.size() - 1)).ok());
+    int32_t root = prompt.back();
+    while (static_cast<int>(run.tokens.size()) < count) {
+      auto tree = s.Draft(root, shape);
+      EXPECT_TRUE(tree.ok()) << tree.status();
+      if (!tree.ok()) break;
+      EXPECT_EQ(tree->size(), shape.nodes + 1);
+      auto choices = s.Verify(tree->tokens, tree->parents, sampling, 0, false);
+      EXPECT_TRUE(choices.ok()) << choices.status();
+      if (!choices.ok()) break;
+      std::vector<int32_t> targets;
+      for (const TargetChoice& c : *choices) targets.push_back(c.token);
+      const WalkResult walk = WalkTree(tree->tokens, tree->parents, targets);
+      EXPECT_TRUE(s.Commit(walk.path).ok());
+      ++run.verify_steps;
+      run.tokens.insert(run.tokens.end(), walk.tokens.begin(), walk.tokens.end());
+      root = walk.tokens.back();
+    }
+    run.tokens.resize(static_cast<size_t>(count));
+    return run;
+  }
+
+  static LlamaModel* model_;
+};
+LlamaModel* SpeculationTest::model_ = nullptr;
+
+const TreeShape kTree16 = {.nodes = 16, .expansions = 4, .max_depth = 8};
+const TreeShape kChain8 = {.nodes = 8, .expansions = 1, .max_depth = 8};
+const TreeShape kOff = {.nodes = 0, .expansions = 1, .max_depth = 1};
+
+TEST_F(SpeculationTest, DraftGrowsTheRequestedTreeShape) {
+  const std::vector<int32_t> prompt = OraclePrompts(24)[2];
+  auto session = *SpeculativeSession::Create(*model_, ForwardMode::kVerify, *model_,
+                                             ForwardMode::kDraft, {.capacity = 128});
+  ASSERT_TRUE(session->Prefill(prompt).ok());
+  const int32_t root = prompt.back();
+  for (const TreeShape& shape :
+       {kTree16, kChain8, TreeShape{.nodes = 12, .expansions = 3, .max_depth = 2}}) {
+    auto tree = session->Draft(root, shape);
+    ASSERT_TRUE(tree.ok()) << tree.status();
+    ASSERT_EQ(tree->size(), shape.nodes + 1);
+    EXPECT_TRUE(ValidateTree(tree->tokens, tree->parents, model_->config().vocab_size, 64).ok());
+    const std::vector<int32_t> depths = TreeDepths(tree->parents);
+    EXPECT_LE(*std::max_element(depths.begin(), depths.end()), shape.max_depth);
+    for (int32_t i = 1; i < tree->size(); ++i) {
+      // Cumulative log-probabilities fall along every path, and siblings carry distinct tokens.
+      EXPECT_LE(tree->logprobs[i], tree->logprobs[tree->parents[i]]);
+      for (int32_t j = 1; j < i; ++j) {
+        if (tree->parents[j] == tree->parents[i]) {
+          EXPECT_NE(tree->tokens[j], tree->tokens[i]);
+        }
+      }
+    }
+    if (shape.expansions == 1) {
+      for (int32_t i = 1; i < tree->size(); ++i) EXPECT_EQ(tree->parents[i], i - 1);
+      EXPECT_EQ(tree->draft_forwards, shape.nodes);  // the last node is never run
+    }
+    EXPECT_EQ(session->committed_length(), static_cast<int64_t>(prompt.size()));
+  }
+  // Depth cap 2 with 3 children per node holds at most 3 + 9 nodes: exactly 12 here.
+  auto capped = *session->Draft(root, {.nodes = 12, .expansions = 3, .max_depth = 2});
+  EXPECT_EQ(capped.size(), 13);
+}
+
+// With the verifier itself as the drafter, greedy drafts are the target's own choices, so a
+// chain is accepted whole: every verify emits nodes + 1 tokens. This holds only if the draft
+// forwards (grown over several forwards on pending KV) give bit-identical logits to the verify
+// forward and the commit keeps the right KV.
+TEST_F(SpeculationTest, APerfectDrafterHasItsChainsAcceptedWhole) {
+  for (const std::vector<int32_t>& prompt : OraclePrompts(32)) {
+    const SpecRun run = SpeculativeDecode(prompt, {}, 27, kChain8, ForwardMode::kVerify);
+    EXPECT_EQ(run.verify_steps, 3);
+    EXPECT_EQ(run.tokens, PlainDecode(prompt, {}, 27));
+  }
+}
+
+// The invariant, for the real 2-bit drafter, a perfect drafter (deep acceptance), and the draft's
+// own KV: every shape, greedy and sampled, equals plain decoding token for token.
+TEST_F(SpeculationTest, SpeculativeOutputEqualsPlainDecoding) {
+  const std::vector<std::vector<int32_t>> prompts = OraclePrompts(24);
+  const SamplingParams samplings[] = {{},
+                                      {.temperature = 0.8f, .seed = 1},
+                                      {.temperature = 0.8f, .top_k = 40, .seed = 2},
+                                      {.temperature = 0.8f, .top_p = 0.9f, .seed = 3}};
+  constexpr int kTokens = 16;
+  int accepted_beyond_root = 0;
+  for (size_t p = 0; p < prompts.size(); p += 2) {
+    for (const SamplingParams& sampling : samplings) {
+      const std::vector<int32_t> expected = PlainDecode(prompts[p], sampling, kTokens);
+      for (const TreeShape& shape : {kTree16, kChain8, kOff}) {
+        for (ForwardMode draft : {ForwardMode::kDraft, ForwardMode::kVerify}) {
+          if (shape.nodes == 0 && draft == ForwardMode::kVerify) continue;
+          const SpecRun run = SpeculativeDecode(prompts[p], sampling, kTokens, shape, draft);
+          EXPECT_EQ(run.tokens, expected)
+              << "prompt " << p << " T=" << sampling.temperature << " seed " << sampling.seed
+              << " nodes " << shape.nodes << " k " << shape.expansions << " draft "
+              << ForwardModeName(draft);
+          if (draft == ForwardMode::kVerify) accepted_beyond_root += kTokens - run.verify_steps;
+        }
+      }
+    }
+  }
+  // The perfect drafter must actually have exercised multi-token acceptance.
+  EXPECT_GT(accepted_beyond_root, 100);
+}
+
+TEST_F(SpeculationTest, OwnDraftKvIsLosslessToo) {
+  const std::vector<int32_t> prompt = OraclePrompts(24)[3];
+  for (const SamplingParams& sampling :
+       {SamplingParams{}, SamplingParams{.temperature = 0.8f, .seed = 7}}) {
+    const std::vector<int32_t> expected = PlainDecode(prompt, sampling, 20);
+    EXPECT_EQ(
+        SpeculativeDecode(prompt, sampling, 20, kTree16, ForwardMode::kDraft, DraftKv::kOwn).tokens,
+        expected);
+    const SpecRun perfect =
+        SpeculativeDecode(prompt, sampling, 20, kChain8, ForwardMode::kVerify, DraftKv::kOwn);
+    EXPECT_EQ(perfect.tokens, expected);
+  }
+}
+
+TEST_F(SpeculationTest, BadCallsAreRejectedAndChangeNothing) {
+  const std::vector<int32_t> prompt = OraclePrompts(16)[1];
+  auto session = *SpeculativeSession::Create(*model_, ForwardMode::kVerify, *model_,
+                                             ForwardMode::kDraft, {.capacity = 40});
+  ASSERT_TRUE(session->Prefill(prompt).ok());
+  const int64_t length = session->committed_length();
+
+  EXPECT_EQ(session->Commit(std::vector<int32_t>{0}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(session->Prefill(std::vector<int32_t>{1, -3}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session->Prefill(std::vector<int32_t>(30, 5)).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(session->Draft(1, {.nodes = 30, .expansions = 4, .max_depth = 8}).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(session->Draft(-1, kChain8).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session->Draft(1, {.nodes = 4, .expansions = 0, .max_depth = 8}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session->Verify(std::vector<int32_t>{1, 2}, std::vector<int32_t>{-1, 5}, {}, 0, false)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session
+                ->Verify(std::vector<int32_t>{1}, std::vector<int32_t>{-1}, {.temperature = -1.0f},
+                         0, false)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session->committed_length(), length);
+
+  auto choices =
+      session->Verify(std::vector<int32_t>{1, 2, 3}, std::vector<int32_t>{-1, 0, 0}, {}, 3, true);
+  ASSERT_TRUE(choices.ok());
+  // Greedy: the choice is the most likely token, and the top list starts with it.
+  EXPECT_EQ((*choices)[0].top_ids.size(), 3u);
+  EXPECT_EQ((*choices)[0].top_ids[0], (*choices)[0].token);
+  EXPECT_FLOAT_EQ((*choices)[0].top_logprobs[0], (*choices)[0].logprob);
+  EXPECT_LE((*choices)[0].logprob, 0.0f);
+  EXPECT_GE((*choices)[0].top_logprobs[0], (*choices)[0].top_logprobs[1]);
+  // Node 2 is not a child of node 1.
+  EXPECT_EQ(session->Commit(std::vector<int32_t>{0, 1, 2}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session->Commit(std::vector<int32_t>{1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session->committed_length(), length);
+  ASSERT_TRUE(session->Commit(std::vector<int32_t>{0, 2}).ok());
+  EXPECT_EQ(session->committed_length(), length + 2);
+  EXPECT_THAT(session->committed_tokens().last(2), ElementsAre(1, 3));
+}
+
+}  // namespace
+}  // namespace bitsplit::model
