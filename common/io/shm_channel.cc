@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
 
 namespace bitsplit::shm {
 namespace {
@@ -252,10 +253,16 @@ absl::Status ShmChannelClient::CheckService() const {
 
 absl::Status ShmChannelClient::Call(int32_t layer, uint32_t group, uint32_t rows, uint32_t cols,
                                     ShmCallInfo* info) {
+  BITSPLIT_RETURN_IF_ERROR(Post(layer, group, rows, cols));
+  return Wait(info);
+}
+
+absl::Status ShmChannelClient::Post(int32_t layer, uint32_t group, uint32_t rows, uint32_t cols) {
   if (broken_) {
     return absl::UnavailableError("residual channel is broken after an earlier failure; reattach");
   }
-  const uint64_t start = MonotonicNanos();
+  BITSPLIT_CHECK(!in_flight_);
+  posted_at_ = MonotonicNanos();
   ShmRequest* request = segment_->request();
   ShmResponse* response = segment_->response();
   if (absl::Status status = CheckService(); !status.ok()) {
@@ -266,12 +273,24 @@ absl::Status ShmChannelClient::Call(int32_t layer, uint32_t group, uint32_t rows
   request->group = group;
   request->rows = rows;
   request->cols = cols;
+  posted_ = {layer, group, rows};
   const uint32_t seq = ++seq_;
   Word(request->seq).store(seq, std::memory_order_seq_cst);
   if (Word(response->server_waiting).load(std::memory_order_seq_cst) != 0) {
     FutexWakeAll(&request->seq);
   }
+  in_flight_ = true;
+  return absl::OkStatus();
+}
 
+absl::Status ShmChannelClient::Wait(ShmCallInfo* info) {
+  BITSPLIT_CHECK(in_flight_);
+  in_flight_ = false;
+  const uint64_t start = posted_at_;
+  const uint32_t seq = seq_;
+  const auto [layer, group, rows] = posted_;
+  ShmRequest* request = segment_->request();
+  ShmResponse* response = segment_->response();
   const uint64_t spin_ns = static_cast<uint64_t>(options_.spin.count());
   const uint64_t deadline = start + static_cast<uint64_t>(options_.timeout.count());
   const std::chrono::nanoseconds slice = std::chrono::milliseconds(10);

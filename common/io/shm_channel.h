@@ -221,6 +221,12 @@ class ShmChannelClient {
   // DEADLINE_EXCEEDED the channel is broken: every later call fails with UNAVAILABLE (reattach).
   // Validates the response's output sizes against the capacities.
   absl::Status Call(int32_t layer, uint32_t group, uint32_t rows, uint32_t cols, ShmCallInfo* info);
+  // Call in two halves, so the caller can work while the service computes: Post submits the
+  // request (activations already written) and returns at once; Wait waits for its response, with
+  // Call's errors. Exactly one Wait per successful Post.
+  absl::Status Post(int32_t layer, uint32_t group, uint32_t rows, uint32_t cols);
+  absl::Status Wait(ShmCallInfo* info);
+  bool in_flight() const { return in_flight_; }
 
   // False once the service is known to be gone (or the channel broken).
   bool Healthy() const { return !broken_; }
@@ -235,6 +241,14 @@ class ShmChannelClient {
   ShmClientOptions options_;
   uint32_t seq_ = 0;
   bool broken_ = false;
+  // The posted request, between Post and Wait.
+  bool in_flight_ = false;
+  uint64_t posted_at_ = 0;
+  struct Posted {
+    int32_t layer;
+    uint32_t group;
+    uint32_t rows;
+  } posted_{};
 };
 
 // ---- Service end -------------------------------------------------------------------------------

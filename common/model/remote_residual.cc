@@ -1,12 +1,20 @@
 #include "common/model/remote_residual.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::model {
+namespace {
+uint64_t MonotonicNanosForStats() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+}  // namespace
 
 const ResidualGroupShape* ResidualShapes::Find(LinearGroupId id) const {
   int64_t index = -1;
@@ -52,8 +60,7 @@ RemoteResidual::RemoteResidual(std::unique_ptr<shm::ShmChannelClient> channel,
   BITSPLIT_CHECK(channel_ != nullptr);
 }
 
-absl::Status RemoteResidual::Compute(LinearGroupId id, const quant::QuantizedActivations& x,
-                                     const float** y, shm::ShmCallInfo* info) {
+absl::Status RemoteResidual::Send(LinearGroupId id, const quant::QuantizedActivations& x) {
   const ResidualGroupShape* shape = shapes_.Find(id);
   if (shape == nullptr) {
     return absl::InvalidArgumentError(
@@ -70,10 +77,22 @@ absl::Status RemoteResidual::Compute(LinearGroupId id, const quant::QuantizedAct
   std::memcpy(channel_->codes(), x.codes.data(), static_cast<size_t>(x.rows * x.cols));
   std::memcpy(channel_->scales(), x.scales.data(), scale_floats * sizeof(float));
   std::memcpy(channel_->sums(), x.sums.data(), scale_floats * sizeof(float));
-  shm::ShmCallInfo call;
-  BITSPLIT_RETURN_IF_ERROR(channel_->Call(id.layer, static_cast<uint32_t>(id.group),
+  BITSPLIT_RETURN_IF_ERROR(channel_->Post(id.layer, static_cast<uint32_t>(id.group),
                                           static_cast<uint32_t>(x.rows),
-                                          static_cast<uint32_t>(x.cols), &call));
+                                          static_cast<uint32_t>(x.cols)));
+  in_flight_ = id;
+  return absl::OkStatus();
+}
+
+absl::Status RemoteResidual::Receive(LinearGroupId id, const float** y, shm::ShmCallInfo* info) {
+  BITSPLIT_CHECK(in_flight_.has_value() && *in_flight_ == id);
+  in_flight_.reset();
+  const ResidualGroupShape* shape = shapes_.Find(id);
+  const uint64_t wait_start = MonotonicNanosForStats();
+  shm::ShmCallInfo call;
+  absl::Status status = channel_->Wait(&call);
+  stats_.wait_ns += MonotonicNanosForStats() - wait_start;
+  BITSPLIT_RETURN_IF_ERROR(status);
   bool shapes_match = call.num_outputs == shape->rows.size();
   for (uint32_t i = 0; shapes_match && i < call.num_outputs; ++i) {
     shapes_match = call.output_rows[i] == shape->rows[i];
@@ -92,6 +111,21 @@ absl::Status RemoteResidual::Compute(LinearGroupId id, const quant::QuantizedAct
   return absl::OkStatus();
 }
 
+absl::Status RemoteResidual::Compute(LinearGroupId id, const quant::QuantizedActivations& x,
+                                     const float** y, shm::ShmCallInfo* info) {
+  BITSPLIT_RETURN_IF_ERROR(Send(id, x));
+  return Receive(id, y, info);
+}
+
+absl::Status RemoteResidual::Submit(LinearGroupId id, const quant::QuantizedActivations& x) {
+  // An earlier submission nobody collected (its forward failed) is collected and dropped first.
+  if (in_flight_.has_value()) {
+    const float* ignored = nullptr;
+    (void)Receive(*in_flight_, &ignored, nullptr);
+  }
+  return Send(id, x);
+}
+
 absl::Status RemoteResidual::Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,
                                         std::span<float* const> outputs, ThreadPool& pool) {
   const ResidualGroupShape* shape = shapes_.Find(id);
@@ -101,7 +135,12 @@ absl::Status RemoteResidual::Accumulate(LinearGroupId id, const quant::Quantized
                      " outputs does not match the service's residual"));
   }
   const float* y = nullptr;
-  BITSPLIT_RETURN_IF_ERROR(Compute(id, x, &y, nullptr));
+  if (in_flight_.has_value() && *in_flight_ == id) {
+    BITSPLIT_RETURN_IF_ERROR(Receive(id, &y, nullptr));
+  } else {
+    BITSPLIT_RETURN_IF_ERROR(Submit(id, x));
+    BITSPLIT_RETURN_IF_ERROR(Receive(id, &y, nullptr));
+  }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const int64_t n = x.rows * shape->rows[i];
     float* out = outputs[i];

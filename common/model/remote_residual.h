@@ -10,6 +10,7 @@
 // `accumulate` path computes (out + y, one f32 add per element).
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -46,6 +47,7 @@ struct RemoteResidualStats {
   uint64_t round_trip_ns = 0;  // submit to response, client side
   uint64_t server_ns = 0;      // the service's own time
   uint64_t compute_ns = 0;     // of which kernels
+  uint64_t wait_ns = 0;        // time spent waiting for responses (what overlap did not hide)
 };
 
 // Thread safety: one Accumulate at a time (like every ResidualSource).
@@ -59,6 +61,8 @@ class RemoteResidual final : public ResidualSource {
   // for a refused request, UNAVAILABLE / DEADLINE_EXCEEDED when the service is gone or hangs.
   absl::Status Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,
                           std::span<float* const> outputs, ThreadPool& pool) override;
+  // Posts the request and returns at once; the Accumulate of the same group collects it.
+  absl::Status Submit(LinearGroupId id, const quant::QuantizedActivations& x) override;
 
   // The raw operation: submits `x` for group `id` and leaves y = x·R_iᵀ (matrix i at
   // [T][rows_i], back to back) in the channel's output area, returned through `y`.
@@ -71,8 +75,12 @@ class RemoteResidual final : public ResidualSource {
   bool healthy() const { return channel_->Healthy(); }
 
  private:
+  absl::Status Send(LinearGroupId id, const quant::QuantizedActivations& x);
+  absl::Status Receive(LinearGroupId id, const float** y, shm::ShmCallInfo* info);
+
   std::unique_ptr<shm::ShmChannelClient> channel_;
   ResidualShapes shapes_;
+  std::optional<LinearGroupId> in_flight_;  // submitted, not yet received
   RemoteResidualStats stats_;
 };
 

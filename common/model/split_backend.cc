@@ -59,6 +59,7 @@ absl::Status SplitLinearBackend::Apply(LinearGroupId id, const float* x, int64_t
     input = rotated_.data();
   }
   quant::QuantizeActivations(input, num_tokens, cols, &activations_);
+  if (residual_ != nullptr) BITSPLIT_RETURN_IF_ERROR(residual_->Submit(id, activations_));
   SplitMatMulGroup(matrices, activations_, outputs, /*accumulate=*/false, pool);
   if (residual_ != nullptr) {
     BITSPLIT_RETURN_IF_ERROR(residual_->Accumulate(id, activations_, outputs, pool));

@@ -6,6 +6,8 @@
 //   draft   y = x·Bᵀ
 //   verify  y = x·Bᵀ, then y += x·Rᵀ: two matmuls whose outputs are added, exactly as the
 //           services split the work (base on the GPU, residual in the cpu-residual process).
+//           The residual request is submitted before the base matmul runs, so a remote residual
+//           overlaps with it.
 //
 // Per group the input is rotated (block Hadamard, when the model was quantized rotated) and
 // quantized to int8 ONCE; the base and the residual matmuls read the same quantized rows. The
@@ -76,6 +78,12 @@ class ResidualSource {
   // rotated and quantized exactly as the base matmul saw it. Called by one forward at a time.
   virtual absl::Status Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,
                                   std::span<float* const> outputs, ThreadPool& pool) = 0;
+  // Starts x · Rᵀ of group `id` where that can run beside this process's own work (a remote
+  // service), before the base matmul; the next Accumulate of the same group and `x` finishes it.
+  // A source that computes in process does nothing here.
+  virtual absl::Status Submit(LinearGroupId id, const quant::QuantizedActivations& x) {
+    return absl::OkStatus();
+  }
 };
 
 // The residual file mapped in this process. Thread safety: stateless apart from the views.
