@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/read_bandwidth.h"
 #include "common/quant/split_format.h"
 #include "common/quant/split_matmul.h"
 #include "common/util/fp16.h"
@@ -158,41 +159,8 @@ std::map<std::string, double> g_kernel_rate;  // P per case, multiply-adds/s
 
 double Bandwidth() { return std::max(g_bandwidth_plain, g_bandwidth_prefetch); }
 
-// Streaming read: each thread reduces its contiguous half of a 128 MiB window (4x L3) with AVX2
-// adds, optionally prefetching 2 KiB ahead; the best of 8 windows of a 512 MiB buffer.
 double MeasureBandwidth(bool software_prefetch) {
-  constexpr size_t kBytes = size_t{512} << 20, kWindow = size_t{128} << 20;
-  static uint8_t* buffer = [] {
-    auto* b = static_cast<uint8_t*>(std::aligned_alloc(64, kBytes));
-    std::memset(b, 1, kBytes);
-    return b;
-  }();
-  std::vector<long long> sink(Pool().num_threads());
-  double best = 0;
-  for (int rep = 0; rep < 8; ++rep) {
-    const uint8_t* base = buffer + (rep % (kBytes / kWindow)) * kWindow;
-    const double start = Now();
-    Pool().ParallelFor(kWindow / 128, [&](int64_t begin, int64_t end, int worker) {
-      __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
-      for (int64_t i = begin; i < end; ++i) {
-        const uint8_t* line = base + i * 128;
-        if (software_prefetch) {
-          _mm_prefetch(reinterpret_cast<const char*>(line) + 2048, _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(line) + 2048 + 64, _MM_HINT_T0);
-        }
-        const auto* p = reinterpret_cast<const __m256i*>(line);
-        a = _mm256_add_epi64(a, _mm256_load_si256(p));
-        b = _mm256_add_epi64(b, _mm256_load_si256(p + 1));
-        c = _mm256_add_epi64(c, _mm256_load_si256(p + 2));
-        d = _mm256_add_epi64(d, _mm256_load_si256(p + 3));
-      }
-      const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d));
-      sink[worker] = _mm256_extract_epi64(s, 0) + _mm256_extract_epi64(s, 3);
-    });
-    best = std::max(best, kWindow / (Now() - start));
-  }
-  benchmark::DoNotOptimize(sink.data());
-  return best;
+  return bench::MeasureReadBandwidth(Pool(), software_prefetch, /*repetitions=*/8);
 }
 
 // The kernel's inner instruction mix from registers: 8 chains of

@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/read_bandwidth.h"
 #include "common/io/split_file.h"
 #include "common/model/remote_residual.h"
 #include "common/model/split_backend.h"
@@ -198,31 +199,8 @@ std::unique_ptr<rpc::ResidualClient> ConnectWhenReady(const std::string& socket)
 // ---- Ceilings -----------------------------------------------------------------------------------
 
 double MeasureBandwidth(ThreadPool& pool) {
-  const size_t bytes = size_t{1} << 30, window = size_t{128} << 20;
-  std::unique_ptr<uint8_t[]> buffer(new (std::align_val_t(64)) uint8_t[bytes]);
-  std::memset(buffer.get(), 1, bytes);
-  std::vector<long long> sink(static_cast<size_t>(pool.num_threads()));
-  double best = 0;
-  for (int rep = 0; rep < 24; ++rep) {
-    const uint8_t* base = buffer.get() + (rep % (bytes / window)) * window;
-    const auto start = Clock::now();
-    pool.ParallelFor(static_cast<int64_t>(window / 128), [&](int64_t begin, int64_t end,
-                                                             int worker) {
-      __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
-      for (int64_t i = begin; i < end; ++i) {
-        const auto* p = reinterpret_cast<const __m256i*>(base + i * 128);
-        a = _mm256_add_epi64(a, _mm256_load_si256(p));
-        b = _mm256_add_epi64(b, _mm256_load_si256(p + 1));
-        c = _mm256_add_epi64(c, _mm256_load_si256(p + 2));
-        d = _mm256_add_epi64(d, _mm256_load_si256(p + 3));
-      }
-      const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d));
-      sink[static_cast<size_t>(worker)] = _mm256_extract_epi64(s, 0) + _mm256_extract_epi64(s, 3);
-    });
-    best = std::max(best, static_cast<double>(window) / Seconds(Clock::now() - start));
-  }
-  ::operator delete[](buffer.release(), std::align_val_t(64));
-  return best;
+  return bench::MeasureReadBandwidth(pool, /*software_prefetch=*/false, /*repetitions=*/24,
+                                     size_t{1} << 30);
 }
 
 // ---- Passes ------------------------------------------------------------------------------------
