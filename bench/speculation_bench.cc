@@ -140,10 +140,19 @@ std::vector<Prompt> LoadPrompts(const std::string& path, const LlamaModel& model
   for (std::string line; std::getline(in, line);) {
     if (line.empty()) continue;
     const nlohmann::json j = nlohmann::json::parse(line);
-    const text::ChatMessage message{.role = "user", .content = j.at("prompt").get<std::string>()};
-    const std::string rendered = chat.Render(std::span(&message, 1), true);
-    prompts.push_back({j.value("id", std::to_string(prompts.size())),
-                       tokenizer->Encode(rendered, /*parse_special=*/true)});
+    const std::string id = j.value("id", std::to_string(prompts.size()));
+    const std::string text = j.at("prompt").get<std::string>();
+    // bench/prompts/README.md: code and prose are continued as raw text, the rest is a chat
+    // message (as `bitsplit generate --prompt` / `--chat` would feed them).
+    const bool raw = id.rfind("code-", 0) == 0 || id.rfind("prose-", 0) == 0;
+    const text::ChatMessage message{.role = "user", .content = text};
+    std::vector<int32_t> tokens =
+        raw ? tokenizer->Encode(text, /*parse_special=*/false)
+            : tokenizer->Encode(chat.Render(std::span(&message, 1), true), /*parse_special=*/true);
+    if (tokenizer->add_bos() && tokenizer->bos_id() >= 0) {
+      tokens.insert(tokens.begin(), tokenizer->bos_id());
+    }
+    prompts.push_back({id, std::move(tokens)});
   }
   if (prompts.empty()) Die(path + " holds no prompts");
   return prompts;
