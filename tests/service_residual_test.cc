@@ -37,6 +37,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/testing/service_process.h"
 
 extern char** environ;
 
@@ -47,6 +48,8 @@ namespace v1 = bitsplit::internal::v1;
 using model::LinearGroup;
 using model::LinearGroupId;
 using Clock = std::chrono::steady_clock;
+using testing::HealthStatus;
+using testing::ServiceProcess;
 
 const char kServiceBinary[] = BITSPLIT_BINARY_DIR "/services/cpu-residual/bitsplit-residual";
 constexpr char kChildSocketEnv[] = "BITSPLIT_RESIDUAL_CHILD_SOCKET";
@@ -125,109 +128,8 @@ void WriteTinyResidual(const std::string& path, const SplitFingerprint& fingerpr
 
 // ---- The service process -----------------------------------------------------------------------
 
-class ServiceProcess {
- public:
-  ~ServiceProcess() { Kill(SIGKILL); }
-
-  // Starts the binary; returns once its health check says SERVING (or it exited).
-  ::testing::AssertionResult Start(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {kServiceBinary};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<char*> raw;
-    for (std::string& a : argv) raw.push_back(a.data());
-    raw.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    stderr_path_ = std::filesystem::temp_directory_path() /
-                   ("bitsplit-residual-test-" + std::to_string(getpid()) + "-" +
-                    std::to_string(counter_++) + ".log");
-    posix_spawn_file_actions_addopen(&actions, 2, stderr_path_.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int error = posix_spawn(&pid_, kServiceBinary, &actions, nullptr, raw.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (error != 0) return ::testing::AssertionFailure() << "posix_spawn: " << strerror(error);
-    return ::testing::AssertionSuccess();
-  }
-
-  // Waits for the process to exit; returns its exit status (or -1 after `timeout`).
-  int Wait(std::chrono::milliseconds timeout) {
-    if (pid_ <= 0) return exit_status_;
-    const auto deadline = Clock::now() + timeout;
-    while (Clock::now() < deadline) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = 0;
-        exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        return exit_status_;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return -1;
-  }
-
-  void Kill(int signal) {
-    if (pid_ > 0) {
-      kill(pid_, signal);
-      if (signal == SIGKILL) Wait(std::chrono::seconds(10));
-    }
-  }
-  void Signal(int signal) {
-    if (pid_ > 0) kill(pid_, signal);
-  }
-  // SIGSTOP, and wait until every thread is stopped (delivery is asynchronous).
-  void Stop() {
-    Signal(SIGSTOP);
-    const auto deadline = Clock::now() + std::chrono::seconds(5);
-    while (Clock::now() < deadline) {
-      bool all_stopped = true;
-      for (const auto& task :
-           std::filesystem::directory_iterator("/proc/" + std::to_string(pid_) + "/task")) {
-        std::ifstream in(task.path() / "stat");
-        std::string stat;
-        std::getline(in, stat);
-        const size_t paren = stat.rfind(')');
-        if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') {
-          all_stopped = false;
-        }
-      }
-      if (all_stopped) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
-  pid_t pid() const { return pid_; }
-  std::string Stderr() const {
-    std::ifstream in(stderr_path_);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  }
-
- private:
-  static inline int counter_ = 0;
-  pid_t pid_ = 0;
-  int exit_status_ = -1;
-  std::filesystem::path stderr_path_;
-};
-
-// SERVING / NOT_SERVING / ... of the standard health service, or -1 when the call fails.
-int HealthStatus(const std::string& target) {
-  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
-  auto stub = grpc::health::v1::Health::NewStub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
-  grpc::health::v1::HealthCheckRequest request;
-  grpc::health::v1::HealthCheckResponse response;
-  if (!stub->Check(&context, request, &response).ok()) return -1;
-  return response.status();
-}
-
 bool WaitServing(const std::string& target, ServiceProcess& process) {
-  const auto deadline = Clock::now() + std::chrono::seconds(20);
-  while (Clock::now() < deadline) {
-    if (HealthStatus(target) == grpc::health::v1::HealthCheckResponse::SERVING) return true;
-    if (process.Wait(std::chrono::milliseconds(20)) >= 0) return false;
-  }
-  return false;
+  return process.WaitServing(target, std::chrono::seconds(20));
 }
 
 // ---- Activations and the in-process reference --------------------------------------------------
@@ -344,7 +246,7 @@ class ResidualServiceTest : public ::testing::Test {
 };
 
 TEST_F(ResidualServiceTest, InfoDescribesTheResidual) {
-  ServiceProcess service;
+  ServiceProcess service(kServiceBinary);
   StartService(service);
   auto client = Connect();
   auto info = client->Info();
@@ -367,7 +269,7 @@ TEST_F(ResidualServiceTest, InfoDescribesTheResidual) {
 }
 
 TEST_F(ResidualServiceTest, SharedMemoryAndGrpcMatchInProcessBitForBit) {
-  ServiceProcess service;
+  ServiceProcess service(kServiceBinary);
   StartService(service);
   auto client = Connect();
   const model::ModelConfig config = TinyConfig();
@@ -406,7 +308,7 @@ TEST_F(ResidualServiceTest, SharedMemoryAndGrpcMatchInProcessBitForBit) {
 }
 
 TEST_F(ResidualServiceTest, BadRequestsAreRejectedAndTheServiceKeepsServing) {
-  ServiceProcess service;
+  ServiceProcess service(kServiceBinary);
   StartService(service);
   auto client = Connect();
   // A raw channel, so that requests bypass the client library's own checks.
@@ -523,7 +425,7 @@ TEST_F(ResidualServiceTest, BadRequestsAreRejectedAndTheServiceKeepsServing) {
 }
 
 TEST_F(ResidualServiceTest, WrongFingerprintIsRefused) {
-  ServiceProcess service;
+  ServiceProcess service(kServiceBinary);
   StartService(service);
   auto client = Connect();
   auto session = client->Attach(SplitFingerprintToHex(MakeFingerprint(8)), 0, nullptr);
@@ -561,7 +463,7 @@ TEST(ResidualServiceChild, AttachAndLoop) {
 }
 
 TEST_F(ResidualServiceTest, ClientKilledMidRequestIsReclaimed) {
-  ServiceProcess service;
+  ServiceProcess service(kServiceBinary);
   StartService(service);
   const std::string marker = *dir_ + "/child.marker";
   std::filesystem::remove(marker);
@@ -627,7 +529,7 @@ TEST_F(ResidualServiceTest, ServiceKilledMidRequestGivesUnavailableThenRestartWo
   options.shm.timeout = std::chrono::seconds(5);
   options.shm.liveness_timeout = std::chrono::milliseconds(700);
   {
-    ServiceProcess service;
+    ServiceProcess service(kServiceBinary);
     StartService(service);
     auto client = Connect(options);
     auto session = client->Attach(FingerprintHex(), 0, &shapes);
@@ -656,7 +558,7 @@ TEST_F(ResidualServiceTest, ServiceKilledMidRequestGivesUnavailableThenRestartWo
   }
   {
     // A hung (stopped) service: UNAVAILABLE after the liveness timeout, never a hang.
-    ServiceProcess service;
+    ServiceProcess service(kServiceBinary);
     StartService(service);
     auto client = Connect(options);
     auto session = client->Attach(FingerprintHex(), 0, &shapes);
@@ -670,7 +572,7 @@ TEST_F(ResidualServiceTest, ServiceKilledMidRequestGivesUnavailableThenRestartWo
     service.Kill(SIGKILL);
   }
   // Restart on the same socket and reattach: results as before.
-  ServiceProcess service;
+  ServiceProcess service(kServiceBinary);
   StartService(service);
   auto client = Connect(options);
   auto session = client->Attach(FingerprintHex(), 0, &shapes);
@@ -682,7 +584,7 @@ TEST_F(ResidualServiceTest, ServiceKilledMidRequestGivesUnavailableThenRestartWo
 }
 
 TEST_F(ResidualServiceTest, HealthFlipsToNotServingDuringGracefulShutdown) {
-  ServiceProcess service;
+  ServiceProcess service(kServiceBinary);
   StartService(service, {"--shutdown-grace-ms", "1500"});
   auto client = Connect();
   const model::ResidualShapes shapes = model::ResidualShapes::FromConfig(TinyConfig());
@@ -713,18 +615,18 @@ TEST_F(ResidualServiceTest, RefusesCorruptFilesAndTooLittleRam) {
   std::filesystem::copy_file(*residual_path_, truncated,
                              std::filesystem::copy_options::overwrite_existing);
   std::filesystem::resize_file(truncated, std::filesystem::file_size(truncated) - 100);
-  ServiceProcess bad;
+  ServiceProcess bad(kServiceBinary);
   ASSERT_TRUE(bad.Start({truncated, "--socket", socket_}));
   EXPECT_EQ(bad.Wait(std::chrono::seconds(10)), 1);
   EXPECT_NE(bad.Stderr().find(truncated), std::string::npos) << bad.Stderr();
   // Not a split file at all.
   const std::string garbage = *dir_ + "/garbage.bsplit";
   std::ofstream(garbage) << std::string(4096, 'x');
-  ServiceProcess bad2;
+  ServiceProcess bad2(kServiceBinary);
   ASSERT_TRUE(bad2.Start({garbage, "--socket", socket_}));
   EXPECT_EQ(bad2.Wait(std::chrono::seconds(10)), 1);
   // Too little RAM: refused with the numbers.
-  ServiceProcess small;
+  ServiceProcess small(kServiceBinary);
   ASSERT_TRUE(small.Start({*residual_path_, "--socket", socket_, "--memory-limit-bytes", "4096"}));
   EXPECT_EQ(small.Wait(std::chrono::seconds(10)), 1);
   const std::string message = small.Stderr();
@@ -738,7 +640,7 @@ TEST_F(ResidualServiceTest, MlockFailureNamesTheLimit) {
   // Run with RLIMIT_MEMLOCK of 64 KiB through prlimit(1) when available; root with
   // CAP_IPC_LOCK may lock anyway, in which case the service must report mlocked = true.
   if (std::system("command -v prlimit >/dev/null 2>&1") != 0) GTEST_SKIP() << "no prlimit";
-  ServiceProcess service;
+  ServiceProcess service(kServiceBinary);
   std::vector<std::string> args = {"--memlock=65536", kServiceBinary};
   std::vector<std::string> rest = Args({"--mlock"});
   args.insert(args.end(), rest.begin(), rest.end());
@@ -787,7 +689,7 @@ TEST(ResidualServiceModelTest, VerifyForwardWithRemoteResidualMatchesInProcess) 
   auto draft_only = model::LlamaModel::LoadSplit(summary->base_path, "", 2);
   ASSERT_TRUE(draft_only.ok()) << draft_only.status();
 
-  ServiceProcess service;
+  ServiceProcess service(kServiceBinary);
   const std::string socket = dir + "/residual.sock";
   ASSERT_TRUE(service.Start(
       {summary->residual_path, "--socket", socket, "--threads", "2", "--max-rows", "16"}));

@@ -3,23 +3,16 @@
 //   bitsplit-residual MODEL.residual.bsplit [--socket PATH | --tcp HOST:PORT] [--threads N]
 //                     [--pin] [--mlock] [--no-huge-pages] [--no-prefault] [--max-rows T]
 //                     [--verbose]
-#include <signal.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "absl/strings/str_format.h"
+#include "common/rpc/server_runner.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
 #include "services/cpu-residual/channel_manager.h"
 #include "services/cpu-residual/residual_service.h"
 #include "services/cpu-residual/residual_store.h"
@@ -34,28 +27,6 @@ int Fail(const absl::Status& status) {
   std::fprintf(stderr, "bitsplit-residual: error: %.*s\n",
                static_cast<int>(status.message().size()), status.message().data());
   return 1;
-}
-
-absl::Status PrepareSocketPath(const std::string& path) {
-  std::error_code error;
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty() && !std::filesystem::exists(parent, error)) {
-    std::filesystem::create_directories(parent, error);
-    if (error) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot create ", parent.string(), ": ", error.message()));
-    }
-    chmod(parent.c_str(), 0770);
-  }
-  struct stat st;
-  if (lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
-    }
-    unlink(path.c_str());  // a stale socket of an earlier run
-  }
-  return absl::OkStatus();
 }
 
 int Run(int argc, char** argv) {
@@ -101,12 +72,8 @@ int Run(int argc, char** argv) {
   }
   channel_options.max_rows = max_rows;
 
-  // SIGTERM/SIGINT are taken by sigwait below; block them before any thread exists.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGTERM/SIGINT are taken by RunServer; block them before any thread exists.
+  rpc::BlockTerminationSignals();
 
   auto store = ResidualStore::Open(residual_path, store_options);
   if (!store.ok()) return Fail(store.status());
@@ -114,53 +81,22 @@ int Run(int argc, char** argv) {
   ChannelManager channels(**store, channel_options);
   ResidualServiceImpl service(**store, channels);
 
-  std::string address;
-  if (!tcp.empty()) {
-    address = tcp;
-  } else {
-    if (absl::Status status = PrepareSocketPath(socket_path); !status.ok()) return Fail(status);
-    address = "unix:" + socket_path;
-  }
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
-                           tcp.empty() ? nullptr : &port);
-  builder.SetMaxReceiveMessageSize(256 << 20);
-  builder.SetMaxSendMessageSize(256 << 20);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) {
-    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on ", address)));
-  }
-  if (tcp.empty()) chmod(socket_path.c_str(), 0660);
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  health->SetServingStatus("", true);
-  health->SetServingStatus(kServiceName, true);
   const SplitFile& file = (*store)->file();
-  std::fprintf(
-      stderr,
-      "bitsplit-residual: serving %s (fingerprint %s, %d layers, %llu bytes, %d threads%s%s) "
-      "on %s%s\n",
-      file.name().c_str(), file.fingerprint_hex().c_str(), (*store)->num_layers(),
+  rpc::ServerOptions server_options{.name = "bitsplit-residual",
+                                    .socket_path = socket_path,
+                                    .tcp_address = tcp,
+                                    .health_services = {kServiceName},
+                                    .shutdown_grace_ms = shutdown_grace_ms};
+  const std::string description = absl::StrFormat(
+      "%s (fingerprint %s, %d layers, %llu bytes, %d threads%s%s)", file.name(),
+      file.fingerprint_hex(), (*store)->num_layers(),
       static_cast<unsigned long long>((*store)->weight_bytes()), (*store)->threads(),
-      (*store)->mlocked() ? ", mlocked" : "", (*store)->pinned() ? ", pinned" : "", address.c_str(),
-      tcp.empty() ? "" : absl::StrCat(" (port ", port, ")").c_str());
-
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  spdlog::warn("signal {}: shutting down", signal_number);
-  // Health first, so that clients and supervisors stop sending work, then stop accepting,
-  // let in-flight RPCs finish (bounded), close the channels (clients get UNAVAILABLE).
-  health->SetServingStatus("", false);
-  health->SetServingStatus(kServiceName, false);
-  std::this_thread::sleep_for(std::chrono::milliseconds(shutdown_grace_ms));
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      (*store)->mlocked() ? ", mlocked" : "", (*store)->pinned() ? ", pinned" : "");
+  grpc::Service* services[] = {&service};
+  // The channels close after the server stops (attached clients then get UNAVAILABLE).
+  const absl::Status status = rpc::RunServer(server_options, services, description, {});
   channels.Shutdown();
-  server->Wait();
-  if (tcp.empty()) unlink(socket_path.c_str());
-  std::fprintf(stderr, "bitsplit-residual: stopped\n");
+  if (!status.ok()) return Fail(status);
   return 0;
 }
 

@@ -1,0 +1,56 @@
+#pragma once
+// Client of the gpu-drafter service (services/gpu-drafter, proto
+// bitsplit/internal/v1/drafter.proto) for the coordinator, tools and tests:
+//
+//   auto client = DrafterClient::Connect("unix:/run/bitsplit/drafter.sock", 5s, 30s);
+//   auto session = (*client)->OpenSession(/*context=*/2048);
+//   (*client)->Prefill(request);  ...  Draft / Verify / Commit  ...
+//   (*client)->CloseSession(session->session_id());
+//
+// Every RPC carries the client's rpc_timeout as its deadline; a gRPC error comes back as the
+// absl::Status of the same code, its message prefixed with "drafter: ".
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "bitsplit/internal/v1/drafter.grpc.pb.h"
+
+namespace bitsplit::rpc {
+
+// Thread safety: every method may be called concurrently.
+class DrafterClient {
+ public:
+  // `target` is a gRPC target ("unix:/path", "localhost:port"). Waits up to `connect_timeout`
+  // for the connection: UNAVAILABLE when the service does not answer. Every later RPC has the
+  // deadline `rpc_timeout` (DEADLINE_EXCEEDED past it).
+  static absl::StatusOr<std::unique_ptr<DrafterClient>> Connect(
+      const std::string& target, std::chrono::milliseconds connect_timeout,
+      std::chrono::milliseconds rpc_timeout);
+
+  absl::StatusOr<internal::v1::DrafterInfo> GetInfo();
+  // context 0: the server's max_context.
+  absl::StatusOr<internal::v1::OpenSessionResponse> OpenSession(int32_t context);
+  absl::Status CloseSession(uint64_t session_id);
+  absl::StatusOr<internal::v1::PrefillResponse> Prefill(
+      const internal::v1::PrefillRequest& request);
+  absl::StatusOr<internal::v1::DraftResponse> Draft(const internal::v1::DraftRequest& request);
+  absl::StatusOr<internal::v1::VerifyResponse> Verify(const internal::v1::VerifyRequest& request);
+  absl::StatusOr<internal::v1::CommitResponse> Commit(const internal::v1::CommitRequest& request);
+
+  const std::string& target() const { return target_; }
+  std::chrono::milliseconds rpc_timeout() const { return rpc_timeout_; }
+
+ private:
+  DrafterClient() = default;
+  std::unique_ptr<grpc::ClientContext> Context() const;
+
+  std::string target_;
+  std::chrono::milliseconds rpc_timeout_{0};
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<internal::v1::Drafter::Stub> stub_;
+};
+
+}  // namespace bitsplit::rpc

@@ -1,0 +1,122 @@
+#include "common/rpc/server_runner.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "spdlog/spdlog.h"
+
+namespace bitsplit::rpc {
+namespace {
+
+constexpr auto kShutdownDeadline = std::chrono::seconds(5);
+
+sigset_t TerminationSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  return signals;
+}
+
+void SetHealth(grpc::HealthCheckServiceInterface* health, const ServerOptions& options,
+               bool serving) {
+  health->SetServingStatus("", serving);
+  for (const std::string& service : options.health_services) {
+    health->SetServingStatus(service, serving);
+  }
+}
+
+}  // namespace
+
+void BlockTerminationSignals() {
+  const sigset_t signals = TerminationSignals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+absl::Status PrepareSocketPath(const std::string& path) {
+  std::error_code error;
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty() && !std::filesystem::exists(parent, error)) {
+    std::filesystem::create_directories(parent, error);
+    if (error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create ", parent.string(), ": ", error.message()));
+    }
+    chmod(parent.c_str(), 0770);
+  }
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
+    }
+    unlink(path.c_str());  // a stale socket of an earlier run
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunServer(const ServerOptions& options, std::span<grpc::Service* const> services,
+                       const std::string& description,
+                       const std::function<void()>& before_shutdown) {
+  const bool unix_socket = options.tcp_address.empty();
+  std::string address;
+  if (unix_socket) {
+    if (options.socket_path.empty()) {
+      return absl::InvalidArgumentError("neither a unix socket path nor a TCP address given");
+    }
+    if (absl::Status status = PrepareSocketPath(options.socket_path); !status.ok()) return status;
+    address = "unix:" + options.socket_path;
+  } else {
+    address = options.tcp_address;
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+                           unix_socket ? nullptr : &port);
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxSendMessageSize(256 << 20);
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || (!unix_socket && port == 0)) {
+    if (server != nullptr) server->Shutdown();
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  if (unix_socket) chmod(options.socket_path.c_str(), 0660);
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  SetHealth(health, options, true);
+  const std::string port_note = unix_socket ? "" : absl::StrCat(" (port ", port, ")");
+  std::fprintf(stderr, "%s: serving %s on %s%s\n", options.name.c_str(), description.c_str(),
+               address.c_str(), port_note.c_str());
+  std::fflush(stderr);
+
+  const sigset_t signals = TerminationSignals();
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::warn("signal {}: shutting down", signal_number);
+  // Health first, so that clients and supervisors stop sending work; then stop accepting and
+  // let in-flight RPCs finish (bounded).
+  SetHealth(health, options, false);
+  std::this_thread::sleep_for(std::chrono::milliseconds(options.shutdown_grace_ms));
+  if (before_shutdown) before_shutdown();
+  spdlog::debug("stopping the server (in-flight calls get {} s)", kShutdownDeadline.count());
+  server->Shutdown(std::chrono::system_clock::now() + kShutdownDeadline);
+  server->Wait();
+  spdlog::debug("server stopped");
+  if (unix_socket) unlink(options.socket_path.c_str());
+  std::fprintf(stderr, "%s: stopped\n", options.name.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace bitsplit::rpc

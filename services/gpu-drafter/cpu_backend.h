@@ -1,0 +1,47 @@
+#pragma once
+// The cpu backend of the gpu-drafter service: the reference engine (LlamaModel::Forward) with
+// SpeculativeSession. The target is the split model (base file; the residual in process or from
+// cpu-residual through SetResidualSource); the draft is the same model's base weights, or a
+// separate GGUF (the ablation of --draft-model).
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/model/llama_model.h"
+#include "common/model/speculation.h"
+#include "services/gpu-drafter/drafter_backend.h"
+
+namespace bitsplit::drafter {
+
+struct CpuBackendOptions {
+  std::string base_path;
+  std::string residual_path;     // non-empty: the residual is computed in process
+  std::string draft_model_path;  // empty: the base weights draft
+  model::DraftKv draft_kv = model::DraftKv::kShared;
+  int threads = 0;  // forward threads (<= 0: every hardware thread)
+  int64_t prefill_chunk = 64;
+};
+
+class CpuBackend final : public DrafterBackend {
+ public:
+  // Loads the models. Errors name the file (malformed, missing, a residual of another quantize
+  // run) or the draft model's mismatch with the target (vocabulary, KV shape when shared).
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const CpuBackendOptions& options);
+
+  const std::string& name() const override { return info_.name; }
+  const BackendInfo& info() const override { return info_; }
+  bool has_residual() const override { return target_->SupportsMode(model::ForwardMode::kVerify); }
+  absl::Status SetResidualSource(model::ResidualSource* source) override;
+  absl::StatusOr<std::unique_ptr<BackendSession>> NewSession(int64_t context) override;
+
+ private:
+  CpuBackend() = default;
+
+  CpuBackendOptions options_;
+  BackendInfo info_;
+  std::unique_ptr<model::LlamaModel> target_;
+  std::unique_ptr<model::LlamaModel> separate_draft_;  // null: the target's draft mode
+};
+
+}  // namespace bitsplit::drafter

@@ -1,0 +1,69 @@
+#pragma once
+// The compute side of the gpu-drafter service: the models and every session's KV cache. The
+// service (drafter_service.h) owns sessions, limits, validation and the residual link; a backend
+// only runs the math of common/model/speculation.h. Backends: cpu (cpu_backend.h, always built)
+// and cuda (the next issue).
+//
+// Thread safety: a backend and its sessions are NOT thread-safe. The service serializes every
+// call into the backend (one engine lock): one forward runs at a time.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model/config.h"
+#include "common/model/sampler.h"
+#include "common/model/speculation.h"
+#include "common/model/split_backend.h"
+
+namespace bitsplit::drafter {
+
+// What a backend reports about itself (DrafterInfo, the "serving" line).
+struct BackendInfo {
+  std::string name;           // "cpu", "cuda"
+  std::string model_name;     // the source GGUF's general.name
+  model::ModelConfig config;  // of the target (the split model)
+  std::string base_format;    // one line (SplitQuantizationString)
+  std::string fingerprint;    // 64 hex digits of the base file
+  std::string draft_model;    // "base" or the draft GGUF's path
+  model::DraftKv draft_kv = model::DraftKv::kShared;
+  int threads = 0;                   // forward threads
+  uint64_t base_bytes = 0;           // size of the mapped base file
+  bool residual_in_process = false;  // the residual file is mapped in process
+  std::string residual_format;       // one line, when in process
+  uint64_t residual_bytes = 0;       // size of the mapped residual file, when in process
+};
+
+// One sequence: mirrors model::SpeculativeSession (see there for the semantics and errors).
+class BackendSession {
+ public:
+  virtual ~BackendSession() = default;
+  virtual absl::Status Prefill(std::span<const int32_t> tokens) = 0;
+  virtual absl::StatusOr<model::DraftTree> Draft(int32_t root, const model::TreeShape& shape) = 0;
+  virtual absl::StatusOr<std::vector<model::TargetChoice>> Verify(
+      std::span<const int32_t> tokens, std::span<const int32_t> parents,
+      const model::SamplingParams& sampling, int32_t top_logprobs, bool with_logprobs) = 0;
+  virtual absl::Status Commit(std::span<const int32_t> path) = 0;
+  virtual int64_t committed_length() const = 0;
+  virtual int64_t capacity() const = 0;
+};
+
+class DrafterBackend {
+ public:
+  virtual ~DrafterBackend() = default;
+  virtual const std::string& name() const = 0;
+  virtual const BackendInfo& info() const = 0;
+  // Whether verifier forwards can run now: the residual is in process or a source is attached.
+  virtual bool has_residual() const = 0;
+  // Replaces the verifier's residual with `source` (a RemoteResidual of cpu-residual); nullptr
+  // detaches it (verifier forwards then fail with FAILED_PRECONDITION). The source must outlive
+  // its use. FAILED_PRECONDITION for a backend whose residual is in process.
+  virtual absl::Status SetResidualSource(model::ResidualSource* source) = 0;
+  // A session holding up to `context` tokens (prompt + output + one tree).
+  virtual absl::StatusOr<std::unique_ptr<BackendSession>> NewSession(int64_t context) = 0;
+};
+
+}  // namespace bitsplit::drafter

@@ -1,0 +1,312 @@
+#include "services/gpu-drafter/drafter_service.h"
+
+#include <chrono>
+#include <span>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/sampler.h"
+#include "common/model/speculation.h"
+#include "common/util/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace bitsplit::drafter {
+namespace v1 = bitsplit::internal::v1;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t NanosSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+}
+
+template <typename T>
+std::span<const T> Span(const google::protobuf::RepeatedField<T>& field) {
+  return std::span<const T>(field.data(), static_cast<size_t>(field.size()));
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+DrafterService::DrafterService(DrafterBackend& backend, ResidualLink* residual_link,
+                               const DrafterServiceOptions& options)
+    : backend_(backend),
+      residual_link_(residual_link),
+      options_(options),
+      vocab_size_(backend.info().config.vocab_size),
+      sessions_(options.max_sessions) {
+  for (int i = 0; i < options_.workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+DrafterService::~DrafterService() { StopWorkers(); }
+
+void DrafterService::StopWorkers() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    stopping_ = true;
+  }
+  queue_changed_.notify_all();
+  for (std::thread& worker : workers_) {
+    if (worker.joinable()) worker.join();
+  }
+}
+
+void DrafterService::WorkerLoop() {
+  while (true) {
+    std::function<void()> work;
+    {
+      std::unique_lock<std::mutex> lock(queue_mutex_);
+      queue_changed_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything queued is done
+      work = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    work();
+  }
+}
+
+grpc::ServerUnaryReactor* DrafterService::Defer(grpc::CallbackServerContext* context,
+                                                std::function<absl::Status()> work) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto task = [context, reactor, work = std::move(work)] {
+    // A client that is gone (or past its deadline) does not get a forward run for it.
+    if (context->IsCancelled()) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"));
+      return;
+    }
+    reactor->Finish(ToGrpcStatus(work()));
+  };
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (!stopping_) {
+      queue_.push_back(std::move(task));
+      queue_changed_.notify_one();
+      return reactor;
+    }
+  }
+  reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the drafter is shutting down"));
+  return reactor;
+}
+
+// ---- Work ----------------------------------------------------------------------------------
+
+absl::Status DrafterService::CheckToken(int32_t token, const std::string& what) const {
+  if (token < 0 || token >= vocab_size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " (", token, ") is outside the vocabulary [0, ", vocab_size_, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DrafterService::EnsureResidualLocked() {
+  if (residual_link_ == nullptr) return absl::OkStatus();
+  BITSPLIT_RETURN_IF_ERROR(residual_link_->Ensure());
+  std::lock_guard<std::mutex> lock(info_mutex_);
+  residual_format_ = residual_link_->residual_format();
+  residual_bytes_ = residual_link_->residual_bytes();
+  return absl::OkStatus();
+}
+
+absl::Status DrafterService::ForwardErrorLocked(const absl::Status& status) {
+  if (residual_link_ == nullptr) return status;
+  return residual_link_->OnForwardError(status);
+}
+
+absl::Status DrafterService::DoGetInfo(v1::DrafterInfo* response) const {
+  const BackendInfo& info = backend_.info();
+  response->set_name(info.model_name);
+  response->set_architecture(info.config.architecture);
+  response->set_layers(static_cast<int32_t>(info.config.num_layers));
+  response->set_d_model(static_cast<int32_t>(info.config.d_model));
+  response->set_vocab_size(static_cast<int32_t>(info.config.vocab_size));
+  response->set_max_context(options_.max_context);
+  response->set_base_format(info.base_format);
+  response->set_fingerprint(info.fingerprint);
+  response->set_backend(info.name);
+  response->set_max_sessions(options_.max_sessions);
+  response->set_open_sessions(sessions_.size());
+  response->set_draft_model(info.draft_model);
+  response->set_draft_kv(std::string(model::DraftKvName(info.draft_kv)));
+  response->set_max_tree_nodes(options_.max_tree_nodes);
+  response->set_base_bytes(info.base_bytes);
+  if (residual_link_ == nullptr) {
+    response->set_residual("in-process");
+    response->set_residual_format(info.residual_format);
+    response->set_residual_bytes(info.residual_bytes);
+  } else {
+    response->set_residual("shm " + residual_link_->target());
+    std::lock_guard<std::mutex> lock(info_mutex_);
+    response->set_residual_format(residual_format_);
+    response->set_residual_bytes(residual_bytes_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DrafterService::DoOpenSession(const v1::OpenSessionRequest& request,
+                                           v1::OpenSessionResponse* response) {
+  if (request.context() < 0 || request.context() > options_.max_context) {
+    return absl::InvalidArgumentError(absl::StrCat("context ", request.context(),
+                                                   " is outside [0, ", options_.max_context,
+                                                   "] (0: the maximum, --max-context)"));
+  }
+  const int32_t context = request.context() == 0 ? options_.max_context : request.context();
+  BITSPLIT_RETURN_IF_ERROR(sessions_.CheckRoom());
+  std::shared_ptr<BackendSession> session;
+  {
+    std::lock_guard<std::mutex> lock(engine_mutex_);
+    BITSPLIT_RETURN_IF_ERROR(EnsureResidualLocked());
+    BITSPLIT_ASSIGN_OR_RETURN(session, backend_.NewSession(context));
+  }
+  BITSPLIT_ASSIGN_OR_RETURN(const uint64_t id, sessions_.Add(std::move(session)));
+  spdlog::debug("session {} opened (context {})", id, context);
+  response->set_session_id(id);
+  response->set_context(context);
+  return absl::OkStatus();
+}
+
+absl::Status DrafterService::DoCloseSession(const v1::CloseSessionRequest& request) {
+  BITSPLIT_RETURN_IF_ERROR(sessions_.Remove(request.session_id()));
+  spdlog::debug("session {} closed", request.session_id());
+  return absl::OkStatus();
+}
+
+absl::Status DrafterService::DoPrefill(const v1::PrefillRequest& request,
+                                       v1::PrefillResponse* response) {
+  BITSPLIT_ASSIGN_OR_RETURN(std::shared_ptr<BackendSession> session,
+                            sessions_.Find(request.session_id()));
+  if (request.tokens().empty()) {
+    return absl::InvalidArgumentError("prefill needs at least one token");
+  }
+  for (int i = 0; i < request.tokens_size(); ++i) {
+    BITSPLIT_RETURN_IF_ERROR(CheckToken(request.tokens(i), absl::StrCat("prompt token ", i)));
+  }
+  std::lock_guard<std::mutex> lock(engine_mutex_);
+  const Clock::time_point start = Clock::now();
+  BITSPLIT_RETURN_IF_ERROR(EnsureResidualLocked());
+  if (absl::Status status = session->Prefill(Span(request.tokens())); !status.ok()) {
+    return ForwardErrorLocked(status);
+  }
+  response->set_committed_length(static_cast<int32_t>(session->committed_length()));
+  response->set_elapsed_ns(NanosSince(start));
+  return absl::OkStatus();
+}
+
+absl::Status DrafterService::DoDraft(const v1::DraftRequest& request, v1::DraftResponse* response) {
+  BITSPLIT_ASSIGN_OR_RETURN(std::shared_ptr<BackendSession> session,
+                            sessions_.Find(request.session_id()));
+  BITSPLIT_RETURN_IF_ERROR(CheckToken(request.root_token(), "root_token"));
+  const model::TreeShape shape{.nodes = request.nodes(),
+                               .expansions = request.expansions(),
+                               .max_depth = request.max_depth()};
+  BITSPLIT_RETURN_IF_ERROR(model::ValidateTreeShape(shape, options_.max_tree_nodes - 1));
+  std::lock_guard<std::mutex> lock(engine_mutex_);
+  const Clock::time_point start = Clock::now();
+  BITSPLIT_ASSIGN_OR_RETURN(model::DraftTree tree, session->Draft(request.root_token(), shape));
+  response->mutable_tokens()->Add(tree.tokens.begin(), tree.tokens.end());
+  response->mutable_parents()->Add(tree.parents.begin(), tree.parents.end());
+  response->mutable_logprobs()->Add(tree.logprobs.begin(), tree.logprobs.end());
+  response->set_draft_forwards(tree.draft_forwards);
+  response->set_elapsed_ns(NanosSince(start));
+  return absl::OkStatus();
+}
+
+absl::Status DrafterService::DoVerify(const v1::VerifyRequest& request,
+                                      v1::VerifyResponse* response) {
+  BITSPLIT_ASSIGN_OR_RETURN(std::shared_ptr<BackendSession> session,
+                            sessions_.Find(request.session_id()));
+  BITSPLIT_RETURN_IF_ERROR(model::ValidateTree(Span(request.tokens()), Span(request.parents()),
+                                               vocab_size_, options_.max_tree_nodes));
+  model::SamplingParams sampling;
+  sampling.temperature = request.sampling().temperature();
+  sampling.top_k = request.sampling().top_k();
+  // proto3 cannot tell an unset top_p from 0, which is no valid nucleus: unset means off.
+  sampling.top_p = request.sampling().top_p() == 0.0f ? 1.0f : request.sampling().top_p();
+  sampling.seed = request.sampling().seed();
+  BITSPLIT_RETURN_IF_ERROR(model::ValidateSamplingParams(sampling));
+  if (request.logprobs() < 0 || request.logprobs() > options_.max_logprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("logprobs ", request.logprobs(),
+                                                   " is outside [0, ", options_.max_logprobs, "]"));
+  }
+  std::lock_guard<std::mutex> lock(engine_mutex_);
+  const Clock::time_point start = Clock::now();
+  BITSPLIT_RETURN_IF_ERROR(EnsureResidualLocked());
+  const uint64_t residual_before = residual_link_ != nullptr ? residual_link_->round_trip_ns() : 0;
+  auto choices = session->Verify(Span(request.tokens()), Span(request.parents()), sampling,
+                                 request.logprobs(), request.logprobs() > 0);
+  if (!choices.ok()) return ForwardErrorLocked(choices.status());
+  const uint64_t residual_after = residual_link_ != nullptr ? residual_link_->round_trip_ns() : 0;
+  for (const model::TargetChoice& choice : *choices) {
+    v1::NodeChoice* out = response->add_choices();
+    out->set_token(choice.token);
+    out->set_logprob(choice.logprob);
+    out->mutable_top_ids()->Add(choice.top_ids.begin(), choice.top_ids.end());
+    out->mutable_top_logprobs()->Add(choice.top_logprobs.begin(), choice.top_logprobs.end());
+  }
+  response->set_elapsed_ns(NanosSince(start));
+  response->set_residual_wait_ns(static_cast<int64_t>(residual_after - residual_before));
+  return absl::OkStatus();
+}
+
+absl::Status DrafterService::DoCommit(const v1::CommitRequest& request,
+                                      v1::CommitResponse* response) {
+  BITSPLIT_ASSIGN_OR_RETURN(std::shared_ptr<BackendSession> session,
+                            sessions_.Find(request.session_id()));
+  std::lock_guard<std::mutex> lock(engine_mutex_);
+  BITSPLIT_RETURN_IF_ERROR(session->Commit(Span(request.nodes())));
+  response->set_committed_length(static_cast<int32_t>(session->committed_length()));
+  return absl::OkStatus();
+}
+
+// ---- gRPC handlers -------------------------------------------------------------------------
+
+grpc::ServerUnaryReactor* DrafterService::GetInfo(grpc::CallbackServerContext* context,
+                                                  const v1::DrafterInfoRequest* /*request*/,
+                                                  v1::DrafterInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(DoGetInfo(response)));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* DrafterService::OpenSession(grpc::CallbackServerContext* context,
+                                                      const v1::OpenSessionRequest* request,
+                                                      v1::OpenSessionResponse* response) {
+  return Defer(context, [this, request, response] { return DoOpenSession(*request, response); });
+}
+
+grpc::ServerUnaryReactor* DrafterService::CloseSession(grpc::CallbackServerContext* context,
+                                                       const v1::CloseSessionRequest* request,
+                                                       v1::CloseSessionResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(DoCloseSession(*request)));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* DrafterService::Prefill(grpc::CallbackServerContext* context,
+                                                  const v1::PrefillRequest* request,
+                                                  v1::PrefillResponse* response) {
+  return Defer(context, [this, request, response] { return DoPrefill(*request, response); });
+}
+
+grpc::ServerUnaryReactor* DrafterService::Draft(grpc::CallbackServerContext* context,
+                                                const v1::DraftRequest* request,
+                                                v1::DraftResponse* response) {
+  return Defer(context, [this, request, response] { return DoDraft(*request, response); });
+}
+
+grpc::ServerUnaryReactor* DrafterService::Verify(grpc::CallbackServerContext* context,
+                                                 const v1::VerifyRequest* request,
+                                                 v1::VerifyResponse* response) {
+  return Defer(context, [this, request, response] { return DoVerify(*request, response); });
+}
+
+grpc::ServerUnaryReactor* DrafterService::Commit(grpc::CallbackServerContext* context,
+                                                 const v1::CommitRequest* request,
+                                                 v1::CommitResponse* response) {
+  return Defer(context, [this, request, response] { return DoCommit(*request, response); });
+}
+
+}  // namespace bitsplit::drafter

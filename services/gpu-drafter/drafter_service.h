@@ -1,0 +1,116 @@
+#pragma once
+// The Drafter gRPC service (proto bitsplit/internal/v1/drafter.proto) over a DrafterBackend:
+// sessions and their limits, request validation, the residual link, timings.
+//
+// The engine runs one forward at a time: every backend call holds engine_mutex_, so sessions
+// interleave at RPC granularity. Handlers hand their work to a small pool of worker threads
+// (gRPC's callback threads never block on a forward); GetInfo and CloseSession answer inline.
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "bitsplit/internal/v1/drafter.grpc.pb.h"
+#include "services/gpu-drafter/drafter_backend.h"
+#include "services/gpu-drafter/residual_link.h"
+#include "services/gpu-drafter/session_table.h"
+
+namespace bitsplit::drafter {
+
+inline constexpr char kDrafterServiceName[] = "bitsplit.internal.v1.Drafter";
+
+struct DrafterServiceOptions {
+  int max_sessions = 4;
+  int32_t max_context = 2048;
+  int32_t max_tree_nodes = 64;  // root included
+  int32_t max_logprobs = 20;    // top alternatives per node
+  int workers = 8;              // threads running the RPCs' work
+};
+
+// Maps a status to gRPC (the one place of this service).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+class DrafterService final : public internal::v1::Drafter::CallbackService {
+ public:
+  // `backend` and `residual_link` (null: the residual is in process) must outlive the service.
+  DrafterService(DrafterBackend& backend, ResidualLink* residual_link,
+                 const DrafterServiceOptions& options);
+  ~DrafterService() override;
+
+  // Finishes the queued work and stops the workers (after the server has shut down).
+  void StopWorkers();
+
+  // The RPCs' work, also callable without gRPC (tests, tools).
+  absl::Status DoGetInfo(internal::v1::DrafterInfo* response) const;
+  absl::Status DoOpenSession(const internal::v1::OpenSessionRequest& request,
+                             internal::v1::OpenSessionResponse* response);
+  absl::Status DoCloseSession(const internal::v1::CloseSessionRequest& request);
+  absl::Status DoPrefill(const internal::v1::PrefillRequest& request,
+                         internal::v1::PrefillResponse* response);
+  absl::Status DoDraft(const internal::v1::DraftRequest& request,
+                       internal::v1::DraftResponse* response);
+  absl::Status DoVerify(const internal::v1::VerifyRequest& request,
+                        internal::v1::VerifyResponse* response);
+  absl::Status DoCommit(const internal::v1::CommitRequest& request,
+                        internal::v1::CommitResponse* response);
+
+  // gRPC handlers.
+  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
+                                    const internal::v1::DrafterInfoRequest* request,
+                                    internal::v1::DrafterInfo* response) override;
+  grpc::ServerUnaryReactor* OpenSession(grpc::CallbackServerContext* context,
+                                        const internal::v1::OpenSessionRequest* request,
+                                        internal::v1::OpenSessionResponse* response) override;
+  grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
+                                         const internal::v1::CloseSessionRequest* request,
+                                         internal::v1::CloseSessionResponse* response) override;
+  grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* context,
+                                    const internal::v1::PrefillRequest* request,
+                                    internal::v1::PrefillResponse* response) override;
+  grpc::ServerUnaryReactor* Draft(grpc::CallbackServerContext* context,
+                                  const internal::v1::DraftRequest* request,
+                                  internal::v1::DraftResponse* response) override;
+  grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
+                                   const internal::v1::VerifyRequest* request,
+                                   internal::v1::VerifyResponse* response) override;
+  grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* context,
+                                   const internal::v1::CommitRequest* request,
+                                   internal::v1::CommitResponse* response) override;
+
+ private:
+  // Runs `work` on a worker and finishes the call with its status.
+  grpc::ServerUnaryReactor* Defer(grpc::CallbackServerContext* context,
+                                  std::function<absl::Status()> work);
+  void WorkerLoop();
+  // Under engine_mutex_: attaches the residual when it is remote and not attached.
+  absl::Status EnsureResidualLocked();
+  // Under engine_mutex_: the status to report for a failed verifier forward.
+  absl::Status ForwardErrorLocked(const absl::Status& status);
+  absl::Status CheckToken(int32_t token, const std::string& what) const;
+
+  DrafterBackend& backend_;
+  ResidualLink* const residual_link_;
+  const DrafterServiceOptions options_;
+  const int64_t vocab_size_;
+  SessionTable sessions_;
+  std::mutex engine_mutex_;  // every backend call and the residual link
+
+  // What GetInfo reports of the residual service (from its last attach), without the engine lock.
+  mutable std::mutex info_mutex_;
+  std::string residual_format_;
+  uint64_t residual_bytes_ = 0;
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_changed_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace bitsplit::drafter

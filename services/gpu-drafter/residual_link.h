@@ -1,0 +1,64 @@
+#pragma once
+// The drafter's attachment to cpu-residual: a shared-memory channel whose RemoteResidual the
+// backend's verifier forwards use. When the service goes away the link breaks (the forward
+// returns UNAVAILABLE); the next Ensure() reconnects and reattaches, so that once cpu-residual
+// is back (systemd restarts it) the next request succeeds.
+//
+// Thread safety: none; the drafter calls it under its engine lock, like the backend.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/model/remote_residual.h"
+#include "common/rpc/residual_client.h"
+#include "services/gpu-drafter/drafter_backend.h"
+
+namespace bitsplit::drafter {
+
+struct ResidualLinkOptions {
+  std::string target;       // gRPC target of cpu-residual ("unix:/run/bitsplit/residual.sock")
+  std::string fingerprint;  // the base file's (hex)
+  model::ResidualShapes shapes;
+  int max_rows = 64;                        // largest verifier batch
+  std::chrono::milliseconds timeout{5000};  // one (re)attach; one residual round trip
+};
+
+class ResidualLink {
+ public:
+  // `backend` must outlive the link; the link sets and clears its residual source.
+  ResidualLink(DrafterBackend& backend, ResidualLinkOptions options)
+      : backend_(backend), options_(std::move(options)) {}
+  ~ResidualLink();
+
+  // Attaches unless attached and healthy. UNAVAILABLE ("cpu-residual at T is unavailable: ...")
+  // when the service does not answer in time; FAILED_PRECONDITION when it holds the residual of
+  // another model (the message names both fingerprints).
+  absl::Status Ensure();
+  // After a verifier forward failed with `status`: when the residual caused it, drops the
+  // attachment (the next Ensure reattaches) and returns UNAVAILABLE naming cpu-residual;
+  // otherwise returns `status`.
+  absl::Status OnForwardError(const absl::Status& status);
+
+  bool attached() const { return session_ != nullptr; }
+  // Time spent waiting on cpu-residual by the current attachment (cumulative).
+  uint64_t round_trip_ns() const;
+  const std::string& target() const { return options_.target; }
+  // From the service's Info at the last attach (the residual file's size, like base_bytes).
+  const std::string& residual_format() const { return residual_format_; }
+  uint64_t residual_bytes() const { return residual_bytes_; }
+
+ private:
+  void Drop();
+  absl::Status Unavailable(const absl::Status& cause) const;
+
+  DrafterBackend& backend_;
+  const ResidualLinkOptions options_;
+  std::unique_ptr<rpc::ResidualClient> client_;
+  std::unique_ptr<rpc::ResidualSession> session_;
+  std::string residual_format_;
+  uint64_t residual_bytes_ = 0;
+};
+
+}  // namespace bitsplit::drafter
