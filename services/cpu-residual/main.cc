@@ -16,6 +16,7 @@
 #include "services/cpu-residual/channel_manager.h"
 #include "services/cpu-residual/residual_service.h"
 #include "services/cpu-residual/residual_store.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace bitsplit::residual {
@@ -61,6 +62,8 @@ int Run(int argc, char** argv) {
                  "testing: pretend the machine has this much RAM");
   app.add_flag("--verbose", verbose, "log details to stderr");
   CLI11_PARSE(app, argc, argv);
+  // Logs go to stderr: stdout stays free for whoever runs the service.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("bitsplit-residual"));
   spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::warn);
   store_options.huge_pages = !no_huge_pages;
   store_options.prefault = !no_prefault;

@@ -24,6 +24,7 @@
 #include "services/gpu-drafter/cpu_backend.h"
 #include "services/gpu-drafter/drafter_service.h"
 #include "services/gpu-drafter/residual_link.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace bitsplit::drafter {
@@ -99,6 +100,8 @@ int Run(int argc, char** argv) {
     app.exit(e);
     return 2;
   }
+  // Logs go to stderr: stdout stays free for whoever runs the service.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("bitsplit-drafter"));
   spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::warn);
 
   if (backend_name == "cuda") {

@@ -2,9 +2,15 @@
 // Subcommands of the `bitsplit` CLI. Each Add*Command registers its options on `app` and
 // returns the subcommand plus the function that runs it once parsing succeeded.
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
+
+#include "common/model/sampler.h"
 
 namespace bitsplit::cli {
 
@@ -29,5 +35,28 @@ struct Command {
 Command AddGenerateCommand(CLI::App& app);
 Command AddQuantizeCommand(CLI::App& app);
 Command AddEvalCommand(CLI::App& app);
+// `bitsplit chat --server ADDR MESSAGE`: one chat turn against a running coordinator.
+Command AddChatCommand(CLI::App& app);
+
+// A generation served by bitsplit-coordinator (client_command.cc): `bitsplit chat` and
+// `bitsplit generate --server`.
+struct RemoteGenerateOptions {
+  std::string server;  // gRPC target: "localhost:50051", "unix:/run/bitsplit/coordinator.sock"
+  std::optional<std::string> prompt;  // exactly one of prompt and chat
+  std::optional<std::string> chat;
+  int max_tokens = 128;
+  model::SamplingParams sampling;
+  std::optional<std::string> speculation;  // adaptive | tree | off (unset: the server's default)
+  std::optional<int32_t> nodes;
+  std::optional<int32_t> expansions;
+  std::optional<int32_t> max_depth;
+  std::vector<std::string> stop;
+};
+// Registers --speculation, --nodes, --expansions, --max-depth and --stop on `sub`.
+void AddRemoteSpeculationOptions(CLI::App* sub, RemoteGenerateOptions& options);
+// Streams the completion to stdout and a stats line to stderr. Exit codes: kExitBadInput when the
+// server refused the request as invalid, kExitFailure for anything else (unreachable server,
+// generation failed).
+int RunRemoteGenerate(std::string_view command, const RemoteGenerateOptions& options);
 
 }  // namespace bitsplit::cli

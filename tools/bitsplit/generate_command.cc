@@ -1,5 +1,6 @@
 // `bitsplit generate`: local streamed generation from a GGUF model (reference mode) or a split
-// model (draft mode: base only; verify mode: base + residual).
+// model (draft mode: base only; verify mode: base + residual); with --server, the same request
+// served by a running bitsplit-coordinator (client_command.cc).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -33,6 +34,8 @@ struct GenerateOptions {
   model::SamplingParams sampling;
   int threads = 0;
   int prefill_chunk = 256;
+  // --server and the options that only it takes.
+  RemoteGenerateOptions remote;
 };
 
 int Fail(int code, std::string_view message) { return ReportError("generate", code, message); }
@@ -181,8 +184,10 @@ Command AddGenerateCommand(CLI::App& app) {
   sub->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   sub->add_option("--model,-m", options->model_path,
                   "GGUF model file, or the base file of a split model (PREFIX.base.bsplit)")
-      ->required()
       ->check(CLI::ExistingFile);
+  auto* server = sub->add_option(
+      "--server,-s", options->remote.server,
+      "generate on a running bitsplit-coordinator (HOST:PORT or unix:/path) instead of locally");
   sub->add_option("--residual", options->residual_path,
                   "residual file of the split model (PREFIX.residual.bsplit); enables verify mode")
       ->check(CLI::ExistingFile);
@@ -205,12 +210,35 @@ Command AddGenerateCommand(CLI::App& app) {
   sub->add_option("--seed", options->sampling.seed, "sampling seed")->capture_default_str();
   sub->add_option("--threads,-t", options->threads, "worker threads (0 = all cores)")
       ->capture_default_str();
-  sub->callback([sub, prompt, chat] {
+  AddRemoteSpeculationOptions(sub, options->remote);
+  sub->callback([sub, prompt, chat, server] {
     if (prompt->count() == 0 && chat->count() == 0) {
       throw CLI::RequiredError("one of --prompt or --chat");
     }
+    const bool remote = server->count() > 0;
+    if (!remote && sub->count("--model") == 0) throw CLI::RequiredError("--model (or --server)");
+    // The local engine decodes without speculation or stop strings; the server's model is fixed.
+    for (const char* local_only : {"--model", "--residual", "--mode", "--threads"}) {
+      if (remote && sub->count(local_only) > 0) {
+        throw CLI::ValidationError(local_only, "is for local generation; not with --server");
+      }
+    }
+    for (const char* remote_only :
+         {"--speculation", "--nodes", "--expansions", "--max-depth", "--stop"}) {
+      if (!remote && sub->count(remote_only) > 0) {
+        throw CLI::ValidationError(remote_only, "needs --server (a running bitsplit-coordinator)");
+      }
+    }
   });
-  return {sub, [options] { return RunGenerate(*options); }};
+  return {sub, [options] {
+            if (options->remote.server.empty()) return RunGenerate(*options);
+            RemoteGenerateOptions remote = options->remote;
+            remote.prompt = options->prompt;
+            remote.chat = options->chat;
+            remote.max_tokens = options->max_tokens;
+            remote.sampling = options->sampling;
+            return RunRemoteGenerate("generate", remote);
+          }};
 }
 
 }  // namespace bitsplit::cli

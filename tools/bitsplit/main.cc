@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
       bitsplit::cli::AddGenerateCommand(app),
       bitsplit::cli::AddQuantizeCommand(app),
       bitsplit::cli::AddEvalCommand(app),
+      bitsplit::cli::AddChatCommand(app),
   };
   try {
     app.parse(argc, argv);

@@ -1,0 +1,279 @@
+#include "services/coordinator/generation_service.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "common/text/streaming_detokenizer.h"
+#include "services/coordinator/speculation_loop.h"
+#include "spdlog/spdlog.h"
+
+namespace bitsplit::coordinator {
+namespace {
+
+// The one place where this service's absl::Status becomes a grpc::Status.
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+}  // namespace
+
+// One Generate stream. Owned by gRPC: deleted in OnDone, which gRPC calls only after Finish, so
+// whoever calls Finish (through FinishWith / FinishNow) must not touch the reactor afterwards.
+class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse>,
+                              public ChunkSink {
+ public:
+  GenerateReactor(GenerationServiceImpl* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context), arrival_(std::chrono::steady_clock::now()) {}
+
+  // ChunkSink: one write in flight at a time.
+  bool Send(const v1::GenerateChunk& chunk) override {
+    std::unique_lock lock(mutex_);
+    write_done_.wait(lock, [this] { return !write_in_flight_ || cancelled_; });
+    if (cancelled_ || write_failed_) return false;
+    *response_.mutable_chunk() = chunk;
+    write_in_flight_ = true;
+    lock.unlock();  // OnWriteDone takes the lock (and may run on another thread at once).
+    StartWrite(&response_);
+    return true;
+  }
+  bool Cancelled() const override {
+    std::lock_guard lock(mutex_);
+    return cancelled_ || stop_requested_ || context_->IsCancelled();
+  }
+
+  // Asks a running generation to stop at its next step (server shutdown).
+  void RequestStop() {
+    std::lock_guard lock(mutex_);
+    stop_requested_ = true;
+    write_done_.notify_all();
+  }
+  bool stop_requested() const {
+    std::lock_guard lock(mutex_);
+    return stop_requested_;
+  }
+
+  // Sends `last` (the complete or error event) and then finishes with `status`; a client that is
+  // gone gets the status alone. Waits for an earlier write. The caller's last touch.
+  void FinishWith(v1::GenerateResponse last, const grpc::Status& status) {
+    std::unique_lock lock(mutex_);
+    write_done_.wait(lock, [this] { return !write_in_flight_; });
+    if (cancelled_ || write_failed_) {
+      lock.unlock();
+      Finish(status);
+      return;
+    }
+    response_ = std::move(last);
+    finish_after_write_ = status;
+    write_in_flight_ = true;
+    lock.unlock();
+    StartWrite(&response_);
+  }
+  void FinishWithError(const grpc::Status& status) {
+    v1::GenerateResponse error;
+    error.mutable_error()->set_code(static_cast<int>(status.error_code()));
+    error.mutable_error()->set_message(status.error_message());
+    FinishWith(std::move(error), status);
+  }
+  // Finishes a stream that never wrote (queued or refused).
+  void FinishNow(const grpc::Status& status) { Finish(status); }
+
+  void set_plan(GenerationPlan plan) { plan_ = std::move(plan); }
+  const GenerationPlan& plan() const { return plan_; }
+  std::chrono::steady_clock::time_point arrival() const { return arrival_; }
+
+  void OnWriteDone(bool ok) override {
+    std::optional<grpc::Status> finish;
+    {
+      std::lock_guard lock(mutex_);
+      write_in_flight_ = false;
+      if (!ok) write_failed_ = true;
+      finish = std::exchange(finish_after_write_, std::nullopt);
+      write_done_.notify_all();
+    }
+    if (finish) Finish(*finish);
+  }
+  void OnCancel() override {
+    {
+      std::lock_guard lock(mutex_);
+      cancelled_ = true;
+      write_done_.notify_all();
+    }
+    service_->OnCancelled(this);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  GenerationServiceImpl* const service_;
+  grpc::CallbackServerContext* const context_;
+  const std::chrono::steady_clock::time_point arrival_;
+  GenerationPlan plan_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable write_done_;
+  v1::GenerateResponse response_;  // the write in flight; untouched until OnWriteDone
+  bool write_in_flight_ = false;
+  bool write_failed_ = false;
+  bool cancelled_ = false;
+  bool stop_requested_ = false;
+  std::optional<grpc::Status> finish_after_write_;
+};
+
+GenerationServiceImpl::GenerationServiceImpl(const GenerationServiceOptions& options,
+                                             rpc::DrafterClient& drafter,
+                                             const text::Tokenizer& tokenizer,
+                                             const text::ChatTemplate* chat_template)
+    : options_(options), drafter_(drafter), tokenizer_(tokenizer), chat_template_(chat_template) {
+  if (options_.limits.default_shape.nodes > 0) {
+    if (auto policy = MakeAdaptivePolicy(options_.limits.default_shape); policy.ok()) {
+      shared_policy_ =
+          std::make_unique<SharedAdaptivePolicy>(*std::move(policy), options_.limits.default_shape);
+    }
+  }
+  for (int i = 0; i < std::max(1, options_.max_active); ++i) {
+    workers_.emplace_back([this] { WorkerLoop(); });
+  }
+}
+
+GenerationServiceImpl::~GenerationServiceImpl() {
+  Shutdown();
+  for (std::thread& worker : workers_) worker.join();
+}
+
+void GenerationServiceImpl::Shutdown() {
+  std::deque<GenerateReactor*> queued;
+  {
+    std::lock_guard lock(mutex_);
+    shutting_down_ = true;
+    queued.swap(queue_);
+    // A running reactor stays alive while it is in running_ (its worker removes it before the
+    // final Finish, under this lock).
+    for (GenerateReactor* reactor : running_) reactor->RequestStop();
+  }
+  work_available_.notify_all();
+  for (GenerateReactor* reactor : queued) {
+    reactor->FinishWithError(
+        grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is shutting down"));
+  }
+}
+
+void GenerationServiceImpl::OnCancelled(GenerateReactor* reactor) {
+  {
+    std::lock_guard lock(mutex_);
+    auto it = std::find(queue_.begin(), queue_.end(), reactor);
+    if (it == queue_.end()) return;  // running (its worker sees the cancellation) or not queued
+    queue_.erase(it);
+  }
+  spdlog::debug("a queued request was cancelled by its client");
+  reactor->FinishNow(grpc::Status::CANCELLED);
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationServiceImpl::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  auto* reactor = new GenerateReactor(this, context);
+  // Bad input is refused before it can take a queue slot.
+  absl::StatusOr<GenerationPlan> plan =
+      ValidateRequest(*request, tokenizer_, chat_template_, options_.limits);
+  if (!plan.ok()) {
+    spdlog::debug("Generate refused: {}", plan.status().ToString());
+    reactor->FinishWithError(ToGrpcStatus(plan.status()));
+    return reactor;
+  }
+  reactor->set_plan(*std::move(plan));
+  std::optional<grpc::Status> refusal;
+  {
+    std::lock_guard lock(mutex_);
+    const size_t capacity = static_cast<size_t>(options_.max_active + options_.max_queue);
+    if (shutting_down_) {
+      refusal = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is shutting down");
+    } else if (queue_.size() + running_.size() >= capacity) {
+      refusal = grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrFormat("the coordinator is busy: %d requests running and %d queued (limits: "
+                          "--max-active %d, --max-queue %d); retry later",
+                          running_.size(), queue_.size(), options_.max_active, options_.max_queue));
+    } else {
+      queue_.push_back(reactor);
+    }
+  }
+  if (refusal) {
+    reactor->FinishWithError(*refusal);
+  } else {
+    work_available_.notify_one();
+  }
+  return reactor;
+}
+
+void GenerationServiceImpl::WorkerLoop() {
+  while (true) {
+    GenerateReactor* reactor = nullptr;
+    {
+      std::unique_lock lock(mutex_);
+      work_available_.wait(lock, [this] { return shutting_down_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // shutting down
+      reactor = queue_.front();
+      queue_.pop_front();
+      running_.push_back(reactor);
+    }
+    RunOne(reactor);
+  }
+}
+
+void GenerationServiceImpl::RunOne(GenerateReactor* reactor) {
+  const GenerationEnvironment environment{.drafter = &drafter_,
+                                          .tokenizer = &tokenizer_,
+                                          .context_length = options_.limits.context_length,
+                                          .shared_policy = shared_policy_.get()};
+  absl::StatusOr<v1::GenerateComplete> complete =
+      RunGeneration(reactor->plan(), environment, *reactor, reactor->arrival());
+  const bool stopped_by_server = reactor->stop_requested();
+  {
+    std::lock_guard lock(mutex_);
+    running_.erase(std::find(running_.begin(), running_.end(), reactor));
+  }
+  if (complete.ok()) {
+    v1::GenerateResponse last;
+    *last.mutable_complete() = *std::move(complete);
+    reactor->FinishWith(std::move(last), grpc::Status::OK);
+    return;
+  }
+  absl::Status status = complete.status();
+  if (absl::IsCancelled(status) && stopped_by_server) {
+    status = absl::UnavailableError("the coordinator is shutting down");
+  }
+  if (absl::IsCancelled(status)) {
+    spdlog::debug("Generate cancelled: {}", status.ToString());
+  } else {
+    spdlog::warn("Generate failed: {}", status.ToString());
+  }
+  reactor->FinishWithError(ToGrpcStatus(status));
+}
+
+grpc::ServerUnaryReactor* GenerationServiceImpl::Tokenize(grpc::CallbackServerContext* context,
+                                                          const v1::TokenizeRequest* request,
+                                                          v1::TokenizeResponse* response) {
+  const std::vector<int32_t> ids = tokenizer_.Encode(request->text(), request->parse_special());
+  for (const int32_t id : ids) {
+    response->add_token_ids(id);
+    absl::StatusOr<std::string_view> piece =
+        tokenizer_.TokenToPiece(id, /*render_special=*/request->parse_special());
+    // A byte-level token may hold part of a character; proto strings must be valid UTF-8.
+    response->add_pieces(piece.ok() ? text::ReplaceInvalidUtf8(*piece) : std::string());
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GenerationServiceImpl::GetModelInfo(
+    grpc::CallbackServerContext* context, const v1::GetModelInfoRequest* request,
+    v1::ModelInfo* response) {
+  *response = options_.model_info;
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace bitsplit::coordinator

@@ -1,0 +1,82 @@
+#pragma once
+// The public bitsplit.v1.Generation service (DESIGN.md §5) on gRPC's callback API.
+//
+// Generate: each admitted stream is a GenerateReactor that a worker thread drives through
+// RunGeneration; at most `max_active` run at once (one worker each), up to `max_queue` more wait
+// in FIFO order, and a request beyond that is refused at once with RESOURCE_EXHAUSTED. Chunks are
+// written with flow control (one write in flight per stream). A client that goes away is seen
+// between steps and its drafter session is closed at once.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bitsplit/v1/generation.grpc.pb.h"
+#include "common/rpc/drafter_client.h"
+#include "common/text/chat_template.h"
+#include "common/text/tokenizer.h"
+#include "services/coordinator/request_validation.h"
+#include "services/coordinator/speculation_loop.h"
+
+namespace bitsplit::coordinator {
+
+class GenerateReactor;
+
+struct GenerationServiceOptions {
+  int max_active = 1;
+  int max_queue = 16;
+  ServerLimits limits;
+  v1::ModelInfo model_info;  // GetModelInfo's answer, assembled at start
+};
+
+class GenerationServiceImpl final : public v1::Generation::CallbackService {
+ public:
+  // `drafter`, `tokenizer` and `chat_template` (null: the model has none) must outlive the
+  // service. Starts the worker threads.
+  GenerationServiceImpl(const GenerationServiceOptions& options, rpc::DrafterClient& drafter,
+                        const text::Tokenizer& tokenizer, const text::ChatTemplate* chat_template);
+  // Joins the workers; call after the server has shut down (or Shutdown() before that).
+  ~GenerationServiceImpl() override;
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+
+  // Refuses new requests (UNAVAILABLE), finishes queued ones with UNAVAILABLE and asks running
+  // ones to stop at their next step. Idempotent.
+  void Shutdown();
+
+  // A stream's client went away: a queued request leaves the queue and finishes at once (a
+  // running one is stopped by its worker at the next step).
+  void OnCancelled(GenerateReactor* reactor);
+
+ private:
+  void WorkerLoop();
+  void RunOne(GenerateReactor* reactor);
+
+  const GenerationServiceOptions options_;
+  rpc::DrafterClient& drafter_;
+  const text::Tokenizer& tokenizer_;
+  const text::ChatTemplate* const chat_template_;
+  // Adaptive requests within the server's default bounds share what was measured.
+  std::unique_ptr<SharedAdaptivePolicy> shared_policy_;
+
+  std::mutex mutex_;
+  std::condition_variable work_available_;
+  std::deque<GenerateReactor*> queue_;
+  std::vector<GenerateReactor*> running_;
+  bool shutting_down_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace bitsplit::coordinator

@@ -1,0 +1,230 @@
+// bitsplit-coordinator: the public Generation service (services/coordinator/README.md).
+//
+//   bitsplit-coordinator --model MODEL.base.bsplit [--drafter unix:/run/bitsplit/drafter.sock]
+//       [--listen localhost:50051 | --socket PATH] [--max-active 1] [--max-queue 16]
+//       [--speculation adaptive|tree|off] [--nodes 16] [--expansions 4] [--max-depth 8]
+//       [--max-tokens-limit 4096] [--drafter-timeout-ms 120000] [--connect-timeout-ms 30000]
+//       [--shutdown-grace-ms 200] [--verbose]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/model/speculation.h"
+#include "common/model/split_model.h"
+#include "common/quant/split_format.h"
+#include "common/rpc/drafter_client.h"
+#include "common/rpc/server_runner.h"
+#include "common/text/chat_template.h"
+#include "common/text/tokenizer.h"
+#include "services/coordinator/generation_service.h"
+#include "services/coordinator/request_validation.h"
+#include "services/coordinator/speculation_loop.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace bitsplit::coordinator {
+namespace {
+
+constexpr char kName[] = "bitsplit-coordinator";
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "%s: error: %.*s\n", kName, static_cast<int>(status.message().size()),
+               status.message().data());
+  return 1;
+}
+
+struct Flags {
+  std::string model_path;
+  std::string drafter = "unix:/run/bitsplit/drafter.sock";
+  std::string listen = "localhost:50051";
+  std::string socket_path;
+  int max_active = 1;
+  int max_queue = 16;
+  std::string speculation = "adaptive";
+  model::TreeShape shape;
+  int max_tokens_limit = 4096;
+  int drafter_timeout_ms = 120000;
+  int connect_timeout_ms = 30000;
+  int shutdown_grace_ms = 200;
+  bool verbose = false;
+};
+
+std::string ModelName(const model::SplitModelFiles& files) {
+  if (files.gguf_metadata().Find("general.name") != nullptr) {
+    auto name = files.gguf_metadata().GetString("general.name");
+    if (name.ok() && !name->empty()) return *name;
+  }
+  return files.base().name();
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{
+      "bitsplit-coordinator: the public generation service (tokenizer, speculation "
+      "loop, streaming)"};
+  Flags flags;
+  app.add_option("--model", flags.model_path, "the split model's base file (MODEL.base.bsplit)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("--drafter", flags.drafter, "gRPC target of bitsplit-drafter")
+      ->capture_default_str();
+  auto* listen = app.add_option("--listen", flags.listen, "TCP HOST:PORT to serve on (port 0: any)")
+                     ->capture_default_str();
+  auto* socket = app.add_option("--socket", flags.socket_path,
+                                "serve on this unix socket (mode 0660) instead of TCP");
+  socket->excludes(listen);
+  app.add_option("--max-active", flags.max_active, "requests generating at once")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--max-queue", flags.max_queue,
+                 "requests waiting beyond --max-active (more: RESOURCE_EXHAUSTED)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
+  app.add_option("--speculation", flags.speculation, "default speculation mode of a request")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"adaptive", "tree", "off"}));
+  app.add_option("--nodes", flags.shape.nodes,
+                 "draft tree nodes beyond the root (tree mode; adaptive mode's largest tree)")
+      ->capture_default_str();
+  app.add_option("--expansions", flags.shape.expansions,
+                 "frontier nodes expanded per draft forward (1: a chain)")
+      ->capture_default_str();
+  app.add_option("--max-depth", flags.shape.max_depth, "draft tree depth cap")
+      ->capture_default_str();
+  app.add_option("--max-tokens-limit", flags.max_tokens_limit, "largest max_tokens of a request")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--drafter-timeout-ms", flags.drafter_timeout_ms,
+                 "deadline of every drafter RPC (a hung drafter fails the request)")
+      ->capture_default_str()
+      ->check(CLI::Range(100, 3600 * 1000));
+  app.add_option("--connect-timeout-ms", flags.connect_timeout_ms,
+                 "how long to wait for the drafter at start")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 3600 * 1000));
+  app.add_option("--shutdown-grace-ms", flags.shutdown_grace_ms,
+                 "on SIGTERM, report NOT_SERVING this long before stopping")
+      ->capture_default_str();
+  app.add_flag("--verbose", flags.verbose, "log details to stderr");
+  CLI11_PARSE(app, argc, argv);
+  // Logs belong with the "serving"/"error" lines on stderr (stdout stays empty).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("bitsplit-coordinator"));
+  spdlog::set_level(flags.verbose ? spdlog::level::debug : spdlog::level::warn);
+  rpc::BlockTerminationSignals();
+
+  auto default_mode = ParseSpeculationMode(flags.speculation);
+  if (!default_mode.ok()) return Fail(default_mode.status());
+  auto files = model::SplitModelFiles::Open(flags.model_path, "");
+  if (!files.ok()) return Fail(files.status());
+  const model::ModelConfig& config = (*files)->config();
+  auto tokenizer = text::Tokenizer::FromGguf((*files)->gguf_metadata());
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  std::optional<text::ChatTemplate> chat_template;
+  std::string chat_template_source;
+  if (auto parsed = text::ChatTemplate::FromGguf((*files)->gguf_metadata()); parsed.ok()) {
+    chat_template = *parsed;
+    chat_template_source =
+        (*files)->gguf_metadata().GetString("tokenizer.chat_template").value_or("");
+  } else {
+    spdlog::warn("chat requests are refused: {}", parsed.status().ToString());
+  }
+
+  auto drafter = rpc::DrafterClient::Connect(flags.drafter,
+                                             std::chrono::milliseconds(flags.connect_timeout_ms),
+                                             std::chrono::milliseconds(flags.drafter_timeout_ms));
+  if (!drafter.ok()) {
+    return Fail(absl::UnavailableError(absl::StrCat("cannot reach the drafter at ", flags.drafter,
+                                                    ": ", drafter.status().message())));
+  }
+  auto info = (*drafter)->GetInfo();
+  if (!info.ok()) return Fail(info.status());
+  const std::string fingerprint = (*files)->base().fingerprint_hex();
+  if (info->fingerprint() != fingerprint) {
+    return Fail(absl::FailedPreconditionError(absl::StrFormat(
+        "the drafter at %s serves model fingerprint %s but %s has %s; start both from the same "
+        "`bitsplit quantize` run",
+        flags.drafter, info->fingerprint(), flags.model_path, fingerprint)));
+  }
+
+  if (flags.max_active > info->max_sessions()) {
+    spdlog::warn(
+        "--max-active {} exceeds the drafter's {} sessions: requests beyond them fail "
+        "with RESOURCE_EXHAUSTED",
+        flags.max_active, info->max_sessions());
+  }
+  GenerationServiceOptions options;
+  options.max_active = flags.max_active;
+  options.max_queue = flags.max_queue;
+  ServerLimits& limits = options.limits;
+  limits.context_length =
+      static_cast<int32_t>(std::min<int64_t>(config.context_length, info->max_context()));
+  limits.vocab_size = (*tokenizer)->vocab_size();
+  limits.max_tokens_limit = flags.max_tokens_limit;
+  limits.max_tree_nodes = std::max(0, info->max_tree_nodes() - 1);
+  limits.default_mode = *default_mode;
+  limits.default_shape = flags.shape;
+  if (*default_mode != SpeculationMode::kOff) {
+    if (absl::Status status = model::ValidateTreeShape(flags.shape, limits.max_tree_nodes);
+        !status.ok()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--nodes/--expansions/--max-depth: ", status.message(),
+                       " (the drafter's --max-tree-nodes counts the root too)")));
+    }
+  }
+  v1::ModelInfo& model_info = options.model_info;
+  model_info.set_name(ModelName(**files));
+  model_info.set_architecture(config.architecture);
+  model_info.set_layers(static_cast<int32_t>(config.num_layers));
+  model_info.set_d_model(static_cast<int32_t>(config.d_model));
+  model_info.set_vocab_size(static_cast<int32_t>(config.vocab_size));
+  model_info.set_context_length(limits.context_length);
+  // From the base file's quantization record, which the residual file must share (the drafter
+  // learns the residual's only once it attached).
+  const model::SplitQuantization& quantization = (*files)->quantization();
+  std::string base_format = absl::StrCat(quant::GetSplitFormatInfo(quantization.base_format).name,
+                                         "/g", quantization.base_group);
+  if (quantization.rotation.enabled()) {
+    absl::StrAppend(&base_format, ", hadamard ", quantization.rotation.block, " (seed ",
+                    quantization.rotation.seed, ")");
+  }
+  model_info.set_base_format(base_format);
+  if (quantization.residual_format) {
+    model_info.set_residual_format(
+        absl::StrCat(quant::GetSplitFormatInfo(*quantization.residual_format).name, "/g",
+                     quantization.residual_group));
+  }
+  model_info.set_fingerprint(fingerprint);
+  model_info.set_chat_template(chat_template_source);
+
+  GenerationServiceImpl service(options, **drafter, **tokenizer,
+                                chat_template ? &*chat_template : nullptr);
+  rpc::ServerOptions server_options;
+  server_options.name = kName;
+  if (!flags.socket_path.empty()) {
+    server_options.socket_path = flags.socket_path;
+  } else {
+    server_options.tcp_address = flags.listen;
+  }
+  server_options.health_services = {"bitsplit.v1.Generation"};
+  server_options.shutdown_grace_ms = flags.shutdown_grace_ms;
+  grpc::Service* services[] = {&service};
+  const std::string description = absl::StrFormat(
+      "%s (fingerprint %.12s, drafter %s: %s, speculation %s, max-active %d, max-queue %d)",
+      model_info.name(), fingerprint, flags.drafter, info->backend(), flags.speculation,
+      flags.max_active, flags.max_queue);
+  absl::Status status =
+      rpc::RunServer(server_options, services, description, [&service] { service.Shutdown(); });
+  if (!status.ok()) return Fail(status);
+  return 0;
+}
+
+}  // namespace
+}  // namespace bitsplit::coordinator
+
+int main(int argc, char** argv) { return bitsplit::coordinator::Run(argc, argv); }

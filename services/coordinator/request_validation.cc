@@ -1,0 +1,210 @@
+#include "services/coordinator/request_validation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/text/stop_matcher.h"
+#include "common/util/status_macros.h"
+
+namespace bitsplit::coordinator {
+namespace {
+
+absl::Status Prefixed(std::string_view prefix, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(std::string(prefix), status.message()));
+}
+
+absl::StatusOr<model::SamplingParams> SamplingFromRequest(const v1::GenerateRequest& request) {
+  model::SamplingParams sampling;
+  if (request.has_temperature()) sampling.temperature = request.temperature();
+  if (request.has_top_k()) sampling.top_k = request.top_k();
+  if (request.has_top_p()) sampling.top_p = request.top_p();
+  if (request.has_seed()) sampling.seed = request.seed();
+  BITSPLIT_RETURN_IF_ERROR(model::ValidateSamplingParams(sampling));
+  return sampling;
+}
+
+absl::Status ParseSpeculation(const v1::SpeculationSettings& settings, const ServerLimits& limits,
+                              GenerationPlan& plan) {
+  switch (settings.mode()) {
+    case v1::SpeculationSettings::MODE_UNSPECIFIED:
+      plan.mode = limits.default_mode;
+      break;
+    case v1::SpeculationSettings::MODE_OFF:
+      plan.mode = SpeculationMode::kOff;
+      break;
+    case v1::SpeculationSettings::MODE_TREE:
+      plan.mode = SpeculationMode::kTree;
+      break;
+    case v1::SpeculationSettings::MODE_ADAPTIVE:
+      plan.mode = SpeculationMode::kAdaptive;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("speculation: unknown mode ", static_cast<int>(settings.mode()),
+                       " (expected MODE_OFF, MODE_TREE or MODE_ADAPTIVE)"));
+  }
+  plan.shape = limits.default_shape;
+  if (settings.has_nodes()) plan.shape.nodes = settings.nodes();
+  if (settings.has_expansions_per_step()) plan.shape.expansions = settings.expansions_per_step();
+  if (settings.has_max_depth()) plan.shape.max_depth = settings.max_depth();
+  if (plan.mode == SpeculationMode::kOff) {
+    plan.shape.nodes = 0;
+    return absl::OkStatus();
+  }
+  absl::Status status = model::ValidateTreeShape(plan.shape, limits.max_tree_nodes);
+  if (!status.ok()) return Prefixed("speculation: ", status);
+  if (plan.shape.nodes == 0) {
+    plan.mode = SpeculationMode::kOff;  // no tree fits: the baseline is the only choice
+  } else if (plan.mode == SpeculationMode::kAdaptive) {
+    if (auto policy = MakeAdaptivePolicy(plan.shape); !policy.ok()) {
+      return Prefixed("speculation: adaptive: ", policy.status());
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<model::AdaptivePolicy> MakeAdaptivePolicy(const model::TreeShape& bounds) {
+  model::AdaptivePolicy::Options options;
+  options.max_nodes = bounds.nodes;
+  options.max_depth = bounds.max_depth;
+  options.probe.nodes = std::min(options.probe.nodes, bounds.nodes);
+  options.probe.max_depth = std::min(options.probe.max_depth, bounds.max_depth);
+  std::erase_if(options.candidates, [&](const model::TreeShape& shape) {
+    return shape.nodes > bounds.nodes || shape.expansions > bounds.expansions;
+  });
+  if (options.candidates.empty()) options.candidates = {bounds};
+  return model::AdaptivePolicy::Create(options);
+}
+
+std::string_view SpeculationModeName(SpeculationMode mode) {
+  switch (mode) {
+    case SpeculationMode::kOff:
+      return "off";
+    case SpeculationMode::kTree:
+      return "tree";
+    case SpeculationMode::kAdaptive:
+      return "adaptive";
+  }
+  return "?";
+}
+
+absl::StatusOr<SpeculationMode> ParseSpeculationMode(std::string_view name) {
+  if (name == "off") return SpeculationMode::kOff;
+  if (name == "tree") return SpeculationMode::kTree;
+  if (name == "adaptive") return SpeculationMode::kAdaptive;
+  return absl::InvalidArgumentError(absl::StrCat("unknown speculation mode \"", std::string(name),
+                                                 "\" (expected adaptive, tree or off)"));
+}
+
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& request,
+                                                  const text::Tokenizer& tokenizer,
+                                                  const text::ChatTemplate* chat_template) {
+  std::string prompt_text;
+  bool parse_special = false;
+  switch (request.input_case()) {
+    case v1::GenerateRequest::kPrompt:
+      if (request.prompt().empty()) return absl::InvalidArgumentError("the prompt is empty");
+      prompt_text = request.prompt();
+      break;
+    case v1::GenerateRequest::kChat: {
+      if (request.chat().messages().empty()) {
+        return absl::InvalidArgumentError("the chat has no messages");
+      }
+      if (chat_template == nullptr) {
+        return absl::FailedPreconditionError(
+            "the model has no chat template; send a prompt or token ids instead");
+      }
+      std::vector<text::ChatMessage> messages;
+      for (int i = 0; i < request.chat().messages_size(); ++i) {
+        const v1::ChatMessage& message = request.chat().messages(i);
+        if (message.role() != "system" && message.role() != "user" &&
+            message.role() != "assistant") {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("chat message %d has role \"%s\" (expected system, user or "
+                              "assistant)",
+                              i, message.role()));
+        }
+        messages.push_back({message.role(), message.content()});
+      }
+      prompt_text = chat_template->Render(messages, /*add_generation_prompt=*/true);
+      // The template's control tokens must become tokens, as in `bitsplit generate --chat`.
+      parse_special = true;
+      break;
+    }
+    case v1::GenerateRequest::kTokenIds: {
+      const auto& ids = request.token_ids().ids();
+      if (ids.empty()) return absl::InvalidArgumentError("token_ids is empty");
+      for (int i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || ids[i] >= tokenizer.vocab_size()) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("token_ids[%d] = %d is outside the vocabulary [0, %d)", i, ids[i],
+                              tokenizer.vocab_size()));
+        }
+      }
+      return std::vector<int32_t>(ids.begin(), ids.end());
+    }
+    default:
+      return absl::InvalidArgumentError(
+          "the request has no input: set one of prompt, chat or token_ids");
+  }
+  std::vector<int32_t> tokens = tokenizer.Encode(prompt_text, parse_special);
+  if (tokenizer.add_bos() && tokenizer.bos_id() >= 0) {
+    tokens.insert(tokens.begin(), tokenizer.bos_id());
+  }
+  if (tokens.empty()) return absl::InvalidArgumentError("the prompt encodes to no tokens");
+  return tokens;
+}
+
+absl::StatusOr<GenerationPlan> ValidateRequest(const v1::GenerateRequest& request,
+                                               const text::Tokenizer& tokenizer,
+                                               const text::ChatTemplate* chat_template,
+                                               const ServerLimits& limits) {
+  GenerationPlan plan;
+  if (request.max_tokens() < 1 || request.max_tokens() > limits.max_tokens_limit) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max_tokens must be in [1, %d], got %d", limits.max_tokens_limit, request.max_tokens()));
+  }
+  plan.max_tokens = request.max_tokens();
+  BITSPLIT_ASSIGN_OR_RETURN(plan.sampling, SamplingFromRequest(request));
+  if (request.logprobs() < 0 || request.logprobs() > limits.max_logprobs) {
+    return absl::InvalidArgumentError(absl::StrFormat("logprobs must be in [0, %d], got %d",
+                                                      limits.max_logprobs, request.logprobs()));
+  }
+  plan.logprobs = request.logprobs();
+  plan.stop_strings.assign(request.stop().begin(), request.stop().end());
+  if (absl::Status status = text::ValidateStopStrings(plan.stop_strings); !status.ok()) {
+    return Prefixed("stop: ", status);
+  }
+  for (int i = 0; i < request.stop_token_ids_size(); ++i) {
+    const int32_t id = request.stop_token_ids(i);
+    if (id < 0 || id >= limits.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "stop_token_ids[%d] = %d is outside the vocabulary [0, %d)", i, id, limits.vocab_size));
+    }
+    plan.stop_token_ids.push_back(id);
+  }
+  BITSPLIT_RETURN_IF_ERROR(ParseSpeculation(request.speculation(), limits, plan));
+  BITSPLIT_ASSIGN_OR_RETURN(plan.prompt_tokens, PromptTokens(request, tokenizer, chat_template));
+  const int64_t prompt_length = static_cast<int64_t>(plan.prompt_tokens.size());
+  if (prompt_length >= limits.context_length) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the prompt (%d tokens) does not fit the context of %d tokens",
+                        prompt_length, limits.context_length));
+  }
+  if (prompt_length + plan.max_tokens > limits.context_length) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the prompt (%d tokens) + max_tokens %d exceeds the context of %d tokens (at most %d "
+        "new tokens fit)",
+        prompt_length, plan.max_tokens, limits.context_length,
+        limits.context_length - prompt_length));
+  }
+  return plan;
+}
+
+}  // namespace bitsplit::coordinator

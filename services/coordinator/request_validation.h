@@ -1,0 +1,71 @@
+#pragma once
+// Turns a public GenerateRequest into a validated generation plan: prompt tokens (plain text, chat
+// through the model's template, or token ids), sampling parameters, stop conditions and the
+// speculation mode. Every rejection is INVALID_ARGUMENT with a message that names the field and
+// the allowed range, so a client can fix its request without reading the server's source.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "bitsplit/v1/generation.pb.h"
+#include "common/model/sampler.h"
+#include "common/model/speculation.h"
+#include "common/model/speculation_policy.h"
+#include "common/text/chat_template.h"
+#include "common/text/tokenizer.h"
+
+namespace bitsplit::coordinator {
+
+enum class SpeculationMode {
+  kOff = 0,       // the verifier alone: one token per verify step (the baseline)
+  kTree = 1,      // a fixed draft tree shape
+  kAdaptive = 2,  // the shape is picked per step from measured costs and acceptance
+};
+std::string_view SpeculationModeName(SpeculationMode mode);  // "off", "tree", "adaptive"
+absl::StatusOr<SpeculationMode> ParseSpeculationMode(std::string_view name);
+
+// What the server allows; fixed at start from its flags, the model and the drafter.
+struct ServerLimits {
+  int32_t context_length = 2048;  // min(model context, drafter max_context)
+  int32_t vocab_size = 0;
+  int32_t max_tokens_limit = 4096;
+  int32_t max_tree_nodes = 63;  // drafted nodes beyond the root (drafter max_tree_nodes - 1)
+  int32_t max_logprobs = 20;
+  SpeculationMode default_mode = SpeculationMode::kAdaptive;
+  model::TreeShape default_shape;  // tree mode's shape, adaptive mode's largest shape
+};
+
+struct GenerationPlan {
+  std::vector<int32_t> prompt_tokens;
+  int32_t max_tokens = 0;
+  model::SamplingParams sampling;
+  std::vector<std::string> stop_strings;
+  std::vector<int32_t> stop_token_ids;
+  int32_t logprobs = 0;
+  SpeculationMode mode = SpeculationMode::kOff;
+  model::TreeShape shape;  // kTree: the shape of every step; kAdaptive: the largest allowed
+};
+
+// The prompt as token ids, tokenized as `bitsplit generate` does: plain prompts as text (control
+// token spellings stay text), chat messages rendered by `chat_template` with the assistant's
+// generation prompt and encoded with special tokens; BOS first when the tokenizer asks for it.
+// Token-id input is taken as is. `chat_template` may be null (the model has none): chat input is
+// then FAILED_PRECONDITION.
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& request,
+                                                  const text::Tokenizer& tokenizer,
+                                                  const text::ChatTemplate* chat_template);
+
+// The adaptive policy for shapes within `bounds` (at most bounds.nodes nodes, depth at most
+// bounds.max_depth, at
+// most bounds.expansions children per expansion): the policy's default candidates that fit, else
+// `bounds` itself.
+absl::StatusOr<model::AdaptivePolicy> MakeAdaptivePolicy(const model::TreeShape& bounds);
+
+absl::StatusOr<GenerationPlan> ValidateRequest(const v1::GenerateRequest& request,
+                                               const text::Tokenizer& tokenizer,
+                                               const text::ChatTemplate* chat_template,
+                                               const ServerLimits& limits);
+
+}  // namespace bitsplit::coordinator

@@ -1,0 +1,331 @@
+#include "services/coordinator/speculation_loop.h"
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/model/speculation.h"
+#include "common/model/speculation_policy.h"
+#include "common/text/stop_matcher.h"
+#include "common/text/streaming_detokenizer.h"
+#include "common/util/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace bitsplit::coordinator {
+namespace {
+
+namespace internal_v1 = bitsplit::internal::v1;
+using Clock = std::chrono::steady_clock;
+
+int64_t NanosBetween(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count();
+}
+
+// A dead drafter or cpu-residual reaches the client as UNAVAILABLE, named so that an operator
+// knows which processes to look at; other drafter errors keep their code.
+absl::Status DrafterError(const absl::Status& status) {
+  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) {
+    return absl::UnavailableError(
+        absl::StrCat("cpu-residual/drafter unavailable: ", status.message()));
+  }
+  return status;
+}
+
+// Closes the drafter session on every way out of RunGeneration (errors and cancellation too),
+// so that a session never outlives its request.
+class SessionGuard {
+ public:
+  SessionGuard(rpc::DrafterClient& drafter, uint64_t session_id)
+      : drafter_(drafter), session_id_(session_id) {}
+  ~SessionGuard() {
+    if (absl::Status status = drafter_.CloseSession(session_id_); !status.ok()) {
+      spdlog::warn("closing drafter session {}: {}", session_id_, status.ToString());
+    }
+  }
+  SessionGuard(const SessionGuard&) = delete;
+  SessionGuard& operator=(const SessionGuard&) = delete;
+
+ private:
+  rpc::DrafterClient& drafter_;
+  const uint64_t session_id_;
+};
+
+// Per-request speculation statistics (SpeculationStats).
+class StepStats {
+ public:
+  void Record(int32_t tree_depth, int32_t accepted_depth, int32_t tokens) {
+    ++verify_steps_;
+    yielded_tokens_ += tokens;
+    if (static_cast<int32_t>(offered_.size()) < tree_depth) {
+      offered_.resize(tree_depth, 0);
+      reached_.resize(tree_depth, 0);
+    }
+    for (int32_t d = 1; d <= tree_depth; ++d) {
+      ++offered_[d - 1];
+      if (d <= accepted_depth) ++reached_[d - 1];
+    }
+  }
+  void Fill(v1::SpeculationStats& stats) const {
+    stats.set_verify_steps(verify_steps_);
+    stats.set_mean_accepted_per_verify(
+        verify_steps_ > 0 ? static_cast<double>(yielded_tokens_) / verify_steps_ : 0.0);
+    for (size_t d = 0; d < offered_.size(); ++d) {
+      stats.add_acceptance_by_depth(static_cast<double>(reached_[d]) / offered_[d]);
+    }
+  }
+
+ private:
+  int32_t verify_steps_ = 0;
+  int64_t yielded_tokens_ = 0;    // tokens each verify step produced (the bonus token included)
+  std::vector<int64_t> offered_;  // index d-1: steps whose tree reached depth d
+  std::vector<int64_t> reached_;  // index d-1: steps whose accepted path reached depth d
+};
+
+// Turns the tokens a step yields into the step's chunk and decides when generation ends.
+class TokenEmitter {
+ public:
+  TokenEmitter(const GenerationPlan& plan, const text::Tokenizer& tokenizer)
+      : plan_(plan),
+        tokenizer_(tokenizer),
+        stop_ids_(plan.stop_token_ids.begin(), plan.stop_token_ids.end()),
+        detokenizer_(tokenizer),
+        stop_matcher_(plan.stop_strings) {}
+
+  // Adds one token to `chunk` (or ends generation). `choice` carries its log-probabilities.
+  absl::Status Add(int32_t token, const internal_v1::NodeChoice& choice, v1::GenerateChunk& chunk) {
+    if (tokenizer_.IsEndOfGeneration(token)) return Finish(v1::FINISH_REASON_EOS, chunk);
+    if (stop_ids_.contains(token)) return Finish(v1::FINISH_REASON_STOP, chunk);
+    chunk.add_token_ids(token);
+    ++completion_tokens_;
+    if (plan_.logprobs > 0) {
+      v1::TokenLogprob* logprob = chunk.add_logprobs();
+      logprob->set_token_id(token);
+      logprob->set_logprob(choice.logprob());
+      logprob->mutable_top_ids()->CopyFrom(choice.top_ids());
+      logprob->mutable_top_logprobs()->CopyFrom(choice.top_logprobs());
+    }
+    BITSPLIT_ASSIGN_OR_RETURN(const std::string piece, detokenizer_.Push(token));
+    chunk.mutable_text()->append(stop_matcher_.Push(piece));
+    if (stop_matcher_.stopped()) {
+      finish_reason_ = v1::FINISH_REASON_STOP;
+      return absl::OkStatus();
+    }
+    if (completion_tokens_ >= plan_.max_tokens) return Finish(v1::FINISH_REASON_LENGTH, chunk);
+    return absl::OkStatus();
+  }
+
+  bool finished() const { return finish_reason_ != v1::FINISH_REASON_UNSPECIFIED; }
+  v1::FinishReason finish_reason() const { return finish_reason_; }
+  int32_t completion_tokens() const { return completion_tokens_; }
+
+ private:
+  // Ends generation for a reason other than a stop string: the held-back text is released.
+  absl::Status Finish(v1::FinishReason reason, v1::GenerateChunk& chunk) {
+    finish_reason_ = reason;
+    chunk.mutable_text()->append(stop_matcher_.Push(detokenizer_.Finish()));
+    if (!stop_matcher_.stopped()) {
+      chunk.mutable_text()->append(stop_matcher_.Flush());
+    } else {
+      finish_reason_ = v1::FINISH_REASON_STOP;
+    }
+    return absl::OkStatus();
+  }
+
+  const GenerationPlan& plan_;
+  const text::Tokenizer& tokenizer_;
+  const std::unordered_set<int32_t> stop_ids_;
+  text::StreamingDetokenizer detokenizer_;
+  text::StopMatcher stop_matcher_;
+  int32_t completion_tokens_ = 0;
+  v1::FinishReason finish_reason_ = v1::FINISH_REASON_UNSPECIFIED;
+};
+
+bool SameShape(const model::TreeShape& a, const model::TreeShape& b) {
+  return a.nodes == b.nodes && a.expansions == b.expansions && a.max_depth == b.max_depth;
+}
+
+internal_v1::SamplingParams ToProto(const model::SamplingParams& sampling) {
+  internal_v1::SamplingParams proto;
+  proto.set_temperature(sampling.temperature);
+  proto.set_top_k(sampling.top_k);
+  proto.set_top_p(sampling.top_p);
+  proto.set_seed(sampling.seed);
+  return proto;
+}
+
+}  // namespace
+
+model::TreeShape SharedAdaptivePolicy::Next() const {
+  std::lock_guard lock(mutex_);
+  return policy_.Next();
+}
+
+absl::Status SharedAdaptivePolicy::Record(const model::StepMeasurement& step) {
+  std::lock_guard lock(mutex_);
+  return policy_.Record(step);
+}
+
+std::string SharedAdaptivePolicy::Describe() const {
+  std::lock_guard lock(mutex_);
+  return policy_.Describe();
+}
+
+absl::StatusOr<v1::GenerateComplete> RunGeneration(const GenerationPlan& plan,
+                                                   const GenerationEnvironment& environment,
+                                                   ChunkSink& sink,
+                                                   Clock::time_point request_start) {
+  rpc::DrafterClient& drafter = *environment.drafter;
+  const int64_t prompt_length = static_cast<int64_t>(plan.prompt_tokens.size());
+  // Room for the prompt, the output and one more tree beyond the last committed token.
+  const int64_t capacity = std::min<int64_t>(prompt_length + plan.max_tokens + plan.shape.nodes + 1,
+                                             environment.context_length);
+  auto opened = drafter.OpenSession(static_cast<int32_t>(capacity));
+  if (!opened.ok()) return DrafterError(opened.status());
+  const uint64_t session_id = opened->session_id();
+  const int64_t session_capacity = opened->context();
+  SessionGuard guard(drafter, session_id);
+
+  if (prompt_length > 1) {
+    internal_v1::PrefillRequest prefill;
+    prefill.set_session_id(session_id);
+    prefill.mutable_tokens()->Assign(plan.prompt_tokens.begin(), plan.prompt_tokens.end() - 1);
+    if (auto prefilled = drafter.Prefill(prefill); !prefilled.ok()) {
+      return DrafterError(prefilled.status());
+    }
+  }
+  const Clock::time_point decode_start = Clock::now();
+
+  SharedAdaptivePolicy* policy = nullptr;
+  std::unique_ptr<SharedAdaptivePolicy> own_policy;
+  if (plan.mode == SpeculationMode::kAdaptive) {
+    const SharedAdaptivePolicy* shared = environment.shared_policy;
+    if (shared != nullptr && SameShape(shared->bounds(), plan.shape)) {
+      policy = environment.shared_policy;
+    } else {
+      BITSPLIT_ASSIGN_OR_RETURN(model::AdaptivePolicy made, MakeAdaptivePolicy(plan.shape));
+      own_policy = std::make_unique<SharedAdaptivePolicy>(std::move(made), plan.shape);
+      policy = own_policy.get();
+    }
+  }
+  TokenEmitter emitter(plan, *environment.tokenizer);
+  StepStats step_stats;
+  int64_t draft_ns = 0, verify_ns = 0;
+  std::optional<Clock::time_point> first_token_time;
+  int64_t committed = prompt_length - 1;
+  int32_t root = plan.prompt_tokens.back();
+
+  while (!emitter.finished()) {
+    if (sink.Cancelled()) return absl::CancelledError("the client cancelled the request");
+    model::TreeShape shape = plan.mode == SpeculationMode::kAdaptive ? policy->Next() : plan.shape;
+    // The verify batch (root + nodes) must fit behind the committed tokens.
+    shape.nodes =
+        static_cast<int32_t>(std::clamp<int64_t>(session_capacity - committed - 1, 0, shape.nodes));
+
+    internal_v1::VerifyRequest verify;
+    verify.set_session_id(session_id);
+    int64_t step_draft_ns = 0;
+    int32_t draft_forwards = 0;
+    if (shape.nodes > 0) {
+      internal_v1::DraftRequest draft;
+      draft.set_session_id(session_id);
+      draft.set_root_token(root);
+      draft.set_nodes(shape.nodes);
+      draft.set_expansions(shape.expansions);
+      draft.set_max_depth(shape.max_depth);
+      auto drafted = drafter.Draft(draft);
+      if (!drafted.ok()) return DrafterError(drafted.status());
+      step_draft_ns = drafted->elapsed_ns();
+      draft_forwards = drafted->draft_forwards();
+      *verify.mutable_tokens() = drafted->tokens();
+      *verify.mutable_parents() = drafted->parents();
+    } else {
+      verify.add_tokens(root);
+      verify.add_parents(-1);
+    }
+    *verify.mutable_sampling() = ToProto(plan.sampling);
+    verify.set_logprobs(plan.logprobs);
+    auto verified = drafter.Verify(verify);
+    if (!verified.ok()) return DrafterError(verified.status());
+    if (verified->choices_size() != verify.tokens_size()) {
+      return absl::InternalError(absl::StrFormat("drafter: Verify returned %d choices for %d nodes",
+                                                 verified->choices_size(), verify.tokens_size()));
+    }
+    draft_ns += step_draft_ns;
+    verify_ns += verified->elapsed_ns();
+
+    std::vector<int32_t> targets(verified->choices_size());
+    for (int i = 0; i < verified->choices_size(); ++i) targets[i] = verified->choices(i).token();
+    const std::span<const int32_t> tree_tokens(verify.tokens().data(), verify.tokens_size());
+    const std::span<const int32_t> tree_parents(verify.parents().data(), verify.parents_size());
+    const model::WalkResult walk = model::WalkTree(tree_tokens, tree_parents, targets);
+    const std::vector<int32_t> depths = model::TreeDepths(tree_parents);
+    const int32_t tree_depth = *std::max_element(depths.begin(), depths.end());
+    const int32_t accepted_depth = static_cast<int32_t>(walk.path.size()) - 1;
+    step_stats.Record(tree_depth, accepted_depth, static_cast<int32_t>(walk.tokens.size()));
+    if (policy != nullptr) {
+      const absl::Status recorded = policy->Record({.shape = shape,
+                                                    .draft_ns = step_draft_ns,
+                                                    .draft_forwards = draft_forwards,
+                                                    .verify_ns = verified->elapsed_ns(),
+                                                    .verified_nodes = verify.tokens_size(),
+                                                    .tree_depth = tree_depth,
+                                                    .accepted_depth = accepted_depth});
+      if (!recorded.ok()) spdlog::debug("adaptive policy: {}", recorded.ToString());
+    }
+
+    v1::GenerateChunk chunk;
+    for (size_t i = 0; i < walk.tokens.size() && !emitter.finished(); ++i) {
+      BITSPLIT_RETURN_IF_ERROR(emitter.Add(walk.tokens[i], verified->choices(walk.path[i]), chunk));
+    }
+    if (!emitter.finished()) {
+      internal_v1::CommitRequest commit;
+      commit.set_session_id(session_id);
+      commit.mutable_nodes()->Assign(walk.path.begin(), walk.path.end());
+      if (auto committed_now = drafter.Commit(commit); !committed_now.ok()) {
+        return DrafterError(committed_now.status());
+      }
+      committed += static_cast<int64_t>(walk.path.size());
+      root = walk.tokens.back();
+    }
+    if (chunk.token_ids_size() > 0 || !chunk.text().empty()) {
+      if (!first_token_time) first_token_time = Clock::now();
+      if (!sink.Send(chunk)) return absl::CancelledError("the client went away");
+    }
+  }
+
+  const Clock::time_point end = Clock::now();
+  v1::GenerateComplete complete;
+  complete.set_finish_reason(emitter.finish_reason());
+  complete.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(prompt_length));
+  complete.mutable_usage()->set_completion_tokens(emitter.completion_tokens());
+  v1::SpeculationStats& stats = *complete.mutable_speculation();
+  switch (plan.mode) {
+    case SpeculationMode::kOff:
+      stats.set_shape("off");
+      break;
+    case SpeculationMode::kTree:
+      stats.set_shape(model::DescribeShape(plan.shape));
+      break;
+    case SpeculationMode::kAdaptive:
+      stats.set_shape(policy->Describe());
+      break;
+  }
+  step_stats.Fill(stats);
+  stats.set_draft_ns(draft_ns);
+  stats.set_verify_ns(verify_ns);
+  if (first_token_time) {
+    stats.set_time_to_first_token_ns(NanosBetween(request_start, *first_token_time));
+  }
+  const double decode_seconds = std::chrono::duration<double>(end - decode_start).count();
+  stats.set_tokens_per_second(decode_seconds > 0 ? emitter.completion_tokens() / decode_seconds
+                                                 : 0.0);
+  return complete;
+}
+
+}  // namespace bitsplit::coordinator

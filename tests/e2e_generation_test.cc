@@ -1,0 +1,992 @@
+// End-to-end speculative generation: the three real processes (bitsplit-residual,
+// bitsplit-drafter, bitsplit-coordinator, one thread each, unix sockets in a temporary directory)
+// driven through the public bitsplit.v1.Generation API.
+//
+// The headline is the losslessness invariant of DESIGN.md §3: for every prompt and sampling
+// setting the streamed tokens are the same for a 16-node tree, an 8-node chain and no speculation,
+// and equal to an independent plain decode of the same split model in this process (one token at
+// a time, Sampler::Choose at the new token's index). Then the failure paths: bad requests, a
+// cpu-residual that dies mid-stream, a client that goes away, a full queue, and the stop
+// conditions (stop strings across tokens, stop token ids, EOS, max_tokens).
+#include <signal.h>
+
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bitsplit/internal/v1/drafter.grpc.pb.h"
+#include "bitsplit/v1/generation.grpc.pb.h"
+#include "common/model/llama_model.h"
+#include "common/model/sampler.h"
+#include "common/model/split_model.h"
+#include "common/rpc/drafter_client.h"
+#include "common/text/chat_template.h"
+#include "common/text/streaming_detokenizer.h"
+#include "common/text/tokenizer.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/unknown_field_set.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/support/sync_stream.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/paths.h"
+#include "tests/testing/service_process.h"
+#include "tests/testing/split_fixture.h"
+
+namespace bitsplit {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::ServiceProcess;
+using ::testing::StartsWith;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kResidualBinary[] = BITSPLIT_BINARY_DIR "/services/cpu-residual/bitsplit-residual";
+constexpr char kDrafterBinary[] = BITSPLIT_BINARY_DIR "/services/gpu-drafter/bitsplit-drafter";
+constexpr char kCoordinatorBinary[] =
+    BITSPLIT_BINARY_DIR "/services/coordinator/bitsplit-coordinator";
+constexpr int kServing = grpc::health::v1::HealthCheckResponse::SERVING;
+
+// ---- Prompts -----------------------------------------------------------------------------------
+
+struct Prompt {
+  std::string name;
+  std::optional<std::string> text;          // a plain prompt, or
+  std::vector<text::ChatMessage> messages;  // a chat
+};
+
+// Long fixture texts are cut (at a line or word end) so that prefill stays cheap on one thread.
+std::string Shortened(const std::string& text, size_t limit = 320) {
+  if (text.size() <= limit) return text;
+  const size_t cut = text.find_last_of("\n ", limit);
+  return text.substr(0, cut == std::string::npos || cut == 0 ? limit : cut);
+}
+
+Prompt PromptFromJson(const nlohmann::json& entry, const std::string& fallback_name) {
+  Prompt prompt;
+  prompt.name = entry.value("name", entry.value("id", fallback_name));
+  const nlohmann::json* messages = nullptr;
+  if (entry.contains("messages")) messages = &entry["messages"];
+  if (entry.contains("chat") && entry["chat"].is_array()) messages = &entry["chat"];
+  if (messages != nullptr) {
+    for (const auto& message : *messages) {
+      prompt.messages.push_back(
+          {message.at("role").get<std::string>(), message.at("content").get<std::string>()});
+    }
+  } else if (entry.contains("chat") && entry["chat"].is_string()) {
+    prompt.messages.push_back({"user", entry["chat"].get<std::string>()});
+  } else {
+    prompt.text = Shortened(entry.value("prompt", entry.value("text", std::string())));
+  }
+  return prompt;
+}
+
+// Ten prompts: from the speculation bench's prompt set when it exists (bench/prompts/README.md:
+// questions and how-tos are chat messages, code and prose raw prompts), taken round-robin over
+// those kinds; else the logit-oracle prompts plus a few written here.
+std::vector<Prompt> MatrixPrompts() {
+  constexpr size_t kCount = 10;
+  std::vector<Prompt> prompts;
+  std::ifstream bench(testing::SourcePath("bench/prompts/prompts.jsonl"));
+  std::map<std::string, std::vector<Prompt>> by_kind;
+  std::string line;
+  while (std::getline(bench, line)) {
+    if (line.empty()) continue;
+    const nlohmann::json entry = nlohmann::json::parse(line);
+    Prompt prompt = PromptFromJson(entry, "bench");
+    const std::string kind = prompt.name.substr(0, prompt.name.find('-'));
+    if ((kind == "question" || kind == "howto") && prompt.text) {
+      prompt.messages = {{"user", *prompt.text}};
+      prompt.text.reset();
+    }
+    by_kind[kind].push_back(std::move(prompt));
+  }
+  for (size_t round = 0; prompts.size() < kCount; ++round) {
+    bool any = false;
+    for (const char* kind : {"question", "code", "howto", "prose"}) {
+      const std::vector<Prompt>& list = by_kind[kind];
+      if (round < list.size() && prompts.size() < kCount) {
+        prompts.push_back(list[round]);
+        any = true;
+      }
+    }
+    if (!any) break;
+  }
+  if (prompts.size() >= kCount) return prompts;
+  prompts.clear();
+  std::ifstream oracle(testing::SourcePath("tests/oracle/logit_prompts.json"));
+  const nlohmann::json entries = nlohmann::json::parse(oracle);
+  for (const auto& entry : entries) prompts.push_back(PromptFromJson(entry, "oracle"));
+  prompts.push_back({"plain_story", "Once upon a time, in a small village by the sea,", {}});
+  prompts.push_back(
+      {"plain_code", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.", {}});
+  prompts.push_back({"chat_haiku", std::nullopt, {{"user", "Write a haiku about autumn rain."}}});
+  prompts.push_back({"chat_list", std::nullopt, {{"user", "Name three primary colors."}}});
+  prompts.resize(std::min(prompts.size(), kCount));
+  return prompts;
+}
+
+// ---- Reflection (no generated stub ships with the Debian packages: raw bytes) -----------------
+
+// The services a server lists through grpc.reflection.v1alpha.ServerReflection.
+std::set<std::string> ReflectedServices(const std::string& target) {
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  const grpc::internal::RpcMethod method(
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+      grpc::internal::RpcMethod::BIDI_STREAMING);
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel.get(), method, &context));
+  // ServerReflectionRequest { string list_services = 7; } = "*"
+  const std::string request_bytes("\x3a\x01*", 3);
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  std::set<std::string> services;
+  if (!stream->Write(request)) return services;
+  stream->WritesDone();
+  grpc::ByteBuffer response;
+  if (stream->Read(&response)) {
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(response.Dump(&slices).ok());
+    std::string bytes;
+    for (const grpc::Slice& s : slices)
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    // ServerReflectionResponse { ListServiceResponse list_services_response = 6; }
+    // ListServiceResponse { repeated ServiceResponse service = 1; }
+    // ServiceResponse { string name = 1; }
+    google::protobuf::UnknownFieldSet top;
+    EXPECT_TRUE(top.ParseFromString(bytes));
+    for (int i = 0; i < top.field_count(); ++i) {
+      if (top.field(i).number() != 6) continue;
+      google::protobuf::UnknownFieldSet list;
+      EXPECT_TRUE(list.ParseFromString(top.field(i).length_delimited()));
+      for (int j = 0; j < list.field_count(); ++j) {
+        if (list.field(j).number() != 1) continue;
+        google::protobuf::UnknownFieldSet service;
+        EXPECT_TRUE(service.ParseFromString(list.field(j).length_delimited()));
+        for (int k = 0; k < service.field_count(); ++k) {
+          if (service.field(k).number() == 1) services.insert(service.field(k).length_delimited());
+        }
+      }
+    }
+  }
+  while (stream->Read(&response)) {
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  return services;
+}
+
+// ---- Streams -----------------------------------------------------------------------------------
+
+struct StreamResult {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::vector<v1::TokenLogprob> logprobs;
+  int chunks = 0;
+  std::optional<v1::GenerateComplete> complete;
+  std::optional<v1::GenerateError> error;
+};
+
+StreamResult ReadStream(grpc::ClientReader<v1::GenerateResponse>& reader,
+                        const std::function<void(const StreamResult&)>& on_chunk = {}) {
+  StreamResult result;
+  v1::GenerateResponse response;
+  while (reader.Read(&response)) {
+    if (response.has_chunk()) {
+      ++result.chunks;
+      result.tokens.insert(result.tokens.end(), response.chunk().token_ids().begin(),
+                           response.chunk().token_ids().end());
+      result.text += response.chunk().text();
+      result.logprobs.insert(result.logprobs.end(), response.chunk().logprobs().begin(),
+                             response.chunk().logprobs().end());
+      if (on_chunk) on_chunk(result);
+    } else if (response.has_complete()) {
+      EXPECT_FALSE(result.complete.has_value()) << "two complete messages";
+      result.complete = response.complete();
+    } else if (response.has_error()) {
+      result.error = response.error();
+    }
+  }
+  result.status = reader.Finish();
+  return result;
+}
+
+v1::SpeculationSettings Tree(int nodes, int expansions, int depth) {
+  v1::SpeculationSettings settings;
+  settings.set_mode(v1::SpeculationSettings::MODE_TREE);
+  settings.set_nodes(nodes);
+  settings.set_expansions_per_step(expansions);
+  settings.set_max_depth(depth);
+  return settings;
+}
+
+v1::SpeculationSettings Off() {
+  v1::SpeculationSettings settings;
+  settings.set_mode(v1::SpeculationSettings::MODE_OFF);
+  return settings;
+}
+
+// ---- The fixture: three services for the whole suite ------------------------------------------
+
+class E2eGenerationTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const testing::SplitModelPaths& model = testing::SmolLm2SplitModel();
+    dir_ = new std::string((testing::TestTempDir() / "e2e").string());
+    std::filesystem::create_directories(*dir_);
+    residual_socket_ = new std::string(*dir_ + "/residual.sock");
+    drafter_socket_ = new std::string(*dir_ + "/drafter.sock");
+    coordinator_socket_ = new std::string(*dir_ + "/coordinator.sock");
+    residual_ = new ServiceProcess(kResidualBinary);
+    drafter_ = new ServiceProcess(kDrafterBinary);
+    coordinator_ = new ServiceProcess(kCoordinatorBinary);
+    if (!StartResidual()) return;
+    // The CPU backend: its verifier is bit for bit the in-process reference decode's.
+    if (!drafter_->Start({model.base, "--residual-socket", "unix:" + *residual_socket_, "--socket",
+                          *drafter_socket_, "--threads", "1", "--backend", "cpu"}) ||
+        !drafter_->WaitServing(DrafterTarget(), std::chrono::seconds(60))) {
+      ADD_FAILURE() << "bitsplit-drafter did not start:\n" << drafter_->Stderr();
+      return;
+    }
+    // One generating request and one waiting: the queue test relies on these limits.
+    if (!coordinator_->Start({"--model", model.base, "--drafter", DrafterTarget(), "--socket",
+                              *coordinator_socket_, "--max-active", "1", "--max-queue", "1"}) ||
+        !coordinator_->WaitServing(CoordinatorTarget(), std::chrono::seconds(60))) {
+      ADD_FAILURE() << "bitsplit-coordinator did not start:\n" << coordinator_->Stderr();
+      return;
+    }
+    auto loaded = model::LlamaModel::LoadSplit(model.base, model.residual, /*num_threads=*/1);
+    if (!loaded.ok()) {
+      ADD_FAILURE() << loaded.status();
+      return;
+    }
+    model_ = loaded->release();
+    auto tokenizer = text::Tokenizer::FromGguf(model_->gguf_metadata());
+    auto chat_template = text::ChatTemplate::FromGguf(model_->gguf_metadata());
+    if (!tokenizer.ok() || !chat_template.ok()) {
+      ADD_FAILURE() << tokenizer.status() << " " << chat_template.status();
+      return;
+    }
+    tokenizer_ = tokenizer->release();
+    chat_template_ = new text::ChatTemplate(*chat_template);
+    ready_ = true;
+  }
+
+  static void TearDownTestSuite() {
+    // Coordinator first, so that it never sees its drafter disappear.
+    for (ServiceProcess* process : {coordinator_, drafter_, residual_}) {
+      if (process != nullptr) process->Kill(SIGKILL);
+      delete process;
+    }
+    coordinator_ = drafter_ = residual_ = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_TRUE(ready_) << "the services did not start (see the suite's first failure)";
+    // A test that killed cpu-residual restarts it; a failure half-way must not break the next.
+    if (!residual_->running()) {
+      ASSERT_TRUE(StartResidual());
+    }
+  }
+
+  static bool StartResidual() {
+    const testing::SplitModelPaths& model = testing::SmolLm2SplitModel();
+    if (!residual_->Start({model.residual, "--socket", *residual_socket_, "--threads", "1"}) ||
+        !residual_->WaitServing("unix:" + *residual_socket_, std::chrono::seconds(60))) {
+      ADD_FAILURE() << "bitsplit-residual did not start:\n" << residual_->Stderr();
+      return false;
+    }
+    return true;
+  }
+
+  static std::string DrafterTarget() { return "unix:" + *drafter_socket_; }
+  static std::string CoordinatorTarget() { return "unix:" + *coordinator_socket_; }
+
+  static std::unique_ptr<v1::Generation::Stub> Stub() {
+    return v1::Generation::NewStub(
+        grpc::CreateChannel(CoordinatorTarget(), grpc::InsecureChannelCredentials()));
+  }
+
+  static StreamResult Generate(const v1::GenerateRequest& request) {
+    auto stub = Stub();
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
+    auto reader = stub->Generate(&context, request);
+    return ReadStream(*reader);
+  }
+
+  static int OpenDrafterSessions() {
+    auto client = rpc::DrafterClient::Connect(DrafterTarget(), std::chrono::seconds(5),
+                                              std::chrono::seconds(5));
+    if (!client.ok()) return -1;
+    auto info = (*client)->GetInfo();
+    return info.ok() ? info->open_sessions() : -1;
+  }
+  // Polls until the drafter has no open session: true within `timeout`.
+  static bool DrafterSessionsDrain(std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      if (OpenDrafterSessions() == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  // The prompt tokens as the documented tokenization gives them (independently of the
+  // coordinator's code): plain text without special tokens, chat through the GGUF's template
+  // with special tokens; BOS first when the tokenizer asks for it.
+  static std::vector<int32_t> ReferencePromptTokens(const Prompt& prompt) {
+    std::vector<int32_t> tokens =
+        prompt.text ? tokenizer_->Encode(*prompt.text, false)
+                    : tokenizer_->Encode(chat_template_->Render(prompt.messages, true), true);
+    if (tokenizer_->add_bos() && tokenizer_->bos_id() >= 0) {
+      tokens.insert(tokens.begin(), tokenizer_->bos_id());
+    }
+    return tokens;
+  }
+
+  // Plain decoding with the split model's verifier (base + residual in process): prefill, then one
+  // token at a time; the token for sequence index p is Sampler::Choose(logits, params, p). Stops
+  // after `max_tokens` tokens or before an end-of-generation token.
+  static std::vector<int32_t> PlainDecode(const std::vector<int32_t>& prompt,
+                                          const model::SamplingParams& params, int max_tokens) {
+    const int64_t vocab = model_->config().vocab_size;
+    auto cache = model_->NewKvCache(static_cast<int64_t>(prompt.size()) + max_tokens + 1);
+    EXPECT_TRUE(cache.ok()) << cache.status();
+    std::vector<float> logits(vocab);
+    model::Batch prefill = model::Batch::Causal(prompt, 0);
+    prefill.logit_rows = {static_cast<int32_t>(prompt.size()) - 1};
+    EXPECT_TRUE(model_->Forward(prefill, *cache, logits.data(), model::ForwardMode::kVerify).ok());
+    EXPECT_TRUE(cache->Commit(static_cast<int64_t>(prompt.size())).ok());
+    model::Sampler sampler;
+    std::vector<int32_t> out;
+    for (int64_t position = static_cast<int64_t>(prompt.size());
+         static_cast<int>(out.size()) < max_tokens; ++position) {
+      const int32_t token = sampler.Choose(logits, params, position);
+      if (tokenizer_->IsEndOfGeneration(token)) break;
+      out.push_back(token);
+      if (static_cast<int>(out.size()) == max_tokens) break;
+      const int32_t single[1] = {token};
+      model::Batch step = model::Batch::Causal(single, static_cast<int32_t>(position));
+      EXPECT_TRUE(model_->Forward(step, *cache, logits.data(), model::ForwardMode::kVerify).ok());
+      EXPECT_TRUE(cache->Commit(1).ok());
+    }
+    return out;
+  }
+
+  static std::string Detokenize(const std::vector<int32_t>& tokens) {
+    auto bytes = tokenizer_->Decode(tokens);
+    EXPECT_TRUE(bytes.ok());
+    return text::ReplaceInvalidUtf8(bytes.value_or(""));
+  }
+
+  static v1::GenerateRequest RequestFor(const Prompt& prompt) {
+    v1::GenerateRequest request;
+    if (prompt.text) {
+      request.set_prompt(*prompt.text);
+    } else {
+      for (const text::ChatMessage& message : prompt.messages) {
+        v1::ChatMessage* m = request.mutable_chat()->add_messages();
+        m->set_role(message.role);
+        m->set_content(message.content);
+      }
+    }
+    return request;
+  }
+
+  static inline std::string* dir_ = nullptr;
+  static inline std::string* residual_socket_ = nullptr;
+  static inline std::string* drafter_socket_ = nullptr;
+  static inline std::string* coordinator_socket_ = nullptr;
+  static inline ServiceProcess* residual_ = nullptr;
+  static inline ServiceProcess* drafter_ = nullptr;
+  static inline ServiceProcess* coordinator_ = nullptr;
+  static inline model::LlamaModel* model_ = nullptr;
+  static inline text::Tokenizer* tokenizer_ = nullptr;
+  static inline text::ChatTemplate* chat_template_ = nullptr;
+  static inline bool ready_ = false;
+};
+
+// ---- Losslessness ------------------------------------------------------------------------------
+
+TEST_F(E2eGenerationTest, SpeculationIsLosslessForEveryShapeAndSampling) {
+  constexpr int kMaxTokens = 16;
+  struct Sampling {
+    std::string name;
+    model::SamplingParams params;
+  };
+  const std::vector<Sampling> samplings = {
+      {"greedy", {}},
+      {"t0.8 seed 1", {.temperature = 0.8f, .seed = 1}},
+      {"t0.8 seed 2", {.temperature = 0.8f, .seed = 2}},
+      {"t0.8 seed 3", {.temperature = 0.8f, .seed = 3}},
+  };
+  struct Shape {
+    std::string name;
+    v1::SpeculationSettings settings;
+    std::string expected_shape;
+  };
+  const std::vector<Shape> shapes = {
+      {"tree", Tree(16, 4, 8), "tree N=16 k=4 depth<=8"},
+      {"chain", Tree(8, 1, 8), "tree N=8 k=1 depth<=8"},
+      {"off", Off(), "off"},
+  };
+  const std::vector<Prompt> prompts = MatrixPrompts();
+  ASSERT_GE(prompts.size(), 10u);
+
+  const Clock::time_point start = Clock::now();
+  int64_t tree_tokens = 0, tree_verify_steps = 0;
+  int64_t chain_tokens = 0, chain_verify_steps = 0;
+  int rows = 0;
+  std::map<std::string, double> seconds_by_shape;
+  double reference_seconds = 0;
+  for (const Prompt& prompt : prompts) {
+    const std::vector<int32_t> prompt_tokens = ReferencePromptTokens(prompt);
+    for (const Sampling& sampling : samplings) {
+      const Clock::time_point reference_start = Clock::now();
+      const std::vector<int32_t> expected = PlainDecode(prompt_tokens, sampling.params, kMaxTokens);
+      reference_seconds += std::chrono::duration<double>(Clock::now() - reference_start).count();
+      for (const Shape& shape : shapes) {
+        SCOPED_TRACE(absl::StrCat(prompt.name, " / ", sampling.name, " / ", shape.name));
+        v1::GenerateRequest request = RequestFor(prompt);
+        request.set_max_tokens(kMaxTokens);
+        if (sampling.params.temperature > 0) {
+          request.set_temperature(sampling.params.temperature);
+          request.set_seed(sampling.params.seed);
+        }
+        *request.mutable_speculation() = shape.settings;
+        const Clock::time_point row_start = Clock::now();
+        const StreamResult result = Generate(request);
+        seconds_by_shape[shape.name] +=
+            std::chrono::duration<double>(Clock::now() - row_start).count();
+        ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+        ASSERT_TRUE(result.complete.has_value());
+        ++rows;
+        EXPECT_EQ(result.tokens, expected);
+        EXPECT_EQ(result.text, Detokenize(expected));
+        const v1::GenerateComplete& complete = *result.complete;
+        EXPECT_EQ(complete.usage().prompt_tokens(), static_cast<int>(prompt_tokens.size()));
+        EXPECT_EQ(complete.usage().completion_tokens(), static_cast<int>(expected.size()));
+        EXPECT_EQ(complete.finish_reason(), static_cast<int>(expected.size()) == kMaxTokens
+                                                ? v1::FINISH_REASON_LENGTH
+                                                : v1::FINISH_REASON_EOS);
+        const v1::SpeculationStats& stats = complete.speculation();
+        EXPECT_EQ(stats.shape(), shape.expected_shape);
+        // Every verify step yields at least one token (the bonus) and one chunk at most.
+        EXPECT_GE(stats.verify_steps(), 1);
+        EXPECT_LE(result.chunks, stats.verify_steps());
+        EXPECT_GE(stats.mean_accepted_per_verify() * stats.verify_steps() + 1e-9,
+                  complete.usage().completion_tokens());
+        if (shape.name == "off") {
+          EXPECT_DOUBLE_EQ(stats.mean_accepted_per_verify(), 1.0);
+          EXPECT_EQ(stats.acceptance_by_depth_size(), 0);
+          EXPECT_EQ(stats.draft_ns(), 0);
+        } else {
+          EXPECT_GT(stats.draft_ns(), 0);
+          EXPECT_LE(stats.acceptance_by_depth_size(), 8);
+          for (double rate : stats.acceptance_by_depth()) {
+            EXPECT_GE(rate, 0.0);
+            EXPECT_LE(rate, 1.0);
+          }
+          int64_t& tokens = shape.name == "tree" ? tree_tokens : chain_tokens;
+          int64_t& steps = shape.name == "tree" ? tree_verify_steps : chain_verify_steps;
+          tokens += std::llround(stats.mean_accepted_per_verify() * stats.verify_steps());
+          steps += stats.verify_steps();
+        }
+        EXPECT_GT(stats.verify_ns(), 0);
+        if (!expected.empty()) {
+          EXPECT_GT(stats.time_to_first_token_ns(), 0);
+        }
+      }
+    }
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const std::string summary = absl::StrFormat(
+      "%d rows (%d prompts x %d samplings x %d shapes, %d tokens each at most) in %.1f s (tree "
+      "%.1f s, chain %.1f s, off %.1f s, in-process reference %.1f s); tokens/verify: tree N=16 "
+      "k=4 %.2f, chain N=8 %.2f",
+      rows, prompts.size(), samplings.size(), shapes.size(), kMaxTokens, seconds,
+      seconds_by_shape["tree"], seconds_by_shape["chain"], seconds_by_shape["off"],
+      reference_seconds,
+      tree_verify_steps > 0 ? static_cast<double>(tree_tokens) / tree_verify_steps : 0.0,
+      chain_verify_steps > 0 ? static_cast<double>(chain_tokens) / chain_verify_steps : 0.0);
+  std::printf("losslessness matrix: %s\n", summary.c_str());
+  RecordProperty("matrix", summary);
+}
+
+TEST_F(E2eGenerationTest, AdaptiveDefaultIsLosslessAndNamesItsShape) {
+  const Prompt prompt{"capital", "The capital of France is", {}};
+  v1::GenerateRequest request = RequestFor(prompt);
+  request.set_max_tokens(24);  // no speculation settings: the server's default (adaptive)
+  const StreamResult result = Generate(request);
+  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+  EXPECT_EQ(result.tokens, PlainDecode(ReferencePromptTokens(prompt), {}, 24));
+  ASSERT_TRUE(result.complete.has_value());
+  EXPECT_THAT(result.complete->speculation().shape(), StartsWith("adaptive: "));
+}
+
+// ---- Stop conditions ----------------------------------------------------------------------------
+
+TEST_F(E2eGenerationTest, StopStringAcrossTokensEndsTheTextBeforeIt) {
+  const Prompt prompt{"count", "Count from one to twenty: one, two, three,", {}};
+  const std::vector<int32_t> reference = PlainDecode(ReferencePromptTokens(prompt), {}, 24);
+  // A stop string made of the end of one token and the start of the next, whose first occurrence
+  // in the text is at that boundary.
+  const std::string full_text = Detokenize(reference);
+  std::string stop;
+  size_t boundary_token = 0;
+  size_t stop_at = std::string::npos;
+  for (size_t i = 3; i + 1 < reference.size() && stop.empty(); ++i) {
+    const std::string left = Detokenize({reference[i]});
+    const std::string right = Detokenize({reference[i + 1]});
+    const size_t boundary = Detokenize({reference.begin(), reference.begin() + i + 1}).size();
+    const size_t take_left = std::min<size_t>(2, left.size());
+    const size_t take_right = std::min<size_t>(2, right.size());
+    const std::string candidate =
+        left.substr(left.size() - take_left) + right.substr(0, take_right);
+    if (candidate.size() >= 3 && full_text.find(candidate) == boundary - take_left) {
+      stop = candidate;
+      boundary_token = i;
+      stop_at = boundary - take_left;
+    }
+  }
+  ASSERT_FALSE(stop.empty()) << "no stop string spans two tokens in " << full_text;
+  SCOPED_TRACE(absl::StrCat("stop \"", stop, "\" spanning token ", boundary_token, " in \"",
+                            full_text, "\""));
+
+  for (const auto& speculation : {Tree(16, 4, 8), Off()}) {
+    v1::GenerateRequest request = RequestFor(prompt);
+    request.set_max_tokens(24);
+    request.add_stop(stop);
+    request.add_stop("a stop string that never appears");
+    *request.mutable_speculation() = speculation;
+    const StreamResult result = Generate(request);
+    ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+    ASSERT_TRUE(result.complete.has_value());
+    EXPECT_EQ(result.complete->finish_reason(), v1::FINISH_REASON_STOP);
+    EXPECT_EQ(result.text, full_text.substr(0, stop_at));
+    // The tokens are a prefix of the plain decode, up to the one that completed the stop string.
+    ASSERT_LE(result.tokens.size(), reference.size());
+    EXPECT_TRUE(std::equal(result.tokens.begin(), result.tokens.end(), reference.begin()));
+    ASSERT_FALSE(result.tokens.empty());
+    EXPECT_GE(Detokenize(result.tokens).size(), stop_at + stop.size());
+    EXPECT_LT(Detokenize({result.tokens.begin(), result.tokens.end() - 1}).size(),
+              stop_at + stop.size());
+  }
+}
+
+TEST_F(E2eGenerationTest, StopTokenIdEndsTheStreamWithoutThatToken) {
+  const Prompt prompt{"count", "Count from one to twenty: one, two, three,", {}};
+  const std::vector<int32_t> reference = PlainDecode(ReferencePromptTokens(prompt), {}, 24);
+  ASSERT_GT(reference.size(), 6u);
+  const int32_t stop_id = reference[5];
+  const size_t first = std::find(reference.begin(), reference.end(), stop_id) - reference.begin();
+  v1::GenerateRequest request = RequestFor(prompt);
+  request.set_max_tokens(24);
+  request.add_stop_token_ids(stop_id);
+  *request.mutable_speculation() = Tree(16, 4, 8);
+  const StreamResult result = Generate(request);
+  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+  ASSERT_TRUE(result.complete.has_value());
+  EXPECT_EQ(result.complete->finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(result.tokens, std::vector<int32_t>(reference.begin(), reference.begin() + first));
+  EXPECT_EQ(result.text, Detokenize(result.tokens));
+}
+
+TEST_F(E2eGenerationTest, EndOfGenerationGivesEosAndNoControlText) {
+  const Prompt prompt{"chat", std::nullopt, {{"user", "What is the capital of France?"}}};
+  const std::vector<int32_t> reference = PlainDecode(ReferencePromptTokens(prompt), {}, 64);
+  ASSERT_LT(reference.size(), 64u) << "the reference decode did not end: " << Detokenize(reference);
+  v1::GenerateRequest request = RequestFor(prompt);
+  request.set_max_tokens(64);
+  *request.mutable_speculation() = Tree(16, 4, 8);
+  const StreamResult result = Generate(request);
+  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+  ASSERT_TRUE(result.complete.has_value());
+  EXPECT_EQ(result.complete->finish_reason(), v1::FINISH_REASON_EOS);
+  EXPECT_EQ(result.tokens, reference);
+  EXPECT_THAT(result.text, ::testing::Not(HasSubstr("<|im_end|>")));
+  EXPECT_FALSE(result.text.empty());
+}
+
+TEST_F(E2eGenerationTest, MaxTokensGivesLengthWithExactlyThatManyTokens) {
+  const Prompt prompt{"story", "Once upon a time, in a small village by the sea,", {}};
+  for (const int max_tokens : {1, 2, 5, 9}) {
+    SCOPED_TRACE(max_tokens);
+    v1::GenerateRequest request = RequestFor(prompt);
+    request.set_max_tokens(max_tokens);
+    *request.mutable_speculation() = Tree(16, 4, 8);
+    const StreamResult result = Generate(request);
+    ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+    ASSERT_TRUE(result.complete.has_value());
+    EXPECT_EQ(result.complete->finish_reason(), v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(static_cast<int>(result.tokens.size()), max_tokens);
+    EXPECT_EQ(result.complete->usage().completion_tokens(), max_tokens);
+  }
+}
+
+TEST_F(E2eGenerationTest, LogprobsDescribeTheChosenTokens) {
+  const Prompt prompt{"capital", "The capital of France is", {}};
+  v1::GenerateRequest request = RequestFor(prompt);
+  request.set_max_tokens(8);
+  request.set_logprobs(3);
+  *request.mutable_speculation() = Tree(16, 4, 8);
+  const StreamResult result = Generate(request);
+  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+  ASSERT_EQ(result.logprobs.size(), result.tokens.size());
+  for (size_t i = 0; i < result.tokens.size(); ++i) {
+    const v1::TokenLogprob& logprob = result.logprobs[i];
+    EXPECT_EQ(logprob.token_id(), result.tokens[i]);
+    ASSERT_EQ(logprob.top_ids_size(), 3);
+    ASSERT_EQ(logprob.top_logprobs_size(), 3);
+    // Greedy: the chosen token is the most probable one.
+    EXPECT_EQ(logprob.top_ids(0), result.tokens[i]);
+    EXPECT_FLOAT_EQ(logprob.top_logprobs(0), logprob.logprob());
+    EXPECT_LE(logprob.logprob(), 0.0f);
+    EXPECT_GE(logprob.top_logprobs(0), logprob.top_logprobs(1));
+    EXPECT_GE(logprob.top_logprobs(1), logprob.top_logprobs(2));
+  }
+}
+
+// ---- Bad input ---------------------------------------------------------------------------------
+
+TEST_F(E2eGenerationTest, BadRequestsAreInvalidArgumentNamingTheProblem) {
+  auto base = [] {
+    v1::GenerateRequest request;
+    request.set_prompt("Hello");
+    request.set_max_tokens(4);
+    return request;
+  };
+  const int32_t vocab = tokenizer_->vocab_size();
+  struct Case {
+    std::string name;
+    std::function<void(v1::GenerateRequest&)> mutate;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"no input", [](auto& r) { r.clear_input(); }, "no input"},
+      {"empty prompt", [](auto& r) { r.set_prompt(""); }, "prompt is empty"},
+      {"empty chat", [](auto& r) { r.mutable_chat(); }, "no messages"},
+      {"bad role",
+       [](auto& r) {
+         auto* m = r.mutable_chat()->add_messages();
+         m->set_role("robot");
+         m->set_content("hi");
+       },
+       "role \"robot\""},
+      {"empty token ids", [](auto& r) { r.mutable_token_ids(); }, "token_ids is empty"},
+      {"token id beyond the vocabulary",
+       [vocab](auto& r) {
+         r.mutable_token_ids()->add_ids(1);
+         r.mutable_token_ids()->add_ids(vocab);
+       },
+       absl::StrCat("token_ids[1] = ", vocab, " is outside the vocabulary")},
+      {"negative token id", [](auto& r) { r.mutable_token_ids()->add_ids(-3); },
+       "token_ids[0] = -3"},
+      {"prompt beyond the context",
+       [](auto& r) {
+         for (int i = 0; i < 2048; ++i) r.mutable_token_ids()->add_ids(42);
+       },
+       "does not fit the context of 2048"},
+      {"prompt + max_tokens beyond the context",
+       [](auto& r) {
+         for (int i = 0; i < 2040; ++i) r.mutable_token_ids()->add_ids(42);
+         r.set_max_tokens(100);
+       },
+       "exceeds the context of 2048 tokens"},
+      {"max_tokens 0", [](auto& r) { r.set_max_tokens(0); }, "max_tokens must be in [1, 4096]"},
+      {"max_tokens absurd", [](auto& r) { r.set_max_tokens(1 << 30); },
+       "max_tokens must be in [1, 4096]"},
+      {"negative temperature", [](auto& r) { r.set_temperature(-0.5f); }, "temperature"},
+      {"NaN temperature",
+       [](auto& r) { r.set_temperature(std::numeric_limits<float>::quiet_NaN()); }, "temperature"},
+      {"top_p 0", [](auto& r) { r.set_top_p(0.0f); }, "top_p must be in (0, 1]"},
+      {"top_p above 1", [](auto& r) { r.set_top_p(1.5f); }, "top_p must be in (0, 1]"},
+      {"negative top_k", [](auto& r) { r.set_top_k(-1); }, "top_k must be >= 0"},
+      {"logprobs above 20", [](auto& r) { r.set_logprobs(21); }, "logprobs must be in [0, 20]"},
+      {"negative logprobs", [](auto& r) { r.set_logprobs(-1); }, "logprobs must be in [0, 20]"},
+      {"empty stop string", [](auto& r) { r.add_stop(""); }, "stop"},
+      {"too many stop strings",
+       [](auto& r) {
+         for (int i = 0; i < 17; ++i) r.add_stop(absl::StrCat("stop", i));
+       },
+       "stop"},
+      {"stop token id beyond the vocabulary", [vocab](auto& r) { r.add_stop_token_ids(vocab); },
+       "stop_token_ids[0]"},
+      {"tree too large", [](auto& r) { *r.mutable_speculation() = Tree(1000, 4, 8); }, "nodes"},
+      {"negative tree nodes", [](auto& r) { *r.mutable_speculation() = Tree(-1, 4, 8); }, "nodes"},
+      {"zero expansions", [](auto& r) { *r.mutable_speculation() = Tree(16, 0, 8); }, "expansions"},
+      {"zero depth", [](auto& r) { *r.mutable_speculation() = Tree(16, 4, 0); }, "depth"},
+      {"unknown speculation mode",
+       [](auto& r) {
+         r.mutable_speculation()->set_mode(static_cast<v1::SpeculationSettings::Mode>(7));
+       },
+       "unknown mode 7"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::GenerateRequest request = base();
+    c.mutate(request);
+    const StreamResult result = Generate(request);
+    EXPECT_EQ(result.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << result.status.error_message();
+    EXPECT_THAT(result.status.error_message(), HasSubstr(c.expected));
+    EXPECT_TRUE(result.tokens.empty());
+    EXPECT_FALSE(result.complete.has_value());
+    ASSERT_TRUE(result.error.has_value());
+    EXPECT_EQ(result.error->code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+    EXPECT_EQ(result.error->message(), result.status.error_message());
+  }
+  // The service is unharmed.
+  v1::GenerateRequest good = base();
+  *good.mutable_speculation() = Off();
+  EXPECT_TRUE(Generate(good).status.ok());
+}
+
+// ---- Tokenize, GetModelInfo, health, reflection ------------------------------------------------
+
+TEST_F(E2eGenerationTest, TokenizeMatchesTheModelTokenizer) {
+  auto stub = Stub();
+  for (const bool parse_special : {false, true}) {
+    grpc::ClientContext context;
+    v1::TokenizeRequest request;
+    request.set_text("<|im_start|>user\nHello, wörld! 🙂<|im_end|>");
+    request.set_parse_special(parse_special);
+    v1::TokenizeResponse response;
+    ASSERT_TRUE(stub->Tokenize(&context, request, &response).ok());
+    const std::vector<int32_t> expected = tokenizer_->Encode(request.text(), parse_special);
+    EXPECT_EQ(std::vector<int32_t>(response.token_ids().begin(), response.token_ids().end()),
+              expected);
+    ASSERT_EQ(response.pieces_size(), response.token_ids_size());
+  }
+}
+
+TEST_F(E2eGenerationTest, ModelInfoDescribesTheSplitModel) {
+  auto files = model::SplitModelFiles::Open(testing::SmolLm2SplitModel().base, "");
+  ASSERT_TRUE(files.ok()) << files.status();
+  auto stub = Stub();
+  grpc::ClientContext context;
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.fingerprint(), (*files)->base().fingerprint_hex());
+  EXPECT_EQ(info.architecture(), "llama");
+  EXPECT_EQ(info.layers(), (*files)->config().num_layers);
+  EXPECT_EQ(info.d_model(), (*files)->config().d_model);
+  EXPECT_EQ(info.vocab_size(), (*files)->config().vocab_size);
+  EXPECT_EQ(info.context_length(), 2048);  // the drafter's default --max-context
+  EXPECT_THAT(info.base_format(), StartsWith("b2_asym/g64"));  // the fixture's knobs
+  EXPECT_EQ(info.residual_format(), "r8/g32");
+  EXPECT_THAT(info.chat_template(), HasSubstr("<|im_start|>"));
+  EXPECT_FALSE(info.name().empty());
+}
+
+TEST_F(E2eGenerationTest, EveryServiceAnswersHealthAndReflection) {
+  EXPECT_EQ(testing::HealthStatus(CoordinatorTarget(), "bitsplit.v1.Generation"), kServing);
+  const std::set<std::string> coordinator = ReflectedServices(CoordinatorTarget());
+  EXPECT_TRUE(coordinator.contains("bitsplit.v1.Generation")) << coordinator.size();
+  EXPECT_TRUE(coordinator.contains("grpc.health.v1.Health"));
+  EXPECT_TRUE(coordinator.contains("grpc.reflection.v1alpha.ServerReflection"));
+  EXPECT_TRUE(ReflectedServices(DrafterTarget()).contains("bitsplit.internal.v1.Drafter"));
+  EXPECT_TRUE(
+      ReflectedServices("unix:" + *residual_socket_).contains("bitsplit.internal.v1.Residual"));
+}
+
+// ---- Failures while generating -----------------------------------------------------------------
+
+TEST_F(E2eGenerationTest, DeadResidualGivesUnavailableAndTheNextRequestSucceedsAfterRestart) {
+  const Prompt prompt{"story", "Once upon a time, in a small village by the sea,", {}};
+  v1::GenerateRequest request = RequestFor(prompt);
+  request.set_max_tokens(1500);
+  *request.mutable_speculation() = Off();
+  auto stub = Stub();
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));
+  auto reader = stub->Generate(&context, request);
+  bool killed = false;
+  const StreamResult result = ReadStream(*reader, [&](const StreamResult&) {
+    if (!killed) residual_->Kill(SIGKILL);
+    killed = true;
+  });
+  ASSERT_TRUE(killed) << "no chunk arrived: " << result.status.error_message();
+  EXPECT_EQ(result.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << result.status.error_message();
+  EXPECT_THAT(result.status.error_message(), HasSubstr("unavailable"));
+  EXPECT_LT(static_cast<int>(result.tokens.size()), 1500);
+  EXPECT_FALSE(result.complete.has_value());
+
+  // The drafter and the coordinator stay up, and the failed request's session is gone.
+  EXPECT_EQ(testing::HealthStatus(CoordinatorTarget()), kServing);
+  EXPECT_EQ(testing::HealthStatus(DrafterTarget()), kServing);
+  EXPECT_TRUE(DrafterSessionsDrain(std::chrono::seconds(5)));
+  {
+    grpc::ClientContext info_context;
+    v1::ModelInfo info;
+    EXPECT_TRUE(stub->GetModelInfo(&info_context, v1::GetModelInfoRequest(), &info).ok());
+  }
+  // While cpu-residual is down, requests fail cleanly too.
+  v1::GenerateRequest short_request = RequestFor(prompt);
+  short_request.set_max_tokens(8);
+  *short_request.mutable_speculation() = Tree(16, 4, 8);
+  EXPECT_EQ(Generate(short_request).status.error_code(), grpc::StatusCode::UNAVAILABLE);
+
+  ASSERT_TRUE(StartResidual());
+  const StreamResult after = Generate(short_request);
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens, PlainDecode(ReferencePromptTokens(prompt), {}, 8));
+}
+
+TEST_F(E2eGenerationTest, ClientThatGoesAwayFreesItsSession) {
+  v1::GenerateRequest request = RequestFor({"story", "Once upon a time,", {}});
+  request.set_max_tokens(1500);
+  *request.mutable_speculation() = Off();
+  auto stub = Stub();
+  grpc::ClientContext context;
+  auto reader = stub->Generate(&context, request);
+  bool cancelled = false;
+  const Clock::time_point start = Clock::now();
+  const StreamResult result = ReadStream(*reader, [&](const StreamResult&) {
+    if (!cancelled) {
+      EXPECT_EQ(OpenDrafterSessions(), 1);
+      context.TryCancel();
+    }
+    cancelled = true;
+  });
+  ASSERT_TRUE(cancelled);
+  EXPECT_EQ(result.status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(DrafterSessionsDrain(std::chrono::seconds(3)))
+      << "open sessions: " << OpenDrafterSessions();
+  // Far sooner than the 1500 tokens would have taken.
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 10.0);
+  v1::GenerateRequest next = RequestFor({"story", "Once upon a time,", {}});
+  next.set_max_tokens(4);
+  EXPECT_TRUE(Generate(next).status.ok());
+}
+
+TEST_F(E2eGenerationTest, FullQueueRefusesWithResourceExhausted) {
+  // --max-active 1 --max-queue 1: one request generates, one waits, the third is refused.
+  struct Running {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
+    std::future<StreamResult> result;
+  };
+  auto stub = Stub();
+  v1::GenerateRequest request = RequestFor({"story", "Once upon a time,", {}});
+  request.set_max_tokens(1500);
+  *request.mutable_speculation() = Off();
+
+  Running first, second;
+  std::promise<void> first_chunk;
+  first.reader = stub->Generate(&first.context, request);
+  first.result = std::async(std::launch::async, [&] {
+    bool signalled = false;
+    return ReadStream(*first.reader, [&](const StreamResult&) {
+      if (!signalled) first_chunk.set_value();
+      signalled = true;
+    });
+  });
+  ASSERT_EQ(first_chunk.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  second.reader = stub->Generate(&second.context, request);
+  second.result = std::async(std::launch::async, [&] { return ReadStream(*second.reader); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let it reach the queue
+
+  const Clock::time_point refused_at = Clock::now();
+  const StreamResult third = Generate(request);
+  EXPECT_EQ(third.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << third.status.error_message();
+  EXPECT_THAT(third.status.error_message(), HasSubstr("busy"));
+  EXPECT_THAT(third.status.error_message(), HasSubstr("--max-queue 1"));
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - refused_at).count(), 2.0);
+
+  first.context.TryCancel();
+  second.context.TryCancel();
+  EXPECT_EQ(first.result.get().status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(second.result.get().status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(DrafterSessionsDrain(std::chrono::seconds(3)));
+}
+
+TEST_F(E2eGenerationTest, SigtermEndsRunningStreamsWithUnavailableAndExitsCleanly) {
+  // A coordinator of its own, so that the suite's keeps serving.
+  const std::string socket = *dir_ + "/stopping.sock";
+  ServiceProcess coordinator(kCoordinatorBinary);
+  ASSERT_TRUE(
+      coordinator.Start({"--model", testing::SmolLm2SplitModel().base, "--drafter", DrafterTarget(),
+                         "--socket", socket, "--shutdown-grace-ms", "100"}));
+  ASSERT_TRUE(coordinator.WaitServing("unix:" + socket)) << coordinator.Stderr();
+  v1::GenerateRequest request = RequestFor({"story", "Once upon a time,", {}});
+  request.set_max_tokens(1500);
+  *request.mutable_speculation() = Off();
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(1));
+  auto reader = stub->Generate(&context, request);
+  bool signalled = false;
+  const StreamResult result = ReadStream(*reader, [&](const StreamResult&) {
+    if (!signalled) coordinator.Signal(SIGTERM);
+    signalled = true;
+  });
+  ASSERT_TRUE(signalled);
+  EXPECT_EQ(result.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << result.status.error_message();
+  EXPECT_THAT(result.status.error_message(), HasSubstr("shutting down"));
+  ASSERT_TRUE(result.error.has_value());
+  EXPECT_EQ(result.error->code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE));
+  EXPECT_EQ(coordinator.Wait(std::chrono::seconds(15)), 0) << coordinator.Stderr();
+  EXPECT_THAT(coordinator.Stderr(), HasSubstr("bitsplit-coordinator: stopped"));
+  EXPECT_FALSE(std::filesystem::exists(socket));
+  EXPECT_TRUE(DrafterSessionsDrain(std::chrono::seconds(3)));
+}
+
+// ---- Start-up checks ---------------------------------------------------------------------------
+
+TEST_F(E2eGenerationTest, CoordinatorRefusesADrafterOfAnotherModel) {
+  // The same base file with another fingerprint in its header (bytes 16..47).
+  const std::string forged = *dir_ + "/forged.base.bsplit";
+  std::filesystem::copy_file(testing::SmolLm2SplitModel().base, forged,
+                             std::filesystem::copy_options::overwrite_existing);
+  {
+    std::fstream file(forged, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(16);
+    char byte = 0;
+    file.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x5a);
+    file.seekp(16);
+    file.write(&byte, 1);
+  }
+  ServiceProcess coordinator(kCoordinatorBinary);
+  ASSERT_TRUE(coordinator.Start(
+      {"--model", forged, "--drafter", DrafterTarget(), "--socket", *dir_ + "/forged.sock"}));
+  EXPECT_EQ(coordinator.Wait(std::chrono::seconds(30)), 1);
+  EXPECT_THAT(coordinator.Stderr(), HasSubstr("fingerprint"));
+  EXPECT_THAT(coordinator.Stderr(), HasSubstr("same `bitsplit quantize` run"));
+  std::filesystem::remove(forged);
+}
+
+TEST_F(E2eGenerationTest, CoordinatorWithoutDrafterExitsWithAClearError) {
+  ServiceProcess coordinator(kCoordinatorBinary);
+  ASSERT_TRUE(coordinator.Start({"--model", testing::SmolLm2SplitModel().base, "--drafter",
+                                 "unix:" + *dir_ + "/no-drafter.sock", "--connect-timeout-ms",
+                                 "300", "--socket", *dir_ + "/lonely.sock"}));
+  EXPECT_EQ(coordinator.Wait(std::chrono::seconds(30)), 1);
+  EXPECT_THAT(coordinator.Stderr(), HasSubstr("cannot reach the drafter"));
+}
+
+}  // namespace
+}  // namespace bitsplit
