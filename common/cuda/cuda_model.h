@@ -1,0 +1,262 @@
+#pragma once
+// The CUDA drafter backend's engine: a split model's base weights in VRAM, every session's fp16
+// KV cache on the device, and LlamaModel::Forward's contract (draft and verify modes) run by the
+// kernels of kernels.h. In verify mode every linear group's residual half goes to a
+// model::ResidualSource (cpu-residual through shared memory, or in process) and overlaps with the
+// base matmul on the GPU:
+//
+//   GPU stream:  rotate, quantize -> copy activations to host -> base matmul -> .. -> add residual
+//   host:                          wait for the copy -> Submit + Accumulate (CPU residual) -> copy
+//                                                       the residual's output to the device
+//
+// so the base matmul is queued before the host starts waiting for the residual. The residual's
+// output is added on the device with the same single f32 addition as the CPU path.
+//
+// Memory is placed by the VRAM plan (common/model/vram_plan.h): Create refuses, with the plan's
+// RESOURCE_EXHAUSTED message, when the model, `sessions` KV caches of `context` tokens and the
+// scratch of a `max_batch_rows` forward do not fit the budget.
+//
+// Thread safety: none; one forward at a time (the drafter serializes its engine).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/cuda/kernels.h"
+#include "common/model/config.h"
+#include "common/model/llama_model.h"
+#include "common/model/sampler.h"
+#include "common/model/split_backend.h"
+#include "common/model/split_model.h"
+#include "common/model/vram_plan.h"
+#include "common/model/weights.h"
+#include "common/util/thread_pool.h"
+
+namespace bitsplit::cuda {
+
+struct CudaModelOptions {
+  int device = 0;
+  int64_t context = 2048;       // tokens per session: every KV cache's capacity
+  int64_t sessions = 1;         // KV caches that may exist at once
+  int64_t max_batch_rows = 64;  // largest forward: tree nodes + 1, prefill chunk
+  uint64_t vram_budget = 0;     // 0: model::DefaultVramBudget(free device memory)
+  int host_threads = 0;         // threads of an in-process residual (<= 0: every hardware thread)
+};
+
+// Where one verify forward's time went (host clock and CUDA events).
+struct ForwardTimings {
+  int64_t total_ns = 0;              // Forward, from call to logits on the device
+  int64_t residual_ns = 0;           // host inside the residual (Submit + Accumulate), all groups
+  int64_t wait_gpu_ns = 0;           // host blocked on the device (activation copies, final sync)
+  int64_t gpu_idle_residual_ns = 0;  // device idle between a base matmul and its residual's add
+  int64_t groups = 0;                // linear groups run
+};
+
+class CudaModel;
+
+// cos and sin of every RoPE pair for positions [0, positions): [positions][rope_dims / 2] cos,
+// then the same for sin, computed with ops::ApplyRope's own arithmetic (theta *= theta_scale in
+// f32, std::cos / std::sin), so the device rotates exactly as the CPU does.
+std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq_factors,
+                             int64_t positions);
+
+// One session's KV cache in device memory, fp16, [layer][slot][kv_dim] for keys and values, with
+// model::KvCache's committed / pending bookkeeping and errors. Must not outlive its CudaModel.
+class DeviceKvCache {
+ public:
+  ~DeviceKvCache();
+  DeviceKvCache(const DeviceKvCache&) = delete;
+  DeviceKvCache& operator=(const DeviceKvCache&) = delete;
+
+  int64_t num_layers() const { return num_layers_; }
+  int64_t kv_dim() const { return kv_dim_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t committed_length() const { return committed_length_; }
+  int64_t pending_length() const { return pending_length_; }
+  uint16_t* keys(int64_t layer) const { return keys_ + layer * capacity_ * kv_dim_; }
+  uint16_t* values(int64_t layer) const { return values_ + layer * capacity_ * kv_dim_; }
+
+  absl::Status BeginPending(int64_t count);
+  absl::Status Commit(int64_t count);
+  // Moves the pending slots `pending_indices` (strictly ascending) to committed_length, ...: on
+  // the model's stream, before any later forward.
+  absl::Status CommitSlots(std::span<const int32_t> pending_indices);
+  void DiscardPending() { pending_length_ = 0; }
+  absl::Status Truncate(int64_t length);
+  void Clear() { committed_length_ = pending_length_ = 0; }
+
+  // Copies slots [first, first + count) of `layer` to the host as f32 (keys, then values; for
+  // tests).
+  absl::Status CopyToHost(int64_t layer, int64_t first, int64_t count, std::vector<float>* keys,
+                          std::vector<float>* values) const;
+
+ private:
+  friend class CudaModel;
+  DeviceKvCache() = default;
+
+  CudaModel* model_ = nullptr;
+  void* slab_ = nullptr;
+  uint16_t* keys_ = nullptr;
+  uint16_t* values_ = nullptr;
+  int64_t num_layers_ = 0;
+  int64_t kv_dim_ = 0;
+  int64_t capacity_ = 0;
+  int64_t committed_length_ = 0;
+  int64_t pending_length_ = 0;
+};
+
+// The draft children of one forward's logit rows (TopK).
+struct RowTopK {
+  int32_t k = 0;
+  std::vector<int32_t> ids;             // [rows][k], most likely first
+  std::vector<float> logits;            // [rows][k]
+  std::vector<double> log_normalizers;  // [rows]: log Σ exp(logits)
+};
+
+class CudaModel {
+ public:
+  // The base weights, embedding table and norms of `files` go to the device (`files` may be
+  // closed afterwards; the residual, if any, is not used: see SetResidualSource).
+  static absl::StatusOr<std::unique_ptr<CudaModel>> Create(const model::SplitModelFiles& files,
+                                                           const CudaModelOptions& options);
+  // The same from views (e.g. a synthetic model built in memory).
+  static absl::StatusOr<std::unique_ptr<CudaModel>> Create(
+      const model::ModelConfig& config, const model::EmbeddingAndNorms& embedding_and_norms,
+      const model::SplitLinearWeights& base, const model::SplitQuantization& quantization,
+      const CudaModelOptions& options);
+  ~CudaModel();
+
+  const model::ModelConfig& config() const { return config_; }
+  const model::VramPlan& plan() const { return plan_; }
+  const CudaModelOptions& options() const { return options_; }
+  const std::string& device_name() const { return device_name_; }
+  cudaStream_t stream() const { return stream_; }
+  bool embedding_on_device() const { return embedding_on_device_; }
+
+  // The residual of verify mode (must outlive its use); nullptr removes verify mode.
+  void SetResidualSource(model::ResidualSource* source) { residual_ = source; }
+  bool has_residual() const { return residual_ != nullptr; }
+
+  // A cache of options().context tokens. RESOURCE_EXHAUSTED when options().sessions caches
+  // exist already (the plan has room for that many).
+  absl::StatusOr<std::unique_ptr<DeviceKvCache>> NewKvCache();
+
+  // LlamaModel::Forward's contract in draft or verify mode (reference: FAILED_PRECONDITION),
+  // with the limits of this model's plan: at most max_batch_rows tokens, a mask at most twice
+  // that wide, positions below options().context (INVALID_ARGUMENT otherwise). The logits of the
+  // selected rows stay on the device for ChooseTargets / TopK / CopyLogits.
+  absl::Status Forward(const model::Batch& batch, DeviceKvCache& cache, model::ForwardMode mode);
+  // The same, then the logits to the host ([num_logit_rows, vocab]).
+  absl::Status Forward(const model::Batch& batch, DeviceKvCache& cache, std::span<float> logits,
+                       model::ForwardMode mode);
+
+  // Of the last forward's logit rows: Sampler::Choose per row (greedy or sampled; positions[r] is
+  // the sequence index row r's token takes), the top-k children (k <= 64), or the logits.
+  absl::StatusOr<std::vector<int32_t>> ChooseTargets(const model::SamplingParams& sampling,
+                                                     std::span<const int64_t> positions);
+  absl::StatusOr<RowTopK> TopK(int32_t k);
+  absl::Status CopyLogits(std::span<float> logits);
+  int64_t last_logit_rows() const { return last_logit_rows_; }
+
+  const ForwardTimings& last_timings() const { return timings_; }
+
+ private:
+  friend class DeviceKvCache;
+  struct Group {
+    kernels::GroupMatMul matmul;  // outputs filled per call
+    int64_t cols = 0;
+    int64_t output_rows[kernels::kMaxGroupMatrices] = {};
+  };
+
+  CudaModel() = default;
+  absl::Status Init(const model::ModelConfig& config,
+                    const model::EmbeddingAndNorms& embedding_and_norms,
+                    const model::SplitLinearWeights& base,
+                    const model::SplitQuantization& quantization, const CudaModelOptions& options);
+  absl::Status ValidateBatch(const model::Batch& batch, const DeviceKvCache& cache) const;
+  absl::Status ForwardImpl(const model::Batch& batch, DeviceKvCache& cache,
+                           model::ForwardMode mode);
+  // outputs[i] = x · W_iᵀ (+ the residual in verify mode) for group `id`; x is [rows, cols].
+  absl::Status Linear(model::LinearGroupId id, const float* x, int64_t rows,
+                      std::span<float* const> outputs, bool verify);
+  const Group& GroupOf(model::LinearGroupId id) const;
+
+  model::ModelConfig config_;
+  model::SplitQuantization quantization_;
+  CudaModelOptions options_;
+  model::VramPlan plan_;
+  std::string device_name_;
+  cudaStream_t stream_ = nullptr;
+  model::ResidualSource* residual_ = nullptr;
+  std::unique_ptr<ThreadPool> pool_;  // handed to the residual source (in process: its threads)
+  int64_t live_caches_ = 0;
+
+  // Slabs (cudaMalloc) and what is carved from them.
+  void* weights_slab_ = nullptr;
+  void* constants_slab_ = nullptr;
+  void* scratch_slab_ = nullptr;
+  std::vector<Group> groups_;  // LinearGroupIndex order
+  const uint8_t* embedding_ = nullptr;
+  bool embedding_on_device_ = false;
+  model::EmbeddingAndNorms host_embedding_;  // for the host gather of other types
+  int32_t embedding_type_ = 0;
+  int64_t embedding_row_bytes_ = 0;
+  float* norms_ = nullptr;  // [layer][attn, ffn][d_model], then the output norm
+  float* rope_cos_ = nullptr;
+  float* rope_sin_ = nullptr;
+  uint32_t* hadamard_masks_ = nullptr;
+
+  struct Scratch {
+    int32_t* tokens;
+    int32_t* positions;
+    int32_t* logit_rows;
+    uint8_t* mask;
+    float* x;
+    float* normed;
+    float* q;
+    float* k_new;
+    float* v_new;
+    float* attention;
+    float* gate;
+    float* up;
+    float* projected;
+    float* rotated;
+    int8_t* codes;
+    float* act_scales;
+    float* act_sums;
+    float* residual_output;
+    float* logits;
+    float* scores;
+    double* sampling;
+    int32_t* top_ids;
+    float* top_logits;
+    double* log_normalizers;
+    int32_t* choices;
+    int64_t* choice_positions;
+  } d_{};
+
+  // Pinned host staging (one cudaHostAlloc, so copies are DMA): the batch, the quantized
+  // activations of a group, the residual's output and host-gathered embedding rows. The
+  // activations are copied into host_activations_ for the ResidualSource interface (it takes a
+  // QuantizedActivations; a zero-copy path into the shared-memory channel is docs/cuda.md's
+  // "wiring" item).
+  void* pinned_ = nullptr;
+  uint8_t* host_batch_ = nullptr;
+  int8_t* host_codes_ = nullptr;
+  float* host_scales_ = nullptr;
+  float* host_sums_ = nullptr;
+  float* host_residual_ = nullptr;
+  float* host_embedding_rows_ = nullptr;
+  quant::QuantizedActivations host_activations_;
+  std::vector<cudaEvent_t> events_;  // per group: copy done, base done, residual arrives
+  int64_t block_stride_max_ = 0;
+  int64_t last_logit_rows_ = 0;
+  ForwardTimings timings_;
+};
+
+}  // namespace bitsplit::cuda

@@ -1,0 +1,68 @@
+#pragma once
+// One sequence on the CUDA backend: model::SpeculativeSession's contract (Prefill, Draft, Verify,
+// Commit; see common/model/speculation.h) with the verifier's KV cache on the device, read by the
+// draft (shared KV; the own-KV ablation is CPU-only). The draft's children and the target's
+// choices are computed on the device (CudaModel::TopK, CudaModel::ChooseTargets); only the
+// chosen ids cross to the host, plus the logits when log-probabilities are asked for.
+//
+// Thread safety: none; sessions of one CudaModel must be serialized (one forward at a time).
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/cuda/cuda_model.h"
+#include "common/model/sampler.h"
+#include "common/model/speculation.h"
+
+namespace bitsplit::cuda {
+
+class CudaSpeculativeSession {
+ public:
+  struct Options {
+    int64_t prefill_chunk = 64;  // clamped to the model's largest forward
+  };
+
+  // A session of model.options().context tokens. RESOURCE_EXHAUSTED when every KV cache of the
+  // VRAM plan is in use.
+  static absl::StatusOr<std::unique_ptr<CudaSpeculativeSession>> Create(CudaModel& model,
+                                                                        const Options& options);
+
+  int64_t committed_length() const { return cache_->committed_length(); }
+  int64_t capacity() const { return cache_->capacity(); }
+  std::span<const int32_t> committed_tokens() const { return committed_tokens_; }
+  DeviceKvCache& cache() { return *cache_; }
+
+  absl::Status Prefill(std::span<const int32_t> tokens);
+  // The largest tree is limited by the model's largest forward (nodes + 1 <= max_batch_rows).
+  absl::StatusOr<model::DraftTree> Draft(int32_t root, const model::TreeShape& shape);
+  absl::StatusOr<std::vector<model::TargetChoice>> Verify(std::span<const int32_t> tokens,
+                                                          std::span<const int32_t> parents,
+                                                          const model::SamplingParams& sampling,
+                                                          int32_t top_logprobs, bool with_logprobs);
+  absl::Status Commit(std::span<const int32_t> path);
+
+  const model::DraftTimings& timings() const { return timings_; }
+  // The last Verify's forward: residual wait, GPU wait, GPU idle (CudaModel::last_timings).
+  const ForwardTimings& verify_forward_timings() const { return verify_forward_timings_; }
+
+ private:
+  CudaSpeculativeSession(CudaModel& model, const Options& options,
+                         std::unique_ptr<DeviceKvCache> cache)
+      : model_(model), options_(options), cache_(std::move(cache)) {}
+
+  CudaModel& model_;
+  const Options options_;
+  std::unique_ptr<DeviceKvCache> cache_;
+  std::vector<int32_t> committed_tokens_;
+  std::vector<int32_t> pending_tokens_;
+  std::vector<int32_t> pending_parents_;
+  model::Sampler sampler_;
+  std::vector<float> logits_;
+  model::DraftTimings timings_;
+  ForwardTimings verify_forward_timings_;
+};
+
+}  // namespace bitsplit::cuda

@@ -1,0 +1,178 @@
+#pragma once
+// Device kernels of the CUDA drafter backend and their launchers. This header is plain C++17
+// with the CUDA runtime only (no absl), so nvcc compiles the kernels apart from the C++20 host
+// code; every launcher enqueues on `stream` and returns the launch error, which the host code
+// turns into an absl::Status with file and line (cuda_status.h).
+//
+// Arithmetic contract (docs/cuda.md): every kernel is batch-invariant (a row's result depends on
+// that row's inputs only, never on how many rows run, where the row sits or how the grid is
+// shaped), and the library is compiled with --fmad=false so that multiply-adds are fused only
+// where a kernel says so (__fmaf_rn), as on the CPU. Where a kernel mirrors a CPU operation's
+// arithmetic exactly it says so, and the tests check those bit for bit:
+//   exact:   Hadamard rotation, activation quantization, split matmul (MatMulReference's
+//            sequence), embedding gather, RoPE (from a host-computed table), residual adds,
+//            attention scores (simd::Dot's lane order), argmax, top-k ids
+//   close:   RMSNorm and the attention softmax sum (double sums in a fixed tree instead of
+//            index order), expf in SiLU / softmax (CUDA's expf vs glibc's: <= 2 ulp apart)
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace bitsplit::cuda::kernels {
+
+// ---- Linear layers ---------------------------------------------------------------------------
+
+// A weight matrix in a split format (common/quant/split_format.h) in device memory. The layout
+// fields are quant::SplitRowLayout's; rows are row_stride bytes apart, and row_stride and every
+// row start are multiples of 4 (the CUDA backend pads rows; codes are read as 32-bit words).
+struct DeviceMatrix {
+  const uint8_t* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_stride = 0;
+  int32_t format = 0;  // quant::SplitFormat
+  int32_t group = 32;
+  int64_t groups = 0;
+  int64_t sub_blocks = 0;
+  int64_t code_offset = 0;
+  int64_t code_stride = 0;
+  int64_t scale_offset = 0;
+  int64_t scale_stride = 0;
+  int64_t min_offset = 0;
+  int64_t min_stride = 0;
+  int32_t has_min = 0;             // asymmetric formats
+  int32_t signed_codes = 0;        // r8, q8_0
+  float code_offset_value = 0.0f;  // y = d * (q - offset) of the symmetric unsigned formats
+};
+
+// Activations quantized to int8 per row in blocks of 32 (quant::QuantizedActivations' layout).
+struct DeviceActivations {
+  const int8_t* codes = nullptr;  // [rows][cols]
+  const float* scales = nullptr;  // [rows][block_stride]
+  const float* sums = nullptr;    // [rows][block_stride]
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t block_stride = 0;
+};
+
+inline constexpr int kMaxGroupMatrices = 3;
+
+// The matrices of one linear group (all with the same cols) and their outputs:
+// outputs[i][t * matrices[i].rows + r] (=|+=) x_t · W_i,r.
+struct GroupMatMul {
+  DeviceMatrix matrices[kMaxGroupMatrices];
+  float* outputs[kMaxGroupMatrices] = {};
+  int32_t count = 0;
+};
+
+// In place on x[rows][cols]: per block of `block` columns, the sign flip (XOR with
+// sign_masks[column], 0 or 0x80000000), the butterflies h = 1 .. block/2 and the multiply by
+// `scale`: quant::HadamardRotateRowsReference bit for bit. block is a power of two in [8, 1024].
+cudaError_t HadamardRotate(float* x, int64_t rows, int64_t cols, int block,
+                           const uint32_t* sign_masks, float scale, cudaStream_t stream);
+
+// quant::QuantizeActivationsReference bit for bit: codes, scales and sums (padding blocks of
+// each row's block_stride zeroed).
+cudaError_t QuantizeActivations(const float* x, int64_t rows, int64_t cols, int8_t* codes,
+                                float* scales, float* sums, int64_t block_stride,
+                                cudaStream_t stream);
+
+// quant::MatMulReference's sequence for every (activation row, weight row) of the group.
+cudaError_t SplitMatMul(const GroupMatMul& group, const DeviceActivations& x, bool accumulate,
+                        cudaStream_t stream);
+
+// y[i] = y[i] + delta[i] (one f32 addition: the residual stream and the residual's output).
+cudaError_t AddInPlace(float* y, const float* delta, int64_t n, cudaStream_t stream);
+
+// ---- The rest of the layer -------------------------------------------------------------------
+
+enum EmbeddingType : int32_t { kEmbeddingF32 = 0, kEmbeddingF16 = 1, kEmbeddingQ8_0 = 8 };
+
+// out[t] = row tokens[t] of the table (ggml type F32, F16 or Q8_0), dequantized as
+// ops::DequantizeWeightRow does.
+cudaError_t EmbeddingGather(const uint8_t* table, int32_t type, int64_t row_bytes, int64_t cols,
+                            const int32_t* tokens, int64_t rows, float* out, cudaStream_t stream);
+
+// out[r] = RMSNorm(x[source_rows ? source_rows[r] : r]) * weight (ops::RmsNorm's formula; the sum
+// of squares in double, in a fixed tree).
+cudaError_t RmsNorm(const float* x, const int32_t* source_rows, int64_t rows, int64_t n,
+                    const float* weight, float eps, float* out, cudaStream_t stream);
+
+// ops::ApplyRope with cos/sin from a table [positions][rotary_dims / 2] that the host computed
+// with ApplyRope's own arithmetic: x is [rows][heads][head_dim], row t at positions[t].
+cudaError_t ApplyRope(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t rotary_dims,
+                      const int32_t* positions, const float* cos_table, const float* sin_table,
+                      cudaStream_t stream);
+
+// cache[(first_slot + t) * kv_dim + i] = half(x[t * kv_dim + i]) (round to nearest even).
+cudaError_t StoreHalf(const float* x, int64_t rows, int64_t kv_dim, uint16_t* cache,
+                      int64_t first_slot, cudaStream_t stream);
+
+// The attention of ops::AttentionWithContext over an fp16 cache: token i sees slots
+// [0, prefix_length) and slot prefix_length + j for every j < mask_width with
+// mask[i * mask_width + j] != 0, in ascending order. `scores` is scratch of
+// [rows][num_heads][score_stride] floats (score_stride >= the visible count of every row).
+struct AttentionArgs {
+  const float* q = nullptr;        // [rows][num_heads * head_dim]
+  const uint16_t* keys = nullptr;  // one layer: [slots][num_kv_heads * head_dim] fp16
+  const uint16_t* values = nullptr;
+  const uint8_t* mask = nullptr;  // [rows][mask_width]
+  float* out = nullptr;           // [rows][num_heads * head_dim]
+  float* scores = nullptr;
+  int64_t rows = 0;
+  int64_t prefix_length = 0;
+  int64_t mask_width = 0;
+  int64_t score_stride = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  float scale = 1.0f;
+};
+cudaError_t Attention(const AttentionArgs& args, cudaStream_t stream);
+
+// out[i] = gate[i] / (1 + expf(-gate[i])) * up[i] (ops::SiluMul's formula); out may alias gate.
+cudaError_t SiluMul(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
+
+// KvCache::CommitSlots on the device: for i in order, slot committed + i = slot committed +
+// pending_indices[i] in keys and values of every layer (`layer_stride` elements apart). The
+// indices are strictly ascending, so the in-order copies never read an overwritten slot.
+cudaError_t CommitSlots(uint16_t* keys, uint16_t* values, int64_t layers, int64_t layer_stride,
+                        int64_t kv_dim, int64_t committed, const int32_t* pending_indices,
+                        int64_t count, cudaStream_t stream);
+
+// ---- Target choice ---------------------------------------------------------------------------
+
+// choices[r] = the index of the largest logits[r][*], the lowest index among equals.
+cudaError_t ArgMaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* choices,
+                       cudaStream_t stream);
+
+// Sampler::Choose for temperature > 0 on every row: the candidates ordered by (logit desc, id
+// asc), top_k (0: off) and top_p (1: off) truncation, and the draw u = UniformForPosition(seed,
+// positions[r]) against the cumulative probabilities. The searches are over that order, with
+// masses summed in double in a fixed tree (the CPU sums in sorted order: the same choice unless
+// u falls within rounding of a boundary). `weights` is scratch of [rows][vocab] doubles.
+struct SamplingArgs {
+  const float* logits = nullptr;
+  int64_t rows = 0;
+  int64_t vocab = 0;
+  const int64_t* positions = nullptr;  // [rows]: the sequence index the sampled token takes
+  double temperature = 1.0;
+  int32_t top_k = 0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  double* weights = nullptr;
+  int32_t* choices = nullptr;
+};
+cudaError_t SampleRows(const SamplingArgs& args, cudaStream_t stream);
+
+// Per row: the k (<= 64) largest logits' ids, most likely first (lower id among equals), their
+// logits, and log Σ exp(logits) (speculation.cc's LogSumExp: max + log Σ exp(double(l - max))).
+cudaError_t TopKRows(const float* logits, int64_t rows, int64_t vocab, int32_t k, int32_t* ids,
+                     float* top_logits, double* log_normalizers, cudaStream_t stream);
+
+// The uniform double of model::UniformForPosition, on the device (for tests).
+cudaError_t UniformForPositions(uint64_t seed, const int64_t* positions, int64_t count, double* out,
+                                cudaStream_t stream);
+
+}  // namespace bitsplit::cuda::kernels

@@ -1,0 +1,276 @@
+// The non-linear parts of a llama layer on the device: embedding gather, RMSNorm, RoPE, the
+// fp16 KV store, tree-masked attention, SiLU·mul and the KV commit (see kernels.h for which
+// are bit-exact with the CPU ops).
+#include <cuda_fp16.h>
+
+#include "common/cuda/kernels.h"
+
+namespace bitsplit::cuda::kernels {
+namespace {
+
+constexpr int kNormThreads = 256;
+constexpr int kAttentionThreads = 256;
+
+__device__ __forceinline__ float HalfBitsToFloat(uint16_t bits) {
+  return __half2float(__ushort_as_half(bits));
+}
+
+__global__ void EmbeddingKernel(const uint8_t* table, int32_t type, int64_t row_bytes, int64_t cols,
+                                const int32_t* tokens, int64_t rows, float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * cols) return;
+  const int64_t t = i / cols;
+  const int64_t c = i % cols;
+  const uint8_t* row = table + static_cast<int64_t>(tokens[t]) * row_bytes;
+  float value;
+  if (type == kEmbeddingF32) {
+    value = reinterpret_cast<const float*>(row)[c];
+  } else if (type == kEmbeddingF16) {
+    value = HalfBitsToFloat(reinterpret_cast<const uint16_t*>(row)[c]);
+  } else {  // Q8_0: 34-byte blocks {fp16 d, int8 qs[32]}; y = float(q) * d
+    const uint8_t* block = row + (c / 32) * 34;
+    const float d = HalfBitsToFloat(static_cast<uint16_t>(block[0] | (block[1] << 8)));
+    value = __fmul_rn(__int2float_rn(static_cast<int8_t>(block[2 + c % 32])), d);
+  }
+  out[i] = value;
+}
+
+// Fixed-tree block sum (kThreads a power of two): the same order for every row.
+template <int kThreads, typename T>
+__device__ T BlockSum(T value, T* shared) {
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride)
+      shared[threadIdx.x] = shared[threadIdx.x] + shared[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const T total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+template <int kThreads>
+__device__ float BlockMax(float value, float* shared) {
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride)
+      shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + stride]);
+    __syncthreads();
+  }
+  const float total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+__global__ void __launch_bounds__(kNormThreads)
+    RmsNormKernel(const float* x, const int32_t* source_rows, int64_t n, const float* weight,
+                  float eps, float* out) {
+  __shared__ double partial[kNormThreads];
+  const int64_t row = blockIdx.x;
+  const float* in = x + (source_rows != nullptr ? source_rows[row] : row) * n;
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += kNormThreads) {
+    sum += static_cast<double>(__fmul_rn(in[i], in[i]));
+  }
+  sum = BlockSum<kNormThreads>(sum, partial);
+  const float mean = static_cast<float>(sum / static_cast<double>(n));
+  const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+  for (int64_t i = threadIdx.x; i < n; i += kNormThreads) {
+    out[row * n + i] = __fmul_rn(__fmul_rn(in[i], scale), weight[i]);
+  }
+}
+
+__global__ void RopeKernel(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t pairs,
+                           const int32_t* positions, const float* cos_table,
+                           const float* sin_table) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * heads * pairs) return;
+  const int64_t pair = i % pairs;
+  const int64_t head = (i / pairs) % heads;
+  const int64_t t = i / (pairs * heads);
+  const int64_t table = static_cast<int64_t>(positions[t]) * pairs + pair;
+  const float c = cos_table[table], s = sin_table[table];
+  float* v = x + (t * heads + head) * head_dim + 2 * pair;
+  const float x0 = v[0], x1 = v[1];
+  v[0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  v[1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+__global__ void StoreHalfKernel(const float* x, int64_t n, uint16_t* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __half_as_ushort(__float2half_rn(x[i]));
+}
+
+// simd::Dot's order: lane l accumulates k = l, l + 8, ... with one fma each (missing tail lanes
+// add 0 * 0), then ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+__device__ float DotWithHalf(const float* q, const uint16_t* key, int64_t n) {
+  float acc[8];
+#pragma unroll
+  for (int l = 0; l < 8; ++l) acc[l] = 0.0f;
+  for (int64_t k = 0; k < n; k += 8) {
+#pragma unroll
+    for (int l = 0; l < 8; ++l) {
+      const bool inside = k + l < n;
+      acc[l] =
+          __fmaf_rn(inside ? q[k + l] : 0.0f, inside ? HalfBitsToFloat(key[k + l]) : 0.0f, acc[l]);
+    }
+  }
+  const float s0 = __fadd_rn(acc[0], acc[4]), s1 = __fadd_rn(acc[1], acc[5]);
+  const float s2 = __fadd_rn(acc[2], acc[6]), s3 = __fadd_rn(acc[3], acc[7]);
+  return __fadd_rn(__fadd_rn(s0, s2), __fadd_rn(s1, s3));
+}
+
+// One CUDA block per (head, row). Shared memory: the query head, the visible mask columns and
+// the reduction scratch.
+__global__ void __launch_bounds__(kAttentionThreads) AttentionKernel(AttentionArgs a) {
+  extern __shared__ double shared[];
+  double* partial = shared;                                              // [threads]
+  float* query = reinterpret_cast<float*>(partial + kAttentionThreads);  // [head_dim]
+  int* columns = reinterpret_cast<int*>(query + a.head_dim);             // [mask_width]
+  __shared__ int masked_count;
+  const int64_t head = blockIdx.x;
+  const int64_t row = blockIdx.y;
+  const int64_t q_dim = a.num_heads * a.head_dim;
+  const int64_t kv_dim = a.num_kv_heads * a.head_dim;
+  const int64_t kv_offset = (head / (a.num_heads / a.num_kv_heads)) * a.head_dim;
+  for (int64_t d = threadIdx.x; d < a.head_dim; d += kAttentionThreads) {
+    query[d] = a.q[row * q_dim + head * a.head_dim + d];
+  }
+  if (threadIdx.x == 0) {
+    int count = 0;
+    for (int64_t j = 0; j < a.mask_width; ++j) {
+      if (a.mask[row * a.mask_width + j] != 0) columns[count++] = static_cast<int>(j);
+    }
+    masked_count = count;
+  }
+  __syncthreads();
+  const int64_t visible = a.prefix_length + masked_count;
+  float* scores = a.scores + (row * a.num_heads + head) * a.score_stride;
+  auto slot_of = [&](int64_t v) {
+    return v < a.prefix_length ? v : a.prefix_length + columns[v - a.prefix_length];
+  };
+
+  float local_max = -INFINITY;
+  for (int64_t v = threadIdx.x; v < visible; v += kAttentionThreads) {
+    const float score = __fmul_rn(
+        DotWithHalf(query, a.keys + slot_of(v) * kv_dim + kv_offset, a.head_dim), a.scale);
+    scores[v] = score;
+    local_max = fmaxf(local_max, score);
+  }
+  const float max_score = BlockMax<kAttentionThreads>(local_max, reinterpret_cast<float*>(partial));
+  double local_sum = 0.0;
+  for (int64_t v = threadIdx.x; v < visible; v += kAttentionThreads) {
+    const float e = expf(__fsub_rn(scores[v], max_score));
+    scores[v] = e;
+    local_sum += static_cast<double>(e);
+  }
+  const double sum = BlockSum<kAttentionThreads>(local_sum, partial);  // also orders the writes
+  const float inverse_sum = static_cast<float>(1.0 / sum);
+  // Each output element sums the visible values in ascending order, as the CPU does.
+  for (int64_t d = threadIdx.x; d < a.head_dim; d += kAttentionThreads) {
+    float acc = 0.0f;
+    for (int64_t v = 0; v < visible; ++v) {
+      const float weight = __fmul_rn(scores[v], inverse_sum);
+      acc = __fadd_rn(
+          acc, __fmul_rn(weight, HalfBitsToFloat(a.values[slot_of(v) * kv_dim + kv_offset + d])));
+    }
+    a.out[row * q_dim + head * a.head_dim + d] = acc;
+  }
+}
+
+__global__ void SiluMulKernel(const float* gate, const float* up, int64_t n, float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float g = gate[i];
+  out[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
+}
+
+// One thread per (layer, keys or values, element): the slot copies in order.
+__global__ void CommitSlotsKernel(uint16_t* keys, uint16_t* values, int64_t layers,
+                                  int64_t layer_stride, int64_t kv_dim, int64_t committed,
+                                  const int32_t* pending_indices, int64_t count) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= layers * 2 * kv_dim) return;
+  const int64_t element = i % kv_dim;
+  const int64_t side = (i / kv_dim) % 2;
+  const int64_t layer = i / (2 * kv_dim);
+  uint16_t* base = (side == 0 ? keys : values) + layer * layer_stride + element;
+  for (int64_t j = 0; j < count; ++j) {
+    base[(committed + j) * kv_dim] = base[(committed + pending_indices[j]) * kv_dim];
+  }
+}
+
+unsigned Blocks(int64_t n, int threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+
+}  // namespace
+
+cudaError_t EmbeddingGather(const uint8_t* table, int32_t type, int64_t row_bytes, int64_t cols,
+                            const int32_t* tokens, int64_t rows, float* out, cudaStream_t stream) {
+  if (type != kEmbeddingF32 && type != kEmbeddingF16 && type != kEmbeddingQ8_0) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows * cols == 0) return cudaSuccess;
+  EmbeddingKernel<<<Blocks(rows * cols, 256), 256, 0, stream>>>(table, type, row_bytes, cols,
+                                                                tokens, rows, out);
+  return cudaGetLastError();
+}
+
+cudaError_t RmsNorm(const float* x, const int32_t* source_rows, int64_t rows, int64_t n,
+                    const float* weight, float eps, float* out, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  RmsNormKernel<<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(x, source_rows, n, weight,
+                                                                          eps, out);
+  return cudaGetLastError();
+}
+
+cudaError_t ApplyRope(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t rotary_dims,
+                      const int32_t* positions, const float* cos_table, const float* sin_table,
+                      cudaStream_t stream) {
+  const int64_t pairs = rotary_dims / 2;
+  if (rows * heads * pairs == 0) return cudaSuccess;
+  RopeKernel<<<Blocks(rows * heads * pairs, 256), 256, 0, stream>>>(
+      x, rows, heads, head_dim, pairs, positions, cos_table, sin_table);
+  return cudaGetLastError();
+}
+
+cudaError_t StoreHalf(const float* x, int64_t rows, int64_t kv_dim, uint16_t* cache,
+                      int64_t first_slot, cudaStream_t stream) {
+  if (rows * kv_dim == 0) return cudaSuccess;
+  StoreHalfKernel<<<Blocks(rows * kv_dim, 256), 256, 0, stream>>>(x, rows * kv_dim,
+                                                                  cache + first_slot * kv_dim);
+  return cudaGetLastError();
+}
+
+cudaError_t Attention(const AttentionArgs& args, cudaStream_t stream) {
+  if (args.rows == 0) return cudaSuccess;
+  if (args.num_kv_heads < 1 || args.num_heads % args.num_kv_heads != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const size_t shared = kAttentionThreads * sizeof(double) + args.head_dim * sizeof(float) +
+                        args.mask_width * sizeof(int);
+  const dim3 grid(static_cast<unsigned>(args.num_heads), static_cast<unsigned>(args.rows));
+  AttentionKernel<<<grid, kAttentionThreads, shared, stream>>>(args);
+  return cudaGetLastError();
+}
+
+cudaError_t SiluMul(const float* gate, const float* up, int64_t n, float* out,
+                    cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  SiluMulKernel<<<Blocks(n, 256), 256, 0, stream>>>(gate, up, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t CommitSlots(uint16_t* keys, uint16_t* values, int64_t layers, int64_t layer_stride,
+                        int64_t kv_dim, int64_t committed, const int32_t* pending_indices,
+                        int64_t count, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  CommitSlotsKernel<<<Blocks(layers * 2 * kv_dim, 256), 256, 0, stream>>>(
+      keys, values, layers, layer_stride, kv_dim, committed, pending_indices, count);
+  return cudaGetLastError();
+}
+
+}  // namespace bitsplit::cuda::kernels

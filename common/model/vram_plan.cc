@@ -1,0 +1,287 @@
+#include "common/model/vram_plan.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/model/linear_backend.h"
+#include "common/util/status_macros.h"
+
+namespace bitsplit::model {
+namespace {
+
+uint64_t RoundUp(uint64_t n, uint64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+uint64_t U(int64_t n) { return static_cast<uint64_t>(n); }
+
+// The widest input of any linear group (the rotation and quantization scratch).
+int64_t WidestInput(const ModelConfig& c) { return std::max({c.d_model, c.q_dim(), c.d_ff}); }
+
+// The widest output of any group (the residual's result for one group, all its matrices).
+int64_t WidestOutput(const ModelConfig& c) {
+  return std::max({c.q_dim() + 2 * c.kv_dim(), c.d_model, 2 * c.d_ff, c.vocab_size});
+}
+
+absl::Status ValidateConfig(const ModelConfig& c) {
+  if (c.num_layers < 1 || c.d_model < 1 || c.d_ff < 1 || c.num_heads < 1 || c.num_kv_heads < 1 ||
+      c.head_dim < 1 || c.vocab_size < 1 || c.rope_dims < 0 || c.rope_dims > c.head_dim) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "model config has a non-positive or inconsistent size (layers %d, d_model %d, d_ff %d, "
+        "heads %d/%d x %d, rope dims %d, vocab %d)",
+        c.num_layers, c.d_model, c.d_ff, c.num_heads, c.num_kv_heads, c.head_dim, c.rope_dims,
+        c.vocab_size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRequest(const VramRequest& r) {
+  BITSPLIT_RETURN_IF_ERROR(ValidateConfig(r.config));
+  if (r.context < 1 || r.sessions < 1 || r.max_batch_rows < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("VRAM plan needs context, sessions and batch rows >= 1 (got %d, %d, %d)",
+                        r.context, r.sessions, r.max_batch_rows));
+  }
+  if (r.max_batch_rows > r.context) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a forward of %d tokens cannot fit a session of %d tokens", r.max_batch_rows, r.context));
+  }
+  if (r.config.context_length > 0 && r.context > r.config.context_length) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("a session of %d tokens exceeds the model's context length of %d",
+                        r.context, r.config.context_length));
+  }
+  if (r.kv_element_bytes != 2 && r.kv_element_bytes != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache elements are 2 (fp16) or 4 (f32) bytes, got ", r.kv_element_bytes));
+  }
+  const quant::SplitFormatInfo& info = quant::GetSplitFormatInfo(r.base_format);
+  if (!info.is_base && r.base_format != quant::SplitFormat::kQ8_0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(info.name, " is not a base format (b2/b3/b4 sym/asym or q8_0)"));
+  }
+  return absl::OkStatus();
+}
+
+// The plan's arithmetic for an already validated request (no budget check).
+VramPlan Compute(const VramRequest& r, uint64_t base_bytes) {
+  const ModelConfig& c = r.config;
+  VramPlan plan;
+  plan.context = r.context;
+  plan.sessions = r.sessions;
+  plan.max_batch_rows = r.max_batch_rows;
+  plan.base_weights_bytes = RoundVramSlab(base_bytes);
+  plan.embedding_bytes = AlignVram(r.embedding_bytes);
+  plan.norms_bytes = AlignVram(4 * U(c.d_model) * U(2 * c.num_layers + 1));
+  plan.rope_table_bytes = AlignVram(U(r.context) * U(c.rope_dims / 2) * 2 * 4);
+  plan.hadamard_bytes = AlignVram(4 * U(WidestInput(c)));
+  plan.constants_slab_bytes = RoundVramSlab(plan.embedding_bytes + plan.norms_bytes +
+                                            plan.rope_table_bytes + plan.hadamard_bytes);
+  plan.kv_bytes_per_token = 2 * U(c.num_layers) * U(c.kv_dim()) * U(r.kv_element_bytes);
+  const uint64_t one_side =
+      AlignVram(U(c.num_layers) * U(r.context) * U(c.kv_dim()) * U(r.kv_element_bytes));
+  plan.kv_bytes_per_session = RoundVramSlab(2 * one_side);
+  plan.kv_cache_bytes = plan.kv_bytes_per_session * U(r.sessions);
+  plan.scratch = ForwardScratchLayout::For(c, r.max_batch_rows, r.context);
+  plan.scratch_slab_bytes = RoundVramSlab(plan.scratch.total_bytes);
+  plan.total_bytes = plan.base_weights_bytes + plan.constants_slab_bytes + plan.kv_cache_bytes +
+                     plan.scratch_slab_bytes;
+  return plan;
+}
+
+std::string FormatName(quant::SplitFormat format, int group) {
+  return absl::StrCat(quant::GetSplitFormatInfo(format).name, "/g", group);
+}
+
+// Largest value v in [1, high] with fits(v), or 0 when fits(1) is false; fits is monotone.
+template <typename Fits>
+int64_t LargestFitting(int64_t high, Fits fits) {
+  if (!fits(1)) return 0;
+  int64_t low = 1;  // fits(low) holds
+  while (low < high) {
+    const int64_t mid = low + (high - low + 1) / 2;
+    if (fits(mid)) {
+      low = mid;
+    } else {
+      high = mid - 1;
+    }
+  }
+  return low;
+}
+
+// A context to suggest: a multiple of 256 when that large (people configure round numbers).
+int64_t RoundContext(int64_t context) { return context >= 256 ? context / 256 * 256 : context; }
+
+}  // namespace
+
+uint64_t AlignVram(uint64_t bytes) { return RoundUp(bytes, kVramAlign); }
+uint64_t RoundVramSlab(uint64_t bytes) { return RoundUp(bytes, kVramSlabGranularity); }
+
+uint64_t DeviceRowStride(quant::SplitFormat format, int group, int64_t cols) {
+  return RoundUp(quant::SplitRowBytes(format, group, cols), kDeviceRowAlign);
+}
+
+absl::StatusOr<uint64_t> SplitLinearBytes(const ModelConfig& config, quant::SplitFormat format,
+                                          int group) {
+  BITSPLIT_RETURN_IF_ERROR(ValidateConfig(config));
+  for (const LinearGroup g : {LinearGroup::kQkv, LinearGroup::kAttnOutput, LinearGroup::kDown}) {
+    const int64_t cols = LinearGroupInputDim(config, g);
+    const absl::Status layout = quant::ValidateSplitLayout(format, group, cols);
+    if (!layout.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("base %s does not fit the %d-wide input of %s: %s",
+                          FormatName(format, group), cols, LinearGroupName(g), layout.message()));
+    }
+  }
+  uint64_t total = 0;
+  auto add_group = [&](LinearGroup g, int64_t copies) {
+    const uint64_t row_bytes = DeviceRowStride(format, group, LinearGroupInputDim(config, g));
+    for (const int64_t rows : LinearGroupOutputDims(config, g)) {
+      total += AlignVram(U(rows) * row_bytes) * U(copies);
+    }
+  };
+  for (const LinearGroup g :
+       {LinearGroup::kQkv, LinearGroup::kAttnOutput, LinearGroup::kGateUp, LinearGroup::kDown}) {
+    add_group(g, config.num_layers);
+  }
+  add_group(LinearGroup::kOutputHead, 1);
+  return total;
+}
+
+ForwardScratchLayout ForwardScratchLayout::For(const ModelConfig& c, int64_t max_rows,
+                                               int64_t max_context) {
+  const uint64_t t = U(max_rows);
+  const uint64_t widest_input = U(WidestInput(c));
+  const uint64_t block_stride = RoundUp((widest_input + 31) / 32, 8);
+  ForwardScratchLayout s;
+  s.batch_bytes = 3 * AlignVram(4 * t) + AlignVram(2 * t * t);
+  s.residual_stream_bytes = AlignVram(4 * t * U(c.d_model));
+  s.normed_bytes = AlignVram(4 * t * U(c.d_model));
+  s.q_bytes = AlignVram(4 * t * U(c.q_dim()));
+  s.kv_new_bytes = 2 * AlignVram(4 * t * U(c.kv_dim()));
+  s.attention_bytes = AlignVram(4 * t * U(c.q_dim()));
+  s.gate_up_bytes = 2 * AlignVram(4 * t * U(c.d_ff));
+  s.projected_bytes = AlignVram(4 * t * U(c.d_model));
+  s.rotated_bytes = AlignVram(4 * t * widest_input);
+  s.activation_bytes = AlignVram(t * widest_input) + 2 * AlignVram(4 * t * block_stride);
+  s.residual_output_bytes = AlignVram(4 * t * U(WidestOutput(c)));
+  s.logits_bytes = AlignVram(4 * t * U(c.vocab_size));
+  s.scores_bytes = AlignVram(4 * t * U(c.num_heads) * U(max_context));
+  s.sampling_bytes = AlignVram(8 * t * U(c.vocab_size));
+  s.choice_bytes =
+      2 * AlignVram(t * 64 * 4) + AlignVram(8 * t) + AlignVram(4 * t) + AlignVram(8 * t);
+  s.total_bytes = s.batch_bytes + s.residual_stream_bytes + s.normed_bytes + s.q_bytes +
+                  s.kv_new_bytes + s.attention_bytes + s.gate_up_bytes + s.projected_bytes +
+                  s.rotated_bytes + s.activation_bytes + s.residual_output_bytes + s.logits_bytes +
+                  s.scores_bytes + s.sampling_bytes + s.choice_bytes;
+  return s;
+}
+
+std::vector<VramItem> VramPlan::Items() const {
+  return {
+      {"base weights", base_weights_bytes},
+      {"embedding, norms and tables", constants_slab_bytes},
+      {absl::StrFormat("KV cache (%d sessions x %d tokens)", sessions, context), kv_cache_bytes},
+      {absl::StrFormat("scratch (forwards of up to %d tokens)", max_batch_rows),
+       scratch_slab_bytes}};
+}
+
+std::string VramPlan::ToString() const {
+  return absl::StrFormat(
+      "base weights %s, embedding/norms/tables %s, KV cache %d x %s (%d tokens), scratch %s: %s of "
+      "%s",
+      FormatBytes(base_weights_bytes), FormatBytes(constants_slab_bytes), sessions,
+      FormatBytes(kv_bytes_per_session), context, FormatBytes(scratch_slab_bytes),
+      FormatBytes(total_bytes), FormatBytes(budget_bytes));
+}
+
+absl::StatusOr<uint64_t> VramTotalBytes(const VramRequest& request) {
+  BITSPLIT_RETURN_IF_ERROR(ValidateRequest(request));
+  BITSPLIT_ASSIGN_OR_RETURN(
+      const uint64_t base_bytes,
+      SplitLinearBytes(request.config, request.base_format, request.base_group));
+  return Compute(request, base_bytes).total_bytes;
+}
+
+absl::StatusOr<VramPlan> PlanVram(const VramRequest& request, uint64_t budget_bytes) {
+  BITSPLIT_RETURN_IF_ERROR(ValidateRequest(request));
+  BITSPLIT_ASSIGN_OR_RETURN(
+      const uint64_t base_bytes,
+      SplitLinearBytes(request.config, request.base_format, request.base_group));
+  VramPlan plan = Compute(request, base_bytes);
+  plan.budget_bytes = budget_bytes;
+  if (plan.total_bytes <= budget_bytes) return plan;
+
+  // Does not fit: find what does. Totals grow with context and sessions, so search each.
+  auto fits = [&](int64_t context, int64_t sessions) {
+    VramRequest r = request;
+    r.context = context;
+    r.sessions = sessions;
+    r.max_batch_rows = std::min(request.max_batch_rows, context);
+    return Compute(r, base_bytes).total_bytes <= budget_bytes;
+  };
+  std::vector<std::string> fitting;
+  const int64_t max_context = LargestFitting(
+      request.context, [&](int64_t context) { return fits(context, request.sessions); });
+  if (max_context >= request.max_batch_rows) {
+    fitting.push_back(absl::StrFormat("context %d with %d sessions", RoundContext(max_context),
+                                      request.sessions));
+  }
+  const int64_t max_sessions = LargestFitting(
+      request.sessions, [&](int64_t sessions) { return fits(request.context, sessions); });
+  if (max_sessions > 0) {
+    fitting.push_back(absl::StrFormat("%d sessions at context %d", max_sessions, request.context));
+  }
+  if (request.sessions > 1) {
+    const int64_t single =
+        LargestFitting(request.context, [&](int64_t context) { return fits(context, 1); });
+    if (single >= request.max_batch_rows && single != max_context) {
+      fitting.push_back(absl::StrFormat("context %d with 1 session", RoundContext(single)));
+    }
+  }
+  // Fewer base bits, same symmetry and group, as requested.
+  const quant::SplitFormatInfo& info = quant::GetSplitFormatInfo(request.base_format);
+  std::vector<std::string> smaller_bases;
+  for (const quant::SplitFormat format :
+       {quant::SplitFormat::kB2Sym, quant::SplitFormat::kB2Asym, quant::SplitFormat::kB3Sym,
+        quant::SplitFormat::kB3Asym, quant::SplitFormat::kB4Sym, quant::SplitFormat::kB4Asym}) {
+    const quant::SplitFormatInfo& other = quant::GetSplitFormatInfo(format);
+    if (other.bits >= info.bits) continue;
+    // A q8_0 base has no min; its smaller alternatives are the asymmetric formats (the default).
+    if (info.is_base && other.has_min != info.has_min) continue;
+    if (!info.is_base && !other.has_min) continue;
+    absl::StatusOr<uint64_t> bytes = SplitLinearBytes(request.config, format, request.base_group);
+    if (!bytes.ok()) continue;
+    const bool ok = Compute(request, *bytes).total_bytes <= budget_bytes;
+    smaller_bases.push_back(
+        absl::StrFormat("base %s needs %s%s", FormatName(format, request.base_group),
+                        FormatBytes(RoundVramSlab(*bytes)), ok ? " and fits as requested" : ""));
+  }
+  std::string what_fits =
+      fitting.empty()
+          ? "not even one session of " + std::to_string(request.max_batch_rows) + " tokens fits"
+          : "fits: " + absl::StrJoin(fitting, ", or ");
+  if (!smaller_bases.empty()) absl::StrAppend(&what_fits, "; ", absl::StrJoin(smaller_bases, "; "));
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "the VRAM budget of %s is too small for base %s (%s) + embedding/norms/tables %s + KV cache "
+      "%d sessions x %d tokens (%s) + scratch %s = %s; %s",
+      FormatBytes(budget_bytes), FormatName(request.base_format, request.base_group),
+      FormatBytes(plan.base_weights_bytes), FormatBytes(plan.constants_slab_bytes),
+      request.sessions, request.context, FormatBytes(plan.kv_cache_bytes),
+      FormatBytes(plan.scratch_slab_bytes), FormatBytes(plan.total_bytes), what_fits));
+}
+
+uint64_t DefaultVramBudget(uint64_t free_bytes) {
+  const uint64_t margin = std::max<uint64_t>(512ull << 20, free_bytes / 20);
+  return free_bytes > margin ? free_bytes - margin : 0;
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  if (bytes >= (1ull << 30)) {
+    return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
+  }
+  return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1ull << 20));
+}
+
+}  // namespace bitsplit::model

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The CUDA backend's device check: one short run on a GPU machine that has no gRPC, absl or
+# GoogleTest packages (docs/cuda.md). Two halves:
+#
+#   here (the build machine, nvcc, no GPU needed):
+#     bash scripts/device-check.sh --prepare [BUILD_DIR]      (default build-device)
+#       configures a Release build for sm_90 (H100/H200; CUDA_ARCHS=... to change), builds the
+#       CUDA tests and the bench, and bundles them with the shared libraries they need into
+#       BUILD_DIR/bundle/{bin,lib} (stripped, ~20 MB): carry that one path.
+#
+#   on the device (from the repository root):
+#     bash scripts/device-check.sh BUNDLE_OR_BUILD_DIR
+#       runs, within DEVICE_CHECK_SECONDS (default 480) of wall clock:
+#         1. nvidia-smi and a load check of the binaries (missing libraries named)
+#         2. cuda_kernels_test: every kernel against its CPU reference (bit for bit / NMSE)
+#         3. cuda_model_test: forward vs CPU, batch invariance, the losslessness test (speculative
+#            == plain decoding on the device, greedy and sampled), VRAM-plan refusals. The
+#            RealModel* tests need models/ (not carried: 98 MB) and are skipped unless present.
+#         4. cuda_drafter_bench: synthetic 8B-class model, VRAM budget below its Q8_0 size,
+#            residual on this machine's cores; ACCEPTANCE=<mean accepted tokens per verify on the
+#            real model> adds the projection for it.
+#       Logs, gtest XML and bench JSON go to $OUT (or ./device-check-out); the exit status is
+#       non-zero when a step failed.
+set -u -o pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+binaries=(tests/cuda_kernels_test tests/cuda_model_test bench/cuda_drafter_bench)
+
+prepare() {
+  local build_dir="${1:-build-device}"
+  local archs="${CUDA_ARCHS:-90}"
+  cd "$repo_root" || exit 1
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES="$archs" -DBITSPLIT_CUDA=ON >/dev/null || exit 1
+  ninja -C "$build_dir" "${binaries[@]##*/}" || exit 1
+  local bundle="$build_dir/bundle"
+  rm -rf "$bundle"
+  mkdir -p "$bundle/bin" "$bundle/lib"
+  local binary lib
+  for binary in "${binaries[@]}"; do
+    cp "$build_dir/$binary" "$bundle/bin/"
+    strip "$bundle/bin/${binary##*/}"
+    # Every shared library except the C/C++ runtime and the driver, which the device has.
+    ldd "$build_dir/$binary" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
+      case "$(basename "$lib")" in
+        libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|libgcc_s.so.*|libstdc++.so.*|\
+        ld-linux*|libcuda.so.*) ;;
+        *) cp -L -n "$lib" "$bundle/lib/" ;;
+      esac
+    done
+  done
+  echo "bundle: $bundle ($(du -sh "$bundle" | cut -f1)); on the device run:"
+  echo "  bash scripts/device-check.sh $bundle"
+}
+
+run() {
+  local dir="$1"
+  local out="${OUT:-$repo_root/device-check-out}"
+  mkdir -p "$out"
+  local log="$out/device-check.log"
+  local budget="${DEVICE_CHECK_SECONDS:-480}"
+  local start=$SECONDS
+  local failed=0
+  local bin lib
+  if [[ -d "$dir/bin" ]]; then
+    bin="$dir/bin"
+    lib="$dir/lib"
+  else  # a build directory
+    bin=""
+    lib=""
+  fi
+  path_of() {  # the binary's path in a bundle or a build directory
+    if [[ -n "$bin" ]]; then echo "$bin/$(basename "$1")"; else echo "$dir/$1"; fi
+  }
+  export LD_LIBRARY_PATH="${lib:+$lib:}${LD_LIBRARY_PATH:-}"
+  left() { echo $((budget - (SECONDS - start))); }
+  step() {  # step NAME CAP_SECONDS COMMAND...: runs with the smaller of CAP and the time left
+    local name="$1" cap="$2"
+    shift 2
+    local limit
+    limit=$(left)
+    ((limit > cap)) && limit=$cap
+    if ((limit < 10)); then
+      echo "== $name: SKIPPED (wall-clock budget spent)" | tee -a "$log"
+      failed=1
+      return
+    fi
+    echo "== $name (limit ${limit}s): $*" | tee -a "$log"
+    local step_start=$SECONDS
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$log"
+    local status=${PIPESTATUS[0]}
+    echo "== $name: exit $status after $((SECONDS - step_start))s" | tee -a "$log"
+    if ((status != 0)); then failed=1; fi
+  }
+
+  : >"$log"
+  echo "device check from $dir, budget ${budget}s, output $out" | tee -a "$log"
+  step "nvidia-smi" 30 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.free,clocks.max.sm --format=csv
+  local missing=0 b
+  for b in "${binaries[@]}"; do
+    if ldd "$(path_of "$b")" 2>&1 | grep -q "not found"; then
+      echo "MISSING LIBRARIES for $b:" | tee -a "$log"
+      ldd "$(path_of "$b")" | grep "not found" | tee -a "$log"
+      missing=1
+    fi
+  done
+  if ((missing)); then
+    echo "FAIL: libraries missing; rebuild the bundle with --prepare" | tee -a "$log"
+    exit 1
+  fi
+  # Real-model tests need models/ (the SmolLM2 GGUF is not carried).
+  local model_filter="-*RealModel*"
+  if [[ -f "$repo_root/models/SmolLM2-135M-Instruct.Q4_1.gguf" ]]; then model_filter="*"; fi
+  step "cuda_kernels_test" 240 "$(path_of tests/cuda_kernels_test)" \
+    --gtest_output="xml:$out/cuda_kernels_test.xml"
+  step "cuda_model_test" 240 "$(path_of tests/cuda_model_test)" --gtest_filter="$model_filter" \
+    --gtest_output="xml:$out/cuda_model_test.xml"
+  local bench_args=(--json "$out/cuda_drafter_bench.json" --max-seconds 200)
+  if [[ -n "${ACCEPTANCE:-}" ]]; then bench_args+=(--acceptance "$ACCEPTANCE"); fi
+  if [[ -n "${VRAM_BUDGET_GIB:-}" ]]; then bench_args+=(--vram-budget-gib "$VRAM_BUDGET_GIB"); fi
+  step "cuda_drafter_bench" 280 "$(path_of bench/cuda_drafter_bench)" "${bench_args[@]}"
+  {
+    echo "summary:"
+    grep -E "^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]+ test|^== .*: (exit|SKIPPED)" "$log"
+  } | tee "$out/summary.txt"
+  echo "device check $([[ $failed == 0 ]] && echo PASSED || echo FAILED) in $((SECONDS - start))s" |
+    tee -a "$out/summary.txt"
+  exit "$failed"
+}
+
+case "${1:-}" in
+  --prepare) prepare "${2:-}" ;;
+  ""|-h|--help)
+    sed -n '2,27p' "${BASH_SOURCE[0]}"
+    exit 2
+    ;;
+  *) run "$1" ;;
+esac

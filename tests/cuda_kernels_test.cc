@@ -1,0 +1,686 @@
+// The CUDA kernels against the CPU implementations they mirror, on random inputs: bit for bit
+// where the kernel reproduces the CPU's arithmetic (rotation, activation quantization, split
+// matmul for all nine formats, embedding gather, RoPE, attention scores order, argmax, top-k,
+// the RNG), by NMSE where it cannot (RMSNorm's and softmax's double sums in a tree, expf), and
+// batch invariance (a row alone equals the same row inside a batch). Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#ifdef BITSPLIT_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "common/cuda/cuda_model.h"
+#include "common/cuda/device_info.h"
+#include "common/cuda/kernels.h"
+#include "common/model/kv_cache.h"
+#include "common/model/sampler.h"
+#include "common/model/vram_plan.h"
+#include "common/ops/activation.h"
+#include "common/ops/attention.h"
+#include "common/ops/matmul.h"
+#include "common/ops/rmsnorm.h"
+#include "common/ops/rope.h"
+#include "common/ops/softmax.h"
+#include "common/quant/ggml_blocks.h"
+#include "common/quant/hadamard.h"
+#include "common/quant/split_format.h"
+#include "common/quant/split_matmul.h"
+#include "common/util/fp16.h"
+#include "common/util/thread_pool.h"
+#endif
+
+namespace bitsplit::cuda {
+namespace {
+
+#ifndef BITSPLIT_HAVE_CUDA
+TEST(CudaKernelsTest, SkippedWithoutCuda) {
+  GTEST_SKIP() << "built without BITSPLIT_CUDA (no nvcc found at configure time)";
+}
+#else
+
+#define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+class CudaKernelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CountDevices() == 0) {
+      GTEST_SKIP() << "CUDA code compiled, but no CUDA device is visible on this machine";
+    }
+  }
+};
+
+// A device copy of a host vector (and back).
+template <typename T>
+class DeviceVector {
+ public:
+  explicit DeviceVector(size_t n) : n_(n) {
+    EXPECT_EQ(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p_, 0, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+  }
+  explicit DeviceVector(const std::vector<T>& host) : DeviceVector(host.size()) {
+    EXPECT_EQ(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceVector() { cudaFree(p_); }
+  T* get() const { return p_; }
+  std::vector<T> ToHost() const {
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<T> host(n_);
+    EXPECT_EQ(cudaMemcpy(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+double Nmse(const std::vector<float>& actual, const std::vector<float>& expected) {
+  double error = 0.0, energy = 0.0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double d = static_cast<double>(actual[i]) - expected[i];
+    error += d * d;
+    energy += static_cast<double>(expected[i]) * expected[i];
+  }
+  return energy > 0.0 ? error / energy : error;
+}
+
+void ExpectBitsEqual(const std::vector<float>& actual, const std::vector<float>& expected,
+                     const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    uint32_t a, e;
+    std::memcpy(&a, &actual[i], 4);
+    std::memcpy(&e, &expected[i], 4);
+    ASSERT_EQ(a, e) << what << " differs at " << i << ": " << actual[i] << " vs " << expected[i];
+  }
+}
+
+// Device activations of a CPU QuantizedActivations.
+struct DeviceQuantized {
+  DeviceVector<int8_t> codes;
+  DeviceVector<float> scales;
+  DeviceVector<float> sums;
+  kernels::DeviceActivations view;
+  explicit DeviceQuantized(const quant::QuantizedActivations& x)
+      : codes(x.codes), scales(x.scales), sums(x.sums) {
+    view = {codes.get(), scales.get(), sums.get(), x.rows, x.cols, x.block_stride};
+  }
+};
+
+// A split-format matrix of random weights quantized by the CPU quantizers.
+struct HostMatrix {
+  std::vector<uint8_t> bytes;
+  quant::MatrixView view;
+};
+
+HostMatrix RandomMatrix(quant::SplitFormat format, int group, int64_t rows, int64_t cols,
+                        uint32_t seed) {
+  HostMatrix m;
+  const size_t row_bytes = quant::SplitRowBytes(format, group, cols);
+  m.bytes.resize(row_bytes * rows);
+  const std::vector<float> w = RandomFloats(static_cast<size_t>(rows * cols), seed, 0.05f);
+  const quant::SplitFormatInfo& info = quant::GetSplitFormatInfo(format);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = w.data() + r * cols;
+    uint8_t* out = m.bytes.data() + r * row_bytes;
+    if (format == quant::SplitFormat::kQ8_0) {
+      quant::QuantizeQ8_0Row(row, cols, out);
+    } else if (info.is_residual) {
+      EXPECT_TRUE(quant::QuantizeResidualRow(format, group, row, cols, out).ok());
+    } else {
+      EXPECT_TRUE(quant::QuantizeBaseRow(format, group, row, nullptr, cols, out).ok());
+    }
+  }
+  m.view = *quant::MakeMatrixView(format, group, rows, cols, m.bytes.data(), m.bytes.size());
+  return m;
+}
+
+// The matrix on the device with rows padded as the CUDA backend pads them.
+struct DeviceMatrixCopy {
+  DeviceVector<uint8_t> bytes;
+  kernels::DeviceMatrix matrix;
+  explicit DeviceMatrixCopy(const quant::MatrixView& v)
+      : bytes(model::DeviceRowStride(v.format, v.group, v.cols) * v.rows) {
+    const size_t stride = model::DeviceRowStride(v.format, v.group, v.cols);
+    const size_t row_bytes = quant::SplitRowBytes(v.format, v.group, v.cols);
+    EXPECT_EQ(cudaMemcpy2D(bytes.get(), stride, v.data, v.row_stride, row_bytes, v.rows,
+                           cudaMemcpyHostToDevice),
+              cudaSuccess);
+    const quant::SplitRowLayout layout = quant::GetSplitRowLayout(v.format, v.group, v.cols);
+    const quant::SplitFormatInfo& info = quant::GetSplitFormatInfo(v.format);
+    matrix.data = bytes.get();
+    matrix.rows = v.rows;
+    matrix.cols = v.cols;
+    matrix.row_stride = static_cast<int64_t>(stride);
+    matrix.format = static_cast<int32_t>(v.format);
+    matrix.group = v.group;
+    matrix.groups = layout.groups;
+    matrix.sub_blocks = layout.sub_blocks;
+    matrix.code_offset = static_cast<int64_t>(layout.code_offset);
+    matrix.code_stride = static_cast<int64_t>(layout.code_stride);
+    matrix.scale_offset = static_cast<int64_t>(layout.scale_offset);
+    matrix.scale_stride = static_cast<int64_t>(layout.scale_stride);
+    matrix.min_offset = static_cast<int64_t>(layout.min_offset);
+    matrix.min_stride = static_cast<int64_t>(layout.min_stride);
+    matrix.has_min = info.has_min;
+    matrix.signed_codes = info.signed_codes;
+    matrix.code_offset_value = info.code_offset;
+  }
+};
+
+TEST_F(CudaKernelsTest, HadamardRotationMatchesCpuBitForBit) {
+  for (const int block : {8, 64, 128, 1024}) {
+    const int64_t rows = 5, cols = 2048;
+    std::vector<float> x = RandomFloats(rows * cols, 11 + block);
+    std::vector<uint32_t> masks(cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      masks[c] = quant::HadamardSign(7, c) < 0 ? 0x80000000u : 0u;
+    }
+    DeviceVector<float> device(x);
+    DeviceVector<uint32_t> device_masks(masks);
+    ASSERT_CUDA(kernels::HadamardRotate(device.get(), rows, cols, block, device_masks.get(),
+                                        quant::HadamardScale(block), nullptr));
+    quant::HadamardRotateRowsReference(x.data(), rows, cols, block, 7);
+    ExpectBitsEqual(device.ToHost(), x, "block " + std::to_string(block));
+  }
+}
+
+TEST_F(CudaKernelsTest, ActivationQuantizationMatchesCpuBitForBit) {
+  const int64_t rows = 7, cols = 320;  // 10 blocks: block stride 16, six padding blocks
+  std::vector<float> x = RandomFloats(rows * cols, 3);
+  for (int j = 0; j < 32; ++j) x[32 + j] = 0.0f;        // an all-zero block
+  for (int j = 0; j < 32; ++j) x[64 + j] = 1e-38f * j;  // 1/s overflows: stored as zeros
+  x[100] = 1e30f;                                       // a huge outlier
+  quant::QuantizedActivations expected;
+  quant::QuantizeActivationsReference(x.data(), rows, cols, &expected);
+  DeviceVector<float> input(x);
+  DeviceVector<int8_t> codes(rows * cols);
+  DeviceVector<float> scales(rows * expected.block_stride), sums(rows * expected.block_stride);
+  ASSERT_CUDA(kernels::QuantizeActivations(input.get(), rows, cols, codes.get(), scales.get(),
+                                           sums.get(), expected.block_stride, nullptr));
+  EXPECT_EQ(codes.ToHost(), expected.codes);
+  ExpectBitsEqual(scales.ToHost(), expected.scales, "scales");
+  ExpectBitsEqual(sums.ToHost(), expected.sums, "sums");
+}
+
+struct FormatCase {
+  quant::SplitFormat format;
+  int group;
+};
+
+std::vector<FormatCase> AllFormatCases() {
+  std::vector<FormatCase> cases;
+  for (int f = 0; f < quant::kNumSplitFormats; ++f) {
+    const auto format = static_cast<quant::SplitFormat>(f);
+    if (format == quant::SplitFormat::kQ8_0) {
+      cases.push_back({format, 32});
+      continue;
+    }
+    for (const int group : {32, 64, 160}) cases.push_back({format, group});
+  }
+  return cases;
+}
+
+TEST_F(CudaKernelsTest, SplitMatMulMatchesReferenceBitForBitForEveryFormat) {
+  // 320 columns: 10 groups of 32 (a full run of 8 and a partial one), 5 of 64, 2 of 160; 37 rows
+  // leave a partial CUDA block.
+  const int64_t rows = 37, cols = 320;
+  for (const FormatCase& c : AllFormatCases()) {
+    const HostMatrix m = RandomMatrix(c.format, c.group, rows, cols, 100 + c.group);
+    const DeviceMatrixCopy device_matrix(m.view);
+    for (const int64_t tokens : {1, 3, 9, 16}) {
+      const std::vector<float> x = RandomFloats(tokens * cols, 5 + tokens);
+      quant::QuantizedActivations qx;
+      quant::QuantizeActivations(x.data(), tokens, cols, &qx);
+      const DeviceQuantized dx(qx);
+      for (const bool accumulate : {false, true}) {
+        std::vector<float> expected = RandomFloats(tokens * rows, 9);
+        DeviceVector<float> out(expected);
+        quant::MatMulReference(m.view, qx, expected.data(), accumulate);
+        kernels::GroupMatMul group;
+        group.matrices[0] = device_matrix.matrix;
+        group.outputs[0] = out.get();
+        group.count = 1;
+        ASSERT_CUDA(kernels::SplitMatMul(group, dx.view, accumulate, nullptr));
+        ExpectBitsEqual(out.ToHost(), expected,
+                        std::string(quant::GetSplitFormatInfo(c.format).name) + "/g" +
+                            std::to_string(c.group) + " T=" + std::to_string(tokens) +
+                            (accumulate ? " accumulate" : ""));
+      }
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, SplitMatMulGroupOfThreeMatricesMatchesEachAlone) {
+  const int64_t cols = 256;
+  const int64_t row_counts[] = {64, 16, 40};
+  std::vector<HostMatrix> host;
+  std::vector<std::unique_ptr<DeviceMatrixCopy> > device;
+  for (int i = 0; i < 3; ++i) {
+    host.push_back(RandomMatrix(quant::SplitFormat::kB2Asym, 64, row_counts[i], cols, 40 + i));
+    device.push_back(std::make_unique<DeviceMatrixCopy>(host.back().view));
+  }
+  const int64_t tokens = 11;
+  const std::vector<float> x = RandomFloats(tokens * cols, 8);
+  quant::QuantizedActivations qx;
+  quant::QuantizeActivations(x.data(), tokens, cols, &qx);
+  const DeviceQuantized dx(qx);
+  kernels::GroupMatMul group;
+  std::vector<std::unique_ptr<DeviceVector<float> > > outs;
+  for (int i = 0; i < 3; ++i) {
+    outs.push_back(std::make_unique<DeviceVector<float> >(tokens * row_counts[i]));
+    group.matrices[i] = device[i]->matrix;
+    group.outputs[i] = outs[i]->get();
+  }
+  group.count = 3;
+  ASSERT_CUDA(kernels::SplitMatMul(group, dx.view, false, nullptr));
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> expected(tokens * row_counts[i]);
+    quant::MatMulReference(host[i].view, qx, expected.data(), false);
+    ExpectBitsEqual(outs[i]->ToHost(), expected, "matrix " + std::to_string(i));
+  }
+}
+
+TEST_F(CudaKernelsTest, SplitMatMulRowAloneEqualsRowInABatch) {
+  const int64_t rows = 96, cols = 512;
+  const HostMatrix m = RandomMatrix(quant::SplitFormat::kB3Sym, 64, rows, cols, 77);
+  const DeviceMatrixCopy device_matrix(m.view);
+  const std::vector<float> x = RandomFloats(16 * cols, 21);
+  quant::QuantizedActivations batch;
+  quant::QuantizeActivations(x.data(), 16, cols, &batch);
+  const DeviceQuantized dbatch(batch);
+  DeviceVector<float> batch_out(16 * rows);
+  kernels::GroupMatMul group;
+  group.matrices[0] = device_matrix.matrix;
+  group.outputs[0] = batch_out.get();
+  group.count = 1;
+  ASSERT_CUDA(kernels::SplitMatMul(group, dbatch.view, false, nullptr));
+  const std::vector<float> batched = batch_out.ToHost();
+  for (const int64_t t : {0, 5, 15}) {
+    quant::QuantizedActivations one;
+    quant::QuantizeActivations(x.data() + t * cols, 1, cols, &one);
+    const DeviceQuantized done(one);
+    DeviceVector<float> out(rows);
+    group.outputs[0] = out.get();
+    ASSERT_CUDA(kernels::SplitMatMul(group, done.view, false, nullptr));
+    ExpectBitsEqual(
+        out.ToHost(),
+        std::vector<float>(batched.begin() + t * rows, batched.begin() + (t + 1) * rows),
+        "row " + std::to_string(t));
+  }
+}
+
+TEST_F(CudaKernelsTest, EmbeddingGatherMatchesCpuDequantizer) {
+  const int64_t vocab = 50, cols = 96;
+  const std::vector<float> table = RandomFloats(vocab * cols, 4);
+  const std::vector<int32_t> tokens = {0, 49, 7, 7, 23};
+  for (const GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0}) {
+    std::vector<uint8_t> bytes;
+    int64_t row_bytes = 0;
+    if (type == GgmlType::kF32) {
+      row_bytes = cols * 4;
+      bytes.resize(vocab * row_bytes);
+      std::memcpy(bytes.data(), table.data(), bytes.size());
+    } else if (type == GgmlType::kF16) {
+      row_bytes = cols * 2;
+      bytes.resize(vocab * row_bytes);
+      for (int64_t i = 0; i < vocab * cols; ++i) {
+        const uint16_t h = Fp32ToFp16(table[i]);
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
+      }
+    } else {
+      row_bytes = cols / 32 * 34;
+      bytes.resize(vocab * row_bytes);
+      for (int64_t r = 0; r < vocab; ++r) {
+        quant::QuantizeQ8_0Row(table.data() + r * cols, cols, bytes.data() + r * row_bytes);
+      }
+    }
+    auto matrix = ops::MakeWeightMatrix(type, bytes.data(), vocab, cols, "table");
+    ASSERT_TRUE(matrix.ok()) << matrix.status();
+    std::vector<float> expected(tokens.size() * cols);
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      ops::DequantizeWeightRow(*matrix, tokens[t], expected.data() + t * cols);
+    }
+    DeviceVector<uint8_t> device_table(bytes);
+    DeviceVector<int32_t> device_tokens(tokens);
+    DeviceVector<float> out(tokens.size() * cols);
+    ASSERT_CUDA(kernels::EmbeddingGather(device_table.get(), static_cast<int32_t>(type), row_bytes,
+                                         cols, device_tokens.get(),
+                                         static_cast<int64_t>(tokens.size()), out.get(), nullptr));
+    ExpectBitsEqual(out.ToHost(), expected, GgmlTypeName(type));
+  }
+}
+
+TEST_F(CudaKernelsTest, RmsNormIsCloseToCpuAndBatchInvariant) {
+  const int64_t rows = 9, n = 4096;
+  const std::vector<float> x = RandomFloats(rows * n, 12, 3.0f);
+  const std::vector<float> weight = RandomFloats(n, 13);
+  std::vector<float> expected(rows * n);
+  ops::RmsNorm(x.data(), rows, n, weight.data(), 1e-5f, expected.data());
+  DeviceVector<float> dx(x), dw(weight), out(rows * n), one(n);
+  ASSERT_CUDA(kernels::RmsNorm(dx.get(), nullptr, rows, n, dw.get(), 1e-5f, out.get(), nullptr));
+  const std::vector<float> actual = out.ToHost();
+  EXPECT_LT(Nmse(actual, expected), 1e-13);
+  // Row 6 alone, selected through source_rows, gives the same bits as inside the batch.
+  DeviceVector<int32_t> source(std::vector<int32_t>{6});
+  ASSERT_CUDA(kernels::RmsNorm(dx.get(), source.get(), 1, n, dw.get(), 1e-5f, one.get(), nullptr));
+  ExpectBitsEqual(one.ToHost(), std::vector<float>(actual.begin() + 6 * n, actual.begin() + 7 * n),
+                  "row 6");
+}
+
+TEST_F(CudaKernelsTest, RopeMatchesCpuBitForBit) {
+  model::ModelConfig config;
+  config.head_dim = 64;
+  config.rope_dims = 64;
+  config.rope_freq_base = 500000.0f;
+  config.rope_freq_scale = 0.5f;
+  const std::vector<float> factors = RandomFloats(32, 2, 0.1f);
+  std::vector<float> positive_factors(32);
+  for (int i = 0; i < 32; ++i) positive_factors[i] = 1.0f + std::fabs(factors[i]);
+  const int64_t table_positions = 5000;
+  const std::vector<float> table = RopeTable(config, positive_factors.data(), table_positions);
+  const int64_t rows = 6, heads = 3;
+  const std::vector<int32_t> positions = {0, 1, 17, 4095, 4999, 17};
+  std::vector<float> x = RandomFloats(rows * heads * 64, 31);
+  DeviceVector<float> dx(x), dtable(table);
+  DeviceVector<int32_t> dpositions(positions);
+  ASSERT_CUDA(kernels::ApplyRope(dx.get(), rows, heads, 64, 64, dpositions.get(), dtable.get(),
+                                 dtable.get() + table_positions * 32, nullptr));
+  const ops::RopeConfig rope{.head_dim = 64,
+                             .rotary_dims = 64,
+                             .freq_base = config.rope_freq_base,
+                             .freq_scale = config.rope_freq_scale,
+                             .freq_factors = positive_factors.data()};
+  ops::ApplyRope(x.data(), rows, heads, positions.data(), rope);
+  ExpectBitsEqual(dx.ToHost(), x, "rope");
+}
+
+// Keys and values as the device stores them (fp16), back in f32 for the CPU op.
+std::vector<float> RoundedToHalf(const std::vector<float>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = Fp16ToFp32(Fp32ToFp16(v[i]));
+  return out;
+}
+
+std::vector<uint16_t> Halves(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = Fp32ToFp16(v[i]);
+  return out;
+}
+
+TEST_F(CudaKernelsTest, AttentionMatchesCpuOnTheSameHalfKvAndTreeNodesEqualTheirPaths) {
+  const int64_t heads = 8, kv_heads = 2, head_dim = 64, slots = 80;
+  const int64_t q_dim = heads * head_dim, kv_dim = kv_heads * head_dim;
+  const int64_t prefix = 37, context = 3, tokens = 4, width = context + tokens;
+  const std::vector<float> keys = RandomFloats(slots * kv_dim, 41);
+  const std::vector<float> values = RandomFloats(slots * kv_dim, 42);
+  const std::vector<float> q = RandomFloats(tokens * q_dim, 43);
+  // A tree: pending slots 0..2 are a chain; batch tokens 0,1 extend slot 2, token 2 extends
+  // token 0, token 3 sees slot 0 only.
+  const std::vector<uint8_t> mask = {
+      1, 1, 1, 1, 0, 0, 0,  //
+      1, 1, 1, 0, 1, 0, 0,  //
+      1, 1, 1, 1, 0, 1, 0,  //
+      1, 0, 0, 0, 0, 0, 1,  //
+  };
+  const ops::AttentionShape shape{heads, kv_heads, head_dim, 1.0f / 8.0f};
+  ThreadPool pool(1);
+  std::vector<float> expected(tokens * q_dim);
+  const std::vector<float> keys16 = RoundedToHalf(keys), values16 = RoundedToHalf(values);
+  ops::AttentionWithContext(q.data(), tokens, keys16.data(), values16.data(), prefix, context,
+                            mask.data(), shape, expected.data(), pool);
+
+  DeviceVector<float> dq(q), out(tokens * q_dim), scores(tokens * heads * slots);
+  DeviceVector<uint16_t> dk(Halves(keys)), dv(Halves(values));
+  DeviceVector<uint8_t> dmask(mask);
+  kernels::AttentionArgs args;
+  args.q = dq.get();
+  args.keys = dk.get();
+  args.values = dv.get();
+  args.mask = dmask.get();
+  args.out = out.get();
+  args.scores = scores.get();
+  args.rows = tokens;
+  args.prefix_length = prefix;
+  args.mask_width = width;
+  args.score_stride = slots;
+  args.num_heads = heads;
+  args.num_kv_heads = kv_heads;
+  args.head_dim = head_dim;
+  args.scale = shape.scale;
+  ASSERT_CUDA(kernels::Attention(args, nullptr));
+  const std::vector<float> actual = out.ToHost();
+  EXPECT_LT(Nmse(actual, expected), 1e-12);
+
+  // Token 2's visible sequence (prefix, slots 0-2, token 0, itself) run as a causal chain at
+  // slots prefix..prefix+4 gives the same bits.
+  std::vector<float> chain_keys = keys, chain_values = values;
+  const int64_t path[] = {prefix + 0, prefix + 1, prefix + 2, prefix + 3, prefix + 5};
+  for (int i = 0; i < 5; ++i) {
+    std::copy_n(keys.begin() + path[i] * kv_dim, kv_dim,
+                chain_keys.begin() + (prefix + i) * kv_dim);
+    std::copy_n(values.begin() + path[i] * kv_dim, kv_dim,
+                chain_values.begin() + (prefix + i) * kv_dim);
+  }
+  DeviceVector<uint16_t> ck(Halves(chain_keys)), cv(Halves(chain_values));
+  DeviceVector<float> cq(std::vector<float>(q.begin() + 2 * q_dim, q.begin() + 3 * q_dim));
+  DeviceVector<uint8_t> cmask(std::vector<uint8_t>{1});
+  DeviceVector<float> cout(q_dim);
+  args.q = cq.get();
+  args.keys = ck.get();
+  args.values = cv.get();
+  args.mask = cmask.get();
+  args.out = cout.get();
+  args.rows = 1;
+  args.prefix_length = prefix + 4;
+  args.mask_width = 1;
+  ASSERT_CUDA(kernels::Attention(args, nullptr));
+  ExpectBitsEqual(cout.ToHost(),
+                  std::vector<float>(actual.begin() + 2 * q_dim, actual.begin() + 3 * q_dim),
+                  "tree node vs its causal path");
+}
+
+TEST_F(CudaKernelsTest, SiluMulIsCloseToCpu) {
+  const int64_t n = 100000;
+  const std::vector<float> gate = RandomFloats(n, 51, 4.0f), up = RandomFloats(n, 52);
+  std::vector<float> expected(n);
+  ops::SiluMul(gate.data(), up.data(), n, expected.data());
+  DeviceVector<float> dg(gate), du(up);
+  ASSERT_CUDA(kernels::SiluMul(dg.get(), du.get(), n, dg.get(), nullptr));
+  const std::vector<float> actual = dg.ToHost();
+  EXPECT_LT(Nmse(actual, expected), 1e-12);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(actual[i], expected[i], 1e-6f * std::fabs(expected[i]) + 1e-30f) << i;
+  }
+}
+
+TEST_F(CudaKernelsTest, CommitSlotsMovesLikeKvCache) {
+  const int64_t layers = 3, capacity = 12, kv_dim = 8, committed = 2;
+  auto cache = model::KvCache::Create(layers, kv_dim, capacity);
+  ASSERT_TRUE(cache.ok());
+  std::vector<uint16_t> keys(layers * capacity * kv_dim), values(keys.size());
+  for (int64_t l = 0; l < layers; ++l) {
+    for (int64_t s = 0; s < capacity; ++s) {
+      for (int64_t d = 0; d < kv_dim; ++d) {
+        const float tag = static_cast<float>(l * 100 + s);
+        cache->keys(l)[s * kv_dim + d] = tag;
+        cache->values(l)[s * kv_dim + d] = -tag;
+        keys[(l * capacity + s) * kv_dim + d] = Fp32ToFp16(tag);
+        values[(l * capacity + s) * kv_dim + d] = Fp32ToFp16(-tag);
+      }
+    }
+  }
+  ASSERT_TRUE(cache->BeginPending(committed).ok());
+  ASSERT_TRUE(cache->Commit(committed).ok());
+  ASSERT_TRUE(cache->BeginPending(9).ok());
+  const std::vector<int32_t> path = {0, 2, 3, 7};  // slot 2+2 is both a source and a target
+  ASSERT_TRUE(cache->CommitSlots(path).ok());
+  DeviceVector<uint16_t> dk(keys), dv(values);
+  DeviceVector<int32_t> dpath(path);
+  ASSERT_CUDA(kernels::CommitSlots(dk.get(), dv.get(), layers, capacity * kv_dim, kv_dim, committed,
+                                   dpath.get(), 4, nullptr));
+  const std::vector<uint16_t> k = dk.ToHost(), v = dv.ToHost();
+  for (int64_t l = 0; l < layers; ++l) {
+    for (int64_t s = 0; s < committed + 4; ++s) {
+      EXPECT_EQ(Fp16ToFp32(k[(l * capacity + s) * kv_dim]), cache->keys(l)[s * kv_dim]) << l << s;
+      EXPECT_EQ(Fp16ToFp32(v[(l * capacity + s) * kv_dim]), cache->values(l)[s * kv_dim]);
+    }
+  }
+}
+
+std::vector<float> LogitRows(int64_t rows, int64_t vocab, uint32_t seed, bool with_ties) {
+  std::vector<float> logits = RandomFloats(rows * vocab, seed, 3.0f);
+  if (with_ties) {
+    for (int64_t r = 0; r < rows; ++r) {
+      // Quantized logits: many exact ties, including at the maximum.
+      for (int64_t i = 0; i < vocab; ++i) {
+        float& l = logits[r * vocab + i];
+        l = std::round(l * 2.0f) / 2.0f;
+      }
+    }
+  }
+  return logits;
+}
+
+TEST_F(CudaKernelsTest, ArgMaxPicksTheLowestIdAmongEquals) {
+  const int64_t rows = 20, vocab = 3001;
+  const std::vector<float> logits = LogitRows(rows, vocab, 61, /*with_ties=*/true);
+  DeviceVector<float> dl(logits);
+  DeviceVector<int32_t> choices(rows);
+  ASSERT_CUDA(kernels::ArgMaxRows(dl.get(), rows, vocab, choices.get(), nullptr));
+  const std::vector<int32_t> actual = choices.ToHost();
+  model::Sampler sampler;
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::span<const float> row(logits.data() + r * vocab, vocab);
+    EXPECT_EQ(actual[r], sampler.Choose(row, {}, 0)) << r;
+    EXPECT_EQ(actual[r], ops::ArgMax(row.data(), vocab));
+  }
+}
+
+TEST_F(CudaKernelsTest, UniformDrawsMatchTheCpuGenerator) {
+  const std::vector<int64_t> positions = {0, 1, 2, 1000, (int64_t{1} << 32) + 5, 123456789012};
+  DeviceVector<int64_t> dp(positions);
+  DeviceVector<double> out(positions.size());
+  for (const uint64_t seed : {0ull, 42ull, 0xFFFFFFFFFFFFull}) {
+    ASSERT_CUDA(kernels::UniformForPositions(seed, dp.get(), positions.size(), out.get(), nullptr));
+    const std::vector<double> actual = out.ToHost();
+    for (size_t i = 0; i < positions.size(); ++i) {
+      EXPECT_EQ(actual[i], model::UniformForPosition(seed, positions[i]));
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, SamplingChoosesWhatTheCpuSamplerChooses) {
+  const int64_t rows = 48;
+  model::Sampler sampler;
+  int compared = 0;
+  for (const int64_t vocab : {1000, 49152}) {
+    for (const bool ties : {false, true}) {
+      const std::vector<float> logits = LogitRows(rows, vocab, 70 + vocab, ties);
+      DeviceVector<float> dl(logits);
+      DeviceVector<double> weights(rows * vocab);
+      DeviceVector<int32_t> choices(rows);
+      std::vector<int64_t> positions(rows);
+      for (int64_t r = 0; r < rows; ++r) positions[r] = 17 + 3 * r;
+      DeviceVector<int64_t> dp(positions);
+      const model::SamplingParams cases[] = {
+          {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 1},
+          {.temperature = 0.7f, .top_k = 40, .top_p = 1.0f, .seed = 2},
+          {.temperature = 1.3f, .top_k = 0, .top_p = 0.9f, .seed = 3},
+          {.temperature = 0.8f, .top_k = 50, .top_p = 0.5f, .seed = 4},
+          {.temperature = 2.0f, .top_k = 1, .top_p = 1.0f, .seed = 5},
+          {.temperature = 0.05f, .top_k = 0, .top_p = 0.01f, .seed = 6},
+      };
+      for (const model::SamplingParams& p : cases) {
+        kernels::SamplingArgs args;
+        args.logits = dl.get();
+        args.rows = rows;
+        args.vocab = vocab;
+        args.positions = dp.get();
+        args.temperature = p.temperature;
+        args.top_k = p.top_k;
+        args.top_p = p.top_p;
+        args.seed = p.seed;
+        args.weights = weights.get();
+        args.choices = choices.get();
+        ASSERT_CUDA(kernels::SampleRows(args, nullptr));
+        const std::vector<int32_t> actual = choices.ToHost();
+        for (int64_t r = 0; r < rows; ++r) {
+          const std::span<const float> row(logits.data() + r * vocab, vocab);
+          EXPECT_EQ(actual[r], sampler.Choose(row, p, positions[r]))
+              << "vocab " << vocab << " ties " << ties << " temperature " << p.temperature
+              << " top_k " << p.top_k << " top_p " << p.top_p << " row " << r;
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 2 * 2 * 6 * rows);
+}
+
+TEST_F(CudaKernelsTest, TopKMatchesCpuOrderAndNormalizer) {
+  const int64_t rows = 6, vocab = 5000;
+  for (const bool ties : {false, true}) {
+    const std::vector<float> logits = LogitRows(rows, vocab, 90, ties);
+    for (const int32_t k : {1, 4, 64}) {
+      DeviceVector<float> dl(logits);
+      DeviceVector<int32_t> ids(rows * k);
+      DeviceVector<float> top(rows * k);
+      DeviceVector<double> normalizers(rows);
+      ASSERT_CUDA(kernels::TopKRows(dl.get(), rows, vocab, k, ids.get(), top.get(),
+                                    normalizers.get(), nullptr));
+      const std::vector<int32_t> actual_ids = ids.ToHost();
+      const std::vector<float> actual_top = top.ToHost();
+      const std::vector<double> actual_norm = normalizers.ToHost();
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* row = logits.data() + r * vocab;
+        std::vector<int32_t> expected(vocab);
+        for (int32_t i = 0; i < vocab; ++i) expected[i] = i;
+        std::stable_sort(expected.begin(), expected.end(),
+                         [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+        for (int32_t j = 0; j < k; ++j) {
+          EXPECT_EQ(actual_ids[r * k + j], expected[j]) << "row " << r << " rank " << j;
+          EXPECT_EQ(actual_top[r * k + j], row[expected[j]]);
+        }
+        const float max_logit = row[expected[0]];
+        double sum = 0.0;
+        for (int64_t i = 0; i < vocab; ++i)
+          sum += std::exp(static_cast<double>(row[i] - max_logit));
+        EXPECT_NEAR(actual_norm[r], max_logit + std::log(sum),
+                    1e-12 * std::fabs(max_logit) + 1e-12);
+      }
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, LaunchersRejectBadArguments) {
+  kernels::GroupMatMul empty;
+  kernels::DeviceActivations x;
+  x.rows = 1;
+  EXPECT_EQ(kernels::SplitMatMul(empty, x, false, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::TopKRows(nullptr, 1, 10, 65, nullptr, nullptr, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  kernels::SamplingArgs args;
+  args.rows = 1;
+  args.temperature = 0.0;
+  EXPECT_EQ(kernels::SampleRows(args, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::EmbeddingGather(nullptr, 2, 0, 32, nullptr, 1, nullptr, nullptr),
+            cudaErrorInvalidValue);
+}
+
+#endif  // BITSPLIT_HAVE_CUDA
+
+}  // namespace
+}  // namespace bitsplit::cuda

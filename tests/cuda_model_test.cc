@@ -1,0 +1,531 @@
+// The CUDA forward and speculation engine (common/cuda/cuda_model.h, cuda_session.h) against
+// the CPU engine on a small random-weight llama quantized by `bitsplit quantize`'s code path:
+// logits close to the CPU's (the device keeps K/V in fp16), batch invariance bit for bit (a
+// token alone = in a batch; a tree node = its causal path), the losslessness invariant on the
+// device (speculative output == plain decoding, greedy and sampled), the VRAM plan's refusal,
+// and every bad-input path. RealModel* tests compare greedy tokens with the CPU on SmolLM2.
+// Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#ifdef BITSPLIT_HAVE_CUDA
+#include "common/cuda/cuda_model.h"
+#include "common/cuda/cuda_session.h"
+#include "common/cuda/device_info.h"
+#include "common/cuda/synthetic_model.h"
+#include "common/model/llama_model.h"
+#include "common/model/speculation.h"
+#include "common/model/split_model.h"
+#include "common/model/split_quantizer.h"
+#include "common/model/vram_plan.h"
+#include "gmock/gmock.h"
+#include "tests/testing/gguf_builder.h"
+#include "tests/testing/split_fixture.h"
+#endif
+
+namespace bitsplit::cuda {
+namespace {
+
+#ifndef BITSPLIT_HAVE_CUDA
+TEST(CudaModelTest, SkippedWithoutCuda) {
+  GTEST_SKIP() << "built without BITSPLIT_CUDA (no nvcc found at configure time)";
+}
+#else
+
+using model::Batch;
+using model::ForwardMode;
+using ::testing::HasSubstr;
+
+constexpr int64_t kLayers = 2, kDModel = 128, kDff = 256, kHeads = 4, kKvHeads = 2, kVocab = 320,
+                  kContext = 256;
+
+std::vector<float> Gaussian(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// A random-weight llama (2 layers, d 128, 4 heads over 2 KV heads of 32, d_ff 256, vocab 320),
+// written as F32 GGUF and split b2_asym/g64 + r8/g32 with rotation 64, like the SmolLM2 fixture.
+const testing::SplitModelPaths& TinySplitModel() {
+  static const testing::SplitModelPaths paths = [] {
+    testing::GgufBuilder b;
+    b.AddString("general.architecture", "llama");
+    b.AddString("general.name", "tiny-random");
+    b.AddUint32("llama.block_count", kLayers);
+    b.AddUint32("llama.context_length", kContext);
+    b.AddUint32("llama.embedding_length", kDModel);
+    b.AddUint32("llama.feed_forward_length", kDff);
+    b.AddUint32("llama.attention.head_count", kHeads);
+    b.AddUint32("llama.attention.head_count_kv", kKvHeads);
+    b.AddFloat32("llama.rope.freq_base", 10000.0f);
+    b.AddFloat32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    uint32_t seed = 1;
+    auto matrix = [&](const std::string& name, uint64_t cols, uint64_t rows) {
+      b.AddF32Tensor(name, {cols, rows}, Gaussian(cols * rows, seed++, 1.0f / std::sqrt(cols)));
+    };
+    auto norm = [&](const std::string& name) {
+      std::vector<float> w = Gaussian(kDModel, seed++, 0.1f);
+      for (float& x : w) x += 1.0f;
+      b.AddF32Tensor(name, {kDModel}, w);
+    };
+    b.AddF32Tensor("token_embd.weight", {kDModel, kVocab},
+                   Gaussian(kDModel * kVocab, seed++, 1.0f));
+    norm("output_norm.weight");
+    for (int i = 0; i < kLayers; ++i) {
+      const std::string p = "blk." + std::to_string(i) + ".";
+      norm(p + "attn_norm.weight");
+      matrix(p + "attn_q.weight", kDModel, kHeads * 32);
+      matrix(p + "attn_k.weight", kDModel, kKvHeads * 32);
+      matrix(p + "attn_v.weight", kDModel, kKvHeads * 32);
+      matrix(p + "attn_output.weight", kHeads * 32, kDModel);
+      norm(p + "ffn_norm.weight");
+      matrix(p + "ffn_gate.weight", kDModel, kDff);
+      matrix(p + "ffn_up.weight", kDModel, kDff);
+      matrix(p + "ffn_down.weight", kDff, kDModel);
+    }
+    const std::string gguf = (testing::TestTempDir() / "tiny.gguf").string();
+    EXPECT_TRUE(testing::WriteFileBytes(gguf, b.Build()));
+    const std::string prefix = (testing::TestTempDir() / "tiny").string();
+    model::SplitQuantizeOptions options;
+    options.quantization = testing::SplitFixtureQuantization();
+    options.num_threads = 2;
+    auto summary = model::QuantizeSplitModel(gguf, model::SplitBasePath(prefix),
+                                             model::SplitResidualPath(prefix), options);
+    EXPECT_TRUE(summary.ok()) << summary.status();
+    return testing::SplitModelPaths{model::SplitBasePath(prefix), model::SplitResidualPath(prefix)};
+  }();
+  return paths;
+}
+
+// The CPU engine and the CUDA engine of one split model; the CUDA verifier's residual is the
+// residual file mapped in process.
+struct Engines {
+  std::unique_ptr<model::LlamaModel> cpu;
+  std::unique_ptr<model::SplitModelFiles> files;
+  std::unique_ptr<model::InProcessResidual> residual;
+  std::unique_ptr<CudaModel> cuda;
+};
+
+Engines Load(const testing::SplitModelPaths& paths, CudaModelOptions options) {
+  Engines e;
+  auto cpu = model::LlamaModel::LoadSplit(paths.base, paths.residual, 2);
+  EXPECT_TRUE(cpu.ok()) << cpu.status();
+  e.cpu = std::move(*cpu);
+  auto files = model::SplitModelFiles::Open(paths.base, paths.residual);
+  EXPECT_TRUE(files.ok()) << files.status();
+  e.files = std::move(*files);
+  e.residual = std::make_unique<model::InProcessResidual>(*e.files->residual_linear());
+  options.host_threads = 2;
+  auto cuda = CudaModel::Create(*e.files, options);
+  EXPECT_TRUE(cuda.ok()) << cuda.status();
+  if (cuda.ok()) {
+    e.cuda = std::move(*cuda);
+    e.cuda->SetResidualSource(e.residual.get());
+  }
+  return e;
+}
+
+CudaModelOptions SmallOptions() {
+  CudaModelOptions options;
+  options.context = kContext;
+  options.sessions = 2;
+  options.max_batch_rows = 32;
+  return options;
+}
+
+double Nmse(const std::vector<float>& actual, const std::vector<float>& expected) {
+  double error = 0.0, energy = 0.0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double d = static_cast<double>(actual[i]) - expected[i];
+    error += d * d;
+    energy += static_cast<double>(expected[i]) * expected[i];
+  }
+  return error / energy;
+}
+
+std::vector<int32_t> Prompt(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> tokens(n);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % kVocab);
+  return tokens;
+}
+
+// The random model itself, on the CPU (runs everywhere): the fixture the GPU tests compare with.
+TEST(CudaModelFixtureTest, TinyRandomModelLoadsAndRunsOnTheCpu) {
+  auto cpu = model::LlamaModel::LoadSplit(TinySplitModel().base, TinySplitModel().residual, 2);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ((*cpu)->config().vocab_size, kVocab);
+  EXPECT_EQ((*cpu)->config().kv_dim(), kKvHeads * 32);
+  auto cache = (*cpu)->NewKvCache(kContext);
+  ASSERT_TRUE(cache.ok());
+  std::vector<float> logits(kVocab);
+  Batch batch = Batch::Causal(Prompt(6, 1), 0);
+  batch.logit_rows = {5};
+  ASSERT_TRUE((*cpu)->Forward(batch, *cache, logits, ForwardMode::kVerify).ok());
+  // A random model still gives a spread distribution, not a degenerate one.
+  const auto [low, high] = std::minmax_element(logits.begin(), logits.end());
+  EXPECT_GT(*high - *low, 1.0f);
+  EXPECT_TRUE(std::isfinite(*high) && std::isfinite(*low));
+}
+
+// The bench's synthetic model (CPU only): every matrix present in its format, finite values of
+// about the intended magnitude, sizes as the formats say.
+TEST(CudaModelFixtureTest, SyntheticModelHasTheShapeAndScaleAsked) {
+  model::ModelConfig config = EightBClassConfig();
+  config.num_layers = 2;
+  config.d_model = 256;
+  config.d_ff = 512;
+  config.num_heads = 4;
+  config.num_kv_heads = 2;
+  config.head_dim = 64;
+  config.rope_dims = 64;
+  config.vocab_size = 1000;
+  model::SplitQuantization q = testing::SplitFixtureQuantization();
+  ThreadPool pool(2);
+  auto m = MakeSyntheticSplitModel(config, q, 3, pool);
+  ASSERT_TRUE(m.ok()) << m.status();
+  // b2_asym/g64 is 2.5 bits and r8/g32 8.5 bits per weight: no padding in memory.
+  const int64_t weights = 2 * (2 * 256 * 256 + 2 * 128 * 256 + 3 * 512 * 256) + 1000 * 256;
+  EXPECT_EQ((*m)->base_linear_bytes, static_cast<uint64_t>(weights) * 5 / 16);
+  EXPECT_EQ((*m)->residual_linear_bytes, static_cast<uint64_t>(weights) * 17 / 16);
+  const quant::MatrixView& w = (*m)->base.group({1, model::LinearGroup::kDown})[0];
+  EXPECT_EQ(w.rows, 256);
+  EXPECT_EQ(w.cols, 512);
+  std::vector<float> row(512);
+  double sum_squares = 0.0;
+  for (int64_t r = 0; r < w.rows; ++r) {
+    quant::DequantizeSplitRow(w.format, w.group, w.row(r), w.cols, row.data());
+    for (float x : row) {
+      ASSERT_TRUE(std::isfinite(x));
+      sum_squares += static_cast<double>(x) * x;
+    }
+  }
+  const double rms = std::sqrt(sum_squares / (w.rows * w.cols));
+  EXPECT_GT(rms, 0.3 / std::sqrt(512.0));
+  EXPECT_LT(rms, 3.0 / std::sqrt(512.0));
+  EXPECT_EQ((*m)->embedding_and_norms.token_embd.rows, 1000);
+  EXPECT_EQ((*m)->embedding_and_norms.layers.size(), 2u);
+  q.residual_format = std::nullopt;
+  EXPECT_EQ(MakeSyntheticSplitModel(config, q, 3, pool).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+class CudaModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CountDevices() == 0) {
+      GTEST_SKIP() << "CUDA code compiled, but no CUDA device is visible on this machine";
+    }
+  }
+};
+
+TEST_F(CudaModelTest, ForwardIsCloseToTheCpuInDraftAndVerifyMode) {
+  Engines e = Load(TinySplitModel(), SmallOptions());
+  ASSERT_NE(e.cuda, nullptr);
+  const std::vector<int32_t> prompt = Prompt(20, 3);
+  for (const ForwardMode mode : {ForwardMode::kDraft, ForwardMode::kVerify}) {
+    auto cpu_cache = e.cpu->NewKvCache(kContext);
+    ASSERT_TRUE(cpu_cache.ok());
+    auto cuda_cache = e.cuda->NewKvCache();
+    ASSERT_TRUE(cuda_cache.ok()) << cuda_cache.status();
+    const Batch batch = Batch::Causal(prompt, 0);
+    std::vector<float> expected(prompt.size() * kVocab), actual(prompt.size() * kVocab);
+    ASSERT_TRUE(e.cpu->Forward(batch, *cpu_cache, expected, mode).ok());
+    ASSERT_TRUE(e.cuda->Forward(batch, **cuda_cache, actual, mode).ok());
+    // fp16 K/V on the device (f32 on the CPU) is the main difference.
+    EXPECT_LT(Nmse(actual, expected), 1e-4) << model::ForwardModeName(mode);
+    int agree = 0;
+    for (size_t r = 0; r < prompt.size(); ++r) {
+      const auto row = [&](const std::vector<float>& l) {
+        return std::max_element(l.begin() + r * kVocab, l.begin() + (r + 1) * kVocab) -
+               (l.begin() + r * kVocab);
+      };
+      agree += row(actual) == row(expected) ? 1 : 0;
+    }
+    EXPECT_GE(agree, 18) << model::ForwardModeName(mode);
+    // The batch's keys are in the cache, as fp16 of the CPU's up to the same differences.
+    std::vector<float> keys, values;
+    ASSERT_TRUE((*cuda_cache)->CopyToHost(1, 0, 20, &keys, &values).ok());
+    std::vector<float> cpu_keys(cpu_cache->keys(1), cpu_cache->keys(1) + keys.size());
+    EXPECT_LT(Nmse(keys, cpu_keys), 1e-5);
+  }
+  const ForwardTimings& t = e.cuda->last_timings();
+  EXPECT_EQ(t.groups, 4 * kLayers + 1);
+  EXPECT_GT(t.residual_ns, 0);
+  EXPECT_GT(t.total_ns, t.residual_ns);
+}
+
+TEST_F(CudaModelTest, ATokenAloneEqualsTheSameTokenInABatchAndTreeNodesEqualTheirPaths) {
+  Engines e = Load(TinySplitModel(), SmallOptions());
+  ASSERT_NE(e.cuda, nullptr);
+  const std::vector<int32_t> prompt = Prompt(12, 5);
+  for (const ForwardMode mode : {ForwardMode::kDraft, ForwardMode::kVerify}) {
+    auto batch_cache = e.cuda->NewKvCache();
+    ASSERT_TRUE(batch_cache.ok());
+    std::vector<float> batched(prompt.size() * kVocab);
+    ASSERT_TRUE(e.cuda->Forward(Batch::Causal(prompt, 0), **batch_cache, batched, mode).ok());
+    batch_cache->reset();
+    auto one_cache = e.cuda->NewKvCache();
+    ASSERT_TRUE(one_cache.ok());
+    std::vector<float> one(kVocab);
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      const Batch batch =
+          Batch::Causal(std::span<const int32_t>(&prompt[i], 1), static_cast<int32_t>(i));
+      ASSERT_TRUE(e.cuda->Forward(batch, **one_cache, one, mode).ok());
+      ASSERT_TRUE((*one_cache)->Commit(1).ok());
+      ASSERT_EQ(
+          std::vector<float>(batched.begin() + i * kVocab, batched.begin() + (i + 1) * kVocab), one)
+          << "token " << i << " in " << model::ForwardModeName(mode) << " mode";
+    }
+    // A tree over the committed prompt: two branches a-b and c; each node = its causal path.
+    const std::vector<int32_t> tree_tokens = {7, 8, 9};
+    const std::vector<int32_t> parents = {-1, 0, -1};
+    auto tree = Batch::Tree(tree_tokens, parents, static_cast<int32_t>(prompt.size()));
+    ASSERT_TRUE(tree.ok());
+    std::vector<float> tree_logits(3 * kVocab);
+    ASSERT_TRUE(e.cuda->Forward(*tree, **one_cache, tree_logits, mode).ok());
+    (*one_cache)->DiscardPending();
+    std::vector<float> chain(2 * kVocab);
+    ASSERT_TRUE(e.cuda
+                    ->Forward(Batch::Causal(std::vector<int32_t>{7, 8},
+                                            static_cast<int32_t>(prompt.size())),
+                              **one_cache, chain, mode)
+                    .ok());
+    (*one_cache)->DiscardPending();
+    EXPECT_EQ(std::vector<float>(tree_logits.begin(), tree_logits.begin() + 2 * kVocab), chain);
+    ASSERT_TRUE(
+        e.cuda
+            ->Forward(Batch::Causal(std::vector<int32_t>{9}, static_cast<int32_t>(prompt.size())),
+                      **one_cache, one, mode)
+            .ok());
+    EXPECT_EQ(std::vector<float>(tree_logits.begin() + 2 * kVocab, tree_logits.end()), one);
+  }
+}
+
+// Plain decoding (a tree of the root only) and speculation give the same tokens.
+std::vector<int32_t> Generate(CudaModel& model, std::span<const int32_t> prompt,
+                              const model::TreeShape& shape, const model::SamplingParams& sampling,
+                              int count) {
+  auto session = CudaSpeculativeSession::Create(model, {});
+  EXPECT_TRUE(session.ok()) << session.status();
+  if (!session.ok()) return {};
+  EXPECT_TRUE((*session)->Prefill(prompt.subspan(0, prompt.size() - 1)).ok());
+  std::vector<int32_t> out;
+  int32_t root = prompt.back();
+  while (static_cast<int>(out.size()) < count) {
+    auto tree = (*session)->Draft(root, shape);
+    EXPECT_TRUE(tree.ok()) << tree.status();
+    if (!tree.ok()) return out;
+    auto targets = (*session)->Verify(tree->tokens, tree->parents, sampling, 0, false);
+    EXPECT_TRUE(targets.ok()) << targets.status();
+    if (!targets.ok()) return out;
+    std::vector<int32_t> target_tokens;
+    for (const auto& t : *targets) target_tokens.push_back(t.token);
+    const model::WalkResult walk = model::WalkTree(tree->tokens, tree->parents, target_tokens);
+    EXPECT_TRUE((*session)->Commit(walk.path).ok());
+    out.insert(out.end(), walk.tokens.begin(), walk.tokens.end());
+    root = walk.tokens.back();
+  }
+  out.resize(static_cast<size_t>(count));
+  return out;
+}
+
+TEST_F(CudaModelTest, SpeculativeOutputEqualsPlainDecoding) {
+  Engines e = Load(TinySplitModel(), SmallOptions());
+  ASSERT_NE(e.cuda, nullptr);
+  const std::vector<int32_t> prompt = Prompt(9, 7);
+  const model::SamplingParams greedy;
+  const model::SamplingParams sampled{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 11};
+  for (const model::SamplingParams& sampling : {greedy, sampled}) {
+    const std::vector<int32_t> plain = Generate(*e.cuda, prompt, {.nodes = 0}, sampling, 24);
+    ASSERT_EQ(plain.size(), 24u);
+    for (const model::TreeShape shape :
+         {model::TreeShape{.nodes = 8, .expansions = 2, .max_depth = 4},
+          model::TreeShape{.nodes = 16, .expansions = 4, .max_depth = 8},
+          model::TreeShape{.nodes = 5, .expansions = 1, .max_depth = 5}}) {
+      EXPECT_EQ(Generate(*e.cuda, prompt, shape, sampling, 24), plain)
+          << "nodes " << shape.nodes << " expansions " << shape.expansions << " temperature "
+          << sampling.temperature;
+    }
+  }
+}
+
+TEST_F(CudaModelTest, DraftTreesMatchTheCpuDraftForTheSamePrefix) {
+  Engines e = Load(TinySplitModel(), SmallOptions());
+  ASSERT_NE(e.cuda, nullptr);
+  const std::vector<int32_t> prompt = Prompt(10, 9);
+  auto cuda_session = CudaSpeculativeSession::Create(*e.cuda, {});
+  ASSERT_TRUE(cuda_session.ok());
+  auto cpu_session = model::SpeculativeSession::Create(*e.cpu, ForwardMode::kVerify, *e.cpu,
+                                                       ForwardMode::kDraft, {.capacity = kContext});
+  ASSERT_TRUE(cpu_session.ok());
+  ASSERT_TRUE((*cuda_session)->Prefill(std::span(prompt).first(9)).ok());
+  ASSERT_TRUE((*cpu_session)->Prefill(std::span(prompt).first(9)).ok());
+  const model::TreeShape shape{.nodes = 6, .expansions = 3, .max_depth = 3};
+  auto cuda_tree = (*cuda_session)->Draft(prompt[9], shape);
+  auto cpu_tree = (*cpu_session)->Draft(prompt[9], shape);
+  ASSERT_TRUE(cuda_tree.ok() && cpu_tree.ok());
+  // The root's children come from one draft forward of the same prefix: same top-3 unless two
+  // draft logits are within the fp16-KV difference of each other.
+  EXPECT_EQ(cuda_tree->size(), cpu_tree->size());
+  EXPECT_EQ(cuda_tree->tokens[1], cpu_tree->tokens[1]);
+  EXPECT_NEAR(cuda_tree->logprobs[1], cpu_tree->logprobs[1], 0.05);
+}
+
+TEST_F(CudaModelTest, RefusesBadInput) {
+  Engines e = Load(TinySplitModel(), SmallOptions());
+  ASSERT_NE(e.cuda, nullptr);
+  auto cache = e.cuda->NewKvCache();
+  ASSERT_TRUE(cache.ok());
+  const Batch good = Batch::Causal(std::vector<int32_t>{1, 2}, 0);
+  EXPECT_EQ(e.cuda->Forward(good, **cache, ForwardMode::kReference).code(),
+            absl::StatusCode::kFailedPrecondition);
+  Batch b = good;
+  b.tokens[1] = kVocab;
+  EXPECT_EQ(e.cuda->Forward(b, **cache, ForwardMode::kDraft).code(),
+            absl::StatusCode::kInvalidArgument);
+  b = good;
+  b.positions[0] = kContext;  // beyond the RoPE table of the plan
+  EXPECT_THAT(std::string(e.cuda->Forward(b, **cache, ForwardMode::kDraft).message()),
+              HasSubstr("outside [0, 256)"));
+  b = good;
+  b.attention_mask[3] = 0;
+  EXPECT_EQ(e.cuda->Forward(b, **cache, ForwardMode::kDraft).code(),
+            absl::StatusCode::kInvalidArgument);
+  b = good;
+  b.logit_rows = {2};
+  EXPECT_EQ(e.cuda->Forward(b, **cache, ForwardMode::kDraft).code(),
+            absl::StatusCode::kInvalidArgument);
+  b = good;
+  b.context = 3;
+  EXPECT_EQ(e.cuda->Forward(b, **cache, ForwardMode::kDraft).code(),
+            absl::StatusCode::kInvalidArgument);
+  const Batch big = Batch::Causal(Prompt(33, 1), 0);  // > max_batch_rows 32
+  EXPECT_THAT(std::string(e.cuda->Forward(big, **cache, ForwardMode::kDraft).message()),
+              HasSubstr("exceeds this drafter's largest forward of 32 tokens"));
+  std::vector<float> small(kVocab);
+  EXPECT_EQ(e.cuda->Forward(good, **cache, small, ForwardMode::kDraft).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Nothing was changed by the refusals.
+  EXPECT_EQ((*cache)->committed_length(), 0);
+  EXPECT_EQ((*cache)->pending_length(), 0);
+
+  e.cuda->SetResidualSource(nullptr);
+  EXPECT_EQ(e.cuda->Forward(good, **cache, ForwardMode::kVerify).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(e.cuda->Forward(good, **cache, ForwardMode::kDraft).ok());
+  EXPECT_EQ(e.cuda->ChooseTargets({}, std::vector<int64_t>{1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      e.cuda->ChooseTargets({.temperature = -1.0f}, std::vector<int64_t>{1, 2}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.cuda->TopK(65).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*cache)->CommitSlots(std::vector<int32_t>{1, 1}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*cache)->CommitSlots(std::vector<int32_t>{5}).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // The plan has two sessions: a third cache is refused until one goes away.
+  auto second = e.cuda->NewKvCache();
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(e.cuda->NewKvCache().status().code(), absl::StatusCode::kResourceExhausted);
+  second->reset();
+  EXPECT_TRUE(e.cuda->NewKvCache().ok());
+}
+
+TEST_F(CudaModelTest, SessionRefusesBadTreesAndPaths) {
+  Engines e = Load(TinySplitModel(), SmallOptions());
+  ASSERT_NE(e.cuda, nullptr);
+  auto session = CudaSpeculativeSession::Create(*e.cuda, {});
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE((*session)->Prefill(Prompt(5, 2)).ok());
+  EXPECT_EQ((*session)->Draft(kVocab, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*session)->Draft(1, {.nodes = 32}).status().code(),  // > max_batch_rows - 1
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*session)->Commit(std::vector<int32_t>{0}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  const std::vector<int32_t> tokens = {1, 2, 3}, parents = {-1, 0, 0};
+  ASSERT_TRUE((*session)->Verify(tokens, parents, {}, 0, false).ok());
+  EXPECT_EQ((*session)->Commit(std::vector<int32_t>{0, 1, 2}).code(),
+            absl::StatusCode::kInvalidArgument);  // 2 is not a child of 1
+  EXPECT_EQ(
+      (*session)->Verify(tokens, std::vector<int32_t>{-1, 0, 2}, {}, 0, false).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*session)->Prefill(std::vector<int32_t>{-1}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*session)->committed_length(), 5);
+  auto with_logprobs = (*session)->Verify(tokens, parents, {}, 3, true);
+  ASSERT_TRUE(with_logprobs.ok());
+  for (const model::TargetChoice& c : *with_logprobs) {
+    ASSERT_EQ(c.top_ids.size(), 3u);
+    EXPECT_EQ(c.top_ids[0], c.token);  // greedy: the choice is the most likely token
+    EXPECT_LE(c.logprob, 0.0f);
+  }
+}
+
+TEST_F(CudaModelTest, TooSmallABudgetIsRefusedWithWhatFits) {
+  auto files = model::SplitModelFiles::Open(TinySplitModel().base, TinySplitModel().residual);
+  ASSERT_TRUE(files.ok());
+  CudaModelOptions options = SmallOptions();
+  options.vram_budget = 4ull << 20;  // below even the slabs' 2 MiB pages
+  auto model = CudaModel::Create(**files, options);
+  ASSERT_EQ(model.status().code(), absl::StatusCode::kResourceExhausted) << model.status();
+  EXPECT_THAT(std::string(model.status().message()), HasSubstr("VRAM budget of 4.0 MiB"));
+  options.vram_budget = 1ull << 50;
+  EXPECT_EQ(CudaModel::Create(**files, options).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  options = SmallOptions();
+  options.device = 99;
+  EXPECT_EQ(CudaModel::Create(**files, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options = SmallOptions();
+  auto ok = CudaModel::Create(**files, options);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_LE((*ok)->plan().total_bytes, (*ok)->plan().budget_bytes);
+  EXPECT_EQ((*ok)->plan().sessions, 2);
+  EXPECT_TRUE((*ok)->embedding_on_device());  // an F32 table
+}
+
+TEST_F(CudaModelTest, RealModelGreedyTokensMatchTheCpu) {
+  const testing::SplitModelPaths& paths = testing::SmolLm2SplitModel();
+  CudaModelOptions options;
+  options.context = 512;
+  options.sessions = 1;
+  options.max_batch_rows = 32;
+  Engines e = Load(paths, options);
+  ASSERT_NE(e.cuda, nullptr);
+  const std::vector<int32_t> prompt = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 30, 2, 198};
+  auto cpu_session = model::SpeculativeSession::Create(*e.cpu, ForwardMode::kVerify, *e.cpu,
+                                                       ForwardMode::kDraft, {.capacity = 512});
+  ASSERT_TRUE(cpu_session.ok());
+  auto cuda_session = CudaSpeculativeSession::Create(*e.cuda, {});
+  ASSERT_TRUE(cuda_session.ok());
+  ASSERT_TRUE((*cpu_session)->Prefill(std::span(prompt).first(prompt.size() - 1)).ok());
+  ASSERT_TRUE((*cuda_session)->Prefill(std::span(prompt).first(prompt.size() - 1)).ok());
+  int32_t cpu_root = prompt.back(), cuda_root = prompt.back();
+  for (int i = 0; i < 24; ++i) {
+    auto cpu = (*cpu_session)
+                   ->Verify(std::vector<int32_t>{cpu_root}, std::vector<int32_t>{-1}, {}, 0, false);
+    auto cuda =
+        (*cuda_session)
+            ->Verify(std::vector<int32_t>{cuda_root}, std::vector<int32_t>{-1}, {}, 0, false);
+    ASSERT_TRUE(cpu.ok() && cuda.ok());
+    ASSERT_EQ((*cuda)[0].token, (*cpu)[0].token) << "token " << i;
+    ASSERT_TRUE((*cpu_session)->Commit(std::vector<int32_t>{0}).ok());
+    ASSERT_TRUE((*cuda_session)->Commit(std::vector<int32_t>{0}).ok());
+    cpu_root = (*cpu)[0].token;
+    cuda_root = (*cuda)[0].token;
+  }
+}
+
+#endif  // BITSPLIT_HAVE_CUDA
+
+}  // namespace
+}  // namespace bitsplit::cuda
