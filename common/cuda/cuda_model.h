@@ -31,6 +31,7 @@
 #include "common/model/config.h"
 #include "common/model/llama_model.h"
 #include "common/model/sampler.h"
+#include "common/model/speculation.h"
 #include "common/model/split_backend.h"
 #include "common/model/split_model.h"
 #include "common/model/vram_plan.h"
@@ -111,12 +112,7 @@ class DeviceKvCache {
 };
 
 // The draft children of one forward's logit rows (TopK).
-struct RowTopK {
-  int32_t k = 0;
-  std::vector<int32_t> ids;             // [rows][k], most likely first
-  std::vector<float> logits;            // [rows][k]
-  std::vector<double> log_normalizers;  // [rows]: log Σ exp(logits)
-};
+using RowTopK = model::DraftRowChoices;  // common/model/speculation.h
 
 class CudaModel {
  public:

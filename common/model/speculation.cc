@@ -27,8 +27,9 @@ double LogSumExp(std::span<const float> logits) {
   return max_logit + std::log(sum);
 }
 
-// The `count` largest logits' ids, most likely first (lower id first among equals).
-std::vector<int32_t> TopIds(std::span<const float> logits, int32_t count) {
+}  // namespace
+
+std::vector<int32_t> TopTokenIds(std::span<const float> logits, int32_t count) {
   std::vector<int32_t> ids(logits.size());
   std::iota(ids.begin(), ids.end(), 0);
   const size_t keep = std::min(ids.size(), static_cast<size_t>(std::max(count, 0)));
@@ -40,7 +41,186 @@ std::vector<int32_t> TopIds(std::span<const float> logits, int32_t count) {
   return ids;
 }
 
-}  // namespace
+DraftRowChoices TopDraftChoices(std::span<const float> logits, int64_t rows, int64_t vocab,
+                                int32_t k) {
+  DraftRowChoices choices;
+  choices.k = static_cast<int32_t>(std::min<int64_t>(k, vocab));
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::span<const float> row =
+        logits.subspan(static_cast<size_t>(r * vocab), static_cast<size_t>(vocab));
+    choices.log_normalizers.push_back(LogSumExp(row));
+    for (int32_t id : TopTokenIds(row, choices.k)) {
+      choices.ids.push_back(id);
+      choices.logits.push_back(row[static_cast<size_t>(id)]);
+    }
+  }
+  return choices;
+}
+
+absl::StatusOr<DraftTree> GrowDraftTree(int32_t root, const TreeShape& shape,
+                                        int64_t committed_length, DraftForwardFn forward) {
+  DraftTree tree;
+  tree.tokens = {root};
+  tree.parents = {-1};
+  tree.logprobs = {0.0f};
+  if (shape.nodes == 0) return tree;
+
+  struct Candidate {
+    double logprob;  // cumulative
+    int32_t token;
+    int32_t parent;
+    int32_t depth;
+    bool operator<(const Candidate& other) const {
+      // Max-heap on log-probability; ties go to the earlier parent, then the lower token.
+      if (logprob != other.logprob) return logprob < other.logprob;
+      if (parent != other.parent) return parent > other.parent;
+      return token > other.token;
+    }
+  };
+  std::priority_queue<Candidate> frontier;
+  std::vector<int32_t> depths = {0};
+
+  // Nodes [forwarded, size) are in the tree but not yet run: the next draft forward runs them.
+  int32_t forwarded = 0;
+  while (true) {
+    const int32_t first = forwarded;
+    const int32_t count = tree.size() - first;
+    Batch batch;
+    batch.context = first;
+    batch.tokens.assign(tree.tokens.begin() + first, tree.tokens.end());
+    batch.positions.resize(static_cast<size_t>(count));
+    const int32_t width = first + count;
+    batch.attention_mask.assign(static_cast<size_t>(count * width), 0);
+    for (int32_t r = 0; r < count; ++r) {
+      const int32_t node = first + r;
+      batch.positions[static_cast<size_t>(r)] =
+          static_cast<int32_t>(committed_length) + depths[static_cast<size_t>(node)];
+      // Slot j of the pending region holds node j's draft K/V; a node sees its ancestors.
+      for (int32_t a = node; a >= 0; a = tree.parents[static_cast<size_t>(a)]) {
+        batch.attention_mask[static_cast<size_t>(r * width + a)] = 1;
+      }
+    }
+    BITSPLIT_ASSIGN_OR_RETURN(const DraftRowChoices children, forward(batch, shape.expansions));
+    ++tree.draft_forwards;
+    forwarded = tree.size();
+    for (int32_t r = 0; r < count; ++r) {
+      const int32_t node = first + r;
+      const int32_t child_depth = depths[static_cast<size_t>(node)] + 1;
+      if (child_depth > shape.max_depth) continue;
+      const double normalizer = children.log_normalizers[static_cast<size_t>(r)];
+      for (int32_t j = 0; j < children.k; ++j) {
+        const size_t at = static_cast<size_t>(r * children.k + j);
+        frontier.push(
+            {tree.logprobs[static_cast<size_t>(node)] + (children.logits[at] - normalizer),
+             children.ids[at], node, child_depth});
+      }
+    }
+    // The next round: the most probable candidates join the tree.
+    const int32_t budget = shape.nodes + 1 - tree.size();
+    for (int32_t taken = 0; taken < std::min(budget, shape.expansions) && !frontier.empty();
+         ++taken) {
+      const Candidate best = frontier.top();
+      frontier.pop();
+      tree.tokens.push_back(best.token);
+      tree.parents.push_back(best.parent);
+      tree.logprobs.push_back(static_cast<float>(best.logprob));
+      depths.push_back(best.depth);
+    }
+    // Nodes that joined in the last round never run: their children could not join. Nor does a
+    // round of depth-capped nodes when nothing else is left to expand.
+    if (tree.size() == shape.nodes + 1 || tree.size() == forwarded) break;
+    bool expandable = false;
+    for (int32_t node = forwarded; node < tree.size(); ++node) {
+      expandable = expandable || depths[static_cast<size_t>(node)] < shape.max_depth;
+    }
+    if (!expandable && frontier.empty()) break;
+  }
+  return tree;
+}
+
+absl::Status ValidatePrefill(std::span<const int32_t> tokens, int64_t vocab_size, int64_t length,
+                             int64_t capacity) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "prompt token %d is %d, outside the vocabulary [0, %d)", i, tokens[i], vocab_size));
+    }
+  }
+  if (static_cast<int64_t>(tokens.size()) > capacity - length) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%d prompt tokens do not fit: the session holds %d of %d tokens",
+                        tokens.size(), length, capacity));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateDraftRequest(int32_t root, const TreeShape& shape, int64_t vocab_size,
+                                  int64_t max_nodes, int64_t length, int64_t capacity) {
+  if (root < 0 || root >= vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("root token %d is outside the vocabulary [0, %d)", root, vocab_size));
+  }
+  BITSPLIT_RETURN_IF_ERROR(
+      ValidateTreeShape(shape, static_cast<int32_t>(std::min<int64_t>(max_nodes - 1, INT32_MAX))));
+  // The whole tree must fit in the pending region for the draft forwards and for Verify.
+  if (shape.nodes > 0 && length + shape.nodes + 1 > capacity) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("a tree of %d nodes does not fit: the session holds %d of %d tokens",
+                        shape.nodes + 1, length, capacity));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateVerifyRequest(std::span<const int32_t> tokens,
+                                   std::span<const int32_t> parents, const SamplingParams& sampling,
+                                   int32_t top_logprobs, int64_t vocab_size, int64_t max_nodes,
+                                   int64_t length, int64_t capacity) {
+  BITSPLIT_RETURN_IF_ERROR(ValidateSamplingParams(sampling));
+  BITSPLIT_RETURN_IF_ERROR(ValidateTree(tokens, parents, vocab_size, max_nodes));
+  if (top_logprobs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top log-probabilities per node must be >= 0, got ", top_logprobs));
+  }
+  if (length + static_cast<int64_t>(tokens.size()) > capacity) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("a tree of %d nodes does not fit: the session holds %d of %d tokens",
+                        tokens.size(), length, capacity));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCommitPath(std::span<const int32_t> path, std::span<const int32_t> parents) {
+  if (parents.empty()) {
+    return absl::FailedPreconditionError("nothing to commit: no Verify since the last Commit");
+  }
+  if (path.empty() || path[0] != 0) {
+    return absl::InvalidArgumentError("the committed path must start at the root (node 0)");
+  }
+  for (size_t i = 1; i < path.size(); ++i) {
+    const int32_t node = path[i];
+    if (node <= 0 || node >= static_cast<int32_t>(parents.size()) ||
+        parents[static_cast<size_t>(node)] != path[i - 1]) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "committed path entry %d (node %d) is not a child of node %d in the verified tree", i,
+          node, path[i - 1]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void FillLogprobs(std::span<const float> logits, int64_t vocab_size, const SamplingParams& sampling,
+                  int32_t top_logprobs, Sampler& sampler, std::span<TargetChoice> choices) {
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const std::span<const float> row =
+        logits.subspan(i * static_cast<size_t>(vocab_size), static_cast<size_t>(vocab_size));
+    TargetChoice& choice = choices[i];
+    choice.logprob = static_cast<float>(sampler.LogProb(row, sampling, choice.token));
+    for (int32_t id : TopTokenIds(row, top_logprobs)) {
+      choice.top_ids.push_back(id);
+      choice.top_logprobs.push_back(static_cast<float>(sampler.LogProb(row, sampling, id)));
+    }
+  }
+}
 
 absl::Status ValidateTreeShape(const TreeShape& shape, int32_t max_nodes) {
   if (shape.nodes < 0 || shape.nodes > max_nodes) {
@@ -185,18 +365,8 @@ SpeculativeSession::SpeculativeSession(LlamaModel& target, ForwardMode target_mo
 absl::Status SpeculativeSession::Prefill(std::span<const int32_t> tokens) {
   const Clock::time_point start = Clock::now();
   const int64_t vocab = target_.config().vocab_size;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "prompt token %d is %d, outside the vocabulary [0, %d)", i, tokens[i], vocab));
-    }
-  }
   const int64_t start_length = target_cache_.committed_length();
-  if (static_cast<int64_t>(tokens.size()) > target_cache_.capacity() - start_length) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("%d prompt tokens do not fit: the session holds %d of %d tokens",
-                        tokens.size(), start_length, target_cache_.capacity()));
-  }
+  BITSPLIT_RETURN_IF_ERROR(ValidatePrefill(tokens, vocab, start_length, capacity()));
   pending_tokens_.clear();
   pending_parents_.clear();
   logits_.resize(static_cast<size_t>(vocab));
@@ -239,108 +409,20 @@ absl::Status SpeculativeSession::CatchUpDraftCache() {
 absl::StatusOr<DraftTree> SpeculativeSession::Draft(int32_t root, const TreeShape& shape) {
   const Clock::time_point start = Clock::now();
   const int64_t vocab = target_.config().vocab_size;
-  if (root < 0 || root >= vocab) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("root token %d is outside the vocabulary [0, %d)", root, vocab));
-  }
-  BITSPLIT_RETURN_IF_ERROR(ValidateTreeShape(shape, static_cast<int32_t>(capacity())));
+  KvCache* cache = draft_cache_ != nullptr ? draft_cache_.get() : &target_cache_;
+  BITSPLIT_RETURN_IF_ERROR(ValidateDraftRequest(root, shape, vocab, capacity(),
+                                                target_cache_.committed_length(), capacity()));
   // Drafting overwrites the pending slots, so an uncommitted Verify is gone.
   pending_tokens_.clear();
   pending_parents_.clear();
-  DraftTree tree;
-  tree.tokens = {root};
-  tree.parents = {-1};
-  tree.logprobs = {0.0f};
-  if (shape.nodes == 0) {
-    timings_.draft_ns = NanosSince(start);
-    return tree;
-  }
-  KvCache* cache = &target_cache_;
-  if (draft_cache_ != nullptr) {
-    BITSPLIT_RETURN_IF_ERROR(CatchUpDraftCache());
-    cache = draft_cache_.get();
-  }
-  const int64_t length = cache->committed_length();
-  // The whole tree must fit in the pending region for the draft forwards and for Verify.
-  if (length + shape.nodes + 1 > cache->capacity()) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("a tree of %d nodes does not fit: the session holds %d of %d tokens",
-                        shape.nodes + 1, length, cache->capacity()));
-  }
-
-  struct Candidate {
-    double logprob;  // cumulative
-    int32_t token;
-    int32_t parent;
-    int32_t depth;
-    bool operator<(const Candidate& other) const {
-      // Max-heap on log-probability; ties go to the earlier parent, then the lower token.
-      if (logprob != other.logprob) return logprob < other.logprob;
-      if (parent != other.parent) return parent > other.parent;
-      return token > other.token;
-    }
-  };
-  std::priority_queue<Candidate> frontier;
-  std::vector<int32_t> depths = {0};
-  const int32_t children_per_node = shape.expansions;
-
-  // Nodes [forwarded, size) are in the tree but not yet run: the next draft forward runs them.
-  int32_t forwarded = 0;
+  if (draft_cache_ != nullptr && shape.nodes > 0) BITSPLIT_RETURN_IF_ERROR(CatchUpDraftCache());
   std::vector<float> logits;
-  while (true) {
-    const int32_t first = forwarded;
-    const int32_t count = tree.size() - first;
-    Batch batch;
-    batch.context = first;
-    batch.tokens.assign(tree.tokens.begin() + first, tree.tokens.end());
-    batch.positions.resize(static_cast<size_t>(count));
-    const int32_t width = first + count;
-    batch.attention_mask.assign(static_cast<size_t>(count * width), 0);
-    for (int32_t r = 0; r < count; ++r) {
-      const int32_t node = first + r;
-      batch.positions[static_cast<size_t>(r)] =
-          static_cast<int32_t>(length) + depths[static_cast<size_t>(node)];
-      // Slot j of the pending region holds node j's draft K/V; a node sees its ancestors.
-      for (int32_t a = node; a >= 0; a = tree.parents[static_cast<size_t>(a)]) {
-        batch.attention_mask[static_cast<size_t>(r * width + a)] = 1;
-      }
-    }
-    logits.resize(static_cast<size_t>(count * vocab));
+  auto forward = [&](const Batch& batch, int32_t k) -> absl::StatusOr<DraftRowChoices> {
+    logits.resize(static_cast<size_t>(batch.size() * vocab));
     BITSPLIT_RETURN_IF_ERROR(draft_.Forward(batch, *cache, logits, draft_mode_));
-    ++tree.draft_forwards;
-    forwarded = tree.size();
-    for (int32_t r = 0; r < count; ++r) {
-      const int32_t node = first + r;
-      const int32_t child_depth = depths[static_cast<size_t>(node)] + 1;
-      if (child_depth > shape.max_depth) continue;
-      const std::span<const float> row(logits.data() + static_cast<size_t>(r) * vocab,
-                                       static_cast<size_t>(vocab));
-      const double normalizer = LogSumExp(row);
-      for (int32_t token : TopIds(row, children_per_node)) {
-        frontier.push({tree.logprobs[static_cast<size_t>(node)] + (row[token] - normalizer), token,
-                       node, child_depth});
-      }
-    }
-    // The next round: the most probable candidates join the tree.
-    const int32_t budget = shape.nodes + 1 - tree.size();
-    for (int32_t taken = 0; taken < std::min(budget, shape.expansions) && !frontier.empty();
-         ++taken) {
-      const Candidate best = frontier.top();
-      frontier.pop();
-      tree.tokens.push_back(best.token);
-      tree.parents.push_back(best.parent);
-      tree.logprobs.push_back(static_cast<float>(best.logprob));
-      depths.push_back(best.depth);
-    }
-    // Nodes that joined in the last round never run: their children could not join. Nor does a
-    // round of depth-capped nodes when nothing else is left to expand.
-    if (tree.size() == shape.nodes + 1 || tree.size() == forwarded) break;
-    bool expandable = false;
-    for (int32_t node = forwarded; node < tree.size(); ++node) {
-      expandable = expandable || depths[static_cast<size_t>(node)] < shape.max_depth;
-    }
-    if (!expandable && frontier.empty()) break;
-  }
+    return TopDraftChoices(logits, batch.size(), vocab, k);
+  };
+  absl::StatusOr<DraftTree> tree = GrowDraftTree(root, shape, cache->committed_length(), forward);
   cache->DiscardPending();
   timings_.draft_ns = NanosSince(start);
   return tree;
@@ -352,17 +434,8 @@ absl::StatusOr<std::vector<TargetChoice>> SpeculativeSession::Verify(
   const Clock::time_point start = Clock::now();
   const int64_t vocab = target_.config().vocab_size;
   const int64_t length = target_cache_.committed_length();
-  BITSPLIT_RETURN_IF_ERROR(ValidateSamplingParams(sampling));
-  BITSPLIT_RETURN_IF_ERROR(ValidateTree(tokens, parents, vocab, capacity()));
-  if (top_logprobs < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top log-probabilities per node must be >= 0, got ", top_logprobs));
-  }
-  if (length + static_cast<int64_t>(tokens.size()) > capacity()) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("a tree of %d nodes does not fit: the session holds %d of %d tokens",
-                        tokens.size(), length, capacity()));
-  }
+  BITSPLIT_RETURN_IF_ERROR(ValidateVerifyRequest(tokens, parents, sampling, top_logprobs, vocab,
+                                                 capacity(), length, capacity()));
   pending_tokens_.clear();
   pending_parents_.clear();
   BITSPLIT_ASSIGN_OR_RETURN(Batch batch,
@@ -371,20 +444,14 @@ absl::StatusOr<std::vector<TargetChoice>> SpeculativeSession::Verify(
   BITSPLIT_RETURN_IF_ERROR(target_.Forward(batch, target_cache_, logits_, target_mode_));
 
   std::vector<TargetChoice> choices(tokens.size());
-  const bool logprobs = with_logprobs || top_logprobs > 0;
   for (size_t i = 0; i < tokens.size(); ++i) {
     const std::span<const float> row(logits_.data() + i * static_cast<size_t>(vocab),
                                      static_cast<size_t>(vocab));
     // The token after node i occupies sequence index (its position) + 1.
-    const int64_t next_index = static_cast<int64_t>(batch.positions[i]) + 1;
-    TargetChoice& choice = choices[i];
-    choice.token = sampler_.Choose(row, sampling, next_index);
-    if (!logprobs) continue;
-    choice.logprob = static_cast<float>(sampler_.LogProb(row, sampling, choice.token));
-    for (int32_t id : TopIds(row, top_logprobs)) {
-      choice.top_ids.push_back(id);
-      choice.top_logprobs.push_back(static_cast<float>(sampler_.LogProb(row, sampling, id)));
-    }
+    choices[i].token = sampler_.Choose(row, sampling, static_cast<int64_t>(batch.positions[i]) + 1);
+  }
+  if (with_logprobs || top_logprobs > 0) {
+    FillLogprobs(logits_, vocab, sampling, top_logprobs, sampler_, choices);
   }
   pending_tokens_.assign(tokens.begin(), tokens.end());
   pending_parents_.assign(parents.begin(), parents.end());
@@ -393,21 +460,7 @@ absl::StatusOr<std::vector<TargetChoice>> SpeculativeSession::Verify(
 }
 
 absl::Status SpeculativeSession::Commit(std::span<const int32_t> path) {
-  if (pending_tokens_.empty()) {
-    return absl::FailedPreconditionError("nothing to commit: no Verify since the last Commit");
-  }
-  if (path.empty() || path[0] != 0) {
-    return absl::InvalidArgumentError("the committed path must start at the root (node 0)");
-  }
-  for (size_t i = 1; i < path.size(); ++i) {
-    const int32_t node = path[i];
-    if (node <= 0 || node >= static_cast<int32_t>(pending_tokens_.size()) ||
-        pending_parents_[static_cast<size_t>(node)] != path[i - 1]) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "committed path entry %d (node %d) is not a child of node %d in the verified tree", i,
-          node, path[i - 1]));
-    }
-  }
+  BITSPLIT_RETURN_IF_ERROR(ValidateCommitPath(path, pending_parents_));
   BITSPLIT_RETURN_IF_ERROR(target_cache_.CommitSlots(path));
   for (int32_t node : path) committed_tokens_.push_back(pending_tokens_[static_cast<size_t>(node)]);
   pending_tokens_.clear();

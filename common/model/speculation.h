@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/kv_cache.h"
@@ -72,6 +73,52 @@ struct WalkResult {
 };
 WalkResult WalkTree(std::span<const int32_t> tokens, std::span<const int32_t> parents,
                     std::span<const int32_t> target_tokens);
+
+// ---- Pieces every backend's session shares (the CPU one below, common/cuda's) --------------
+
+// The `count` largest logits' ids, most likely first (lower id first among equals).
+std::vector<int32_t> TopTokenIds(std::span<const float> logits, int32_t count);
+
+// The k most likely next tokens of every row of one draft forward.
+struct DraftRowChoices {
+  int32_t k = 0;
+  std::vector<int32_t> ids;             // [rows][k], most likely first
+  std::vector<float> logits;            // [rows][k]
+  std::vector<double> log_normalizers;  // [rows]: log Σ exp(row logits), the softmax normalizer
+};
+// Of `rows` rows of `vocab` logits, on the CPU.
+DraftRowChoices TopDraftChoices(std::span<const float> logits, int64_t rows, int64_t vocab,
+                                int32_t k);
+
+// Runs one draft forward of `batch` (after the committed prefix, extending the pending slots of
+// the earlier forwards of this tree: batch.context) and returns each row's k best children.
+using DraftForwardFn =
+    absl::FunctionRef<absl::StatusOr<DraftRowChoices>(const Batch& batch, int32_t k)>;
+
+// The best-first growth of SpeculativeSession::Draft, for any backend: the first forward runs the
+// root; each later one runs the nodes that joined in the previous round, node i's K/V in pending
+// slot i. The caller validated root and shape (ValidateDraftRequest) and drops the pending slots
+// afterwards.
+absl::StatusOr<DraftTree> GrowDraftTree(int32_t root, const TreeShape& shape,
+                                        int64_t committed_length, DraftForwardFn forward);
+
+// The argument checks of Draft and Verify for a session holding `length` of `capacity` tokens
+// whose forwards take at most `max_nodes` rows (INVALID_ARGUMENT / RESOURCE_EXHAUSTED).
+absl::Status ValidatePrefill(std::span<const int32_t> tokens, int64_t vocab_size, int64_t length,
+                             int64_t capacity);
+absl::Status ValidateDraftRequest(int32_t root, const TreeShape& shape, int64_t vocab_size,
+                                  int64_t max_nodes, int64_t length, int64_t capacity);
+absl::Status ValidateVerifyRequest(std::span<const int32_t> tokens,
+                                   std::span<const int32_t> parents, const SamplingParams& sampling,
+                                   int32_t top_logprobs, int64_t vocab_size, int64_t max_nodes,
+                                   int64_t length, int64_t capacity);
+// A path to commit: node 0, then each a child of the previous in the verified tree of
+// `parents` (FAILED_PRECONDITION when nothing is verified: `parents` empty).
+absl::Status ValidateCommitPath(std::span<const int32_t> path, std::span<const int32_t> parents);
+
+// Fills choices[i].logprob / top_ids / top_logprobs from the verify logits [n][vocab].
+void FillLogprobs(std::span<const float> logits, int64_t vocab_size, const SamplingParams& sampling,
+                  int32_t top_logprobs, Sampler& sampler, std::span<TargetChoice> choices);
 
 // Where the draft reads the committed prefix's keys and values.
 enum class DraftKv {
