@@ -99,39 +99,8 @@ DeviceKvCache::~DeviceKvCache() {
   if (model_ != nullptr) --model_->live_caches_;
 }
 
-absl::Status DeviceKvCache::BeginPending(int64_t count) {
-  if (count < 0 || count > capacity_ - committed_length_) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("KV cache full: %d committed + %d new tokens exceed the capacity of %d",
-                        committed_length_, count, capacity_));
-  }
-  pending_length_ = count;
-  return absl::OkStatus();
-}
-
-absl::Status DeviceKvCache::Commit(int64_t count) {
-  if (count < 0 || count > pending_length_) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("cannot commit %d KV slots: only %d are pending", count, pending_length_));
-  }
-  committed_length_ += count;
-  pending_length_ = 0;
-  return absl::OkStatus();
-}
-
 absl::Status DeviceKvCache::CommitSlots(std::span<const int32_t> pending_indices) {
-  for (size_t k = 0; k < pending_indices.size(); ++k) {
-    const int32_t index = pending_indices[k];
-    if (index < 0 || index >= pending_length_) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "cannot commit pending KV slot %d: only %d are pending", index, pending_length_));
-    }
-    if (k > 0 && index <= pending_indices[k - 1]) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("pending KV slots to commit must be strictly ascending (%d follows %d)",
-                          index, pending_indices[k - 1]));
-    }
-  }
+  BITSPLIT_RETURN_IF_ERROR(slots_.CheckCommitSlots(pending_indices));
   const int64_t count = static_cast<int64_t>(pending_indices.size());
   if (count > 0) {
     // The indices travel through the model's top-k scratch ([max_batch_rows][64] int32, far more
@@ -143,21 +112,10 @@ absl::Status DeviceKvCache::CommitSlots(std::span<const int32_t> pending_indices
                                                   model_->stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(
         kernels::CommitSlots(keys_, values_, num_layers_, capacity_ * kv_dim_, kv_dim_,
-                             committed_length_, indices, count, model_->stream_));
+                             slots_.committed_length(), indices, count, model_->stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->stream_));
   }
-  committed_length_ += count;
-  pending_length_ = 0;
-  return absl::OkStatus();
-}
-
-absl::Status DeviceKvCache::Truncate(int64_t length) {
-  if (length < 0 || length > committed_length_) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "cannot truncate the KV cache to %d tokens: %d are committed", length, committed_length_));
-  }
-  committed_length_ = length;
-  pending_length_ = 0;
+  slots_.SlotsCommitted(count);
   return absl::OkStatus();
 }
 
@@ -415,6 +373,7 @@ absl::StatusOr<std::unique_ptr<DeviceKvCache>> CudaModel::NewKvCache() {
   cache->num_layers_ = config_.num_layers;
   cache->kv_dim_ = config_.kv_dim();
   cache->capacity_ = options_.context;
+  cache->slots_ = model::KvSlotLedger(options_.context);
   cache->keys_ = static_cast<uint16_t*>(cache->slab_);
   cache->values_ =
       cache->keys_ + AlignVram(static_cast<uint64_t>(config_.num_layers * options_.context *
@@ -430,53 +389,23 @@ const CudaModel::Group& CudaModel::GroupOf(LinearGroupId id) const {
 }
 
 absl::Status CudaModel::ValidateBatch(const model::Batch& batch, const DeviceKvCache& cache) const {
+  BITSPLIT_RETURN_IF_ERROR(model::ValidateBatch(batch, config_.vocab_size, cache.pending_length()));
   const int64_t n = batch.size();
-  if (n == 0) return absl::InvalidArgumentError("batch is empty");
   if (n > options_.max_batch_rows) {
     return absl::InvalidArgumentError(
         absl::StrFormat("a batch of %d tokens exceeds this drafter's largest forward of %d tokens",
                         n, options_.max_batch_rows));
   }
-  if (static_cast<int64_t>(batch.positions.size()) != n) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("batch has %d tokens but %d positions", n, batch.positions.size()));
-  }
   const int64_t width = batch.mask_width();
-  if (batch.context < 0 || (batch.context > 0 && batch.context != cache.pending_length())) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("batch extends %d pending KV slots but the cache holds %d", batch.context,
-                        cache.pending_length()));
-  }
   if (width > 2 * options_.max_batch_rows) {
     return absl::InvalidArgumentError(
         absl::StrFormat("a batch mask %d wide exceeds this drafter's limit of %d", width,
                         2 * options_.max_batch_rows));
   }
-  if (static_cast<int64_t>(batch.attention_mask.size()) != n * width) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("attention mask has %d entries; a batch of %d tokens needs %d x %d",
-                        batch.attention_mask.size(), n, n, width));
-  }
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t token = batch.tokens[i];
-    if (token < 0 || token >= config_.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("token id %d at batch row %d is outside the vocabulary [0, %d)", token, i,
-                          config_.vocab_size));
-    }
-    if (batch.positions[i] < 0 || batch.positions[i] >= options_.context) {
+    if (batch.positions[i] >= options_.context) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "batch row %d has position %d outside [0, %d)", i, batch.positions[i], options_.context));
-    }
-    if (batch.attention_mask[i * width + batch.context + i] == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("batch row %d does not attend to itself (mask[%d][%d] is 0)", i, i, i));
-    }
-  }
-  for (int32_t row : batch.logit_rows) {
-    if (row < 0 || row >= n) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("logit row %d is outside the batch [0, %d)", row, n));
     }
   }
   if (batch.num_logit_rows() > options_.max_batch_rows) {

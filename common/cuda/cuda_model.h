@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "common/cuda/kernels.h"
 #include "common/model/config.h"
+#include "common/model/kv_cache.h"
 #include "common/model/llama_model.h"
 #include "common/model/sampler.h"
 #include "common/model/speculation.h"
@@ -77,19 +78,19 @@ class DeviceKvCache {
   int64_t num_layers() const { return num_layers_; }
   int64_t kv_dim() const { return kv_dim_; }
   int64_t capacity() const { return capacity_; }
-  int64_t committed_length() const { return committed_length_; }
-  int64_t pending_length() const { return pending_length_; }
+  int64_t committed_length() const { return slots_.committed_length(); }
+  int64_t pending_length() const { return slots_.pending_length(); }
   uint16_t* keys(int64_t layer) const { return keys_ + layer * capacity_ * kv_dim_; }
   uint16_t* values(int64_t layer) const { return values_ + layer * capacity_ * kv_dim_; }
 
-  absl::Status BeginPending(int64_t count);
-  absl::Status Commit(int64_t count);
+  absl::Status BeginPending(int64_t count) { return slots_.BeginPending(count); }
+  absl::Status Commit(int64_t count) { return slots_.Commit(count); }
   // Moves the pending slots `pending_indices` (strictly ascending) to committed_length, ...: on
   // the model's stream, before any later forward.
   absl::Status CommitSlots(std::span<const int32_t> pending_indices);
-  void DiscardPending() { pending_length_ = 0; }
-  absl::Status Truncate(int64_t length);
-  void Clear() { committed_length_ = pending_length_ = 0; }
+  void DiscardPending() { slots_.DiscardPending(); }
+  absl::Status Truncate(int64_t length) { return slots_.Truncate(length); }
+  void Clear() { slots_.Clear(); }
 
   // Copies slots [first, first + count) of `layer` to the host as f32 (keys, then values; for
   // tests).
@@ -107,8 +108,7 @@ class DeviceKvCache {
   int64_t num_layers_ = 0;
   int64_t kv_dim_ = 0;
   int64_t capacity_ = 0;
-  int64_t committed_length_ = 0;
-  int64_t pending_length_ = 0;
+  model::KvSlotLedger slots_;
 };
 
 // The draft children of one forward's logit rows (TopK).

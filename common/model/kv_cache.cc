@@ -25,16 +25,16 @@ absl::StatusOr<KvCache> KvCache::Create(int64_t num_layers, int64_t kv_dim, int6
 KvCache::KvCache(int64_t num_layers, int64_t kv_dim, int64_t capacity)
     : num_layers_(num_layers),
       kv_dim_(kv_dim),
-      capacity_(capacity),
+      slots_(capacity),
       keys_(static_cast<size_t>(num_layers * capacity * kv_dim)),
       values_(static_cast<size_t>(num_layers * capacity * kv_dim)) {}
 
 size_t KvCache::LayerOffset(int64_t layer) const {
   BITSPLIT_CHECK(layer >= 0 && layer < num_layers_);
-  return static_cast<size_t>(layer * capacity_ * kv_dim_);
+  return static_cast<size_t>(layer * slots_.capacity() * kv_dim_);
 }
 
-absl::Status KvCache::BeginPending(int64_t count) {
+absl::Status KvSlotLedger::BeginPending(int64_t count) {
   if (count < 0 || count > capacity_ - committed_length_) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("KV cache full: %d committed + %d new tokens exceed the capacity of %d",
@@ -44,17 +44,16 @@ absl::Status KvCache::BeginPending(int64_t count) {
   return absl::OkStatus();
 }
 
-absl::Status KvCache::Commit(int64_t count) {
+absl::Status KvSlotLedger::Commit(int64_t count) {
   if (count < 0 || count > pending_length_) {
     return absl::InvalidArgumentError(
         absl::StrFormat("cannot commit %d KV slots: only %d are pending", count, pending_length_));
   }
-  committed_length_ += count;
-  pending_length_ = 0;
+  SlotsCommitted(count);
   return absl::OkStatus();
 }
 
-absl::Status KvCache::CommitSlots(std::span<const int32_t> pending_indices) {
+absl::Status KvSlotLedger::CheckCommitSlots(std::span<const int32_t> pending_indices) const {
   for (size_t k = 0; k < pending_indices.size(); ++k) {
     const int32_t index = pending_indices[k];
     if (index < 0 || index >= pending_length_) {
@@ -67,25 +66,30 @@ absl::Status KvCache::CommitSlots(std::span<const int32_t> pending_indices) {
                           index, pending_indices[k - 1]));
     }
   }
-  // Ascending indices satisfy index >= k, so slot L + k is written only after every source at
-  // or below it has been read: the compaction can run in place, front to back.
-  for (size_t k = 0; k < pending_indices.size(); ++k) {
-    const int64_t from = committed_length_ + pending_indices[k];
-    const int64_t to = committed_length_ + static_cast<int64_t>(k);
-    if (from != to) MoveSlot(from, to);
-  }
-  committed_length_ += static_cast<int64_t>(pending_indices.size());
-  pending_length_ = 0;
   return absl::OkStatus();
 }
 
-absl::Status KvCache::Truncate(int64_t length) {
+absl::Status KvSlotLedger::Truncate(int64_t length) {
   if (length < 0 || length > committed_length_) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "cannot truncate the KV cache to %d tokens: %d are committed", length, committed_length_));
   }
   committed_length_ = length;
   pending_length_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::CommitSlots(std::span<const int32_t> pending_indices) {
+  BITSPLIT_RETURN_IF_ERROR(slots_.CheckCommitSlots(pending_indices));
+  // Ascending indices satisfy index >= k, so slot L + k is written only after every source at
+  // or below it has been read: the compaction can run in place, front to back.
+  const int64_t length = slots_.committed_length();
+  for (size_t k = 0; k < pending_indices.size(); ++k) {
+    const int64_t from = length + pending_indices[k];
+    const int64_t to = length + static_cast<int64_t>(k);
+    if (from != to) MoveSlot(from, to);
+  }
+  slots_.SlotsCommitted(static_cast<int64_t>(pending_indices.size()));
   return absl::OkStatus();
 }
 

@@ -21,6 +21,37 @@
 
 namespace bitsplit::model {
 
+// The slot bookkeeping of a KV cache: the committed prefix [0, committed_length) and the pending
+// slots after it. Shared by the host cache below and the device cache of common/cuda, which
+// differ only in where the keys and values live. Thread safety: none.
+class KvSlotLedger {
+ public:
+  explicit KvSlotLedger(int64_t capacity = 0) : capacity_(capacity) {}
+
+  int64_t capacity() const { return capacity_; }
+  int64_t committed_length() const { return committed_length_; }
+  int64_t pending_length() const { return pending_length_; }
+
+  // See KvCache.
+  absl::Status BeginPending(int64_t count);
+  absl::Status Commit(int64_t count);
+  absl::Status Truncate(int64_t length);
+  void DiscardPending() { pending_length_ = 0; }
+  void Clear() { committed_length_ = pending_length_ = 0; }
+  // CommitSlots in two halves: the check (nothing changes on an error), then, once the caller
+  // moved pending slot pending_indices[k] to committed_length + k, the new lengths.
+  absl::Status CheckCommitSlots(std::span<const int32_t> pending_indices) const;
+  void SlotsCommitted(int64_t count) {
+    committed_length_ += count;
+    pending_length_ = 0;
+  }
+
+ private:
+  int64_t capacity_;
+  int64_t committed_length_ = 0;
+  int64_t pending_length_ = 0;
+};
+
 class KvCache {
  public:
   // INVALID_ARGUMENT unless every size is positive.
@@ -31,9 +62,9 @@ class KvCache {
 
   int64_t num_layers() const { return num_layers_; }
   int64_t kv_dim() const { return kv_dim_; }
-  int64_t capacity() const { return capacity_; }
-  int64_t committed_length() const { return committed_length_; }
-  int64_t pending_length() const { return pending_length_; }
+  int64_t capacity() const { return slots_.capacity(); }
+  int64_t committed_length() const { return slots_.committed_length(); }
+  int64_t pending_length() const { return slots_.pending_length(); }
 
   // One layer's storage, [capacity, kv_dim].
   float* keys(int64_t layer) { return keys_.data() + LayerOffset(layer); }
@@ -43,26 +74,23 @@ class KvCache {
 
   // Declares slots [committed_length, committed_length + count) pending, replacing any earlier
   // pending slots. RESOURCE_EXHAUSTED when they do not fit in the capacity.
-  absl::Status BeginPending(int64_t count);
+  absl::Status BeginPending(int64_t count) { return slots_.BeginPending(count); }
 
   // Keeps the first `count` pending slots (positions committed_length .. + count - 1) and drops
   // the rest. INVALID_ARGUMENT when count exceeds the pending length.
-  absl::Status Commit(int64_t count);
+  absl::Status Commit(int64_t count) { return slots_.Commit(count); }
 
   // Keeps the pending slots with the given indices (0 = first pending slot), strictly
   // ascending, moving them down to committed_length, committed_length + 1, ...; drops the rest.
   // INVALID_ARGUMENT for indices out of range or not strictly ascending (nothing changes then).
   absl::Status CommitSlots(std::span<const int32_t> pending_indices);
 
-  void DiscardPending() { pending_length_ = 0; }
+  void DiscardPending() { slots_.DiscardPending(); }
   // Forgets committed slots from `length` on (and everything pending): a rollback to an earlier
   // committed length. INVALID_ARGUMENT when length exceeds the committed length.
-  absl::Status Truncate(int64_t length);
+  absl::Status Truncate(int64_t length) { return slots_.Truncate(length); }
   // Forgets everything (committed and pending); the storage is kept.
-  void Clear() {
-    committed_length_ = 0;
-    pending_length_ = 0;
-  }
+  void Clear() { slots_.Clear(); }
 
  private:
   KvCache(int64_t num_layers, int64_t kv_dim, int64_t capacity);
@@ -72,9 +100,7 @@ class KvCache {
 
   int64_t num_layers_;
   int64_t kv_dim_;
-  int64_t capacity_;
-  int64_t committed_length_ = 0;
-  int64_t pending_length_ = 0;
+  KvSlotLedger slots_;
   std::vector<float> keys_;    // [num_layers, capacity, kv_dim]
   std::vector<float> values_;  // [num_layers, capacity, kv_dim]
 };

@@ -147,8 +147,7 @@ absl::Status LlamaModel::SetResidualSource(ResidualSource* source) {
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::ValidateBatch(const Batch& batch, const KvCache& cache,
-                                       size_t logits_size) const {
+absl::Status ValidateBatch(const Batch& batch, int64_t vocab_size, int64_t pending_length) {
   const int64_t n = batch.size();
   if (n == 0) return absl::InvalidArgumentError("batch is empty");
   if (static_cast<int64_t>(batch.positions.size()) != n) {
@@ -156,10 +155,9 @@ absl::Status LlamaModel::ValidateBatch(const Batch& batch, const KvCache& cache,
         absl::StrFormat("batch has %d tokens but %d positions", n, batch.positions.size()));
   }
   const int64_t width = batch.mask_width();
-  if (batch.context < 0 || (batch.context > 0 && batch.context != cache.pending_length())) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("batch extends %d pending KV slots but the cache holds %d", batch.context,
-                        cache.pending_length()));
+  if (batch.context < 0 || (batch.context > 0 && batch.context != pending_length)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "batch extends %d pending KV slots but the cache holds %d", batch.context, pending_length));
   }
   if (static_cast<int64_t>(batch.attention_mask.size()) != n * width) {
     return absl::InvalidArgumentError(
@@ -168,10 +166,9 @@ absl::Status LlamaModel::ValidateBatch(const Batch& batch, const KvCache& cache,
   }
   for (int64_t i = 0; i < n; ++i) {
     const int32_t token = batch.tokens[i];
-    if (token < 0 || token >= config_.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("token id %d at batch row %d is outside the vocabulary [0, %d)", token, i,
-                          config_.vocab_size));
+    if (token < 0 || token >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "token id %d at batch row %d is outside the vocabulary [0, %d)", token, i, vocab_size));
     }
     if (batch.positions[i] < 0) {
       return absl::InvalidArgumentError(
@@ -188,6 +185,13 @@ absl::Status LlamaModel::ValidateBatch(const Batch& batch, const KvCache& cache,
           absl::StrFormat("logit row %d is outside the batch [0, %d)", row, n));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::ValidateBatch(const Batch& batch, const KvCache& cache,
+                                       size_t logits_size) const {
+  BITSPLIT_RETURN_IF_ERROR(model::ValidateBatch(batch, config_.vocab_size, cache.pending_length()));
+  const int64_t width = batch.mask_width();
   if (cache.num_layers() != config_.num_layers || cache.kv_dim() != config_.kv_dim()) {
     return absl::InvalidArgumentError(
         absl::StrFormat("KV cache shaped for %d layers x %d kv dims, the model has %d x %d",

@@ -64,6 +64,12 @@ struct Batch {
                                     std::span<const int32_t> parents, int32_t first_position);
 };
 
+// The checks of a batch that every forward makes, whatever the backend: sizes, token ids within
+// [0, vocab_size), positions >= 0, every token attending to itself, logit rows inside the batch,
+// and a context equal to the cache's `pending_length` (or 0). INVALID_ARGUMENT naming the
+// problem.
+absl::Status ValidateBatch(const Batch& batch, int64_t vocab_size, int64_t pending_length);
+
 // How the linear layers are computed.
 enum class ForwardMode {
   kReference = 0,  // the source GGUF's weights (a model loaded with Load)
