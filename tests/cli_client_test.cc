@@ -20,6 +20,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/service_process.h"
+#include "tests/testing/shell.h"
 #include "tests/testing/split_fixture.h"
 
 namespace bitsplit {
@@ -38,31 +39,15 @@ struct Result {
   double seconds_total = 0;
 };
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-std::string Quote(const std::string& arg) {
-  std::string quoted = "'";
-  for (char c : arg) {
-    if (c == '\'') {
-      quoted += "'\\''";
-    } else {
-      quoted += c;
-    }
-  }
-  return quoted + "'";
-}
-
 // Runs the bitsplit binary; records when its first stdout bytes arrived.
 Result Bitsplit(const std::vector<std::string>& args) {
   static int calls = 0;
   const std::string err_path =
       (testing::TestTempDir() / absl::StrCat("client-stderr.", calls++)).string();
-  std::string command = Quote(std::string(BITSPLIT_BINARY_DIR) + "/tools/bitsplit/bitsplit");
-  for (const std::string& arg : args) absl::StrAppend(&command, " ", Quote(arg));
-  absl::StrAppend(&command, " 2>", Quote(err_path));
+  std::string command =
+      testing::ShellQuote(std::string(BITSPLIT_BINARY_DIR) + "/tools/bitsplit/bitsplit");
+  for (const std::string& arg : args) absl::StrAppend(&command, " ", testing::ShellQuote(arg));
+  absl::StrAppend(&command, " 2>", testing::ShellQuote(err_path));
   Result result;
   const Clock::time_point start = Clock::now();
   std::FILE* pipe = popen(command.c_str(), "r");
@@ -80,7 +65,7 @@ Result Bitsplit(const std::vector<std::string>& args) {
   const int status = pclose(pipe);
   result.seconds_total = std::chrono::duration<double>(Clock::now() - start).count();
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.err = ReadFile(err_path);
+  result.err = testing::ReadFile(err_path);
   return result;
 }
 

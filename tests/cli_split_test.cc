@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/paths.h"
+#include "tests/testing/shell.h"
 #include "tests/testing/split_fixture.h"
 
 namespace bitsplit {
@@ -36,30 +37,14 @@ struct Result {
   std::string err;  // stderr
 };
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-std::string Quote(const std::string& arg) {
-  std::string quoted = "'";
-  for (char c : arg) {
-    if (c == '\'') {
-      quoted += "'\\''";
-    } else {
-      quoted += c;
-    }
-  }
-  return quoted + "'";
-}
-
 // Runs the bitsplit binary with `args` and captures its output.
 Result Bitsplit(const std::vector<std::string>& args) {
   static int calls = 0;
   const std::string err_path = (testing::TestTempDir() / absl::StrCat("stderr.", calls++)).string();
-  std::string command = Quote(std::string(BITSPLIT_BINARY_DIR) + "/tools/bitsplit/bitsplit");
-  for (const std::string& arg : args) absl::StrAppend(&command, " ", Quote(arg));
-  absl::StrAppend(&command, " 2>", Quote(err_path));
+  std::string command =
+      testing::ShellQuote(std::string(BITSPLIT_BINARY_DIR) + "/tools/bitsplit/bitsplit");
+  for (const std::string& arg : args) absl::StrAppend(&command, " ", testing::ShellQuote(arg));
+  absl::StrAppend(&command, " 2>", testing::ShellQuote(err_path));
   Result result;
   std::FILE* pipe = popen(command.c_str(), "r");
   EXPECT_NE(pipe, nullptr) << command;
@@ -69,7 +54,7 @@ Result Bitsplit(const std::vector<std::string>& args) {
   while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.out.append(buffer, n);
   const int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.err = ReadFile(err_path);
+  result.err = testing::ReadFile(err_path);
   return result;
 }
 
@@ -137,7 +122,7 @@ std::string QuantizeQ8_0(const std::string& name) {
                               model::SplitFormatRowSizeOracle());
   EXPECT_TRUE(base.ok()) << base.status();
   if (base.ok()) {
-    const std::string text = ReadFile(text_path);
+    const std::string text = testing::ReadFile(text_path);
     EXPECT_EQ((*base)->metadata()["bitsplit"]["quantization"]["calibration_sha256"],
               Sha256Hex(Sha256Of(text.data(), text.size())));
   }
