@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Tokens/s of speculative vs off through the three real processes (scripts/start-services.sh),
 # side by side in one run: for each of the first N prompts of bench/prompts/prompts.jsonl, one
-# greedy generation per setting, the settings interleaved per prompt so that load drifts hit all
-# of them alike. Decode tokens/s per setting = total tokens / total decode time, from the stats
+# greedy generation per setting, the settings interleaved per prompt (in a rotating order) so that
+# load drifts hit all of them alike. Decode tokens/s per setting = total tokens / total decode time, from the stats
 # line of `bitsplit generate --server`. Also checks that every setting emitted the same text
 # (losslessness through the services).
 #   bench/e2e_speed.sh [N_PROMPTS=8] [TOKENS=32] [MODEL_PREFIX]
@@ -14,7 +14,7 @@ BUILD="${BITSPLIT_BUILD_DIR:-$ROOT/build}"
 N=${1:-8}
 TOKENS=${2:-32}
 export BITSPLIT_RUN_DIR="${BITSPLIT_RUN_DIR:-/tmp/bitsplit-e2e-speed}"
-export BITSPLIT_LISTEN="unix:$BITSPLIT_RUN_DIR/coordinator.sock"
+export BITSPLIT_LISTEN="${BITSPLIT_LISTEN:-localhost:50151}"
 start_args=()
 [[ $# -ge 3 ]] && start_args=(--model "$3")
 "$ROOT/scripts/start-services.sh" start "${start_args[@]}" >&2
@@ -30,7 +30,9 @@ while IFS= read -r line && [[ $count -lt $N ]]; do
   prompt=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["prompt"])' "$line")
   case $id in code-* | prose-*) input=(--prompt "$prompt") ;; *) input=(--chat "$prompt") ;; esac
   reference=""
-  for s in "${SETTINGS[@]}"; do
+  # Rotate the order per prompt, so that no setting always runs first (or after another).
+  order=("${SETTINGS[@]:count%${#SETTINGS[@]}}" "${SETTINGS[@]:0:count%${#SETTINGS[@]}}")
+  for s in "${order[@]}"; do
     IFS=: read -r mode nodes k depth <<<"$s"
     spec=(--speculation "$mode")
     [[ $mode == tree ]] && spec+=(--nodes "$nodes" --expansions "$k" --max-depth "$depth")
@@ -41,7 +43,7 @@ while IFS= read -r line && [[ $count -lt $N ]]; do
     tokens[$s]=$((tokens[$s] + n))
     seconds[$s]=$(python3 -c "print(${seconds[$s]} + $n / max($tps, 1e-9))")
     if [[ -z $reference ]]; then reference=$out; elif [[ $out != "$reference" ]]; then
-      echo "MISMATCH: $id under $s differs from off" >&2; mismatches=$((mismatches + 1))
+      echo "MISMATCH: $id under $s differs from ${order[0]}" >&2; mismatches=$((mismatches + 1))
     fi
     echo "$id $s: $stats" >&2
   done

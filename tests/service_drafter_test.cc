@@ -132,6 +132,9 @@ v1::SamplingParams ToProto(const model::SamplingParams& params) {
 class DrafterServiceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    // The expectations are the cpu engine's: with no device visible, --backend auto (the default)
+    // picks the cpu backend on every machine, also a CUDA build's on a GPU host.
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
     char pattern[] = "/tmp/bitsplit-drafter-test-XXXXXX";
     ASSERT_NE(mkdtemp(pattern), nullptr);
     dir_ = new std::string(pattern);
@@ -370,6 +373,8 @@ TEST_F(DrafterServiceTest, GreedyDecodeEqualsInProcessPlainDecode) {
   EXPECT_EQ(info->base_bytes(), std::filesystem::file_size(paths_.base));
   EXPECT_EQ(info->residual_bytes(), std::filesystem::file_size(paths_.residual));
   EXPECT_FALSE(info->residual_format().empty());
+  EXPECT_EQ(info->vram_plan(), "");  // the cpu backend has no VRAM plan
+  EXPECT_EQ(info->vram_budget_bytes(), 0u);
   // The socket is owner/group only.
   struct stat st;
   ASSERT_EQ(stat(drafter_socket_.c_str(), &st), 0);
@@ -734,12 +739,23 @@ TEST_F(DrafterServiceTest, WrongFingerprintRefusesToStart) {
 
 // ---- (7) start-up and shutdown -----------------------------------------------------------------
 
-TEST_F(DrafterServiceTest, CudaBackendIsRefusedAndShutdownIsGraceful) {
+TEST_F(DrafterServiceTest, CudaBackendWithoutADeviceIsRefusedAndShutdownIsGraceful) {
   ServiceProcess cuda(kDrafterBinary);
   ASSERT_TRUE(cuda.Start(DrafterArgs({"--backend", "cuda"})));
-  EXPECT_EQ(cuda.Wait(milliseconds(30000)), 2) << cuda.Stderr();
-  EXPECT_NE(cuda.Stderr().find("this build has no CUDA backend yet"), std::string::npos)
+#ifdef BITSPLIT_HAVE_CUDA
+  // Built with CUDA, no device visible (SetUpTestSuite hides them): it cannot start.
+  EXPECT_EQ(cuda.Wait(milliseconds(30000)), 1) << cuda.Stderr();
+  EXPECT_NE(cuda.Stderr().find("bitsplit-drafter: error: --backend cuda: no CUDA device is "
+                               "visible (CUDA_VISIBLE_DEVICES=\"\")"),
+            std::string::npos)
       << cuda.Stderr();
+#else
+  EXPECT_EQ(cuda.Wait(milliseconds(30000)), 2) << cuda.Stderr();
+  EXPECT_NE(cuda.Stderr().find("bitsplit-drafter: error: this build has no CUDA backend"),
+            std::string::npos)
+      << cuda.Stderr();
+#endif
+  EXPECT_FALSE(std::filesystem::exists(drafter_socket_));
 
   ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
   ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter, {"--shutdown-grace-ms", "1500"}));
@@ -759,6 +775,63 @@ TEST_F(DrafterServiceTest, CudaBackendIsRefusedAndShutdownIsGraceful) {
   EXPECT_EQ(drafter.Wait(milliseconds(15000)), 0) << drafter.Stderr();
   EXPECT_FALSE(std::filesystem::exists(drafter_socket_));
   EXPECT_TRUE(residual.running());
+}
+
+// --backend auto without a visible device is the cpu backend, which has no VRAM plan (and says
+// that it ignores --vram-budget).
+TEST_F(DrafterServiceTest, AutoBackendWithoutADevicePicksCpu) {
+  ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
+  ASSERT_NO_FATAL_FAILURE(
+      StartBoth(residual, drafter, {"--backend", "auto", "--vram-budget", "1GiB"}));
+  EXPECT_TRUE(drafter.WaitForLine("bitsplit-drafter: serving"));
+  EXPECT_NE(drafter.Stderr().find(", backend cpu, "), std::string::npos) << drafter.Stderr();
+  EXPECT_NE(drafter.Stderr().find("--vram-budget is ignored on the cpu backend"), std::string::npos)
+      << drafter.Stderr();
+  auto info = client_->GetInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->backend(), "cpu");
+  EXPECT_EQ(info->vram_plan(), "");
+  EXPECT_EQ(info->vram_budget_bytes(), 0u);
+  // It serves: a session's first greedy token is the plain decode's.
+  const uint64_t session = OpenAndPrefill();
+  auto token = Step(session, Prompt().back());
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(*token, PlainDecode({}, 1)[0]);
+}
+
+// Bad --backend / --vram-budget combinations are command-line errors (exit 2), before any file
+// is read.
+TEST_F(DrafterServiceTest, BadBackendFlagsAreUsageErrors) {
+  struct Case {
+    std::vector<std::string> flags;
+    std::string message;
+  };
+  const std::string bad_budget = " is neither auto nor a positive size";
+  std::vector<Case> cases = {
+      {{"--backend", "gpu"}, "unknown --backend \"gpu\" (expected auto, cpu or cuda)"},
+      {{"--vram-budget", "0"}, "--vram-budget \"0\"" + bad_budget},
+      {{"--vram-budget=-5"}, "--vram-budget \"-5\"" + bad_budget},
+      {{"--vram-budget", "12XB"}, "--vram-budget \"12XB\"" + bad_budget},
+      {{"--vram-budget", "GiB"}, "--vram-budget \"GiB\"" + bad_budget},
+      {{"--vram-budget", "99999999999GiB"}, "--vram-budget \"99999999999GiB\"" + bad_budget},
+#ifdef BITSPLIT_HAVE_CUDA
+      {{"--backend", "cuda", "--draft-kv", "own"},
+       "--draft-model and --draft-kv own need --backend cpu"},
+#else
+      {{"--backend", "cuda", "--draft-kv", "own"}, "this build has no CUDA backend"},
+#endif
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::PrintToString(c.flags));
+    ServiceProcess drafter(kDrafterBinary);
+    std::vector<std::string> args = DrafterArgs(c.flags);
+    args[0] = *dir_ + "/no-such.base.bsplit";  // never opened
+    ASSERT_TRUE(drafter.Start(args));
+    EXPECT_EQ(drafter.Wait(milliseconds(30000)), 2) << drafter.Stderr();
+    EXPECT_NE(drafter.Stderr().find("bitsplit-drafter: error: " + c.message), std::string::npos)
+        << drafter.Stderr();
+  }
+  EXPECT_FALSE(std::filesystem::exists(drafter_socket_));
 }
 
 }  // namespace

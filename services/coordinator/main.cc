@@ -201,6 +201,7 @@ int Run(int argc, char** argv) {
   }
   model_info.set_fingerprint(fingerprint);
   model_info.set_chat_template(chat_template_source);
+  model_info.set_vram_plan(info->vram_plan());
 
   GenerationServiceImpl service(options, **drafter, **tokenizer,
                                 chat_template ? &*chat_template : nullptr);

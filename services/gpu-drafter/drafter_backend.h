@@ -2,7 +2,7 @@
 // The compute side of the gpu-drafter service: the models and every session's KV cache. The
 // service (drafter_service.h) owns sessions, limits, validation and the residual link; a backend
 // only runs the math of common/model/speculation.h. Backends: cpu (cpu_backend.h, always built)
-// and cuda (the next issue).
+// and cuda (cuda_backend.h, built with BITSPLIT_CUDA).
 //
 // Thread safety: a backend and its sessions are NOT thread-safe. The service serializes every
 // call into the backend (one engine lock): one forward runs at a time.
@@ -35,6 +35,12 @@ struct BackendInfo {
   bool residual_in_process = false;  // the residual file is mapped in process
   std::string residual_format;       // one line, when in process
   uint64_t residual_bytes = 0;       // size of the mapped residual file, when in process
+  // cuda: the device's name and the VRAM plan ("ITEM: SIZE" per line, then "total: ..."; one
+  // line for the "serving" message); empty on the cpu backend.
+  std::string device;
+  std::string vram_plan;
+  std::string vram_summary;
+  uint64_t vram_budget_bytes = 0;
 };
 
 // One sequence: mirrors model::SpeculativeSession (see there for the semantics and errors).

@@ -133,6 +133,8 @@ absl::Status DrafterService::DoGetInfo(v1::DrafterInfo* response) const {
   response->set_draft_kv(std::string(model::DraftKvName(info.draft_kv)));
   response->set_max_tree_nodes(options_.max_tree_nodes);
   response->set_base_bytes(info.base_bytes);
+  response->set_vram_plan(info.vram_plan);
+  response->set_vram_budget_bytes(info.vram_budget_bytes);
   if (residual_link_ == nullptr) {
     response->set_residual("in-process");
     response->set_residual_format(info.residual_format);

@@ -2,22 +2,31 @@
 //
 //   bitsplit-drafter MODEL.base.bsplit [--residual-socket unix:PATH | --residual-file RESIDUAL]
 //                    [--socket PATH | --tcp HOST:PORT] [--backend auto|cpu|cuda] [--threads N]
-//                    [--max-sessions 4] [--max-context 2048] [--max-tree-nodes 64]
+//                    [--vram-budget BYTES|auto] [--max-sessions 4] [--max-context 2048]
+//                    [--max-tree-nodes 64]
 //                    [--draft-model DRAFT.gguf] [--draft-kv shared|own]
 //                    [--residual-timeout-ms 5000] [--shutdown-grace-ms 200] [--verbose]
 //
-// Exit status: 0 after a graceful shutdown, 1 when it cannot start (files, cpu-residual), 2 for
-// a bad command line.
+// Exit status: 0 after a graceful shutdown, 1 when it cannot start (files, cpu-residual, no CUDA
+// device, a VRAM plan that does not fit), 2 for a bad command line.
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "CLI/CLI.hpp"
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/model/remote_residual.h"
 #include "common/model/speculation.h"
 #include "common/rpc/server_runner.h"
@@ -26,6 +35,11 @@
 #include "services/gpu-drafter/residual_link.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
+
+#ifdef BITSPLIT_HAVE_CUDA
+#include "common/cuda/device_info.h"
+#include "services/gpu-drafter/cuda_backend.h"
+#endif
 
 namespace bitsplit::drafter {
 namespace {
@@ -41,6 +55,46 @@ int Fail(const absl::Status& status, int exit_code = 1) {
 }
 int UsageError(const std::string& message) { return Fail(absl::InvalidArgumentError(message), 2); }
 
+// --vram-budget: "auto" (0: the planner's default, free memory minus a margin) or bytes, with an
+// optional KiB, MiB or GiB suffix.
+absl::StatusOr<uint64_t> ParseVramBudget(const std::string& text) {
+  if (text == "auto") return 0;
+  absl::string_view digits(text);
+  uint64_t unit = 1;
+  for (const auto& [suffix, bytes] : {std::pair<const char*, uint64_t>{"KiB", 1ull << 10},
+                                      {"MiB", 1ull << 20},
+                                      {"GiB", 1ull << 30}}) {
+    if (absl::ConsumeSuffix(&digits, suffix)) {
+      unit = bytes;
+      break;
+    }
+  }
+  uint64_t value = 0;
+  if (digits.empty() || !absl::c_all_of(digits, absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(digits, &value) || value == 0 || value > UINT64_MAX / unit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vram-budget \"", text,
+                     "\" is neither auto nor a positive size (BYTES, or N KiB/MiB/GiB)"));
+  }
+  return value * unit;
+}
+
+// Whether the cuda backend can run here: built with it and a device visible.
+bool CudaDeviceVisible() {
+#ifdef BITSPLIT_HAVE_CUDA
+  return cuda::CountDevices() > 0;
+#else
+  return false;
+#endif
+}
+
+// For the no-device message: the variable that most often hides a GPU, an empty value quoted.
+std::string CudaVisibleDevices() {
+  const char* value = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (value == nullptr) return "CUDA_VISIBLE_DEVICES unset";
+  return absl::StrCat("CUDA_VISIBLE_DEVICES=", *value == '\0' ? "\"\"" : value);
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{
       "bitsplit-drafter: sessions, draft trees and verifier forwards over the base "
@@ -51,6 +105,7 @@ int Run(int argc, char** argv) {
   std::string socket_path = "/run/bitsplit/drafter.sock";
   std::string tcp;
   std::string backend_name = "auto";
+  std::string vram_budget_text = "auto";
   std::string draft_model;
   std::string draft_kv_name = "shared";
   int threads = 0;
@@ -70,7 +125,13 @@ int Run(int argc, char** argv) {
   app.add_option("--socket", socket_path, "unix socket to listen on (mode 0660)")
       ->capture_default_str();
   app.add_option("--tcp", tcp, "listen on TCP HOST:PORT instead of the unix socket");
-  app.add_option("--backend", backend_name, "auto, cpu or cuda")->capture_default_str();
+  app.add_option("--backend", backend_name,
+                 "auto (cuda when built with it and a device is visible, else cpu), cpu or cuda")
+      ->capture_default_str();
+  app.add_option("--vram-budget", vram_budget_text,
+                 "cuda: device memory the plan may use, BYTES (or N KiB/MiB/GiB) or auto (free "
+                 "memory minus max(512 MiB, 5%))")
+      ->capture_default_str();
   app.add_option("--threads", threads, "forward threads (0: every hardware thread)")
       ->capture_default_str();
   app.add_option("--max-sessions", service_options.max_sessions, "sessions open at once")
@@ -104,17 +165,28 @@ int Run(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("bitsplit-drafter"));
   spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::warn);
 
-  if (backend_name == "cuda") {
-    return UsageError(
-        "this build has no CUDA backend yet (the cuda backend is the next issue); "
-        "use --backend cpu or auto");
-  }
-  if (backend_name != "auto" && backend_name != "cpu") {
+  if (backend_name != "auto" && backend_name != "cpu" && backend_name != "cuda") {
     return UsageError(
         absl::StrCat("unknown --backend \"", backend_name, "\" (expected auto, cpu or cuda)"));
   }
+#ifndef BITSPLIT_HAVE_CUDA
+  if (backend_name == "cuda") {
+    return UsageError(
+        "this build has no CUDA backend (configured without nvcc or with -DBITSPLIT_CUDA=OFF); "
+        "use --backend cpu or auto");
+  }
+#endif
   auto draft_kv = model::ParseDraftKv(draft_kv_name);
   if (!draft_kv.ok()) return Fail(draft_kv.status(), 2);
+  auto vram_budget = ParseVramBudget(vram_budget_text);
+  if (!vram_budget.ok()) return Fail(vram_budget.status(), 2);
+  // The separate draft model and its own KV are ablations of the cpu backend.
+  const bool cpu_only_options = !draft_model.empty() || *draft_kv != model::DraftKv::kShared;
+  if (backend_name == "cuda" && cpu_only_options) {
+    return UsageError(
+        "--draft-model and --draft-kv own need --backend cpu (the cuda backend "
+        "drafts with the base weights over the shared KV)");
+  }
   if (service_options.max_sessions < 1) {
     return UsageError(
         absl::StrCat("--max-sessions ", service_options.max_sessions, " must be at least 1"));
@@ -139,14 +211,49 @@ int Run(int argc, char** argv) {
   // SIGTERM/SIGINT are taken by RunServer; block them before the engine's threads exist.
   rpc::BlockTerminationSignals();
 
-  auto backend = CpuBackend::Create({.base_path = base_path,
-                                     .residual_path = residual_file,
-                                     .draft_model_path = draft_model,
-                                     .draft_kv = *draft_kv,
-                                     .threads = threads,
-                                     .prefill_chunk = kPrefillChunk});
-  if (!backend.ok()) return Fail(backend.status());
-  const BackendInfo& info = (*backend)->info();
+  bool use_cuda = false;
+  if (backend_name == "cuda") {
+    if (!CudaDeviceVisible()) {
+      return Fail(absl::FailedPreconditionError(
+          absl::StrCat("--backend cuda: no CUDA device is visible (", CudaVisibleDevices(), ")")));
+    }
+    use_cuda = true;
+  } else if (backend_name == "auto") {
+    use_cuda = !cpu_only_options && CudaDeviceVisible();
+  }
+  if (!use_cuda && *vram_budget != 0) {
+    spdlog::warn("--vram-budget is ignored on the cpu backend");
+  }
+
+  std::unique_ptr<DrafterBackend> backend;
+  if (use_cuda) {
+#ifdef BITSPLIT_HAVE_CUDA
+    auto cuda_backend = CudaBackend::Create({.base_path = base_path,
+                                             .residual_path = residual_file,
+                                             .threads = threads,
+                                             .prefill_chunk = kPrefillChunk,
+                                             .context = service_options.max_context,
+                                             .sessions = service_options.max_sessions,
+                                             .max_tree_nodes = service_options.max_tree_nodes,
+                                             .vram_budget = *vram_budget});
+    if (!cuda_backend.ok()) return Fail(cuda_backend.status());
+    backend = *std::move(cuda_backend);
+#endif
+  } else {
+    auto cpu_backend = CpuBackend::Create({.base_path = base_path,
+                                           .residual_path = residual_file,
+                                           .draft_model_path = draft_model,
+                                           .draft_kv = *draft_kv,
+                                           .threads = threads,
+                                           .prefill_chunk = kPrefillChunk});
+    if (!cpu_backend.ok()) return Fail(cpu_backend.status());
+    backend = *std::move(cpu_backend);
+  }
+  const BackendInfo& info = backend->info();
+  spdlog::debug("backend {}{}", info.name,
+                info.vram_plan.empty()
+                    ? ""
+                    : absl::StrCat(" on ", info.device, ", VRAM plan:\n", info.vram_plan));
   if (service_options.max_context > info.config.context_length) {
     return UsageError(absl::StrCat("--max-context ", service_options.max_context,
                                    " exceeds the model's context length ",
@@ -156,25 +263,29 @@ int Run(int argc, char** argv) {
   std::unique_ptr<ResidualLink> residual_link;
   if (residual_file.empty()) {
     residual_link = std::make_unique<ResidualLink>(
-        **backend, ResidualLinkOptions{.target = residual_socket,
-                                       .fingerprint = info.fingerprint,
-                                       .shapes = model::ResidualShapes::FromConfig(info.config),
-                                       .max_rows = static_cast<int>(std::max<int64_t>(
-                                           kPrefillChunk, service_options.max_tree_nodes)),
-                                       .timeout = std::chrono::milliseconds(residual_timeout_ms)});
+        *backend, ResidualLinkOptions{.target = residual_socket,
+                                      .fingerprint = info.fingerprint,
+                                      .shapes = model::ResidualShapes::FromConfig(info.config),
+                                      .max_rows = static_cast<int>(std::max<int64_t>(
+                                          kPrefillChunk, service_options.max_tree_nodes)),
+                                      .timeout = std::chrono::milliseconds(residual_timeout_ms)});
     if (absl::Status status = residual_link->Ensure(); !status.ok()) return Fail(status);
   }
-  DrafterService service(**backend, residual_link.get(), service_options);
+  DrafterService service(*backend, residual_link.get(), service_options);
 
   rpc::ServerOptions server_options{.name = kName,
                                     .socket_path = socket_path,
                                     .tcp_address = tcp,
                                     .health_services = {kDrafterServiceName},
                                     .shutdown_grace_ms = shutdown_grace_ms};
+  const std::string backend_description =
+      info.device.empty()
+          ? info.name
+          : absl::StrCat(info.name, " on ", info.device, " [VRAM ", info.vram_summary, "]");
   const std::string description = absl::StrFormat(
       "%s (fingerprint %s, backend %s, %d threads, residual %s, draft %s/%s KV, %d sessions x "
       "%d tokens)",
-      info.model_name, info.fingerprint, info.name, info.threads,
+      info.model_name, info.fingerprint, backend_description, info.threads,
       residual_link != nullptr ? "shm " + residual_socket : std::string("in-process"),
       info.draft_model, model::DraftKvName(info.draft_kv), service_options.max_sessions,
       service_options.max_context);

@@ -1,0 +1,72 @@
+#pragma once
+// The cuda backend of the gpu-drafter service (docs/cuda.md): the split model's base weights and
+// every session's fp16 KV cache in VRAM (cuda::CudaModel), the speculation step on the device
+// (cuda::CudaSpeculativeSession). The residual half of every verify matmul stays on the CPU:
+// cpu-residual through SetResidualSource, or the residual file in process (--residual-file).
+//
+// The VRAM is planned once at start-up for --max-sessions KV caches of --max-context tokens and
+// forwards of max(--max-tree-nodes + 1, prefill chunk) tokens; Create refuses with the plan's
+// RESOURCE_EXHAUSTED message (what fits instead) when that does not fit the budget.
+//
+// Device 0 of the visible ones (CUDA_VISIBLE_DEVICES picks it): the service's worker threads run
+// the forwards, and a thread's current device is 0 unless it sets another.
+//
+// Built only with BITSPLIT_CUDA (BITSPLIT_HAVE_CUDA). Thread safety: as DrafterBackend (the
+// service serializes every call); a session may be destroyed on any thread.
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/cuda/cuda_model.h"
+#include "common/model/split_backend.h"
+#include "common/model/split_model.h"
+#include "services/gpu-drafter/drafter_backend.h"
+
+namespace bitsplit::drafter {
+
+struct CudaBackendOptions {
+  std::string base_path;
+  std::string residual_path;    // non-empty: the residual is computed in process
+  int threads = 0;              // host threads of the residual (<= 0: every hardware thread)
+  int64_t prefill_chunk = 64;   // tokens per prefill forward
+  int64_t context = 2048;       // every session's KV capacity (--max-context)
+  int64_t sessions = 1;         // KV caches held at once (--max-sessions)
+  int64_t max_tree_nodes = 64;  // largest tree, root included (--max-tree-nodes)
+  uint64_t vram_budget = 0;     // 0: free device memory minus model::DefaultVramBudget's margin
+};
+
+class CudaBackend final : public DrafterBackend {
+ public:
+  // Opens the files and uploads the base weights. Errors: the files' (as CpuBackend), the VRAM
+  // plan's refusal (RESOURCE_EXHAUSTED, naming what fits), CUDA failures (FAILED_PRECONDITION
+  // without a device, RESOURCE_EXHAUSTED out of memory, INTERNAL otherwise). A context beyond the
+  // model's is planned at the model's context length (the caller rejects the flag).
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaBackendOptions& options);
+
+  const std::string& name() const override { return info_.name; }
+  const BackendInfo& info() const override { return info_; }
+  bool has_residual() const override { return model_->has_residual(); }
+  absl::Status SetResidualSource(model::ResidualSource* source) override;
+  // A session of the planned context; `context` (at most that, INVALID_ARGUMENT beyond) bounds
+  // what the session accepts, as on the cpu backend. RESOURCE_EXHAUSTED when every planned KV
+  // cache is in use.
+  absl::StatusOr<std::unique_ptr<BackendSession>> NewSession(int64_t context) override;
+
+  const model::VramPlan& plan() const { return model_->plan(); }
+
+ private:
+  CudaBackend() = default;
+
+  CudaBackendOptions options_;
+  BackendInfo info_;
+  std::unique_ptr<model::SplitModelFiles> files_;  // the residual views and host embedding rows
+  std::unique_ptr<model::InProcessResidual> in_process_residual_;
+  std::unique_ptr<cuda::CudaModel> model_;
+  // Guards the model's count of live KV caches: the service may drop a closed session outside
+  // its engine lock (CloseSession answers inline).
+  std::mutex cache_mutex_;
+};
+
+}  // namespace bitsplit::drafter
