@@ -163,12 +163,7 @@ Command AddChatCommand(CLI::App& app) {
       ->required();
   sub->add_option("-n,--max-tokens", options->max_tokens, "tokens to generate at most")
       ->capture_default_str();
-  sub->add_option("--temperature", options->sampling.temperature, "0 = greedy")
-      ->capture_default_str();
-  sub->add_option("--top-k", options->sampling.top_k, "0 = off")->capture_default_str();
-  sub->add_option("--top-p", options->sampling.top_p, "nucleus mass, 1 = off")
-      ->capture_default_str();
-  sub->add_option("--seed", options->sampling.seed, "sampling seed")->capture_default_str();
+  AddSamplingOptions(sub, options->sampling);
   AddRemoteSpeculationOptions(sub, *options);
   return {sub, [options] { return RunRemoteGenerate("chat", *options); }};
 }

@@ -52,6 +52,13 @@ struct RemoteGenerateOptions {
   std::optional<int32_t> max_depth;
   std::vector<std::string> stop;
 };
+// Registers --temperature, --top-k, --top-p and --seed on `sub` (local and remote generation).
+inline void AddSamplingOptions(CLI::App* sub, model::SamplingParams& sampling) {
+  sub->add_option("--temperature", sampling.temperature, "0 = greedy")->capture_default_str();
+  sub->add_option("--top-k", sampling.top_k, "0 = off")->capture_default_str();
+  sub->add_option("--top-p", sampling.top_p, "nucleus mass, 1 = off")->capture_default_str();
+  sub->add_option("--seed", sampling.seed, "sampling seed")->capture_default_str();
+}
 // Registers --speculation, --nodes, --expansions, --max-depth and --stop on `sub`.
 void AddRemoteSpeculationOptions(CLI::App* sub, RemoteGenerateOptions& options);
 // Streams the completion to stdout and a stats line to stderr. Exit codes: kExitBadInput when the

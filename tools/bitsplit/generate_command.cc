@@ -202,12 +202,7 @@ Command AddGenerateCommand(CLI::App& app) {
   chat->excludes(prompt);
   sub->add_option("-n,--max-tokens", options->max_tokens, "tokens to generate")
       ->capture_default_str();
-  sub->add_option("--temperature", options->sampling.temperature, "0 = greedy")
-      ->capture_default_str();
-  sub->add_option("--top-k", options->sampling.top_k, "0 = off")->capture_default_str();
-  sub->add_option("--top-p", options->sampling.top_p, "nucleus mass, 1 = off")
-      ->capture_default_str();
-  sub->add_option("--seed", options->sampling.seed, "sampling seed")->capture_default_str();
+  AddSamplingOptions(sub, options->sampling);
   sub->add_option("--threads,-t", options->threads, "worker threads (0 = all cores)")
       ->capture_default_str();
   AddRemoteSpeculationOptions(sub, options->remote);
