@@ -60,6 +60,11 @@ endpoint_up() {
   case "$1" in
     residual | drafter) [[ -S $RUN_DIR/$1.sock ]] ;;
     coordinator)
+      # A unix socket ("unix:/path") or a TCP HOST:PORT.
+      if [[ $BITSPLIT_LISTEN == unix:* ]]; then
+        [[ -S ${BITSPLIT_LISTEN#unix:} ]]
+        return
+      fi
       local host=${BITSPLIT_LISTEN%:*} port=${BITSPLIT_LISTEN##*:}
       host=${host#[}; host=${host%]}
       (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null ;;
