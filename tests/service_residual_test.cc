@@ -2,6 +2,7 @@
 // tests, driven through common/rpc/residual_client.h (gRPC control + shared-memory channel) and
 // compared bit for bit with the in-process residual (InProcessResidual).
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
@@ -637,11 +638,17 @@ TEST_F(ResidualServiceTest, RefusesCorruptFilesAndTooLittleRam) {
 }
 
 TEST_F(ResidualServiceTest, MlockFailureNamesTheLimit) {
-  // Run with RLIMIT_MEMLOCK of 64 KiB through prlimit(1) when available; root with
-  // CAP_IPC_LOCK may lock anyway, in which case the service must report mlocked = true.
+  // Run with RLIMIT_MEMLOCK of 64 KiB through prlimit(1) when available. Root's CAP_IPC_LOCK
+  // ignores the limit, so as root the service runs under setpriv(1) with CAP_IPC_LOCK dropped
+  // from the bounding set (the capability an exec by root would otherwise get back); only
+  // without setpriv may root lock anyway, and then the service must report mlocked = true.
   if (std::system("command -v prlimit >/dev/null 2>&1") != 0) GTEST_SKIP() << "no prlimit";
+  const bool drop_ipc_lock =
+      geteuid() == 0 && std::system("command -v setpriv >/dev/null 2>&1") == 0;
   ServiceProcess service(kServiceBinary);
-  std::vector<std::string> args = {"--memlock=65536", kServiceBinary};
+  std::vector<std::string> args = {"--memlock=65536"};
+  if (drop_ipc_lock) args.insert(args.end(), {"setpriv", "--bounding-set=-ipc_lock", "--"});
+  args.push_back(kServiceBinary);
   std::vector<std::string> rest = Args({"--mlock"});
   args.insert(args.end(), rest.begin(), rest.end());
   std::string command = "prlimit";
@@ -657,7 +664,8 @@ TEST_F(ResidualServiceTest, MlockFailureNamesTheLimit) {
               std::string::npos)
         << text.str();
   } else {
-    // It started: locking was allowed (CAP_IPC_LOCK).
+    // It started: locking was allowed (CAP_IPC_LOCK), which must not happen without it.
+    EXPECT_FALSE(drop_ipc_lock) << "--mlock succeeded beyond RLIMIT_MEMLOCK without CAP_IPC_LOCK";
     auto client = Connect();
     EXPECT_TRUE(client->Info()->mlocked());
     pid_t pid = 0;
@@ -665,6 +673,43 @@ TEST_F(ResidualServiceTest, MlockFailureNamesTheLimit) {
     if (pid > 0) kill(pid, SIGKILL);
     done.wait();
   }
+}
+
+// --pin gives every kernel thread (the pool's, and each channel's thread, which runs kernel
+// thread 0) one CPU of the allowed set, distinct while CPUs last.
+TEST_F(ResidualServiceTest, PinGivesEachKernelThreadItsOwnCpu) {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  const int cpus = CPU_COUNT(&allowed);
+  ServiceProcess service(kServiceBinary);
+  StartService(service, {"--pin"});
+  // Kernel thread 0 is the thread of a client's channel: attach one.
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  const model::ResidualShapes shapes = model::ResidualShapes::FromConfig(TinyConfig());
+  auto session = client->Attach(FingerprintHex(), 0, &shapes);
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Per thread of the service, its affinity list as /proc shows it ("3", "0-1", ...).
+  std::map<std::string, int> threads_per_cpu_list;
+  const std::string tasks = "/proc/" + std::to_string(service.pid()) + "/task";
+  for (const auto& task : std::filesystem::directory_iterator(tasks)) {
+    std::ifstream status(task.path() / "status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("Cpus_allowed_list:", 0) == 0) {
+        ++threads_per_cpu_list[line.substr(line.find_first_not_of(" \t", 18))];
+      }
+    }
+  }
+  // Args() asks for 2 kernel threads: as many distinct single-CPU lists as CPUs, up to 2.
+  int single_cpu_lists = 0;
+  for (const auto& [list, count] : threads_per_cpu_list) {
+    if (list.find_first_of(",-") == std::string::npos) ++single_cpu_lists;
+  }
+  EXPECT_GE(single_cpu_lists, std::min(2, cpus));
+  session->reset();  // detach first: a connected client makes the graceful shutdown slow
+  client.reset();
+  service.Stop();
 }
 
 // ---- The real model: LlamaModel's verify forward with the remote residual ----------------------
