@@ -216,6 +216,19 @@ class DrafterServiceTest : public ::testing::Test {
     return opened->session_id();
   }
 
+  // `count` plain steps from the end of the prompt (its last token is the first root).
+  absl::StatusOr<std::vector<int32_t>> DecodePlain(uint64_t session, int count) {
+    std::vector<int32_t> tokens;
+    int32_t root = Prompt().back();
+    for (int i = 0; i < count; ++i) {
+      absl::StatusOr<int32_t> token = Step(session, root);
+      if (!token.ok()) return token.status();
+      tokens.push_back(*token);
+      root = *token;
+    }
+    return tokens;
+  }
+
   // One plain step: Verify of the root alone, Commit{0}. The target's choice, or the status.
   absl::StatusOr<int32_t> Step(uint64_t session, int32_t root,
                                const model::SamplingParams& params = {}) {
@@ -348,15 +361,9 @@ TEST_F(DrafterServiceTest, GreedyDecodeEqualsInProcessPlainDecode) {
   ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
   ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter));
   const uint64_t session = OpenAndPrefill();
-  std::vector<int32_t> got;
-  int32_t root = Prompt().back();
-  for (int i = 0; i < kTokens; ++i) {
-    auto token = Step(session, root);
-    ASSERT_TRUE(token.ok()) << token.status();
-    got.push_back(*token);
-    root = *token;
-  }
-  EXPECT_EQ(got, expected);
+  auto got = DecodePlain(session, kTokens);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, expected);
   auto info = client_->GetInfo();
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->backend(), "cpu");
@@ -399,15 +406,9 @@ TEST_F(DrafterServiceTest, InProcessResidualFileGivesTheSameTokens) {
   EXPECT_EQ(info->residual(), "in-process");
   EXPECT_EQ(info->residual_bytes(), std::filesystem::file_size(paths_.residual));
   const uint64_t session = OpenAndPrefill();
-  std::vector<int32_t> got;
-  int32_t root = Prompt().back();
-  for (int i = 0; i < kTokens; ++i) {
-    auto token = Step(session, root);
-    ASSERT_TRUE(token.ok()) << token.status();
-    got.push_back(*token);
-    root = *token;
-  }
-  EXPECT_EQ(got, expected);
+  auto got = DecodePlain(session, kTokens);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, expected);
 }
 
 // ---- (2) speculation through the service is lossless -------------------------------------------
