@@ -158,25 +158,7 @@ struct DeviceMatrixCopy {
     EXPECT_EQ(cudaMemcpy2D(bytes.get(), stride, v.data, v.row_stride, row_bytes, v.rows,
                            cudaMemcpyHostToDevice),
               cudaSuccess);
-    const quant::SplitRowLayout layout = quant::GetSplitRowLayout(v.format, v.group, v.cols);
-    const quant::SplitFormatInfo& info = quant::GetSplitFormatInfo(v.format);
-    matrix.data = bytes.get();
-    matrix.rows = v.rows;
-    matrix.cols = v.cols;
-    matrix.row_stride = static_cast<int64_t>(stride);
-    matrix.format = static_cast<int32_t>(v.format);
-    matrix.group = v.group;
-    matrix.groups = layout.groups;
-    matrix.sub_blocks = layout.sub_blocks;
-    matrix.code_offset = static_cast<int64_t>(layout.code_offset);
-    matrix.code_stride = static_cast<int64_t>(layout.code_stride);
-    matrix.scale_offset = static_cast<int64_t>(layout.scale_offset);
-    matrix.scale_stride = static_cast<int64_t>(layout.scale_stride);
-    matrix.min_offset = static_cast<int64_t>(layout.min_offset);
-    matrix.min_stride = static_cast<int64_t>(layout.min_stride);
-    matrix.has_min = info.has_min;
-    matrix.signed_codes = info.signed_codes;
-    matrix.code_offset_value = info.code_offset;
+    matrix = cuda::DeviceMatrixOf(v, bytes.get(), static_cast<int64_t>(stride));
   }
 };
 

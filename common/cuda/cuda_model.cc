@@ -12,6 +12,7 @@
 #include "common/io/ggml_type.h"
 #include "common/ops/matmul.h"
 #include "common/quant/hadamard.h"
+#include "common/util/elapsed.h"
 #include "common/util/fp16.h"
 #include "common/util/status_macros.h"
 
@@ -22,10 +23,6 @@ using Clock = std::chrono::steady_clock;
 using model::AlignVram;
 using model::LinearGroup;
 using model::LinearGroupId;
-
-int64_t NanosSince(Clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
-}
 
 int64_t RoundUp(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
@@ -45,6 +42,8 @@ class Carver {
   uint8_t* base_;
   uint64_t used_ = 0;
 };
+
+}  // namespace
 
 kernels::DeviceMatrix DeviceMatrixOf(const quant::MatrixView& view, const uint8_t* data,
                                      int64_t stride) {
@@ -70,8 +69,6 @@ kernels::DeviceMatrix DeviceMatrixOf(const quant::MatrixView& view, const uint8_
   m.code_offset_value = info.code_offset;
   return m;
 }
-
-}  // namespace
 
 std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq_factors,
                              int64_t positions) {

@@ -61,6 +61,11 @@ struct ForwardTimings {
 
 class CudaModel;
 
+// The kernels' description of split matrix `view` whose rows were copied to `data` on the device,
+// `stride` bytes apart (the format's layout: code, scale and min offsets and strides).
+kernels::DeviceMatrix DeviceMatrixOf(const quant::MatrixView& view, const uint8_t* data,
+                                     int64_t stride);
+
 // cos and sin of every RoPE pair for positions [0, positions): [positions][rope_dims / 2] cos,
 // then the same for sin, computed with ops::ApplyRope's own arithmetic (theta *= theta_scale in
 // f32, std::cos / std::sin), so the device rotates exactly as the CPU does.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/util/elapsed.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::cuda {
@@ -13,10 +14,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using model::Batch;
 using model::ForwardMode;
-
-int64_t NanosSince(Clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
-}
 
 }  // namespace
 
@@ -37,19 +34,15 @@ absl::Status CudaSpeculativeSession::Prefill(std::span<const int32_t> tokens) {
       model::ValidatePrefill(tokens, model_.config().vocab_size, start_length, cache_->capacity()));
   pending_tokens_.clear();
   pending_parents_.clear();
-  const size_t chunk_size =
-      static_cast<size_t>(std::min(options_.prefill_chunk, model_.options().max_batch_rows));
-  for (size_t begin = 0; begin < tokens.size(); begin += chunk_size) {
-    const size_t end = std::min(tokens.size(), begin + chunk_size);
-    const std::span<const int32_t> chunk = tokens.subspan(begin, end - begin);
-    Batch batch = Batch::Causal(chunk, static_cast<int32_t>(cache_->committed_length()));
-    batch.logit_rows = {static_cast<int32_t>(chunk.size() - 1)};
-    absl::Status status = model_.Forward(batch, *cache_, ForwardMode::kVerify);
-    if (status.ok()) status = cache_->Commit(static_cast<int64_t>(chunk.size()));
-    if (!status.ok()) {
-      BITSPLIT_CHECK(cache_->Truncate(start_length).ok());
-      return status;
-    }
+  const absl::Status status = model::ForEachPrefillChunk(
+      tokens, std::min(options_.prefill_chunk, model_.options().max_batch_rows), start_length,
+      [&](const Batch& batch) {
+        BITSPLIT_RETURN_IF_ERROR(model_.Forward(batch, *cache_, ForwardMode::kVerify));
+        return cache_->Commit(batch.size());
+      });
+  if (!status.ok()) {
+    BITSPLIT_CHECK(cache_->Truncate(start_length).ok());
+    return status;
   }
   committed_tokens_.insert(committed_tokens_.end(), tokens.begin(), tokens.end());
   timings_.prefill_ns = NanosSince(start);

@@ -1,20 +1,12 @@
 #include "common/model/remote_residual.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::model {
-namespace {
-uint64_t MonotonicNanosForStats() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-}  // namespace
 
 const ResidualGroupShape* ResidualShapes::Find(LinearGroupId id) const {
   int64_t index = -1;
@@ -88,10 +80,10 @@ absl::Status RemoteResidual::Receive(LinearGroupId id, const float** y, shm::Shm
   BITSPLIT_CHECK(in_flight_.has_value() && *in_flight_ == id);
   in_flight_.reset();
   const ResidualGroupShape* shape = shapes_.Find(id);
-  const uint64_t wait_start = MonotonicNanosForStats();
+  const uint64_t wait_start = shm::MonotonicNanos();
   shm::ShmCallInfo call;
   absl::Status status = channel_->Wait(&call);
-  stats_.wait_ns += MonotonicNanosForStats() - wait_start;
+  stats_.wait_ns += shm::MonotonicNanos() - wait_start;
   BITSPLIT_RETURN_IF_ERROR(status);
   bool shapes_match = call.num_outputs == shape->rows.size();
   for (uint32_t i = 0; shapes_match && i < call.num_outputs; ++i) {

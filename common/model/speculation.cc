@@ -8,16 +8,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/util/elapsed.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::model {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-int64_t NanosSince(Clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
-}
 
 // log Σ exp(logits): the normalizer of the draft's log-probabilities (temperature 1).
 double LogSumExp(std::span<const float> logits) {
@@ -208,6 +205,19 @@ absl::Status ValidateCommitPath(std::span<const int32_t> path, std::span<const i
   return absl::OkStatus();
 }
 
+absl::Status ForEachPrefillChunk(std::span<const int32_t> tokens, int64_t chunk,
+                                 int64_t first_position,
+                                 absl::FunctionRef<absl::Status(const Batch&)> forward_and_commit) {
+  for (size_t begin = 0; begin < tokens.size(); begin += static_cast<size_t>(chunk)) {
+    const size_t end = std::min(tokens.size(), begin + static_cast<size_t>(chunk));
+    const std::span<const int32_t> part = tokens.subspan(begin, end - begin);
+    Batch batch = Batch::Causal(part, static_cast<int32_t>(first_position + begin));
+    batch.logit_rows = {static_cast<int32_t>(part.size() - 1)};
+    BITSPLIT_RETURN_IF_ERROR(forward_and_commit(batch));
+  }
+  return absl::OkStatus();
+}
+
 void FillLogprobs(std::span<const float> logits, int64_t vocab_size, const SamplingParams& sampling,
                   int32_t top_logprobs, Sampler& sampler, std::span<TargetChoice> choices) {
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -370,19 +380,15 @@ absl::Status SpeculativeSession::Prefill(std::span<const int32_t> tokens) {
   pending_tokens_.clear();
   pending_parents_.clear();
   logits_.resize(static_cast<size_t>(vocab));
-  for (size_t begin = 0; begin < tokens.size();
-       begin += static_cast<size_t>(options_.prefill_chunk)) {
-    const size_t end = std::min(tokens.size(), begin + static_cast<size_t>(options_.prefill_chunk));
-    const std::span<const int32_t> chunk = tokens.subspan(begin, end - begin);
-    Batch batch = Batch::Causal(chunk, static_cast<int32_t>(target_cache_.committed_length()));
-    batch.logit_rows = {static_cast<int32_t>(chunk.size() - 1)};
-    absl::Status status = target_.Forward(batch, target_cache_, logits_, target_mode_);
-    if (status.ok()) status = target_cache_.Commit(static_cast<int64_t>(chunk.size()));
-    if (!status.ok()) {
-      // All or nothing: a half-prefilled prompt would desynchronize the caller.
-      BITSPLIT_CHECK(target_cache_.Truncate(start_length).ok());
-      return status;
-    }
+  const absl::Status status =
+      ForEachPrefillChunk(tokens, options_.prefill_chunk, start_length, [&](const Batch& batch) {
+        BITSPLIT_RETURN_IF_ERROR(target_.Forward(batch, target_cache_, logits_, target_mode_));
+        return target_cache_.Commit(batch.size());
+      });
+  if (!status.ok()) {
+    // All or nothing: a half-prefilled prompt would desynchronize the caller.
+    BITSPLIT_CHECK(target_cache_.Truncate(start_length).ok());
+    return status;
   }
   committed_tokens_.insert(committed_tokens_.end(), tokens.begin(), tokens.end());
   timings_.prefill_ns = NanosSince(start);
@@ -391,19 +397,14 @@ absl::Status SpeculativeSession::Prefill(std::span<const int32_t> tokens) {
 
 absl::Status SpeculativeSession::CatchUpDraftCache() {
   KvCache& cache = *draft_cache_;
-  const int64_t target_length = static_cast<int64_t>(committed_tokens_.size());
+  const int64_t begin = cache.committed_length();
   logits_.resize(static_cast<size_t>(draft_.config().vocab_size));
-  while (cache.committed_length() < target_length) {
-    const int64_t begin = cache.committed_length();
-    const int64_t count = std::min(target_length - begin, options_.prefill_chunk);
-    const std::span<const int32_t> chunk(committed_tokens_.data() + begin,
-                                         static_cast<size_t>(count));
-    Batch batch = Batch::Causal(chunk, static_cast<int32_t>(begin));
-    batch.logit_rows = {static_cast<int32_t>(count - 1)};
-    BITSPLIT_RETURN_IF_ERROR(draft_.Forward(batch, cache, logits_, draft_mode_));
-    BITSPLIT_RETURN_IF_ERROR(cache.Commit(count));
-  }
-  return absl::OkStatus();
+  return ForEachPrefillChunk(
+      std::span<const int32_t>(committed_tokens_).subspan(static_cast<size_t>(begin)),
+      options_.prefill_chunk, begin, [&](const Batch& batch) {
+        BITSPLIT_RETURN_IF_ERROR(draft_.Forward(batch, cache, logits_, draft_mode_));
+        return cache.Commit(batch.size());
+      });
 }
 
 absl::StatusOr<DraftTree> SpeculativeSession::Draft(int32_t root, const TreeShape& shape) {

@@ -116,6 +116,13 @@ absl::Status ValidateVerifyRequest(std::span<const int32_t> tokens,
 // `parents` (FAILED_PRECONDITION when nothing is verified: `parents` empty).
 absl::Status ValidateCommitPath(std::span<const int32_t> path, std::span<const int32_t> parents);
 
+// Runs `tokens`, to be placed from `first_position` on, in causal chunks of at most `chunk`
+// tokens (logits of each chunk's last row only): `forward_and_commit` runs a chunk's batch and
+// commits it. Stops at the first error, leaving the earlier chunks committed.
+absl::Status ForEachPrefillChunk(std::span<const int32_t> tokens, int64_t chunk,
+                                 int64_t first_position,
+                                 absl::FunctionRef<absl::Status(const Batch&)> forward_and_commit);
+
 // Fills choices[i].logprob / top_ids / top_logprobs from the verify logits [n][vocab].
 void FillLogprobs(std::span<const float> logits, int64_t vocab_size, const SamplingParams& sampling,
                   int32_t top_logprobs, Sampler& sampler, std::span<TargetChoice> choices);

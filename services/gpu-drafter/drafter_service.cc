@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model/sampler.h"
 #include "common/model/speculation.h"
+#include "common/util/elapsed.h"
 #include "common/util/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -15,10 +16,6 @@ namespace v1 = bitsplit::internal::v1;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-int64_t NanosSince(Clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
-}
 
 template <typename T>
 std::span<const T> Span(const google::protobuf::RepeatedField<T>& field) {
@@ -236,11 +233,11 @@ absl::Status DrafterService::DoVerify(const v1::VerifyRequest& request,
   std::lock_guard<std::mutex> lock(engine_mutex_);
   const Clock::time_point start = Clock::now();
   BITSPLIT_RETURN_IF_ERROR(EnsureResidualLocked());
-  const uint64_t residual_before = residual_link_ != nullptr ? residual_link_->round_trip_ns() : 0;
+  const uint64_t residual_before = residual_link_ != nullptr ? residual_link_->wait_ns() : 0;
   auto choices = session->Verify(Span(request.tokens()), Span(request.parents()), sampling,
                                  request.logprobs(), request.logprobs() > 0);
   if (!choices.ok()) return ForwardErrorLocked(choices.status());
-  const uint64_t residual_after = residual_link_ != nullptr ? residual_link_->round_trip_ns() : 0;
+  const uint64_t residual_after = residual_link_ != nullptr ? residual_link_->wait_ns() : 0;
   for (const model::TargetChoice& choice : *choices) {
     v1::NodeChoice* out = response->add_choices();
     out->set_token(choice.token);

@@ -63,8 +63,8 @@ absl::Status ResidualLink::OnForwardError(const absl::Status& status) {
   return Unavailable(status);
 }
 
-uint64_t ResidualLink::round_trip_ns() const {
-  return session_ != nullptr ? session_->residual().stats().round_trip_ns : 0;
+uint64_t ResidualLink::wait_ns() const {
+  return session_ != nullptr ? session_->residual().stats().wait_ns : 0;
 }
 
 }  // namespace bitsplit::drafter

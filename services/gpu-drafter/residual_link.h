@@ -42,8 +42,9 @@ class ResidualLink {
   absl::Status OnForwardError(const absl::Status& status);
 
   bool attached() const { return session_ != nullptr; }
-  // Time spent waiting on cpu-residual by the current attachment (cumulative).
-  uint64_t round_trip_ns() const;
+  // Time the forwards spent waiting on cpu-residual by the current attachment (cumulative; the
+  // part of each round trip that the base matmul did not hide).
+  uint64_t wait_ns() const;
   const std::string& target() const { return options_.target; }
   // From the service's Info at the last attach (the residual file's size, like base_bytes).
   const std::string& residual_format() const { return residual_format_; }
