@@ -7,17 +7,20 @@
 //   BW    streaming-read bandwidth: an AVX2 read-reduce over 128 MiB windows (4x L3);
 //   P     the kernel's own multiply-add rate at T = 64;
 //   peak  what the SIMD units can do for the kernel's instruction mix: per 32 multiply-adds
-//         one vpmaddubsw + vpmaddwd + vcvtdq2ps + vfmadd231ps, run in 8 independent chains
-//         from registers (no loads), on every thread. (Zen 5 and most AVX2 cores issue two of
-//         vpmaddubsw/vpmaddwd/vfmadd per cycle, vcvtdq2ps on other ports: 32 MACs per 1.5
-//         cycles = 21.3 multiply-adds per cycle per core.)
+//         AVX2: one vpmaddubsw + vpmaddwd + vcvtdq2ps + vfmadd231ps; VNNI (the AVX-VNNI and
+//         AVX-512 kernels): one vpdpbusd + vcvtdq2ps + vfmadd231ps; run in 8 independent
+//         chains from registers (no loads), on every thread. (Zen 4/5 and most AVX2 cores
+//         issue two of vpmaddubsw/vpmaddwd/vpdpbusd/vfmadd per cycle, vcvtdq2ps on other
+//         ports: 32 MACs per 1.5 cycles = 21.3 multiply-adds per cycle per core for AVX2, 32
+//         per cycle for VNNI.)
 // Counters: GB/s of weights, fraction of BW, floor(T) = max(weight bytes / BW, T * MACs / P)
 // and time / floor. A summary table is printed at the end. BW is the larger of a plain
 // read-reduce and one with software prefetch (the kernels prefetch, and beat the plain one).
 // Every time is the fastest call and every ceiling the maximum over the run: the machine may be
 // shared, and these are the least disturbed measurements.
 //
-//   build-*/bench/kernel_bench [--benchmark_filter=r6] [--threads=N]
+//   build-*/bench/kernel_bench [--benchmark_filter=r6] [--threads=N] [--isa=avx2|avx-vnni|avx512]
+// (default: the best kernels this CPU supports, as the engine uses them).
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
@@ -163,13 +166,53 @@ double MeasureBandwidth(bool software_prefetch) {
   return bench::MeasureReadBandwidth(Pool(), software_prefetch, /*repetitions=*/8);
 }
 
-// The kernel's inner instruction mix from registers: 8 chains of
-// vpmaddubsw -> vpmaddwd -> vcvtdq2ps -> vfmadd231ps, each chain 32 multiply-adds.
+// The kernel's inner instruction mix from registers, 8 independent chains each doing 32
+// multiply-adds: AVX2 vpmaddubsw -> vpmaddwd -> vcvtdq2ps -> vfmadd231ps; with VNNI (the
+// AVX-VNNI and AVX-512 kernels) a zeroed accumulator -> vpdpbusd -> vcvtdq2ps -> vfmadd231ps.
 #define BITSPLIT_MIX_CHAIN(acc)             \
   "vpmaddubsw %%ymm14, %%ymm15, %%ymm8\n\t" \
   "vpmaddwd %%ymm13, %%ymm8, %%ymm8\n\t"    \
   "vcvtdq2ps %%ymm8, %%ymm8\n\t"            \
   "vfmadd231ps %%ymm12, %%ymm8, " acc "\n\t"
+#define BITSPLIT_VNNI_CHAIN(acc)                  \
+  "vmovdqa %%ymm13, %%ymm8\n\t"                   \
+  "%{vex%} vpdpbusd %%ymm14, %%ymm15, %%ymm8\n\t" \
+  "vcvtdq2ps %%ymm8, %%ymm8\n\t"                  \
+  "vfmadd231ps %%ymm12, %%ymm8, " acc "\n\t"
+#define BITSPLIT_EVEX_VNNI_CHAIN(acc)     \
+  "vmovdqa %%ymm13, %%ymm8\n\t"           \
+  "vpdpbusd %%ymm14, %%ymm15, %%ymm8\n\t" \
+  "vcvtdq2ps %%ymm8, %%ymm8\n\t"          \
+  "vfmadd231ps %%ymm12, %%ymm8, " acc "\n\t"
+#define BITSPLIT_MIX_LOOP(CHAIN) \
+  asm volatile("vpxor %%ymm12, %%ymm12, %%ymm12\n\t"                                       \
+               "vpxor %%ymm13, %%ymm13, %%ymm13\n\t"                                       \
+               "vpxor %%ymm14, %%ymm14, %%ymm14\n\t"                                       \
+               "vpxor %%ymm15, %%ymm15, %%ymm15\n\t"                                       \
+               "1:\n\t" CHAIN("%%ymm0") CHAIN("%%ymm1") CHAIN("%%ymm2") CHAIN("%%ymm3")      \
+                   CHAIN("%%ymm4") CHAIN("%%ymm5") CHAIN("%%ymm6") CHAIN("%%ymm7")           \
+               "dec %0\n\t"                                                                \
+               "jnz 1b\n\t"                                                                \
+               : "+r"(n)                                                                   \
+               :                                                                           \
+               : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",     \
+                 "xmm12", "xmm13", "xmm14", "xmm15", "cc")
+
+bool UsesVnni() { return ActiveMatMulIsa() != MatMulIsa::kAvx2; }
+
+// Multiply-adds per cycle per core the mix allows on cores where the multiply and FMA pipes
+// are two (Zen 4/5, most AVX2 cores): AVX2 issues 3 of its 4 ops there (32 MACs per 1.5
+// cycles), VNNI 2 (32 MACs per cycle).
+double MixMacsPerCycle() { return UsesVnni() ? 32.0 : 32.0 / 1.5; }
+
+// The VEX form where the CPU has AVX-VNNI, else (AVX-512 without it) the EVEX form.
+__attribute__((target("avxvnni"))) void VnniMixLoop(int64_t n) {
+  BITSPLIT_MIX_LOOP(BITSPLIT_VNNI_CHAIN);
+}
+__attribute__((target("avx512vnni,avx512vl"))) void EvexVnniMixLoop(int64_t n) {
+  BITSPLIT_MIX_LOOP(BITSPLIT_EVEX_VNNI_CHAIN);
+}
+
 double MeasurePeakMix() {
   constexpr int64_t kIterations = 2'000'000;
   double best = 0;
@@ -177,27 +220,22 @@ double MeasurePeakMix() {
     const double start = Now();
     Pool().ParallelFor(Pool().num_threads(), [&](int64_t, int64_t, int) {
       int64_t n = kIterations;
-      asm volatile(
-          "vpxor %%ymm12, %%ymm12, %%ymm12\n\t"
-          "vpxor %%ymm13, %%ymm13, %%ymm13\n\t"
-          "vpxor %%ymm14, %%ymm14, %%ymm14\n\t"
-          "vpxor %%ymm15, %%ymm15, %%ymm15\n\t"
-          "1:\n\t" BITSPLIT_MIX_CHAIN("%%ymm0") BITSPLIT_MIX_CHAIN("%%ymm1")
-              BITSPLIT_MIX_CHAIN("%%ymm2") BITSPLIT_MIX_CHAIN("%%ymm3")
-                  BITSPLIT_MIX_CHAIN("%%ymm4") BITSPLIT_MIX_CHAIN("%%ymm5")
-                      BITSPLIT_MIX_CHAIN("%%ymm6") BITSPLIT_MIX_CHAIN("%%ymm7")
-          "dec %0\n\t"
-          "jnz 1b\n\t"
-          : "+r"(n)
-          :
-          : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm12",
-            "xmm13", "xmm14", "xmm15", "cc");
+      if (UsesVnni() && MatMulIsaSupported(MatMulIsa::kAvxVnni)) {
+        VnniMixLoop(n);
+      } else if (UsesVnni()) {
+        EvexVnniMixLoop(n);
+      } else {
+        BITSPLIT_MIX_LOOP(BITSPLIT_MIX_CHAIN);
+      }
     });
     const double macs = 8.0 * 32.0 * kIterations * Pool().num_threads();
     best = std::max(best, macs / (Now() - start));
   }
   return best;
 }
+#undef BITSPLIT_MIX_LOOP
+#undef BITSPLIT_EVEX_VNNI_CHAIN
+#undef BITSPLIT_VNNI_CHAIN
 #undef BITSPLIT_MIX_CHAIN
 
 void RefreshCeilings() {
@@ -285,11 +323,13 @@ double LoadAverage() {
 // The table of the final values: ceilings are maxima over the whole run, times fastest calls.
 void PrintSummary(double load_before) {
   std::printf(
-      "\nthreads %d | BW %.1f GB/s (read-reduce %.1f, with software prefetch %.1f) | mix peak "
-      "%.1f GMAC/s = %.2f GHz x %d cores x 21.33 MAC/cycle | L3 %zu MiB | load %.2f -> %.2f\n",
-      Pool().num_threads(), Bandwidth() / 1e9, g_bandwidth_plain / 1e9, g_bandwidth_prefetch / 1e9,
-      g_peak_mix / 1e9, g_peak_mix / (Pool().num_threads() * 32.0 / 1.5) / 1e9,
-      Pool().num_threads(), L3Bytes() >> 20, load_before, LoadAverage());
+      "\nkernels %s | threads %d | BW %.1f GB/s (read-reduce %.1f, with software prefetch %.1f) "
+      "| mix peak %.1f GMAC/s = %.2f GHz x %d cores x %.2f MAC/cycle | L3 %zu MiB | load %.2f -> "
+      "%.2f\n",
+      MatMulIsaName(ActiveMatMulIsa()), Pool().num_threads(), Bandwidth() / 1e9,
+      g_bandwidth_plain / 1e9, g_bandwidth_prefetch / 1e9, g_peak_mix / 1e9,
+      g_peak_mix / (Pool().num_threads() * MixMacsPerCycle()) / 1e9, Pool().num_threads(),
+      MixMacsPerCycle(), L3Bytes() >> 20, load_before, LoadAverage());
   std::printf(
       "times: fastest call in us; x/fl = time / floor(T), floor(T) = max(bytes / BW, "
       "T * MACs / P)\n");
@@ -327,6 +367,23 @@ int main(int argc, char** argv) {
   using namespace bitsplit::quant;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--threads=", 10) == 0) g_threads = std::atoi(argv[i] + 10);
+    if (std::strncmp(argv[i], "--isa=", 6) == 0) {
+      const std::string name = argv[i] + 6;
+      bool known = false;
+      for (MatMulIsa isa : {MatMulIsa::kAvx2, MatMulIsa::kAvxVnni, MatMulIsa::kAvx512}) {
+        if (name != MatMulIsaName(isa)) continue;
+        known = true;
+        if (const absl::Status status = SelectMatMulIsa(isa); !status.ok()) {
+          std::fprintf(stderr, "kernel_bench: %s\n", std::string(status.message()).c_str());
+          return 2;
+        }
+      }
+      if (!known) {
+        std::fprintf(stderr, "kernel_bench: --isa must be avx2, avx-vnni or avx512, not '%s'\n",
+                     name.c_str());
+        return 2;
+      }
+    }
   }
   benchmark::Initialize(&argc, argv);
   const double load_before = LoadAverage();

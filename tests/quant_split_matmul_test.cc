@@ -23,6 +23,21 @@
 namespace bitsplit::quant {
 namespace {
 
+// Runs `body` once per kernel instruction set this CPU supports (AVX2 always; AVX-VNNI and
+// AVX-512 where present), then restores the default. Each ISA must meet the same bit-exact
+// expectations.
+template <typename Body>
+void ForEachIsa(Body body) {
+  const MatMulIsa before = ActiveMatMulIsa();
+  for (MatMulIsa isa : {MatMulIsa::kAvx2, MatMulIsa::kAvxVnni, MatMulIsa::kAvx512}) {
+    if (!MatMulIsaSupported(isa)) continue;
+    ASSERT_TRUE(SelectMatMulIsa(isa).ok());
+    SCOPED_TRACE(MatMulIsaName(isa));
+    body();
+  }
+  ASSERT_TRUE(SelectMatMulIsa(before).ok());
+}
+
 constexpr SplitFormat kAllFormats[] = {
     SplitFormat::kB2Sym,  SplitFormat::kB2Asym, SplitFormat::kB3Sym,
     SplitFormat::kB3Asym, SplitFormat::kB4Sym,  SplitFormat::kB4Asym,
@@ -187,36 +202,42 @@ void ExpectKernelMatchesReference(const MatrixView& w, int64_t tokens, uint32_t 
 }
 
 TEST(SplitMatMul, KernelMatchesReferenceBitForBit) {
-  for (SplitFormat format : kAllFormats) {
-    for (int group : GroupsFor(format)) {
-      // 9 groups: a full run of 8 plus a partial one; 37 rows: every row-tile remainder.
-      const Matrix m = QuantizedMatrix(format, group, 37, 9 * group, 100 + group);
-      for (int64_t tokens : {1, 2, 3, 4, 5, 7, 8, 13}) {
-        ExpectKernelMatchesReference(m.view, tokens, 7 * tokens, Name(format, group));
+  ForEachIsa([&] {
+    for (SplitFormat format : kAllFormats) {
+      for (int group : GroupsFor(format)) {
+        // 9 groups: a full run of 8 plus a partial one; 37 rows: every row-tile remainder.
+        const Matrix m = QuantizedMatrix(format, group, 37, 9 * group, 100 + group);
+        for (int64_t tokens : {1, 2, 3, 4, 5, 7, 8, 13}) {
+          ExpectKernelMatchesReference(m.view, tokens, 7 * tokens, Name(format, group));
+        }
       }
     }
-  }
+  });
 }
 
 TEST(SplitMatMul, KernelMatchesReferenceOnRandomBytes) {
-  for (SplitFormat format : kAllFormats) {
-    for (int group : GroupsFor(format)) {
-      const Matrix m = RandomBytesMatrix(format, group, 13, 17 * group, 200 + group);
-      for (int64_t tokens : {1, 4, 6}) {
-        ExpectKernelMatchesReference(m.view, tokens, 3 * tokens, Name(format, group) + " random");
+  ForEachIsa([&] {
+    for (SplitFormat format : kAllFormats) {
+      for (int group : GroupsFor(format)) {
+        const Matrix m = RandomBytesMatrix(format, group, 13, 17 * group, 200 + group);
+        for (int64_t tokens : {1, 4, 6}) {
+          ExpectKernelMatchesReference(m.view, tokens, 3 * tokens, Name(format, group) + " random");
+        }
       }
     }
-  }
+  });
 }
 
 TEST(SplitMatMul, OddGroupSizesAndLongRows) {
-  // Groups that are not a power of two (96) and rows with many runs (4096 columns).
-  for (SplitFormat format : {SplitFormat::kB3Asym, SplitFormat::kR6, SplitFormat::kR8}) {
-    const Matrix odd = QuantizedMatrix(format, 96, 9, 96 * 11, 300);
-    ExpectKernelMatchesReference(odd.view, 5, 41, Name(format, 96));
-    const Matrix wide = QuantizedMatrix(format, 64, 6, 4096, 301);
-    ExpectKernelMatchesReference(wide.view, 3, 42, Name(format, 64) + " wide");
-  }
+  ForEachIsa([&] {
+    // Groups that are not a power of two (96) and rows with many runs (4096 columns).
+    for (SplitFormat format : {SplitFormat::kB3Asym, SplitFormat::kR6, SplitFormat::kR8}) {
+      const Matrix odd = QuantizedMatrix(format, 96, 9, 96 * 11, 300);
+      ExpectKernelMatchesReference(odd.view, 5, 41, Name(format, 96));
+      const Matrix wide = QuantizedMatrix(format, 64, 6, 4096, 301);
+      ExpectKernelMatchesReference(wide.view, 3, 42, Name(format, 64) + " wide");
+    }
+  });
 }
 
 TEST(SplitMatMul, PaddedRowStrideIsIgnored) {
@@ -236,49 +257,51 @@ TEST(SplitMatMul, PaddedRowStrideIsIgnored) {
 
 // Batch invariance: row t alone vs inside batches of every size 2..64, threads 1/2/3.
 TEST(SplitMatMul, BatchInvariant) {
-  constexpr int64_t kTokens = 64;
-  for (SplitFormat format : kAllFormats) {
-    for (int group : GroupsFor(format)) {
-      const int64_t rows = 21, cols = 9 * group;
-      const Matrix m = QuantizedMatrix(format, group, rows, cols, 500);
-      const std::vector<float> xf = Gaussian(kTokens * cols, 501);
-      // Reference outputs: every token computed alone, single-threaded.
-      std::vector<float> alone(kTokens * rows);
-      {
-        ThreadPool pool(1);
-        QuantizedActivations one;
-        for (int64_t t = 0; t < kTokens; ++t) {
-          QuantizeActivations(xf.data() + t * cols, 1, cols, &one);
-          MatMul(m.view, one, alone.data() + t * rows, false, pool);
-        }
-      }
-      for (int threads : {1, 2, 3}) {
-        ThreadPool pool(threads);
-        QuantizedActivations batch;
-        std::vector<float> y;
-        for (int64_t size = 2; size <= kTokens; ++size) {
-          // Batch = tokens [first, first + size) (cyclic), so each token also moves position.
-          const int64_t first = (size * 7) % kTokens;
-          std::vector<float> xb(size * cols);
-          for (int64_t i = 0; i < size; ++i) {
-            const int64_t t = (first + i) % kTokens;
-            std::memcpy(&xb[i * cols], &xf[t * cols], cols * sizeof(float));
+  ForEachIsa([&] {
+    constexpr int64_t kTokens = 64;
+    for (SplitFormat format : kAllFormats) {
+      for (int group : GroupsFor(format)) {
+        const int64_t rows = 21, cols = 9 * group;
+        const Matrix m = QuantizedMatrix(format, group, rows, cols, 500);
+        const std::vector<float> xf = Gaussian(kTokens * cols, 501);
+        // Reference outputs: every token computed alone, single-threaded.
+        std::vector<float> alone(kTokens * rows);
+        {
+          ThreadPool pool(1);
+          QuantizedActivations one;
+          for (int64_t t = 0; t < kTokens; ++t) {
+            QuantizeActivations(xf.data() + t * cols, 1, cols, &one);
+            MatMul(m.view, one, alone.data() + t * rows, false, pool);
           }
-          QuantizeActivations(xb.data(), size, cols, &batch);
-          y.assign(size * rows, NAN);
-          MatMul(m.view, batch, y.data(), false, pool);
-          for (int64_t i = 0; i < size; ++i) {
-            const int64_t t = (first + i) % kTokens;
-            for (int64_t r = 0; r < rows; ++r) {
-              ASSERT_TRUE(SameBits(y[i * rows + r], alone[t * rows + r]))
-                  << Name(format, group) << " token " << t << " at " << i << " of " << size
-                  << " threads " << threads << " row " << r;
+        }
+        for (int threads : {1, 2, 3}) {
+          ThreadPool pool(threads);
+          QuantizedActivations batch;
+          std::vector<float> y;
+          for (int64_t size = 2; size <= kTokens; ++size) {
+            // Batch = tokens [first, first + size) (cyclic), so each token also moves position.
+            const int64_t first = (size * 7) % kTokens;
+            std::vector<float> xb(size * cols);
+            for (int64_t i = 0; i < size; ++i) {
+              const int64_t t = (first + i) % kTokens;
+              std::memcpy(&xb[i * cols], &xf[t * cols], cols * sizeof(float));
+            }
+            QuantizeActivations(xb.data(), size, cols, &batch);
+            y.assign(size * rows, NAN);
+            MatMul(m.view, batch, y.data(), false, pool);
+            for (int64_t i = 0; i < size; ++i) {
+              const int64_t t = (first + i) % kTokens;
+              for (int64_t r = 0; r < rows; ++r) {
+                ASSERT_TRUE(SameBits(y[i * rows + r], alone[t * rows + r]))
+                    << Name(format, group) << " token " << t << " at " << i << " of " << size
+                    << " threads " << threads << " row " << r;
+              }
             }
           }
         }
       }
     }
-  }
+  });
 }
 
 TEST(SplitMatMul, RowRangesEqualFullMatMul) {
@@ -355,6 +378,26 @@ TEST(SplitMatMul, BasePlusResidualMatchesFullWeights) {
     }
   }
   EXPECT_LE(Nmse(y, exact), 1e-4);
+}
+
+TEST(SplitMatMul, IsaSelection) {
+  EXPECT_TRUE(MatMulIsaSupported(MatMulIsa::kAvx2));
+  EXPECT_EQ(MatMulIsaSupported(MatMulIsa::kAvxVnni), __builtin_cpu_supports("avxvnni") != 0);
+  EXPECT_EQ(MatMulIsaSupported(MatMulIsa::kAvx512),
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+                __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bw"));
+  // The default is the best the CPU has.
+  const MatMulIsa best = MatMulIsaSupported(MatMulIsa::kAvx512)    ? MatMulIsa::kAvx512
+                         : MatMulIsaSupported(MatMulIsa::kAvxVnni) ? MatMulIsa::kAvxVnni
+                                                                   : MatMulIsa::kAvx2;
+  EXPECT_EQ(ActiveMatMulIsa(), best);
+  for (MatMulIsa isa : {MatMulIsa::kAvxVnni, MatMulIsa::kAvx512}) {
+    if (MatMulIsaSupported(isa)) continue;
+    const absl::Status status = SelectMatMulIsa(isa);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(status.message().find(MatMulIsaName(isa)), std::string::npos) << status;
+    EXPECT_EQ(ActiveMatMulIsa(), best);
+  }
 }
 
 TEST(MakeMatrixView, RejectsBadShapes) {

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -45,7 +46,7 @@ enum class ScaleLoad {
   kPairs,     // group 64: 4 scales, each used twice
   kQuads,     // group 128: 2 scales, each used 4 times
   kShared,    // group a multiple of 256: one scale for the whole chunk
-  kStrided,   // group 32, scales `scale_stride` bytes apart (Q8_0's blocks): one gather
+  kStrided,   // group 32, scales `scale_stride` bytes apart (Q8_0's blocks)
   kGeneric,   // any other group: one load per block
 };
 
@@ -56,7 +57,6 @@ struct Problem {
   SplitRowLayout layout;
   int64_t blocks_per_group;
   ScaleLoad scale_load;
-  __m256i strided_scale_index;  // kStrided: byte offsets 0, stride, ..., 7 * stride
   const float* group_sums;      // [x.rows][group_stride], zero padded; null without a min term
   int64_t group_stride;
   float* y;
@@ -79,70 +79,6 @@ void ComputeGroupSums(const QuantizedActivations& x, int group, std::vector<floa
     }
   }
 }
-
-// ---- Per-format code expansion to 32 bytes in element order (see split_format.h) -----------
-
-inline __m256i ExpandPlane2(const uint8_t* p) {  // values 0..3
-  uint64_t bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  const __m256i v = _mm256_set1_epi64x(static_cast<long long>(bits));
-  return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 2, 4, 6)),
-                          _mm256_set1_epi8(3));
-}
-// Plane1 as a byte mask: bit 7 of output byte j is element j's bit (other bits: garbage).
-// Doubleword k holds elements 4k..4k+3, whose bits sit at bit k of bytes 0..3: shifting left by
-// 7 - k moves them to bit 7 of each byte, which is all vpblendvb looks at.
-inline __m256i ExpandPlane1Mask(const uint8_t* p) {
-  uint32_t bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  const __m256i v = _mm256_set1_epi32(static_cast<int>(bits));
-  return _mm256_sllv_epi32(v, _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0));
-}
-inline __m256i ExpandPlane4(const uint8_t* p) {  // values 0..15
-  const __m256i v =
-      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)),
-                          _mm256_set1_epi8(15));
-}
-
-template <SplitFormat kFormat>
-struct Codes;
-template <>
-struct Codes<SplitFormat::kB2Sym> {
-  static __m256i Expand(const uint8_t* p) { return ExpandPlane2(p); }
-};
-template <>
-struct Codes<SplitFormat::kB2Asym> : Codes<SplitFormat::kB2Sym> {};
-template <>
-struct Codes<SplitFormat::kB3Sym> {
-  static __m256i Expand(const uint8_t* p) {
-    const __m256i low = ExpandPlane2(p);  // bits 0-1; bit 2 is added where the mask says so
-    return _mm256_blendv_epi8(low, _mm256_or_si256(low, _mm256_set1_epi8(4)),
-                              ExpandPlane1Mask(p + 8));
-  }
-};
-template <>
-struct Codes<SplitFormat::kB3Asym> : Codes<SplitFormat::kB3Sym> {};
-template <>
-struct Codes<SplitFormat::kB4Sym> {
-  static __m256i Expand(const uint8_t* p) { return ExpandPlane4(p); }
-};
-template <>
-struct Codes<SplitFormat::kB4Asym> : Codes<SplitFormat::kB4Sym> {};
-template <>
-struct Codes<SplitFormat::kR6> {
-  static __m256i Expand(const uint8_t* p) {
-    return _mm256_or_si256(ExpandPlane4(p), _mm256_slli_epi16(ExpandPlane2(p + 16), 4));
-  }
-};
-template <>
-struct Codes<SplitFormat::kR8> {
-  static __m256i Expand(const uint8_t* p) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  }
-};
-template <>
-struct Codes<SplitFormat::kQ8_0> : Codes<SplitFormat::kR8> {};
 
 // Compile-time copy of the SplitFormatInfo fields the kernel branches on.
 template <SplitFormat kFormat>
@@ -193,13 +129,18 @@ inline __m256 BlockScales(const Problem& p, const uint8_t* row, int64_t chunk, i
         return HalvesToFloats(_mm_set1_epi16(
             static_cast<int16_t>(LoadHalf(scales + 2 * (chunk / p.blocks_per_group)))));
       case ScaleLoad::kStrided: {
-        // One 32-bit gather per block; the scale is the low half of each (Q8_0: d, qs[0..1]).
-        const __m256i words = _mm256_i32gather_epi32(
-            reinterpret_cast<const int*>(scales + chunk * p.layout.scale_stride),
-            p.strided_scale_index, 1);
-        const __m256i low = _mm256_and_si256(words, _mm256_set1_epi32(0xffff));
-        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(low, low), 0x08);
-        return HalvesToFloats(_mm256_castsi256_si128(packed));
+        // Eight 16-bit loads (Q8_0: d at the start of each 34-byte block); a gather is slower
+        // on AMD cores and no faster elsewhere.
+        const uint8_t* first = scales + chunk * p.layout.scale_stride;
+        const size_t stride = p.layout.scale_stride;
+        return HalvesToFloats(_mm_setr_epi16(
+            static_cast<int16_t>(LoadHalf(first)), static_cast<int16_t>(LoadHalf(first + stride)),
+            static_cast<int16_t>(LoadHalf(first + 2 * stride)),
+            static_cast<int16_t>(LoadHalf(first + 3 * stride)),
+            static_cast<int16_t>(LoadHalf(first + 4 * stride)),
+            static_cast<int16_t>(LoadHalf(first + 5 * stride)),
+            static_cast<int16_t>(LoadHalf(first + 6 * stride)),
+            static_cast<int16_t>(LoadHalf(first + 7 * stride))));
       }
       case ScaleLoad::kGeneric:
         break;
@@ -260,227 +201,71 @@ struct Prefetcher {
   }
 };
 
-// The kernel: RT weight rows x TT activation rows, accumulators in registers, one pass over
-// the weight rows. Every (row, token) pair follows the sequence in split_matmul.h, whatever the
-// tile shape. (Not inlined: 9 formats x 9 tile shapes would bloat RunRows for no gain.)
-template <SplitFormat kFormat, int RT, int TT>
-__attribute__((noinline)) void Tile(const Problem& p, int64_t r0, int64_t t0, Prefetcher prefetch) {
-  using T = Traits<kFormat>;
-  const MatrixView& w = *p.w;
-  const QuantizedActivations& x = *p.x;
-  const int64_t blocks_per_group = p.blocks_per_group;
-  const int64_t groups = p.layout.groups;
-  BITSPLIT_CHECK(static_cast<int64_t>(p.layout.code_stride) == T::kCodeStride);
-  const int64_t row_stride = static_cast<int64_t>(w.row_stride);
-  const int64_t x_stride = x.cols;
-
-  const uint8_t* rows[RT];
-  const uint8_t* codes_base[RT];
-  for (int r = 0; r < RT; ++r) {
-    rows[r] = w.row(r0 + r);
-    codes_base[r] = rows[r] + p.layout.code_offset;
-  }
-  const int8_t* xcodes[TT];
-  const float* xscales[TT];
-  for (int t = 0; t < TT; ++t) {
-    xcodes[t] = x.row_codes(t0 + t);
-    xscales[t] = x.row_scales(t0 + t);
-  }
-  const __m256i ones16 = _mm256_set1_epi16(1);
-
-  __m256 acc[RT][TT];
-#pragma GCC unroll 4
-  for (int r = 0; r < RT; ++r) {
-#pragma GCC unroll 4
-    for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
-  }
-  // scale[span parity][r][t][j] = d(row r, block first + j) * s[t][first + j] for a span of 32
-  // blocks, computed eight at a time one span ahead of the block loop (so the broadcast loads
-  // never wait for just-stored lines).
-  alignas(32) float scale[2][RT][TT][kScaleSpan];
-  auto compute_scales = [&](int64_t first, float(*out)[TT][kScaleSpan]) {
-    const int span = static_cast<int>(std::min<int64_t>(kScaleSpan, p.layout.sub_blocks - first));
-    for (int q = 0; q * kChunkBlocks < span; ++q) {
-      const int64_t chunk = first + q * kChunkBlocks;
-      const int chunk_blocks = std::min(kChunkBlocks, span - q * kChunkBlocks);
-#pragma GCC unroll 4
-      for (int r = 0; r < RT; ++r) {
-        const __m256 d = BlockScales(p, rows[r], chunk, chunk_blocks);
-#pragma GCC unroll 4
-        for (int t = 0; t < TT; ++t) {
-          _mm256_store_ps(&out[r][t][q * kChunkBlocks],
-                          _mm256_mul_ps(d, _mm256_loadu_ps(xscales[t] + chunk)));
-        }
-      }
-    }
-  };
-  const int64_t run_blocks = kGroupsPerRun * blocks_per_group;
-  int64_t next_run_end = std::min(run_blocks, p.layout.sub_blocks);
-  int64_t run_first_group = 0;
-
-  compute_scales(0, scale[0]);
-  for (int64_t first = 0, parity = 0; first < p.layout.sub_blocks;
-       first += kScaleSpan, parity ^= 1) {
-    const int span = static_cast<int>(std::min<int64_t>(kScaleSpan, p.layout.sub_blocks - first));
-    if (first + kScaleSpan < p.layout.sub_blocks) {
-      compute_scales(first + kScaleSpan, scale[parity ^ 1]);
-    }
-    float(*span_scale)[TT][kScaleSpan] = scale[parity];
-    // One pointer per operand, advanced per block; rows and tokens are fixed strides apart
-    // (keeps the loop's addresses in registers).
-    const uint8_t* code_pointer = codes_base[0] + first * T::kCodeStride;
-    const int8_t* x_pointer = xcodes[0] + first * kActivationBlock;
-    // Chunks of 8 blocks; runs of 8 groups are whole chunks (8 * blocks_per_group blocks, from
-    // a multiple of 8), so a run can only end at the end of a chunk.
-    for (int chunk = 0; chunk < span; chunk += kChunkBlocks) {
-      const int chunk_end = std::min(span, chunk + kChunkBlocks);
-      prefetch.Step();
-      for (int j = chunk; j < chunk_end;
-           ++j, code_pointer += T::kCodeStride, x_pointer += kActivationBlock) {
-        __m256i codes[RT], magnitudes[RT];
-#pragma GCC unroll 4
-        for (int r = 0; r < RT; ++r) {
-          codes[r] = Codes<kFormat>::Expand(code_pointer + r * row_stride);
-          if constexpr (T::kSigned) magnitudes[r] = _mm256_abs_epi8(codes[r]);
-        }
-#pragma GCC unroll 4
-        for (int t = 0; t < TT; ++t) {
-          const __m256i xv =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x_pointer + t * x_stride));
-#pragma GCC unroll 4
-          for (int r = 0; r < RT; ++r) {
-            // Pairs of u8 * s8 products summed to int16 (no saturation: |w| <= 128 with
-            // |x| <= 127 for the signed formats, w <= 63 otherwise), then to int32 lanes.
-            const __m256i pairs =
-                T::kSigned ? _mm256_maddubs_epi16(magnitudes[r], _mm256_sign_epi8(xv, codes[r]))
-                           : _mm256_maddubs_epi16(codes[r], xv);
-            const __m256i sums = _mm256_madd_epi16(pairs, ones16);
-            acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums),
-                                        _mm256_broadcast_ss(&span_scale[r][t][j]), acc[r][t]);
-          }
-        }
-      }
-      if constexpr (T::kMinTerm) {
-        if (first + chunk_end == next_run_end) {  // the run of 8 groups ends with this chunk
-          const int64_t g_begin = run_first_group;
-          const int64_t g_end = std::min(groups, g_begin + kGroupsPerRun);
-          run_first_group += kGroupsPerRun;
-          next_run_end = std::min(next_run_end + run_blocks, p.layout.sub_blocks);
-          __m256 mins[RT];
-#pragma GCC unroll 4
-          for (int r = 0; r < RT; ++r) mins[r] = GroupMins<kFormat>(p, rows[r], g_begin, g_end);
-#pragma GCC unroll 4
-          for (int t = 0; t < TT; ++t) {
-            const __m256 group_sums =
-                _mm256_loadu_ps(p.group_sums + (t0 + t) * p.group_stride + g_begin);
-#pragma GCC unroll 4
-            for (int r = 0; r < RT; ++r) {
-              acc[r][t] = _mm256_fmadd_ps(mins[r], group_sums, acc[r][t]);
-            }
-          }
-        }
-      }
-    }
-  }
-  prefetch.Finish();
-#pragma GCC unroll 4
-  for (int t = 0; t < TT; ++t) {
-    float* out = p.y + (t0 + t) * w.rows + r0;
-#pragma GCC unroll 4
-    for (int r = 0; r < RT; ++r) {
-      const float v = HorizontalSum(acc[r][t]);
-      out[r] = p.accumulate ? out[r] + v : v;
-    }
-  }
-}
-
-// Tiles weight rows [row_begin, row_end) x all tokens. One token: 4 rows per tile for enough
-// independent accumulation chains; more tokens: 2 rows x up to 4 tokens (8 accumulators). While
-// a row tile is processed, the next row tile of this range is prefetched.
-template <SplitFormat kFormat>
-void RunRows(const Problem& p, int64_t row_begin, int64_t row_end) {
-  const MatrixView& w = *p.w;
-  const int64_t tokens = p.x->rows;
-  const int64_t chunks = (p.layout.sub_blocks + kChunkBlocks - 1) / kChunkBlocks;
-  const int64_t token_tiles = tokens == 1 ? 1 : (tokens + 3) / 4;
-  // Every token tile of a row tile prefetches `slice` lines of the next row tile (at most), in
-  // steps of `per_chunk` lines. Computed once: divisions per tile would cost more than 5%.
-  const int64_t row_tile = tokens == 1 ? 4 : 2;
-  const int64_t tile_lines = (row_tile * static_cast<int64_t>(w.row_stride) + 63) / 64;
-  const int64_t slice = (tile_lines + token_tiles - 1) / token_tiles;
-  const int64_t per_chunk = (slice + chunks - 1) / chunks;
-  // Token tile `index` prefetches its slice of rows [next_row, next_end) (of this thread).
-  auto prefetch_for = [&](int64_t next_row, int64_t next_end, int64_t index) {
-    Prefetcher prefetch;
-    if (next_row >= next_end) return prefetch;
-    const char* first = reinterpret_cast<const char*>(w.row(next_row));
-    const char* last = reinterpret_cast<const char*>(w.row(next_end - 1)) + p.layout.row_bytes;
-    const int64_t lines = (last - first + 63) / 64;
-    const int64_t begin = std::min(lines, slice * index);
-    prefetch.next = first + 64 * begin;
-    prefetch.lines = std::min(lines, begin + slice) - begin;
-    prefetch.per_chunk = per_chunk;
-    return prefetch;
-  };
-  int64_t r = row_begin;
-  if (tokens == 1) {
-    for (; r + 4 <= row_end; r += 4) {
-      Tile<kFormat, 4, 1>(p, r, 0, prefetch_for(r + 4, std::min(r + 8, row_end), 0));
-    }
-    for (; r < row_end; ++r) Tile<kFormat, 1, 1>(p, r, 0, Prefetcher());
-    return;
-  }
-  auto token_loop = [&](auto row_tile, int64_t row) {
-    constexpr int RT = decltype(row_tile)::value;
-    const int64_t next_end = std::min(row + 2 * RT, row_end);
-    int64_t t = 0, index = 0;
-    for (; t + 4 <= tokens; t += 4, ++index) {
-      Tile<kFormat, RT, 4>(p, row, t, prefetch_for(row + RT, next_end, index));
-    }
-    const Prefetcher last = prefetch_for(row + RT, next_end, index);
-    switch (tokens - t) {
-      case 3:
-        Tile<kFormat, RT, 3>(p, row, t, last);
-        break;
-      case 2:
-        Tile<kFormat, RT, 2>(p, row, t, last);
-        break;
-      case 1:
-        Tile<kFormat, RT, 1>(p, row, t, last);
-        break;
-      default:
-        break;
-    }
-  };
-  for (; r + 2 <= row_end; r += 2) token_loop(std::integral_constant<int, 2>(), r);
-  for (; r < row_end; ++r) token_loop(std::integral_constant<int, 1>(), r);
-}
-
 using RunRowsFn = void (*)(const Problem&, int64_t, int64_t);
 
+// The kernels, compiled once per instruction set (see split_matmul_kernel.inc): the same
+// sequence of operations. AVX2 does the integer dot product with vpmaddubsw + vpmaddwd; AVX-VNNI
+// with one vpdpbusd (those three and vfmadd share two ports on current cores, so this takes a
+// third of the work off the ports that bound the kernel); AVX-512 (VL, BW, VNNI, VBMI, used on
+// 256-bit vectors) also expands 2/3/6-bit codes with vpmultishiftqb/vpternlogd in fewer
+// instructions and folds the scale broadcasts into the multiply-adds.
+namespace avx2 {
+#define BITSPLIT_MATMUL_VNNI 0
+#define BITSPLIT_MATMUL_AVX512 0
+#include "common/quant/split_matmul_kernel.inc"
+#undef BITSPLIT_MATMUL_AVX512
+#undef BITSPLIT_MATMUL_VNNI
+}  // namespace avx2
+#pragma GCC push_options
+#pragma GCC target("avxvnni")
+namespace avxvnni {
+#define BITSPLIT_MATMUL_VNNI 1
+#define BITSPLIT_MATMUL_AVX512 0
+#include "common/quant/split_matmul_kernel.inc"
+#undef BITSPLIT_MATMUL_AVX512
+#undef BITSPLIT_MATMUL_VNNI
+}  // namespace avxvnni
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,avx512vbmi")
+namespace avx512 {
+#define BITSPLIT_MATMUL_VNNI 1
+#define BITSPLIT_MATMUL_AVX512 1
+#include "common/quant/split_matmul_kernel.inc"
+#undef BITSPLIT_MATMUL_AVX512
+#undef BITSPLIT_MATMUL_VNNI
+}  // namespace avx512
+#pragma GCC pop_options
+
+bool CpuHasAvxVnni() {
+  static const bool has = __builtin_cpu_supports("avxvnni");
+  return has;
+}
+bool CpuHasAvx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vnni") &&
+                          __builtin_cpu_supports("avx512vbmi");
+  return has;
+}
+
+std::atomic<MatMulIsa>& SelectedIsa() {
+  static std::atomic<MatMulIsa> isa{CpuHasAvx512()    ? MatMulIsa::kAvx512
+                                    : CpuHasAvxVnni() ? MatMulIsa::kAvxVnni
+                                                      : MatMulIsa::kAvx2};
+  return isa;
+}
+
 RunRowsFn GetRunRows(SplitFormat format) {
-  switch (format) {
-    case SplitFormat::kB2Sym:
-      return RunRows<SplitFormat::kB2Sym>;
-    case SplitFormat::kB2Asym:
-      return RunRows<SplitFormat::kB2Asym>;
-    case SplitFormat::kB3Sym:
-      return RunRows<SplitFormat::kB3Sym>;
-    case SplitFormat::kB3Asym:
-      return RunRows<SplitFormat::kB3Asym>;
-    case SplitFormat::kB4Sym:
-      return RunRows<SplitFormat::kB4Sym>;
-    case SplitFormat::kB4Asym:
-      return RunRows<SplitFormat::kB4Asym>;
-    case SplitFormat::kR6:
-      return RunRows<SplitFormat::kR6>;
-    case SplitFormat::kR8:
-      return RunRows<SplitFormat::kR8>;
-    case SplitFormat::kQ8_0:
-      return RunRows<SplitFormat::kQ8_0>;
+  switch (SelectedIsa().load(std::memory_order_relaxed)) {
+    case MatMulIsa::kAvx512:
+      return avx512::GetRunRows(format);
+    case MatMulIsa::kAvxVnni:
+      return avxvnni::GetRunRows(format);
+    case MatMulIsa::kAvx2:
+      break;
   }
-  BITSPLIT_CHECK(false);
-  return nullptr;
+  return avx2::GetRunRows(format);
 }
 
 void CheckProblem(const MatrixView& w, const QuantizedActivations& x) {
@@ -502,16 +287,12 @@ Problem MakeProblem(const MatrixView& w, const QuantizedActivations& x, float* y
             GetSplitRowLayout(w.format, w.group, w.cols),
             w.group / kSplitSubBlock,
             ScaleLoad::kGeneric,
-            _mm256_setzero_si256(),
             nullptr,
             0,
             y,
             accumulate};
-  if (p.blocks_per_group == 1 && p.layout.scale_stride >= sizeof(uint32_t)) {
+  if (p.blocks_per_group == 1 && p.layout.scale_stride > sizeof(uint16_t)) {
     p.scale_load = ScaleLoad::kStrided;
-    p.strided_scale_index =
-        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                           _mm256_set1_epi32(static_cast<int>(p.layout.scale_stride)));
   }
   if (p.layout.scale_stride == sizeof(uint16_t)) {
     if (p.blocks_per_group == 1) p.scale_load = ScaleLoad::kPerBlock;
@@ -631,6 +412,41 @@ absl::StatusOr<MatrixView> MakeMatrixView(SplitFormat format, int group, int64_t
                                                    needed, " bytes, have ", size_bytes));
   }
   return MatrixView{format, group, rows, cols, data, row_stride};
+}
+
+bool MatMulIsaSupported(MatMulIsa isa) {
+  switch (isa) {
+    case MatMulIsa::kAvx2:
+      return true;
+    case MatMulIsa::kAvxVnni:
+      return CpuHasAvxVnni();
+    case MatMulIsa::kAvx512:
+      return CpuHasAvx512();
+  }
+  return false;
+}
+
+MatMulIsa ActiveMatMulIsa() { return SelectedIsa().load(std::memory_order_relaxed); }
+
+absl::Status SelectMatMulIsa(MatMulIsa isa) {
+  if (!MatMulIsaSupported(isa)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this CPU does not support the ", MatMulIsaName(isa), " kernels"));
+  }
+  SelectedIsa().store(isa, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+const char* MatMulIsaName(MatMulIsa isa) {
+  switch (isa) {
+    case MatMulIsa::kAvx2:
+      return "avx2";
+    case MatMulIsa::kAvxVnni:
+      return "avx-vnni";
+    case MatMulIsa::kAvx512:
+      return "avx512";
+  }
+  return "?";
 }
 
 void MatMul(const MatrixView& w, const QuantizedActivations& x, float* y, bool accumulate,

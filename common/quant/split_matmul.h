@@ -79,9 +79,23 @@ absl::StatusOr<MatrixView> MakeMatrixView(SplitFormat format, int group, int64_t
                                           const uint8_t* data, size_t size_bytes,
                                           size_t row_stride = 0);
 
+// The kernels exist for three instruction sets, with the same bits out (the integer sums are
+// exact in each): AVX2 (the baseline the build assumes); AVX-VNNI (one vpdpbusd per 32-byte
+// integer dot product instead of vpmaddubsw + vpmaddwd; Zen 4+, Intel since Alder Lake); AVX-512
+// F/VL/BW/VNNI/VBMI on 256-bit vectors (fewer instructions to expand codes and load scales; Zen
+// 4+, Ice Lake and later servers). The best one the CPU supports is selected at start-up.
+enum class MatMulIsa { kAvx2, kAvxVnni, kAvx512 };
+bool MatMulIsaSupported(MatMulIsa isa);
+MatMulIsa ActiveMatMulIsa();
+const char* MatMulIsaName(MatMulIsa isa);
+// Switches every later MatMul/MatMulRows call of the process (tests and benchmarks compare the
+// two); FAILED_PRECONDITION when the CPU lacks `isa`. Not for use while a MatMul runs.
+absl::Status SelectMatMulIsa(MatMulIsa isa);
+
 // y[t * w.rows + r] (=|+=) x row t · W row r for t < x.rows; y is [x.rows][w.rows] row-major.
 // x.cols must equal w.cols, and x.rows must be >= 1. Parallel over weight rows (static chunks
-// of `pool`); AVX2/FMA/F16C. Invariants are BITSPLIT_CHECKed (a caller validates input first).
+// of `pool`); AVX2/FMA/F16C (+ AVX-VNNI where present). Invariants are BITSPLIT_CHECKed (a caller
+// validates input first).
 void MatMul(const MatrixView& w, const QuantizedActivations& x, float* y, bool accumulate,
             ThreadPool& pool);
 
