@@ -57,7 +57,7 @@ struct Problem {
   SplitRowLayout layout;
   int64_t blocks_per_group;
   ScaleLoad scale_load;
-  const float* group_sums;      // [x.rows][group_stride], zero padded; null without a min term
+  const float* group_sums;  // [x.rows][group_stride], zero padded; null without a min term
   int64_t group_stride;
   float* y;
   bool accumulate;
@@ -133,14 +133,14 @@ inline __m256 BlockScales(const Problem& p, const uint8_t* row, int64_t chunk, i
         // on AMD cores and no faster elsewhere.
         const uint8_t* first = scales + chunk * p.layout.scale_stride;
         const size_t stride = p.layout.scale_stride;
-        return HalvesToFloats(_mm_setr_epi16(
-            static_cast<int16_t>(LoadHalf(first)), static_cast<int16_t>(LoadHalf(first + stride)),
-            static_cast<int16_t>(LoadHalf(first + 2 * stride)),
-            static_cast<int16_t>(LoadHalf(first + 3 * stride)),
-            static_cast<int16_t>(LoadHalf(first + 4 * stride)),
-            static_cast<int16_t>(LoadHalf(first + 5 * stride)),
-            static_cast<int16_t>(LoadHalf(first + 6 * stride)),
-            static_cast<int16_t>(LoadHalf(first + 7 * stride))));
+        return HalvesToFloats(_mm_setr_epi16(static_cast<int16_t>(LoadHalf(first)),
+                                             static_cast<int16_t>(LoadHalf(first + stride)),
+                                             static_cast<int16_t>(LoadHalf(first + 2 * stride)),
+                                             static_cast<int16_t>(LoadHalf(first + 3 * stride)),
+                                             static_cast<int16_t>(LoadHalf(first + 4 * stride)),
+                                             static_cast<int16_t>(LoadHalf(first + 5 * stride)),
+                                             static_cast<int16_t>(LoadHalf(first + 6 * stride)),
+                                             static_cast<int16_t>(LoadHalf(first + 7 * stride))));
       }
       case ScaleLoad::kGeneric:
         break;
