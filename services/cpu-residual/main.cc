@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/quant/split_matmul.h"
 #include "common/rpc/server_runner.h"
 #include "grpcpp/grpcpp.h"
 #include "services/cpu-residual/channel_manager.h"
@@ -90,11 +91,12 @@ int Run(int argc, char** argv) {
                                     .tcp_address = tcp,
                                     .health_services = {kServiceName},
                                     .shutdown_grace_ms = shutdown_grace_ms};
-  const std::string description = absl::StrFormat(
-      "%s (fingerprint %s, %d layers, %llu bytes, %d threads%s%s)", file.name(),
-      file.fingerprint_hex(), (*store)->num_layers(),
-      static_cast<unsigned long long>((*store)->weight_bytes()), (*store)->threads(),
-      (*store)->mlocked() ? ", mlocked" : "", (*store)->pinned() ? ", pinned" : "");
+  const std::string description =
+      absl::StrFormat("%s (fingerprint %s, %d layers, %llu bytes, %d threads, %s kernels%s%s)",
+                      file.name(), file.fingerprint_hex(), (*store)->num_layers(),
+                      static_cast<unsigned long long>((*store)->weight_bytes()),
+                      (*store)->threads(), quant::MatMulIsaName(quant::ActiveMatMulIsa()),
+                      (*store)->mlocked() ? ", mlocked" : "", (*store)->pinned() ? ", pinned" : "");
   grpc::Service* services[] = {&service};
   // The channels close after the server stops (attached clients then get UNAVAILABLE).
   const absl::Status status = rpc::RunServer(server_options, services, description, {});

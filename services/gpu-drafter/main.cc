@@ -29,6 +29,7 @@
 #include "absl/strings/strip.h"
 #include "common/model/remote_residual.h"
 #include "common/model/speculation.h"
+#include "common/quant/split_matmul.h"
 #include "common/rpc/server_runner.h"
 #include "services/gpu-drafter/cpu_backend.h"
 #include "services/gpu-drafter/drafter_service.h"
@@ -283,9 +284,10 @@ int Run(int argc, char** argv) {
           ? info.name
           : absl::StrCat(info.name, " on ", info.device, " [VRAM ", info.vram_summary, "]");
   const std::string description = absl::StrFormat(
-      "%s (fingerprint %s, backend %s, %d threads, residual %s, draft %s/%s KV, %d sessions x "
-      "%d tokens)",
+      "%s (fingerprint %s, backend %s, %d threads, %s CPU kernels, residual %s, draft %s/%s KV, "
+      "%d sessions x %d tokens)",
       info.model_name, info.fingerprint, backend_description, info.threads,
+      quant::MatMulIsaName(quant::ActiveMatMulIsa()),
       residual_link != nullptr ? "shm " + residual_socket : std::string("in-process"),
       info.draft_model, model::DraftKvName(info.draft_kv), service_options.max_sessions,
       service_options.max_context);
