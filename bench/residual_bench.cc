@@ -277,17 +277,23 @@ PassData MakePassData(const Residual& r, int64_t rows) {
 }
 
 // Median seconds of `passes` passes of `source` (after one warm-up pass).
+// The median of `passes` timed passes after a warm-up pass; `all_seconds` (if given) gets the
+// total of all passes, warm-up included.
 double TimePasses(const Residual& r, PassData& d, model::ResidualSource& source, ThreadPool& pool,
-                  int passes) {
+                  int passes, double* all_seconds = nullptr) {
   std::vector<double> times;
+  double total = 0;
   for (int p = 0; p <= passes; ++p) {
     const auto start = Clock::now();
     for (size_t i = 0; i < r.ids.size(); ++i) {
       const absl::Status status = source.Accumulate(r.ids[i], d.x[i], d.out_ptrs[i], pool);
       if (!status.ok()) Die(std::string(status.message()));
     }
-    if (p > 0) times.push_back(Seconds(Clock::now() - start));
+    const double seconds = Seconds(Clock::now() - start);
+    total += seconds;
+    if (p > 0) times.push_back(seconds);
   }
+  if (all_seconds != nullptr) *all_seconds = total;
   return Median(times);
 }
 
@@ -361,8 +367,18 @@ void FullPass(const std::string& path, const std::string& label, const std::stri
   rpc::GrpcResidual grpc_source(*client, r.shapes);
   ThreadPool client_pool(1);
   std::vector<double> shm_times, grpc_times;
+  // Where a shm pass's time goes: means over all passes, the warm-up one included.
+  std::vector<model::RemoteResidualStats> shm_stats;
+  std::vector<double> shm_all_seconds(4);
   for (size_t i = 0; i < 4; ++i) {
-    shm_times.push_back(TimePasses(r, data[i], (*session)->residual(), client_pool, passes));
+    const model::RemoteResidualStats before = (*session)->residual().stats();
+    shm_times.push_back(
+        TimePasses(r, data[i], (*session)->residual(), client_pool, passes, &shm_all_seconds[i]));
+    model::RemoteResidualStats delta = (*session)->residual().stats();
+    delta.round_trip_ns -= before.round_trip_ns;
+    delta.server_ns -= before.server_ns;
+    delta.compute_ns -= before.compute_ns;
+    shm_stats.push_back(delta);
     grpc_times.push_back(TimePasses(r, data[i], grpc_source, client_pool, passes));
   }
   std::printf("\n## Full residual pass: %s\n\n", label.c_str());
@@ -381,6 +397,21 @@ void FullPass(const std::string& path, const std::string& label, const std::stri
                 static_cast<long long>(kTs[i]), floor * 1e3, in_process[i] * 1e3,
                 shm_times[i] * 1e3, shm_times[i] / floor, shm_times[i] / in_process[i],
                 grpc_times[i] * 1e3, grpc_times[i] / shm_times[i]);
+  }
+  std::printf(
+      "\nshm pass, mean per pass (warm-up included): the pass, the kernels (service compute_ns),\n"
+      "the service (server_ns: kernels + reading requests, writing outputs), the round trips\n"
+      "(client submit to response seen) and the rest (client copies in, adds outputs in place)\n\n"
+      "| T | pass ms | kernels ms | service ms | round trips ms | rest ms |\n"
+      "|---|---|---|---|---|---|\n");
+  for (size_t i = 0; i < 4; ++i) {
+    const double calls_per_pass = passes + 1;
+    const double pass_ms = shm_all_seconds[i] * 1e3 / calls_per_pass;
+    const double round_trips_ms = shm_stats[i].round_trip_ns / 1e6 / calls_per_pass;
+    std::printf("| %lld | %.3f | %.3f | %.3f | %.3f | %.3f |\n", static_cast<long long>(kTs[i]),
+                pass_ms, shm_stats[i].compute_ns / 1e6 / calls_per_pass,
+                shm_stats[i].server_ns / 1e6 / calls_per_pass, round_trips_ms,
+                pass_ms - round_trips_ms);
   }
   std::fflush(stdout);
 }

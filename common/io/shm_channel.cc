@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -302,6 +303,14 @@ absl::Status ShmChannelClient::Wait(ShmCallInfo* info) {
       break;
     }
     _mm_pause();
+  }
+  const uint64_t yield_ns = spin_ns + static_cast<uint64_t>(options_.yield_spin.count());
+  for (uint64_t now = MonotonicNanos(); !ok && now - start < yield_ns; now = MonotonicNanos()) {
+    if (done()) {
+      ok = true;
+      break;
+    }
+    sched_yield();
   }
   while (!ok) {
     if (done()) {
