@@ -187,8 +187,9 @@ struct ShmClientOptions {
   std::chrono::nanoseconds timeout = std::chrono::seconds(10);    // one request, end to end
   std::chrono::nanoseconds spin = std::chrono::microseconds(50);  // busy, before yielding
   // Then polling between sched_yield calls, before sleeping on the futex: a futex wake-up costs
-  // 5-30 us on a VM (measured: 0.8 ms per SmolLM2 residual pass, whose groups mostly outlast the
-  // busy spin), while a yielding poll gives the core away whenever a kernel thread wants it.
+  // 5-30 us on a VM (0.8 ms per SmolLM2 residual pass, whose groups mostly outlast the busy
+  // spin). Only where a core is free for it: a polling thread stays runnable, so it takes CPU
+  // time from kernel threads that need every core (ResidualClient sets 0 then).
   std::chrono::nanoseconds yield_spin = std::chrono::milliseconds(2);
   std::chrono::nanoseconds liveness_timeout = std::chrono::seconds(2);  // stale heartbeat: dead
 };
