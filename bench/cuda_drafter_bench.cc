@@ -156,7 +156,7 @@ int Run(const Options& o) {
     std::printf("SKIP: no CUDA device is visible; the bench needs one\n");
     return 0;
   }
-  model::ModelConfig config = cuda::EightBClassConfig();
+  model::ModelConfig config = model::EightBClassConfig();
   config.num_layers = o.layers;
   config.d_model = o.d_model;
   config.d_ff = o.d_ff;

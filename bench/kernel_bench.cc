@@ -169,33 +169,30 @@ double MeasureBandwidth(bool software_prefetch) {
 // The kernel's inner instruction mix from registers, 8 independent chains each doing 32
 // multiply-adds: AVX2 vpmaddubsw -> vpmaddwd -> vcvtdq2ps -> vfmadd231ps; with VNNI (the
 // AVX-VNNI and AVX-512 kernels) a zeroed accumulator -> vpdpbusd -> vcvtdq2ps -> vfmadd231ps.
-#define BITSPLIT_MIX_CHAIN(acc)             \
+// One chain: the integer dot product `dot` into ymm8, then vcvtdq2ps and vfmadd231ps into acc.
+#define BITSPLIT_MIX_CHAIN(dot, acc) \
+  dot "vcvtdq2ps %%ymm8, %%ymm8\n\t" \
+      "vfmadd231ps %%ymm12, %%ymm8, " acc "\n\t"
+#define BITSPLIT_AVX2_DOT                   \
   "vpmaddubsw %%ymm14, %%ymm15, %%ymm8\n\t" \
-  "vpmaddwd %%ymm13, %%ymm8, %%ymm8\n\t"    \
-  "vcvtdq2ps %%ymm8, %%ymm8\n\t"            \
-  "vfmadd231ps %%ymm12, %%ymm8, " acc "\n\t"
-#define BITSPLIT_VNNI_CHAIN(acc)                  \
-  "vmovdqa %%ymm13, %%ymm8\n\t"                   \
-  "%{vex%} vpdpbusd %%ymm14, %%ymm15, %%ymm8\n\t" \
-  "vcvtdq2ps %%ymm8, %%ymm8\n\t"                  \
-  "vfmadd231ps %%ymm12, %%ymm8, " acc "\n\t"
-#define BITSPLIT_EVEX_VNNI_CHAIN(acc)     \
-  "vmovdqa %%ymm13, %%ymm8\n\t"           \
-  "vpdpbusd %%ymm14, %%ymm15, %%ymm8\n\t" \
-  "vcvtdq2ps %%ymm8, %%ymm8\n\t"          \
-  "vfmadd231ps %%ymm12, %%ymm8, " acc "\n\t"
-#define BITSPLIT_MIX_LOOP(CHAIN) \
-  asm volatile("vpxor %%ymm12, %%ymm12, %%ymm12\n\t"                                       \
-               "vpxor %%ymm13, %%ymm13, %%ymm13\n\t"                                       \
-               "vpxor %%ymm14, %%ymm14, %%ymm14\n\t"                                       \
-               "vpxor %%ymm15, %%ymm15, %%ymm15\n\t"                                       \
-               "1:\n\t" CHAIN("%%ymm0") CHAIN("%%ymm1") CHAIN("%%ymm2") CHAIN("%%ymm3")      \
-                   CHAIN("%%ymm4") CHAIN("%%ymm5") CHAIN("%%ymm6") CHAIN("%%ymm7")           \
-               "dec %0\n\t"                                                                \
-               "jnz 1b\n\t"                                                                \
-               : "+r"(n)                                                                   \
-               :                                                                           \
-               : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",     \
+  "vpmaddwd %%ymm13, %%ymm8, %%ymm8\n\t"
+// `encoding`: %{vex%} (AVX-VNNI) or %{evex%} (AVX512-VNNI).
+#define BITSPLIT_VNNI_DOT(encoding) \
+  "vmovdqa %%ymm13, %%ymm8\n\t" encoding " vpdpbusd %%ymm14, %%ymm15, %%ymm8\n\t"
+#define BITSPLIT_MIX_LOOP(dot) \
+  asm volatile("vpxor %%ymm12, %%ymm12, %%ymm12\n\t"                                          \
+               "vpxor %%ymm13, %%ymm13, %%ymm13\n\t"                                          \
+               "vpxor %%ymm14, %%ymm14, %%ymm14\n\t"                                          \
+               "vpxor %%ymm15, %%ymm15, %%ymm15\n\t"                                          \
+               "1:\n\t" BITSPLIT_MIX_CHAIN(dot, "%%ymm0") BITSPLIT_MIX_CHAIN(dot, "%%ymm1")    \
+                   BITSPLIT_MIX_CHAIN(dot, "%%ymm2") BITSPLIT_MIX_CHAIN(dot, "%%ymm3")          \
+                       BITSPLIT_MIX_CHAIN(dot, "%%ymm4") BITSPLIT_MIX_CHAIN(dot, "%%ymm5")      \
+                           BITSPLIT_MIX_CHAIN(dot, "%%ymm6") BITSPLIT_MIX_CHAIN(dot, "%%ymm7")  \
+               "dec %0\n\t"                                                                   \
+               "jnz 1b\n\t"                                                                   \
+               : "+r"(n)                                                                      \
+               :                                                                              \
+               : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",        \
                  "xmm12", "xmm13", "xmm14", "xmm15", "cc")
 
 bool UsesVnni() { return ActiveMatMulIsa() != MatMulIsa::kAvx2; }
@@ -207,10 +204,10 @@ double MixMacsPerCycle() { return UsesVnni() ? 32.0 : 32.0 / 1.5; }
 
 // The VEX form where the CPU has AVX-VNNI, else (AVX-512 without it) the EVEX form.
 __attribute__((target("avxvnni"))) void VnniMixLoop(int64_t n) {
-  BITSPLIT_MIX_LOOP(BITSPLIT_VNNI_CHAIN);
+  BITSPLIT_MIX_LOOP(BITSPLIT_VNNI_DOT("%{vex%}"));
 }
 __attribute__((target("avx512vnni,avx512vl"))) void EvexVnniMixLoop(int64_t n) {
-  BITSPLIT_MIX_LOOP(BITSPLIT_EVEX_VNNI_CHAIN);
+  BITSPLIT_MIX_LOOP(BITSPLIT_VNNI_DOT("%{evex%}"));
 }
 
 double MeasurePeakMix() {
@@ -225,7 +222,7 @@ double MeasurePeakMix() {
       } else if (UsesVnni()) {
         EvexVnniMixLoop(n);
       } else {
-        BITSPLIT_MIX_LOOP(BITSPLIT_MIX_CHAIN);
+        BITSPLIT_MIX_LOOP(BITSPLIT_AVX2_DOT);
       }
     });
     const double macs = 8.0 * 32.0 * kIterations * Pool().num_threads();
@@ -234,8 +231,8 @@ double MeasurePeakMix() {
   return best;
 }
 #undef BITSPLIT_MIX_LOOP
-#undef BITSPLIT_EVEX_VNNI_CHAIN
-#undef BITSPLIT_VNNI_CHAIN
+#undef BITSPLIT_VNNI_DOT
+#undef BITSPLIT_AVX2_DOT
 #undef BITSPLIT_MIX_CHAIN
 
 void RefreshCeilings() {

@@ -31,6 +31,7 @@
 #include "common/quant/split_matmul.h"
 #include "common/util/fp16.h"
 #include "common/util/thread_pool.h"
+#include "tests/testing/metrics.h"
 #endif
 
 namespace bitsplit::cuda {
@@ -86,15 +87,7 @@ std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
   return v;
 }
 
-double Nmse(const std::vector<float>& actual, const std::vector<float>& expected) {
-  double error = 0.0, energy = 0.0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const double d = static_cast<double>(actual[i]) - expected[i];
-    error += d * d;
-    energy += static_cast<double>(expected[i]) * expected[i];
-  }
-  return energy > 0.0 ? error / energy : error;
-}
+using testing::Nmse;
 
 void ExpectBitsEqual(const std::vector<float>& actual, const std::vector<float>& expected,
                      const std::string& what) {

@@ -24,6 +24,7 @@
 #include "common/model/vram_plan.h"
 #include "gmock/gmock.h"
 #include "tests/testing/gguf_builder.h"
+#include "tests/testing/metrics.h"
 #include "tests/testing/split_fixture.h"
 #endif
 
@@ -140,15 +141,7 @@ CudaModelOptions SmallOptions() {
   return options;
 }
 
-double Nmse(const std::vector<float>& actual, const std::vector<float>& expected) {
-  double error = 0.0, energy = 0.0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const double d = static_cast<double>(actual[i]) - expected[i];
-    error += d * d;
-    energy += static_cast<double>(expected[i]) * expected[i];
-  }
-  return error / energy;
-}
+using testing::Nmse;
 
 std::vector<int32_t> Prompt(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -178,7 +171,7 @@ TEST(CudaModelFixtureTest, TinyRandomModelLoadsAndRunsOnTheCpu) {
 // The bench's synthetic model (CPU only): every matrix present in its format, finite values of
 // about the intended magnitude, sizes as the formats say.
 TEST(CudaModelFixtureTest, SyntheticModelHasTheShapeAndScaleAsked) {
-  model::ModelConfig config = EightBClassConfig();
+  model::ModelConfig config = model::EightBClassConfig();
   config.num_layers = 2;
   config.d_model = 256;
   config.d_ff = 512;

@@ -25,22 +25,6 @@ ModelConfig SmolLm2Config() {
   return *config;
 }
 
-// Llama-3-8B's shape: 32 layers, d 4096, ffn 14336, 32 heads / 8 KV heads of 128, vocab 128256.
-ModelConfig EightBConfig() {
-  ModelConfig c;
-  c.architecture = "llama";
-  c.num_layers = 32;
-  c.d_model = 4096;
-  c.d_ff = 14336;
-  c.num_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
-  c.rope_dims = 128;
-  c.context_length = 8192;
-  c.vocab_size = 128256;
-  return c;
-}
-
 TEST(VramPlanTest, SmolLm2ConfigIsTheOneTheNumbersAssume) {
   const ModelConfig c = SmolLm2Config();
   EXPECT_EQ(c.num_layers, 30);
@@ -120,7 +104,7 @@ TEST(VramPlanTest, DeviceRowsArePaddedToFourBytes) {
 }
 
 TEST(VramPlanTest, EightBBaseBytesMatchHandComputation) {
-  const ModelConfig c = EightBConfig();
+  const ModelConfig c = EightBClassConfig();
   // b2_asym/g64: 4096-wide rows 128 x 8 + 64 x 4 = 1280 bytes, 14336-wide rows 448 x 8 + 224 x 4
   // = 4480. Per layer 2 x 4096x1280 + 2 x 1024x1280 + 3 x 14336x1280 (= 4096x4480) = 68,157,440.
   auto b2 = SplitLinearBytes(c, SplitFormat::kB2Asym, 64);
@@ -140,7 +124,7 @@ TEST(VramPlanTest, EightBBaseBytesMatchHandComputation) {
 
 TEST(VramPlanTest, EightBKvCacheAndScratch) {
   VramRequest request;
-  request.config = EightBConfig();
+  request.config = EightBClassConfig();
   request.embedding_bytes = 128256ull * 4096 / 32 * 34;
   request.context = 8192;
   request.sessions = 4;
@@ -159,7 +143,7 @@ TEST(VramPlanTest, EightBKvCacheAndScratch) {
 
 TEST(VramPlanTest, RefusesAndSaysWhatFits) {
   VramRequest request;
-  request.config = EightBConfig();
+  request.config = EightBClassConfig();
   request.base_format = SplitFormat::kB4Asym;
   request.base_group = 64;
   request.embedding_bytes = 128256ull * 4096 / 32 * 34;
@@ -204,7 +188,7 @@ TEST(VramPlanTest, RefusesAndSaysWhatFits) {
 
 TEST(VramPlanTest, SaysWhenNothingFits) {
   VramRequest request;
-  request.config = EightBConfig();
+  request.config = EightBClassConfig();
   request.context = 4096;
   request.max_batch_rows = 16;
   auto plan = PlanVram(request, 1 * kGiB);
@@ -215,7 +199,7 @@ TEST(VramPlanTest, SaysWhenNothingFits) {
 
 TEST(VramPlanTest, SymmetricBaseSuggestsSymmetricFormats) {
   VramRequest request;
-  request.config = EightBConfig();
+  request.config = EightBClassConfig();
   request.base_format = SplitFormat::kB4Sym;
   request.context = 8192;
   request.sessions = 8;
@@ -230,7 +214,7 @@ TEST(VramPlanTest, SymmetricBaseSuggestsSymmetricFormats) {
 
 TEST(VramPlanTest, RejectsMalformedRequests) {
   VramRequest good;
-  good.config = EightBConfig();
+  good.config = EightBClassConfig();
   good.context = 1024;
   good.max_batch_rows = 16;
   ASSERT_TRUE(PlanVram(good, 80 * kGiB).ok());

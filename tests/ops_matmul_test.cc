@@ -7,6 +7,7 @@
 #include "common/quant/ggml_blocks.h"
 #include "common/util/fp16.h"
 #include "gtest/gtest.h"
+#include "tests/testing/metrics.h"
 
 namespace bitsplit::ops {
 namespace {
@@ -79,15 +80,7 @@ std::vector<float> RandomActivations(int64_t n, std::mt19937& rng) {
   return x;
 }
 
-double Nmse(const std::vector<float>& actual, const std::vector<float>& expected) {
-  double error = 0, energy = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const double d = static_cast<double>(actual[i]) - expected[i];
-    error += d * d;
-    energy += static_cast<double>(expected[i]) * expected[i];
-  }
-  return error / energy;
-}
+using testing::Nmse;
 
 struct Shape {
   GgmlType type;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/quant/split_format.h"
 #include "common/util/fp16.h"
+#include "tests/testing/metrics.h"
 
 namespace bitsplit::quant {
 namespace {
@@ -38,14 +39,7 @@ std::vector<float> Dequantize(SplitFormat format, int group, const std::vector<u
   return out;
 }
 
-double Nmse(const std::vector<float>& got, const std::vector<float>& want) {
-  double err = 0.0, ref = 0.0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    err += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    ref += double(want[i]) * want[i];
-  }
-  return err / ref;
-}
+using testing::Nmse;
 
 TEST(SplitLayout, RowLayoutAndSizes) {
   // Codes first, then the fp16 scales, then (asymmetric) the fp16 mins.

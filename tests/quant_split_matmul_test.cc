@@ -19,6 +19,7 @@
 #include "common/quant/split_matmul.h"
 #include "common/util/fp16.h"
 #include "common/util/thread_pool.h"
+#include "tests/testing/metrics.h"
 
 namespace bitsplit::quant {
 namespace {
@@ -131,14 +132,7 @@ int64_t FirstDifference(const std::vector<float>& a, const std::vector<float>& b
   return -1;
 }
 
-double Nmse(const std::vector<float>& got, const std::vector<float>& want) {
-  double err = 0.0, ref = 0.0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    err += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
-    ref += static_cast<double>(want[i]) * want[i];
-  }
-  return err / ref;
-}
+using testing::Nmse;
 
 TEST(QuantizeActivations, Avx2MatchesReferenceBitForBit) {
   const int64_t rows = 7, cols = 320;

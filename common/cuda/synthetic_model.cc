@@ -73,23 +73,6 @@ void FillMatrix(quant::SplitFormat format, int group, int64_t rows, int64_t cols
 
 }  // namespace
 
-model::ModelConfig EightBClassConfig() {
-  model::ModelConfig c;
-  c.architecture = "llama";
-  c.num_layers = 32;
-  c.d_model = 4096;
-  c.d_ff = 14336;
-  c.num_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
-  c.rope_dims = 128;
-  c.rope_freq_base = 500000.0f;
-  c.rms_norm_eps = 1e-5f;
-  c.context_length = 8192;
-  c.vocab_size = 128256;
-  return c;
-}
-
 absl::StatusOr<std::unique_ptr<SyntheticSplitModel>> MakeSyntheticSplitModel(
     const model::ModelConfig& config, const model::SplitQuantization& quantization, uint64_t seed,
     ThreadPool& pool) {

@@ -16,10 +16,6 @@
 
 namespace bitsplit::cuda {
 
-// Llama-3-8B's shape: 32 layers, d 4096, d_ff 14336, 32 heads over 8 KV heads of 128, vocab
-// 128256, context 8192, RoPE base 500000.
-model::ModelConfig EightBClassConfig();
-
 struct SyntheticSplitModel {
   model::ModelConfig config;
   model::SplitQuantization quantization;         // residual_format must be set

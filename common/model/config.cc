@@ -146,4 +146,21 @@ absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
   return config;
 }
 
+ModelConfig EightBClassConfig() {
+  ModelConfig c;
+  c.architecture = "llama";
+  c.num_layers = 32;
+  c.d_model = 4096;
+  c.d_ff = 14336;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.rope_dims = 128;
+  c.rope_freq_base = 500000.0f;
+  c.rms_norm_eps = 1e-5f;
+  c.context_length = 8192;
+  c.vocab_size = 128256;
+  return c;
+}
+
 }  // namespace bitsplit::model

@@ -38,4 +38,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const gguf::File& file);
 absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
                                                         int64_t embedding_rows);
 
+// Llama-3-8B's shape: 32 layers, d 4096, d_ff 14336, 32 heads over 8 KV heads of 128, vocab
+// 128256, context 8192, RoPE base 500000 (for sizing and benchmarks of a realistic model).
+ModelConfig EightBClassConfig();
+
 }  // namespace bitsplit::model

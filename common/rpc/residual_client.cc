@@ -1,13 +1,12 @@
 #include "common/rpc/residual_client.h"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <cstring>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
+#include "common/util/thread_pool.h"
 #include "grpcpp/grpcpp.h"
 
 namespace bitsplit::rpc {
@@ -20,19 +19,6 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       absl::StrCat("residual service: ", status.error_message()));
 }
-
-namespace {
-
-// CPUs this process may run on (the service runs on the same machine: shared memory).
-int AvailableCpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
-    return static_cast<int>(std::thread::hardware_concurrency());
-  }
-  return CPU_COUNT(&set);
-}
-
-}  // namespace
 
 absl::StatusOr<model::ResidualShapes> ShapesFromInfo(const v1::InfoResponse& info) {
   model::ResidualShapes shapes;
@@ -125,7 +111,9 @@ absl::StatusOr<std::unique_ptr<ResidualSession>> ResidualClient::Attach(
   // in-process instead of 1.01-1.08x sleeping), while sleeping costs a futex wake-up per request
   // (5-50 us on a VM).
   shm::ShmClientOptions shm_options = options_.shm;
-  if (info.threads() >= AvailableCpus()) shm_options.yield_spin = std::chrono::nanoseconds(0);
+  if (info.threads() >= static_cast<int>(AllowedCpus().size())) {
+    shm_options.yield_spin = std::chrono::nanoseconds(0);
+  }
   auto channel =
       shm::ShmChannelClient::Open(session->attach_.shm_name(), session->attach_.shm_bytes(),
                                   session->attach_.server_pid(), shm_options);

@@ -1,12 +1,13 @@
 #include "common/util/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 
 namespace bitsplit {
 namespace {
 // Chunk `worker` of `workers` over n items, boundaries aligned to grain.
-void ChunkBounds(int64_t n, int64_t grain, int workers, int worker, int64_t* begin,
-                 int64_t* end) {
+void ChunkBounds(int64_t n, int64_t grain, int workers, int worker, int64_t* begin, int64_t* end) {
   const int64_t blocks = (n + grain - 1) / grain;
   const int64_t per = blocks / workers;
   const int64_t extra = blocks % workers;
@@ -16,6 +17,17 @@ void ChunkBounds(int64_t n, int64_t grain, int workers, int worker, int64_t* beg
   *end = std::min(n, (first + count) * grain);
 }
 }  // namespace
+
+std::vector<int> AllowedCpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());

@@ -17,6 +17,9 @@
 
 namespace bitsplit {
 
+// The CPUs this process may run on (its affinity mask), ascending; empty if it cannot be read.
+std::vector<int> AllowedCpus();
+
 class ThreadPool {
  public:
   // num_threads <= 0 means "all hardware threads". The calling thread acts as worker 0.

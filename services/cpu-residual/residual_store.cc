@@ -14,6 +14,7 @@
 #include "common/model/split_model.h"
 #include "common/quant/split_format.h"
 #include "common/util/status_macros.h"
+#include "common/util/thread_pool.h"
 #include "spdlog/spdlog.h"
 
 namespace bitsplit::residual {

@@ -32,17 +32,6 @@ absl::Status PinCurrentThread(int cpu) {
   return absl::OkStatus();
 }
 
-std::vector<int> AllowedCpus() {
-  std::vector<int> cpus;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
-  }
-  return cpus;
-}
-
 WorkerPool::WorkerPool(int num_threads, std::chrono::nanoseconds spin, std::vector<int> cpus)
     : num_threads_(num_threads < 1 ? 1 : num_threads), spin_(spin), cpus_(std::move(cpus)) {
   for (int i = 1; i < num_threads_; ++i) threads_.emplace_back([this, i] { WorkerLoop(i); });

@@ -17,8 +17,6 @@ namespace bitsplit::residual {
 
 // Pins the calling thread to `cpu`.
 absl::Status PinCurrentThread(int cpu);
-// The CPUs this process may run on, ascending.
-std::vector<int> AllowedCpus();
 
 class WorkerPool {
  public:
