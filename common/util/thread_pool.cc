@@ -1,8 +1,12 @@
 #include "common/util/thread_pool.h"
 
+#include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
 
 namespace bitsplit {
 namespace {
@@ -15,6 +19,12 @@ void ChunkBounds(int64_t n, int64_t grain, int workers, int worker, int64_t* beg
   const int64_t count = per + (worker < extra ? 1 : 0);
   *begin = std::min(n, first * grain);
   *end = std::min(n, (first + count) * grain);
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
 }
 }  // namespace
 
@@ -29,19 +39,57 @@ std::vector<int> AllowedCpus() {
   return cpus;
 }
 
-ThreadPool::ThreadPool(int num_threads) {
+absl::Status PinCurrentThread(int cpu) {
+  if (cpu < 0 || cpu >= CPU_SETSIZE) {
+    return absl::InvalidArgumentError(absl::StrCat("CPU ", cpu, " is out of range"));
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  const int error = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  if (error != 0) {
+    return absl::InternalError(
+        absl::StrCat("pinning a thread to CPU ", cpu, " failed: ", std::strerror(error)));
+  }
+  return absl::OkStatus();
+}
+
+ThreadPool::ThreadPool(int num_threads, std::chrono::nanoseconds spin, std::vector<int> cpus)
+    : spin_(std::max(spin, std::chrono::nanoseconds(0))), cpus_(std::move(cpus)) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
   num_threads_ = std::max(1, num_threads);
   for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
 ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  work_ready_.notify_all();
+  stopping_.store(true);
+  generation_.fetch_add(1);
+  generation_.notify_all();
   for (auto& t : workers_) t.join();
+}
+
+template <typename Word>
+Word ThreadPool::WaitWhileEqual(const std::atomic<Word>& word, Word old) const {
+  Word now = word.load(std::memory_order_acquire);
+  if (now != old || spin_.count() == 0) {
+    while (now == old) {
+      word.wait(old, std::memory_order_acquire);
+      now = word.load(std::memory_order_acquire);
+    }
+    return now;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int polls = 1; now == old; ++polls) {
+    CpuRelax();
+    now = word.load(std::memory_order_acquire);
+    if (polls % 64 == 0 && std::chrono::steady_clock::now() - start > spin_) {
+      while (now == old) {
+        word.wait(old, std::memory_order_acquire);
+        now = word.load(std::memory_order_acquire);
+      }
+    }
+  }
+  return now;
 }
 
 void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn) {
@@ -56,44 +104,36 @@ void ThreadPool::ParallelForGrained(int64_t n, int64_t grain,
     fn(0, n, 0);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &fn;
-    job_items_ = n;
-    job_grain_ = grain;
-    pending_ = num_threads_ - 1;
-    ++generation_;
-  }
-  work_ready_.notify_all();
+  job_ = &fn;
+  job_items_ = n;
+  job_grain_ = grain;
+  pending_.store(num_threads_ - 1, std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_release);  // publishes the job
+  generation_.notify_all();                             // a syscall only when a worker sleeps
   int64_t begin, end;
   ChunkBounds(n, grain, num_threads_, 0, &begin, &end);
   if (begin < end) fn(begin, end, 0);
-  std::unique_lock<std::mutex> lock(mutex_);
-  work_done_.wait(lock, [this] { return pending_ == 0; });
-  job_ = nullptr;
+  for (int32_t left = pending_.load(std::memory_order_acquire); left != 0;) {
+    left = WaitWhileEqual(pending_, left);
+  }
+}
+
+void ThreadPool::RunOnEveryWorker(const std::function<void(int)>& fn) {
+  // One item per worker: ChunkBounds gives worker w exactly item w.
+  ParallelForGrained(num_threads_, 1, [&](int64_t, int64_t, int worker) { fn(worker); });
 }
 
 void ThreadPool::WorkerLoop(int worker) {
-  uint64_t seen = 0;
+  // A failed pin leaves the thread unpinned; callers that pin check the CPUs up front.
+  if (!cpus_.empty()) (void)PinCurrentThread(cpus_[static_cast<size_t>(worker) % cpus_.size()]);
+  uint32_t seen = 0;  // the value at construction: a job posted before this thread ran counts
   while (true) {
-    const std::function<void(int64_t, int64_t, int)>* job;
-    int64_t n, grain;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      work_ready_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-      if (stopping_) return;
-      seen = generation_;
-      job = job_;
-      n = job_items_;
-      grain = job_grain_;
-    }
+    seen = WaitWhileEqual(generation_, seen);
+    if (stopping_.load(std::memory_order_acquire)) return;
     int64_t begin, end;
-    ChunkBounds(n, grain, num_threads_, worker, &begin, &end);
-    if (begin < end) (*job)(begin, end, worker);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) work_done_.notify_one();
-    }
+    ChunkBounds(job_items_, job_grain_, num_threads_, worker, &begin, &end);
+    if (begin < end) (*job_)(begin, end, worker);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
   }
 }
 

@@ -71,7 +71,7 @@ absl::StatusOr<std::unique_ptr<ResidualStore>> ResidualStore::Open(const std::st
   if (threads <= 0) threads = std::max<int>(1, static_cast<int>(AllowedCpus().size()));
   if (!cpus.empty()) cpus.resize(std::min(cpus.size(), static_cast<size_t>(threads)));
   store->cpus_ = cpus;
-  store->pool_ = std::make_unique<WorkerPool>(threads, options.spin, cpus);
+  store->pool_ = std::make_unique<ThreadPool>(threads, options.spin, cpus);
   BITSPLIT_RETURN_IF_ERROR(store->PrepareMemory());
   return store;
 }
@@ -200,7 +200,7 @@ absl::Status ResidualStore::PrepareMemory() {
     const uint8_t* data = file.image_data();
     const uint64_t pages = (size + 4095) / 4096;
     std::vector<uint64_t> sinks(static_cast<size_t>(pool_->num_threads()), 0);
-    pool_->Run([&](int worker) {
+    pool_->RunOnEveryWorker([&](int worker) {
       const uint64_t n = static_cast<uint64_t>(pool_->num_threads());
       const uint64_t begin = pages * static_cast<uint64_t>(worker) / n;
       const uint64_t end = pages * static_cast<uint64_t>(worker + 1) / n;
@@ -281,7 +281,7 @@ uint64_t ResidualStore::Compute(const StoreGroup& group, const quant::QuantizedA
   const int64_t n = pool_->num_threads();
   // Chunks of whole 4-row tiles (tiling never changes results: split_matmul.h).
   const int64_t per = (total / 4 + n - 1) / n * 4 + (total % 4 != 0 ? 4 : 0);
-  pool_->Run([&](int worker) {
+  pool_->RunOnEveryWorker([&](int worker) {
     const int64_t begin = std::min(total, per * worker);
     const int64_t end = std::min(total, begin + per);
     for (size_t i = 0; i < count && begin < end; ++i) {

@@ -17,7 +17,7 @@
 #include "common/model/linear_backend.h"
 #include "common/model/remote_residual.h"
 #include "common/quant/split_matmul.h"
-#include "services/cpu-residual/worker_pool.h"
+#include "common/util/thread_pool.h"
 
 namespace bitsplit::residual {
 
@@ -94,7 +94,7 @@ class ResidualStore {
   uint64_t weight_bytes_ = 0;
   bool mlocked_ = false;
   std::vector<int> cpus_;
-  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<ThreadPool> pool_;
   std::mutex compute_mutex_;
 };
 
