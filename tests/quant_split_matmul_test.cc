@@ -222,6 +222,25 @@ TEST(SplitMatMul, KernelMatchesReferenceOnRandomBytes) {
   });
 }
 
+// The kernels fetch a row's scales 32 blocks ahead, with a loop specialised per scale layout
+// (group 32, Q8_0's strided d, 64, 128, a multiple of 256, anything else) for full spans and a
+// general one for the row's last, partial span: rows of 75-80 blocks take both, every layout.
+TEST(SplitMatMul, EveryScaleLayoutOverFullAndPartialSpans) {
+  ForEachIsa([&] {
+    for (SplitFormat format : kAllFormats) {
+      std::vector<int> groups = {32, 64, 96, 128, 256};
+      if (format == SplitFormat::kQ8_0) groups = {32};
+      for (int group : groups) {
+        const int64_t cols = (2400 + group - 1) / group * group;
+        const Matrix m = QuantizedMatrix(format, group, 9, cols, 400 + group);
+        for (int64_t tokens : {1, 2, 5}) {
+          ExpectKernelMatchesReference(m.view, tokens, 11 * tokens, Name(format, group) + " spans");
+        }
+      }
+    }
+  });
+}
+
 TEST(SplitMatMul, OddGroupSizesAndLongRows) {
   ForEachIsa([&] {
     // Groups that are not a power of two (96) and rows with many runs (4096 columns).

@@ -107,57 +107,57 @@ struct Traits {
 inline __m256 HalvesToFloats(__m128i halves) { return _mm256_cvtph_ps(halves); }
 
 // d of the 8 blocks [chunk, chunk + 8) of one row, as f32 (blocks past `chunk_blocks`: 0).
-inline __m256 BlockScales(const Problem& p, const uint8_t* row, int64_t chunk, int chunk_blocks) {
+// The f32 scales d of blocks [chunk, chunk + count) of one row (count <= 8; lanes past count:
+// 0), for a scale layout fixed at compile time: the kernels dispatch on the layout once per
+// 32-block span (a call and a switch per chunk cost a quarter of the one-token kernel's time).
+// A partial chunk (a row's last) and the generic layout are built in a register with vpinsrw:
+// through a stack array, narrow stores would feed the wide load of vcvtph2ps and stall it
+// (measured: on SmolLM2's 576-column rows that stall cost more than the rows' dot products).
+template <ScaleLoad kLoad>
+__attribute__((always_inline)) inline __m256 ChunkScales(const Problem& p, const uint8_t* row,
+                                                         int64_t chunk, int count) {
   const uint8_t* scales = row + p.layout.scale_offset;
-  if (chunk_blocks == kChunkBlocks) {
-    switch (p.scale_load) {
-      case ScaleLoad::kPerBlock:
-        return HalvesToFloats(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 2 * chunk)));
-      case ScaleLoad::kPairs: {
-        const __m256 four = HalvesToFloats(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 2 * (chunk / 2))));
-        return _mm256_permutevar8x32_ps(four, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-      }
-      case ScaleLoad::kQuads: {
-        uint32_t two;
-        std::memcpy(&two, scales + 2 * (chunk / 4), sizeof(two));
-        const __m256 pair = HalvesToFloats(_mm_cvtsi32_si128(static_cast<int>(two)));
-        return _mm256_permutevar8x32_ps(pair, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-      }
-      case ScaleLoad::kShared:
-        return HalvesToFloats(_mm_set1_epi16(
-            static_cast<int16_t>(LoadHalf(scales + 2 * (chunk / p.blocks_per_group)))));
-      case ScaleLoad::kStrided: {
-        // Eight 16-bit loads (Q8_0: d at the start of each 34-byte block); a gather is slower
-        // on AMD cores and no faster elsewhere.
-        const uint8_t* first = scales + chunk * p.layout.scale_stride;
-        const size_t stride = p.layout.scale_stride;
-        return HalvesToFloats(_mm_setr_epi16(static_cast<int16_t>(LoadHalf(first)),
-                                             static_cast<int16_t>(LoadHalf(first + stride)),
-                                             static_cast<int16_t>(LoadHalf(first + 2 * stride)),
-                                             static_cast<int16_t>(LoadHalf(first + 3 * stride)),
-                                             static_cast<int16_t>(LoadHalf(first + 4 * stride)),
-                                             static_cast<int16_t>(LoadHalf(first + 5 * stride)),
-                                             static_cast<int16_t>(LoadHalf(first + 6 * stride)),
-                                             static_cast<int16_t>(LoadHalf(first + 7 * stride))));
-      }
-      case ScaleLoad::kGeneric:
-        break;
+  if (count == kChunkBlocks) {
+    if constexpr (kLoad == ScaleLoad::kPerBlock) {
+      return HalvesToFloats(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 2 * chunk)));
+    } else if constexpr (kLoad == ScaleLoad::kPairs) {
+      const __m256 four = HalvesToFloats(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 2 * (chunk / 2))));
+      return _mm256_permutevar8x32_ps(four, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+    } else if constexpr (kLoad == ScaleLoad::kQuads) {
+      uint32_t two;
+      std::memcpy(&two, scales + 2 * (chunk / 4), sizeof(two));
+      const __m256 pair = HalvesToFloats(_mm_cvtsi32_si128(static_cast<int>(two)));
+      return _mm256_permutevar8x32_ps(pair, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    } else if constexpr (kLoad == ScaleLoad::kShared) {
+      return HalvesToFloats(_mm_set1_epi16(
+          static_cast<int16_t>(LoadHalf(scales + 2 * (chunk / p.blocks_per_group)))));
     }
+    // kStrided (Q8_0: d at the start of each 34-byte block) takes the eight loads below; a
+    // gather is slower on AMD cores and no faster elsewhere.
   }
-  // Built in a register with vpinsrw: through a stack array, eight narrow stores would feed the
-  // wide load of vcvtph2ps and stall it (measured: on SmolLM2's 576-column rows, which end in a
-  // 2-block chunk, that stall cost more than the rows' dot products). One division per chunk.
-  const uint8_t* source = scales + (chunk / p.blocks_per_group) * p.layout.scale_stride;
-  int64_t left_in_group = p.blocks_per_group - chunk % p.blocks_per_group;
+  const int64_t bpg = p.blocks_per_group;
+  const size_t stride = p.layout.scale_stride;
+  // kShared: one group; kGeneric: walks the groups (one division per chunk).
+  const uint8_t* source =
+      scales +
+      (kLoad == ScaleLoad::kShared || kLoad == ScaleLoad::kGeneric ? (chunk / bpg) * stride : 0);
+  int64_t left_in_group = kLoad == ScaleLoad::kGeneric ? bpg - chunk % bpg : 0;
   __m128i halves = _mm_setzero_si128();
   auto insert = [&]<int kLane>() {
-    if (kLane >= chunk_blocks) return;
-    halves = _mm_insert_epi16(halves, LoadHalf(source), kLane);
-    if (--left_in_group == 0) {
-      source += p.layout.scale_stride;
-      left_in_group = p.blocks_per_group;
+    if (kLane >= count) return;
+    const int64_t block = chunk + kLane;
+    const uint8_t* at = source;
+    if constexpr (kLoad == ScaleLoad::kPerBlock) at = scales + 2 * block;
+    if constexpr (kLoad == ScaleLoad::kPairs) at = scales + 2 * (block / 2);
+    if constexpr (kLoad == ScaleLoad::kQuads) at = scales + 2 * (block / 4);
+    if constexpr (kLoad == ScaleLoad::kStrided) at = scales + block * stride;
+    halves = _mm_insert_epi16(halves, LoadHalf(at), kLane);
+    if constexpr (kLoad == ScaleLoad::kGeneric) {
+      if (--left_in_group == 0) {
+        source += stride;
+        left_in_group = bpg;
+      }
     }
   };
   insert.template operator()<0>();
@@ -183,11 +183,22 @@ inline __m256 GroupMins(const Problem& p, const uint8_t* row, int64_t g_begin, i
     values =
         HalvesToFloats(_mm_loadu_si128(reinterpret_cast<const __m128i*>(source + 2 * g_begin)));
   } else {
-    int16_t h[kGroupsPerRun];
-    for (int k = 0; k < kGroupsPerRun; ++k) {
-      h[k] = g_begin + k < g_end ? static_cast<int16_t>(LoadHalf(source + 2 * (g_begin + k))) : 0;
-    }
-    values = HalvesToFloats(_mm_setr_epi16(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]));
+    // In a register, as in ChunkScales: an array would stall the wide load on store forwarding
+    // (measured: a third of the one-token time of SmolLM2's 576-column rows).
+    const uint8_t* first = source + 2 * g_begin;
+    const int64_t count = g_end - g_begin;
+    __m128i halves = _mm_setzero_si128();
+    auto insert = [&]<int kLane>() {
+      if (kLane < count) halves = _mm_insert_epi16(halves, LoadHalf(first + 2 * kLane), kLane);
+    };
+    insert.template operator()<0>();
+    insert.template operator()<1>();
+    insert.template operator()<2>();
+    insert.template operator()<3>();
+    insert.template operator()<4>();
+    insert.template operator()<5>();
+    insert.template operator()<6>();
+    values = HalvesToFloats(halves);  // lane 7 only in a full run
   }
   if constexpr (!kStoredMin) {
     values = _mm256_mul_ps(values, _mm256_set1_ps(-Traits<kFormat>::kCodeOffset));
