@@ -108,11 +108,40 @@ inline __m256 HalvesToFloats(__m128i halves) { return _mm256_cvtph_ps(halves); }
 
 // d of the 8 blocks [chunk, chunk + 8) of one row, as f32 (blocks past `chunk_blocks`: 0).
 // The f32 scales d of blocks [chunk, chunk + count) of one row (count <= 8; lanes past count:
-// 0), for a scale layout fixed at compile time: the kernels dispatch on the layout once per
-// 32-block span (a call and a switch per chunk cost a quarter of the one-token kernel's time).
-// A partial chunk (a row's last) and the generic layout are built in a register with vpinsrw:
-// through a stack array, narrow stores would feed the wide load of vcvtph2ps and stall it
-// (measured: on SmolLM2's 576-column rows that stall cost more than the rows' dot products).
+// 0), any layout: one vpinsrw per block, walking the groups (one division per call). Built in a
+// register: through a stack array, narrow stores would feed the wide load of vcvtph2ps and stall
+// it (measured: on SmolLM2's 576-column rows that stall cost more than the rows' dot products).
+// Not inlined: the kernels need it only for a row's last, partial chunk and for group sizes
+// without a fast path below.
+__attribute__((noinline)) __m256 GeneralChunkScales(const Problem& p, const uint8_t* row,
+                                                    int64_t chunk, int count) {
+  const int64_t bpg = p.blocks_per_group;
+  const size_t stride = p.layout.scale_stride;
+  const uint8_t* source = row + p.layout.scale_offset + (chunk / bpg) * stride;
+  int64_t left_in_group = bpg - chunk % bpg;
+  __m128i halves = _mm_setzero_si128();
+  auto insert = [&]<int kLane>() {
+    if (kLane >= count) return;
+    halves = _mm_insert_epi16(halves, LoadHalf(source), kLane);
+    if (--left_in_group == 0) {
+      source += stride;
+      left_in_group = bpg;
+    }
+  };
+  insert.template operator()<0>();
+  insert.template operator()<1>();
+  insert.template operator()<2>();
+  insert.template operator()<3>();
+  insert.template operator()<4>();
+  insert.template operator()<5>();
+  insert.template operator()<6>();
+  insert.template operator()<7>();
+  return HalvesToFloats(halves);
+}
+
+// The same for a scale layout fixed at compile time, inlined into the kernels' scale loop, which
+// dispatches on the layout once per 32-block span: a call and a switch per chunk cost a quarter
+// of the one-token kernel's time. Full chunks take one or a few loads.
 template <ScaleLoad kLoad>
 __attribute__((always_inline)) inline __m256 ChunkScales(const Problem& p, const uint8_t* row,
                                                          int64_t chunk, int count) {
@@ -132,43 +161,22 @@ __attribute__((always_inline)) inline __m256 ChunkScales(const Problem& p, const
     } else if constexpr (kLoad == ScaleLoad::kShared) {
       return HalvesToFloats(_mm_set1_epi16(
           static_cast<int16_t>(LoadHalf(scales + 2 * (chunk / p.blocks_per_group)))));
+    } else if constexpr (kLoad == ScaleLoad::kStrided) {
+      // Eight 16-bit loads (Q8_0: d at the start of each 34-byte block); a gather is slower on
+      // AMD cores and no faster elsewhere.
+      const uint8_t* first = scales + chunk * p.layout.scale_stride;
+      const size_t stride = p.layout.scale_stride;
+      return HalvesToFloats(_mm_setr_epi16(static_cast<int16_t>(LoadHalf(first)),
+                                           static_cast<int16_t>(LoadHalf(first + stride)),
+                                           static_cast<int16_t>(LoadHalf(first + 2 * stride)),
+                                           static_cast<int16_t>(LoadHalf(first + 3 * stride)),
+                                           static_cast<int16_t>(LoadHalf(first + 4 * stride)),
+                                           static_cast<int16_t>(LoadHalf(first + 5 * stride)),
+                                           static_cast<int16_t>(LoadHalf(first + 6 * stride)),
+                                           static_cast<int16_t>(LoadHalf(first + 7 * stride))));
     }
-    // kStrided (Q8_0: d at the start of each 34-byte block) takes the eight loads below; a
-    // gather is slower on AMD cores and no faster elsewhere.
   }
-  const int64_t bpg = p.blocks_per_group;
-  const size_t stride = p.layout.scale_stride;
-  // kShared: one group; kGeneric: walks the groups (one division per chunk).
-  const uint8_t* source =
-      scales +
-      (kLoad == ScaleLoad::kShared || kLoad == ScaleLoad::kGeneric ? (chunk / bpg) * stride : 0);
-  int64_t left_in_group = kLoad == ScaleLoad::kGeneric ? bpg - chunk % bpg : 0;
-  __m128i halves = _mm_setzero_si128();
-  auto insert = [&]<int kLane>() {
-    if (kLane >= count) return;
-    const int64_t block = chunk + kLane;
-    const uint8_t* at = source;
-    if constexpr (kLoad == ScaleLoad::kPerBlock) at = scales + 2 * block;
-    if constexpr (kLoad == ScaleLoad::kPairs) at = scales + 2 * (block / 2);
-    if constexpr (kLoad == ScaleLoad::kQuads) at = scales + 2 * (block / 4);
-    if constexpr (kLoad == ScaleLoad::kStrided) at = scales + block * stride;
-    halves = _mm_insert_epi16(halves, LoadHalf(at), kLane);
-    if constexpr (kLoad == ScaleLoad::kGeneric) {
-      if (--left_in_group == 0) {
-        source += stride;
-        left_in_group = bpg;
-      }
-    }
-  };
-  insert.template operator()<0>();
-  insert.template operator()<1>();
-  insert.template operator()<2>();
-  insert.template operator()<3>();
-  insert.template operator()<4>();
-  insert.template operator()<5>();
-  insert.template operator()<6>();
-  insert.template operator()<7>();
-  return HalvesToFloats(halves);
+  return GeneralChunkScales(p, row, chunk, count);
 }
 
 // The additive term of groups [g_begin, g_end) (at most 8; missing lanes 0): m for the
