@@ -122,6 +122,16 @@ TEST(ThreadPoolTest, WakesSleepingWorkersAndCaller) {
   }
 }
 
+// The poll time changes while workers poll or sleep; jobs keep being handed off either way.
+TEST(ThreadPoolTest, SpinChangesTakeEffectBetweenJobs) {
+  ThreadPool pool(3, std::chrono::seconds(10));  // they would poll far longer than the test
+  for (int job = 0; job < 200; ++job) {
+    RunAndCheck(pool, 30, 1);
+    pool.SetSpin(job % 2 == 0 ? std::chrono::nanoseconds(0) : ThreadPool::kDefaultSpin);
+    if (job % 20 == 0) std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+}
+
 TEST(ThreadPoolTest, ShutsDownWhilePollingOrAsleep) {
   for (auto spin : {std::chrono::microseconds(0), ThreadPool::kDefaultSpin,
                     std::chrono::microseconds(1000000)}) {

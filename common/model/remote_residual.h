@@ -53,8 +53,10 @@ struct RemoteResidualStats {
 // Thread safety: one Accumulate at a time (like every ResidualSource).
 class RemoteResidual final : public ResidualSource {
  public:
-  // `channel` is an attached channel of a service holding a residual of `shapes`.
-  RemoteResidual(std::unique_ptr<shm::ShmChannelClient> channel, ResidualShapes shapes);
+  // `channel` is an attached channel of a service holding a residual of `shapes`, computing
+  // with `service_threads` kernel threads on this machine (0: unknown, or elsewhere).
+  RemoteResidual(std::unique_ptr<shm::ShmChannelClient> channel, ResidualShapes shapes,
+                 int service_threads = 0);
 
   // outputs[i] += x · R_iᵀ computed by the service. INVALID_ARGUMENT for a group or activation
   // shape the residual does not have (or T above the channel's max_rows), the service's status
@@ -80,6 +82,8 @@ class RemoteResidual final : public ResidualSource {
 
   std::unique_ptr<shm::ShmChannelClient> channel_;
   ResidualShapes shapes_;
+  int service_threads_;
+  size_t cpus_;                             // CPUs this process may run on
   std::optional<LinearGroupId> in_flight_;  // submitted, not yet received
   RemoteResidualStats stats_;
 };

@@ -118,8 +118,8 @@ absl::StatusOr<std::unique_ptr<ResidualSession>> ResidualClient::Attach(
       shm::ShmChannelClient::Open(session->attach_.shm_name(), session->attach_.shm_bytes(),
                                   session->attach_.server_pid(), shm_options);
   if (!channel.ok()) return channel.status();  // the session's destructor detaches
-  session->residual_ =
-      std::make_unique<model::RemoteResidual>(*std::move(channel), std::move(shapes));
+  session->residual_ = std::make_unique<model::RemoteResidual>(*std::move(channel),
+                                                               std::move(shapes), info.threads());
   return session;
 }
 

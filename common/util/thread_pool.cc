@@ -55,7 +55,8 @@ absl::Status PinCurrentThread(int cpu) {
 }
 
 ThreadPool::ThreadPool(int num_threads, std::chrono::nanoseconds spin, std::vector<int> cpus)
-    : spin_(std::max(spin, std::chrono::nanoseconds(0))), cpus_(std::move(cpus)) {
+    : cpus_(std::move(cpus)) {
+  SetSpin(spin);
   if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
   num_threads_ = std::max(1, num_threads);
   for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
@@ -68,10 +69,15 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
+void ThreadPool::SetSpin(std::chrono::nanoseconds spin) {
+  spin_ns_.store(std::max<int64_t>(0, spin.count()), std::memory_order_relaxed);
+}
+
 template <typename Word>
 Word ThreadPool::WaitWhileEqual(const std::atomic<Word>& word, Word old) const {
   Word now = word.load(std::memory_order_acquire);
-  if (now != old || spin_.count() == 0) {
+  const std::chrono::nanoseconds spin(spin_ns_.load(std::memory_order_relaxed));
+  if (now != old || spin.count() == 0) {
     while (now == old) {
       word.wait(old, std::memory_order_acquire);
       now = word.load(std::memory_order_acquire);
@@ -82,7 +88,7 @@ Word ThreadPool::WaitWhileEqual(const std::atomic<Word>& word, Word old) const {
   for (int polls = 1; now == old; ++polls) {
     CpuRelax();
     now = word.load(std::memory_order_acquire);
-    if (polls % 64 == 0 && std::chrono::steady_clock::now() - start > spin_) {
+    if (polls % 64 == 0 && std::chrono::steady_clock::now() - start > spin) {
       while (now == old) {
         word.wait(old, std::memory_order_acquire);
         now = word.load(std::memory_order_acquire);

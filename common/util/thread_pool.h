@@ -59,6 +59,11 @@ class ThreadPool {
   // Calls fn(worker) once on every worker 0..num_threads-1; returns when all are done.
   void RunOnEveryWorker(const std::function<void(int)>& fn);
 
+  // Changes how long idle threads poll (from their next wait on). Where another process's
+  // threads share these CPUs (the residual service beside the drafter on a small machine),
+  // polling takes the CPUs its threads need: 0 makes idle workers sleep at once.
+  void SetSpin(std::chrono::nanoseconds spin);
+
  private:
   void WorkerLoop(int worker);
   // Returns once `word` differs from `old`: polls for spin_, then sleeps on it.
@@ -66,7 +71,7 @@ class ThreadPool {
   Word WaitWhileEqual(const std::atomic<Word>& word, Word old) const;
 
   int num_threads_;
-  std::chrono::nanoseconds spin_;
+  std::atomic<int64_t> spin_ns_;
   std::vector<int> cpus_;
   std::vector<std::thread> workers_;
   // The job: written by the caller before generation_ is bumped (release), read by the workers

@@ -27,7 +27,8 @@ struct StoreOptions {
   bool mlock = false;        // lock the mapping in RAM (needs RLIMIT_MEMLOCK >= file size)
   bool huge_pages = true;    // madvise(MADV_HUGEPAGE) on the mapping
   bool prefault = true;      // touch every page at startup
-  std::chrono::nanoseconds spin = std::chrono::microseconds(50);  // workers, between jobs
+  // Workers, between jobs; 0 where the kernel threads cover every allowed CPU (Open).
+  std::chrono::nanoseconds spin = std::chrono::microseconds(50);
   uint64_t memory_total_override = 0;  // testing: pretend MemTotal/MemAvailable are this
 };
 
