@@ -54,7 +54,8 @@ int Run(int argc, char** argv) {
   app.add_flag("--no-huge-pages", no_huge_pages, "do not madvise(MADV_HUGEPAGE) the mapping");
   app.add_flag("--no-prefault", no_prefault, "do not touch every page at startup");
   app.add_option("--max-rows", max_rows, "largest T of one request")->capture_default_str();
-  app.add_option("--spin-us", spin_us, "busy-wait this long before sleeping (workers, channels)")
+  app.add_option("--spin-us", spin_us,
+                 "busy-wait this long before sleeping (channels; workers where a CPU is left over)")
       ->capture_default_str();
   app.add_option("--shutdown-grace-ms", shutdown_grace_ms,
                  "on SIGTERM, report NOT_SERVING this long before stopping")
