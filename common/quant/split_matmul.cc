@@ -107,26 +107,15 @@ struct Traits {
 inline __m256 HalvesToFloats(__m128i halves) { return _mm256_cvtph_ps(halves); }
 
 // d of the 8 blocks [chunk, chunk + 8) of one row, as f32 (blocks past `chunk_blocks`: 0).
-// The f32 scales d of blocks [chunk, chunk + count) of one row (count <= 8; lanes past count:
-// 0), any layout: one vpinsrw per block, walking the groups (one division per call). Built in a
-// register: through a stack array, narrow stores would feed the wide load of vcvtph2ps and stall
-// it (measured: on SmolLM2's 576-column rows that stall cost more than the rows' dot products).
-// Not inlined: the kernels need it only for a row's last, partial chunk and for group sizes
-// without a fast path below.
-__attribute__((noinline)) __m256 GeneralChunkScales(const Problem& p, const uint8_t* row,
-                                                    int64_t chunk, int count) {
-  const int64_t bpg = p.blocks_per_group;
-  const size_t stride = p.layout.scale_stride;
-  const uint8_t* source = row + p.layout.scale_offset + (chunk / bpg) * stride;
-  int64_t left_in_group = bpg - chunk % bpg;
+// Up to 8 fp16 values into lanes 0..count-1 (the rest 0), lane k's from the address next()
+// returns on its k-th call. Built in a register with vpinsrw: through a stack array, narrow
+// stores would feed the wide load of vcvtph2ps and stall it (measured: on SmolLM2's 576-column
+// rows that stall cost more than the rows' dot products).
+template <typename Next>
+inline __m128i InsertHalves(int64_t count, Next&& next) {
   __m128i halves = _mm_setzero_si128();
   auto insert = [&]<int kLane>() {
-    if (kLane >= count) return;
-    halves = _mm_insert_epi16(halves, LoadHalf(source), kLane);
-    if (--left_in_group == 0) {
-      source += stride;
-      left_in_group = bpg;
-    }
+    if (kLane < count) halves = _mm_insert_epi16(halves, LoadHalf(next()), kLane);
   };
   insert.template operator()<0>();
   insert.template operator()<1>();
@@ -136,7 +125,26 @@ __attribute__((noinline)) __m256 GeneralChunkScales(const Problem& p, const uint
   insert.template operator()<5>();
   insert.template operator()<6>();
   insert.template operator()<7>();
-  return HalvesToFloats(halves);
+  return halves;
+}
+
+// The f32 scales d of blocks [chunk, chunk + count) of one row (count <= 8; lanes past count:
+// 0), any layout: walks the groups (one division per call). Not inlined: the kernels need it
+// only for a row's last, partial chunk and for group sizes without a fast path below.
+__attribute__((noinline)) __m256 GeneralChunkScales(const Problem& p, const uint8_t* row,
+                                                    int64_t chunk, int count) {
+  const int64_t bpg = p.blocks_per_group;
+  const size_t stride = p.layout.scale_stride;
+  const uint8_t* source = row + p.layout.scale_offset + (chunk / bpg) * stride;
+  int64_t left_in_group = bpg - chunk % bpg;
+  return HalvesToFloats(InsertHalves(count, [&] {
+    const uint8_t* at = source;
+    if (--left_in_group == 0) {
+      source += stride;
+      left_in_group = bpg;
+    }
+    return at;
+  }));
 }
 
 // The same for a scale layout fixed at compile time, inlined into the kernels' scale loop, which
@@ -191,22 +199,14 @@ inline __m256 GroupMins(const Problem& p, const uint8_t* row, int64_t g_begin, i
     values =
         HalvesToFloats(_mm_loadu_si128(reinterpret_cast<const __m128i*>(source + 2 * g_begin)));
   } else {
-    // In a register, as in ChunkScales: an array would stall the wide load on store forwarding
-    // (measured: a third of the one-token time of SmolLM2's 576-column rows).
-    const uint8_t* first = source + 2 * g_begin;
-    const int64_t count = g_end - g_begin;
-    __m128i halves = _mm_setzero_si128();
-    auto insert = [&]<int kLane>() {
-      if (kLane < count) halves = _mm_insert_epi16(halves, LoadHalf(first + 2 * kLane), kLane);
-    };
-    insert.template operator()<0>();
-    insert.template operator()<1>();
-    insert.template operator()<2>();
-    insert.template operator()<3>();
-    insert.template operator()<4>();
-    insert.template operator()<5>();
-    insert.template operator()<6>();
-    values = HalvesToFloats(halves);  // lane 7 only in a full run
+    // A partial run (a row's last): in a register (an array here cost a third of the one-token
+    // time of SmolLM2's 576-column rows).
+    const uint8_t* next = source + 2 * g_begin;
+    values = HalvesToFloats(InsertHalves(g_end - g_begin, [&] {
+      const uint8_t* at = next;
+      next += 2;
+      return at;
+    }));
   }
   if constexpr (!kStoredMin) {
     values = _mm256_mul_ps(values, _mm256_set1_ps(-Traits<kFormat>::kCodeOffset));

@@ -65,16 +65,17 @@ absl::StatusOr<std::unique_ptr<ResidualStore>> ResidualStore::Open(const std::st
   BITSPLIT_ASSIGN_OR_RETURN(store->file_, SplitFile::Open(path, SplitFileKind::kResidual,
                                                           model::SplitFormatRowSizeOracle()));
   BITSPLIT_RETURN_IF_ERROR(store->LoadGroups());
+  const std::vector<int> allowed = AllowedCpus();
   std::vector<int> cpus;
-  if (options.pin_threads) cpus = AllowedCpus();
+  if (options.pin_threads) cpus = allowed;
   int threads = options.threads;
-  if (threads <= 0) threads = std::max<int>(1, static_cast<int>(AllowedCpus().size()));
+  if (threads <= 0) threads = std::max<int>(1, static_cast<int>(allowed.size()));
   if (!cpus.empty()) cpus.resize(std::min(cpus.size(), static_cast<size_t>(threads)));
   store->cpus_ = cpus;
   // Idle kernel threads poll for the next request only where they leave a CPU free: where they
   // cover every CPU, polling takes the CPUs the client (the drafter, on the same machine) needs
   // between requests (on 2 cores: 40% of decode speed).
-  const bool cpu_left_over = threads < static_cast<int>(AllowedCpus().size());
+  const bool cpu_left_over = threads < static_cast<int>(allowed.size());
   store->pool_ = std::make_unique<ThreadPool>(
       threads, cpu_left_over ? options.spin : std::chrono::nanoseconds(0), cpus);
   BITSPLIT_RETURN_IF_ERROR(store->PrepareMemory());
