@@ -7,12 +7,12 @@
 //   BW    streaming-read bandwidth: an AVX2 read-reduce over 128 MiB windows (4x L3);
 //   P     the kernel's own multiply-add rate at T = 64;
 //   peak  what the SIMD units can do for the kernel's instruction mix: per 32 multiply-adds
-//         AVX2: one vpmaddubsw + vpmaddwd + vcvtdq2ps + vfmadd231ps; VNNI (the AVX-VNNI and
-//         AVX-512 kernels): one vpdpbusd + vcvtdq2ps + vfmadd231ps; run in 8 independent
-//         chains from registers (no loads), on every thread. (Zen 4/5 and most AVX2 cores
-//         issue two of vpmaddubsw/vpmaddwd/vpdpbusd/vfmadd per cycle, vcvtdq2ps on other
-//         ports: 32 MACs per 1.5 cycles = 21.3 multiply-adds per cycle per core for AVX2, 32
-//         per cycle for VNNI.)
+//         AVX2: one vpmaddubsw + vpmaddwd + vcvtdq2ps + vfmadd231ps; AVX-VNNI: one vpdpbusd +
+//         vcvtdq2ps + vfmadd231ps on 256-bit vectors; AVX-512: the same on 512-bit vectors (64
+//         multiply-adds each); run in 8 independent chains from registers (no loads), on every
+//         thread. (Zen 5 and most AVX2 cores issue two of vpmaddubsw/vpmaddwd/vpdpbusd/vfmadd
+//         per cycle, vcvtdq2ps on other pipes: 21.3 multiply-adds per cycle per core for AVX2, 32
+//         for AVX-VNNI, 64 for AVX-512 where 512-bit pipes are full width.)
 // Counters: GB/s of weights, fraction of BW, floor(T) = max(weight bytes / BW, T * MACs / P)
 // and time / floor. A summary table is printed at the end. BW is the larger of a plain
 // read-reduce and one with software prefetch (the kernels prefetch, and beat the plain one).
@@ -167,8 +167,8 @@ double MeasureBandwidth(bool software_prefetch) {
 }
 
 // The kernel's inner instruction mix from registers, 8 independent chains each doing 32
-// multiply-adds: AVX2 vpmaddubsw -> vpmaddwd -> vcvtdq2ps -> vfmadd231ps; with VNNI (the
-// AVX-VNNI and AVX-512 kernels) a zeroed accumulator -> vpdpbusd -> vcvtdq2ps -> vfmadd231ps.
+// multiply-adds: AVX2 vpmaddubsw -> vpmaddwd -> vcvtdq2ps -> vfmadd231ps; AVX-VNNI a zeroed
+// accumulator -> vpdpbusd -> vcvtdq2ps -> vfmadd231ps (the 512-bit version is further down).
 // One chain: the integer dot product `dot` into ymm8, then vcvtdq2ps and vfmadd231ps into acc.
 #define BITSPLIT_MIX_CHAIN(dot, acc) \
   dot "vcvtdq2ps %%ymm8, %%ymm8\n\t" \
@@ -176,7 +176,7 @@ double MeasureBandwidth(bool software_prefetch) {
 #define BITSPLIT_AVX2_DOT                   \
   "vpmaddubsw %%ymm14, %%ymm15, %%ymm8\n\t" \
   "vpmaddwd %%ymm13, %%ymm8, %%ymm8\n\t"
-// `encoding`: %{vex%} (AVX-VNNI) or %{evex%} (AVX512-VNNI).
+// `encoding`: %{vex%} (AVX-VNNI).
 #define BITSPLIT_VNNI_DOT(encoding) \
   "vmovdqa %%ymm13, %%ymm8\n\t" encoding " vpdpbusd %%ymm14, %%ymm15, %%ymm8\n\t"
 #define BITSPLIT_MIX_LOOP(dot) \
@@ -197,18 +197,45 @@ double MeasureBandwidth(bool software_prefetch) {
 
 bool UsesVnni() { return ActiveMatMulIsa() != MatMulIsa::kAvx2; }
 
-// Multiply-adds per cycle per core the mix allows on cores where the multiply and FMA pipes
-// are two (Zen 4/5, most AVX2 cores): AVX2 issues 3 of its 4 ops there (32 MACs per 1.5
-// cycles), VNNI 2 (32 MACs per cycle).
-double MixMacsPerCycle() { return UsesVnni() ? 32.0 : 32.0 / 1.5; }
+// Multiply-adds per chain of the mix loop: one 256-bit integer dot product, or one 512-bit one.
+double MixMacsPerChain() { return ActiveMatMulIsa() == MatMulIsa::kAvx512 ? 64.0 : 32.0; }
+
+// Multiply-adds per cycle per core the mix allows on cores with two multiply/FMA pipes as wide as
+// the vectors (Zen 5, most AVX2 cores; only for the clock shown beside the measured peak): AVX2
+// issues 3 of its 4 ops there (32 MACs per 1.5 cycles), AVX-VNNI 2 (32 MACs per cycle), AVX-512
+// 2 on 512-bit vectors (64 per cycle; half that where 512-bit ops take two passes, as on Zen 4).
+double MixMacsPerCycle() {
+  return ActiveMatMulIsa() == MatMulIsa::kAvx512 ? 64.0 : UsesVnni() ? 32.0 : 32.0 / 1.5;
+}
 
 // The VEX form where the CPU has AVX-VNNI, else (AVX-512 without it) the EVEX form.
 __attribute__((target("avxvnni"))) void VnniMixLoop(int64_t n) {
   BITSPLIT_MIX_LOOP(BITSPLIT_VNNI_DOT("%{vex%}"));
 }
-__attribute__((target("avx512vnni,avx512vl"))) void EvexVnniMixLoop(int64_t n) {
-  BITSPLIT_MIX_LOOP(BITSPLIT_VNNI_DOT("%{evex%}"));
+
+// The AVX-512 kernels' mix on 512-bit vectors: 64 multiply-adds per chain.
+#define BITSPLIT_ZMM_CHAIN(acc)           \
+  "vmovdqa32 %%zmm13, %%zmm8\n\t"         \
+  "vpdpbusd %%zmm14, %%zmm15, %%zmm8\n\t" \
+  "vcvtdq2ps %%zmm8, %%zmm8\n\t"          \
+  "vfmadd231ps %%zmm12, %%zmm8, " acc "\n\t"
+__attribute__((target("avx512f,avx512vnni"))) void Avx512MixLoop(int64_t n) {
+  asm volatile(
+      "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"
+      "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"
+      "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"
+      "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"
+      "1:\n\t" BITSPLIT_ZMM_CHAIN("%%zmm0") BITSPLIT_ZMM_CHAIN("%%zmm1") BITSPLIT_ZMM_CHAIN(
+          "%%zmm2") BITSPLIT_ZMM_CHAIN("%%zmm3") BITSPLIT_ZMM_CHAIN("%%zmm4")
+          BITSPLIT_ZMM_CHAIN("%%zmm5") BITSPLIT_ZMM_CHAIN("%%zmm6") BITSPLIT_ZMM_CHAIN("%%zmm7")
+      "dec %0\n\t"
+      "jnz 1b\n\t"
+      : "+r"(n)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm12", "xmm13",
+        "xmm14", "xmm15", "cc");
 }
+#undef BITSPLIT_ZMM_CHAIN
 
 double MeasurePeakMix() {
   constexpr int64_t kIterations = 2'000'000;
@@ -217,15 +244,15 @@ double MeasurePeakMix() {
     const double start = Now();
     Pool().ParallelFor(Pool().num_threads(), [&](int64_t, int64_t, int) {
       int64_t n = kIterations;
-      if (UsesVnni() && MatMulIsaSupported(MatMulIsa::kAvxVnni)) {
-        VnniMixLoop(n);
+      if (ActiveMatMulIsa() == MatMulIsa::kAvx512) {
+        Avx512MixLoop(n);
       } else if (UsesVnni()) {
-        EvexVnniMixLoop(n);
+        VnniMixLoop(n);
       } else {
         BITSPLIT_MIX_LOOP(BITSPLIT_AVX2_DOT);
       }
     });
-    const double macs = 8.0 * 32.0 * kIterations * Pool().num_threads();
+    const double macs = 8.0 * MixMacsPerChain() * kIterations * Pool().num_threads();
     best = std::max(best, macs / (Now() - start));
   }
   return best;

@@ -95,9 +95,10 @@ __global__ void __launch_bounds__(kMatMulThreads)
 
   for (int64_t t0 = 0; t0 < x.rows; t0 += kTile) {
     const int tile = static_cast<int>(x.rows - t0 < kTile ? x.rows - t0 : kTile);
-    float acc[kTile];
+    // Lane k of the even blocks and of the odd blocks (split_matmul.h's sequence).
+    float even[kTile], odd[kTile];
 #pragma unroll
-    for (int j = 0; j < kTile; ++j) acc[j] = 0.0f;
+    for (int j = 0; j < kTile; ++j) even[j] = odd[j] = 0.0f;
     for (int64_t g_begin = 0; g_begin < w.groups; g_begin += kGroupsPerRun) {
       const int64_t g_end = g_begin + kGroupsPerRun < w.groups ? g_begin + kGroupsPerRun : w.groups;
       for (int64_t b = g_begin * blocks_per_group; b < g_end * blocks_per_group; ++b) {
@@ -111,7 +112,8 @@ __global__ void __launch_bounds__(kMatMulThreads)
                 *reinterpret_cast<const int*>(x.codes + t * x.cols + b * kBlock + 4 * k);
             const int isum = __dp4a(codes, xcodes, 0);
             const float scale = __fmul_rn(d, x.scales[t * x.block_stride + b]);
-            acc[j] = __fmaf_rn(__int2float_rn(isum), scale, acc[j]);
+            float& acc = (b & 1) == 0 ? even[j] : odd[j];
+            acc = __fmaf_rn(__int2float_rn(isum), scale, acc);
           }
         }
       }
@@ -132,7 +134,7 @@ __global__ void __launch_bounds__(kMatMulThreads)
               for (int64_t s = 0; s < blocks_per_group; ++s)
                 group_sum = __fadd_rn(group_sum, sums[s]);
             }
-            acc[j] = __fmaf_rn(min, group_sum, acc[j]);
+            even[j] = __fmaf_rn(min, group_sum, even[j]);
           }
         }
       }
@@ -140,7 +142,7 @@ __global__ void __launch_bounds__(kMatMulThreads)
 #pragma unroll
     for (int j = 0; j < kTile; ++j) {
       // ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
-      float v = acc[j];
+      float v = __fadd_rn(even[j], odd[j]);
       v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 4, 8));
       v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 2, 8));
       v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1, 8));

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -263,6 +264,10 @@ namespace avxvnni {
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,avx512vbmi")
+// GCC 12's 512-bit intrinsics fill their pass-through operand with a self-initialised
+// _mm512_undefined_*() and then warn about it (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 namespace avx512 {
 #define BITSPLIT_MATMUL_VNNI 1
 #define BITSPLIT_MATMUL_AVX512 1
@@ -270,6 +275,7 @@ namespace avx512 {
 #undef BITSPLIT_MATMUL_AVX512
 #undef BITSPLIT_MATMUL_VNNI
 }  // namespace avx512
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 
 bool CpuHasAvxVnni() {
@@ -523,7 +529,7 @@ void MatMulReference(const MatrixView& w, const QuantizedActivations& x, float* 
       return Fp16ToFp32(LoadHalf(row + layout.scale_offset + g * layout.scale_stride));
     };
     for (int64_t t = 0; t < x.rows; ++t) {
-      float acc[8] = {};
+      float even[8] = {}, odd[8] = {};  // lanes of the even and of the odd blocks
       for (int64_t g_begin = 0; g_begin < layout.groups; g_begin += kGroupsPerRun) {
         const int64_t g_end = std::min(layout.groups, g_begin + kGroupsPerRun);
         for (int64_t g = g_begin; g < g_end; ++g) {
@@ -533,6 +539,7 @@ void MatMulReference(const MatrixView& w, const QuantizedActivations& x, float* 
             UnpackSubBlock(w.format, row + layout.code_offset + b * layout.code_stride, codes);
             const int8_t* xc = x.row_codes(t) + b * kActivationBlock;
             const float scale = d * x.row_scales(t)[b];
+            float* acc = b % 2 == 0 ? even : odd;
             for (int k = 0; k < 8; ++k) {
               int32_t isum = 0;
               for (int i = 0; i < 4; ++i) isum += codes[4 * k + i] * xc[4 * k + i];
@@ -550,11 +557,13 @@ void MatMulReference(const MatrixView& w, const QuantizedActivations& x, float* 
                         : scale_of(g) * -info.code_offset;
               group_sum = group_sums[t * group_stride + g];
             }
-            acc[k] = std::fma(min, group_sum, acc[k]);
+            even[k] = std::fma(min, group_sum, even[k]);
           }
         }
       }
-      const float v = HorizontalSumReference(acc);
+      float lanes[8];
+      for (int k = 0; k < 8; ++k) lanes[k] = even[k] + odd[k];
+      const float v = HorizontalSumReference(lanes);
       float& out = y[t * w.rows + r];
       out = accumulate ? out + v : v;
     }

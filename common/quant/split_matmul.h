@@ -11,16 +11,22 @@
 // position of t in the batch, any thread count and any row tiling; work is split over weight
 // rows only. The sequence, which MatMulReference spells out in scalar code, is (per (t, r)):
 //
-//   acc[0..8) = 0                                  eight f32 lanes
+//   even[0..8) = odd[0..8) = 0                     two sets of eight f32 lanes
 //   for each run of 8 groups (the last run may be shorter; missing groups count as zero):
 //     for each 32-block b of those groups, in order:
 //       isum[k] = sum_{i<4} code_w[32b + 4k + i] * code_x[t][32b + 4k + i]   (exact int32)
 //       sc      = d(group of b) * s[t][b]                                      (f32 product)
+//       acc     = b even ? even : odd                       (b counts from the row's start)
 //       acc[k]  = fma(float(isum[k]), sc, acc[k])
 //     if the format has an offset/min:                        (lane k <-> k-th group of the run)
-//       acc[k]  = fma(min(group), group_sum[t][group], acc[k])
+//       even[k] = fma(min(group), group_sum[t][group], even[k])
+//   acc[k] = even[k] + odd[k]
 //   y = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))
 //   out = accumulate ? out + y : y
+//
+// Two lane sets because 512-bit kernels take two consecutive blocks per vector (even block in
+// the low half, odd in the high half): one vpdpbusd, one conversion and one multiply-add serve
+// both. 256-bit kernels keep the two sets in two registers.
 //
 // where min(group) = m for the asymmetric formats and -offset * d for the offset formats
 // (kB*Sym, kR6), and group_sum[t][g] = sum over the group's blocks b, in order from 0.0f, of
