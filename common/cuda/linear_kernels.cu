@@ -72,8 +72,9 @@ __device__ __forceinline__ int Codes4(const uint8_t* sub, int k) {
 
 // One thread = lane k (0..7) of one weight row for up to kTile activation rows at a time. Lane k
 // owns elements 4k..4k+3 of every 32-block and, in the min term, the k-th group of each run of
-// eight groups: exactly the f32 lane k of both lane sets (even and odd blocks) of the CPU kernel. The eight lanes of a row are
-// consecutive threads of a warp and are summed by shuffles in HorizontalSum's order.
+// eight groups: exactly the f32 lane k of both lane sets (even and odd blocks) of the CPU kernel.
+// The eight lanes of a row are consecutive threads of a warp and are summed by shuffles in
+// HorizontalSum's order.
 template <int kFormat, int kTile>
 __global__ void __launch_bounds__(kMatMulThreads)
     SplitMatMulKernel(GroupMatMul group, DeviceActivations x, int accumulate, int64_t total_rows) {
