@@ -176,9 +176,8 @@ double MeasureBandwidth(bool software_prefetch) {
 #define BITSPLIT_AVX2_DOT                   \
   "vpmaddubsw %%ymm14, %%ymm15, %%ymm8\n\t" \
   "vpmaddwd %%ymm13, %%ymm8, %%ymm8\n\t"
-// `encoding`: %{vex%} (AVX-VNNI).
-#define BITSPLIT_VNNI_DOT(encoding) \
-  "vmovdqa %%ymm13, %%ymm8\n\t" encoding " vpdpbusd %%ymm14, %%ymm15, %%ymm8\n\t"
+// The VEX (AVX-VNNI) encoding.
+#define BITSPLIT_VNNI_DOT "vmovdqa %%ymm13, %%ymm8\n\t%{vex%} vpdpbusd %%ymm14, %%ymm15, %%ymm8\n\t"
 #define BITSPLIT_MIX_LOOP(dot) \
   asm volatile("vpxor %%ymm12, %%ymm12, %%ymm12\n\t"                                          \
                "vpxor %%ymm13, %%ymm13, %%ymm13\n\t"                                          \
@@ -210,7 +209,7 @@ double MixMacsPerCycle() {
 
 // The VEX form where the CPU has AVX-VNNI, else (AVX-512 without it) the EVEX form.
 __attribute__((target("avxvnni"))) void VnniMixLoop(int64_t n) {
-  BITSPLIT_MIX_LOOP(BITSPLIT_VNNI_DOT("%{vex%}"));
+  BITSPLIT_MIX_LOOP(BITSPLIT_VNNI_DOT);
 }
 
 // The AVX-512 kernels' mix on 512-bit vectors: 64 multiply-adds per chain.

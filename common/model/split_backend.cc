@@ -28,16 +28,16 @@ void SplitMatMulGroup(std::span<const quant::MatrixView> matrices,
     row_start[i + 1] = row_start[i] + matrices[i].rows;
   }
   const int64_t total_rows = row_start[matrices.size()];
-  // Grain 4 keeps chunk edges on the kernel's row tiles (tiling never changes results).
-  pool.ParallelForGrained(total_rows, 4, [&](int64_t begin, int64_t end, int /*worker*/) {
-    for (size_t i = 0; i < matrices.size(); ++i) {
-      const int64_t first = std::max(begin, row_start[i]);
-      const int64_t last = std::min(end, row_start[i + 1]);
-      if (first >= last) continue;
-      quant::MatMulRows(matrices[i], x, first - row_start[i], last - row_start[i], outputs[i],
-                        accumulate);
-    }
-  });
+  pool.ParallelForGrained(total_rows, quant::kMatMulRowGrain,
+                          [&](int64_t begin, int64_t end, int /*worker*/) {
+                            for (size_t i = 0; i < matrices.size(); ++i) {
+                              const int64_t first = std::max(begin, row_start[i]);
+                              const int64_t last = std::min(end, row_start[i + 1]);
+                              if (first >= last) continue;
+                              quant::MatMulRows(matrices[i], x, first - row_start[i],
+                                                last - row_start[i], outputs[i], accumulate);
+                            }
+                          });
 }
 
 absl::Status InProcessResidual::Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,

@@ -496,10 +496,9 @@ void MatMul(const MatrixView& w, const QuantizedActivations& x, float* y, bool a
   thread_local std::vector<float> group_sums;
   const Problem problem = MakeProblem(w, x, y, accumulate, &group_sums);
   const RunRowsFn run = GetRunRows(w.format);
-  // Grain 4 keeps chunk boundaries on row-tile boundaries (tiling never changes results; it
-  // only avoids short tiles).
-  pool.ParallelForGrained(
-      w.rows, 4, [&](int64_t begin, int64_t end, int /*worker*/) { run(problem, begin, end); });
+  pool.ParallelForGrained(w.rows, kMatMulRowGrain, [&](int64_t begin, int64_t end, int /*worker*/) {
+    run(problem, begin, end);
+  });
 }
 
 void MatMulRows(const MatrixView& w, const QuantizedActivations& x, int64_t row_begin,

@@ -44,6 +44,11 @@ namespace bitsplit::quant {
 
 inline constexpr int kActivationBlock = 32;
 
+// Callers that split a matmul's weight rows between threads (MatMul, SplitMatMulGroup, the
+// residual service) cut at multiples of this: every kernel's row tiles then stay whole. Tiling
+// never changes results; short tiles only cost speed.
+inline constexpr int64_t kMatMulRowGrain = 8;
+
 // Activation rows quantized to int8 in blocks of 32.
 struct QuantizedActivations {
   int64_t rows = 0;           // T

@@ -285,8 +285,9 @@ uint64_t ResidualStore::Compute(const StoreGroup& group, const quant::QuantizedA
                                      .count());
   }
   const int64_t n = pool_->num_threads();
-  // Chunks of whole 4-row tiles (tiling never changes results: split_matmul.h).
-  const int64_t per = (total / 4 + n - 1) / n * 4 + (total % 4 != 0 ? 4 : 0);
+  // Chunks of whole row tiles (tiling never changes results: split_matmul.h).
+  constexpr int64_t kGrain = quant::kMatMulRowGrain;
+  const int64_t per = (total / kGrain + n - 1) / n * kGrain + (total % kGrain != 0 ? kGrain : 0);
   pool_->RunOnEveryWorker([&](int worker) {
     const int64_t begin = std::min(total, per * worker);
     const int64_t end = std::min(total, begin + per);
