@@ -7,11 +7,14 @@
 //  * accuracy against an f32 reference (dequantized weights x unquantized activations);
 //  * activation quantization: AVX2 equals scalar, round-trip error within half a step.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -253,6 +256,37 @@ TEST(SplitMatMul, OddGroupSizesAndLongRows) {
   });
 }
 
+// The kernels read each row's codes and scales and nothing beyond the matrix: a matrix that
+// ends where an inaccessible page begins works for every format, also with rows whose
+// scales are too few for the AVX-512 kernel's wide code loads (which then load exactly).
+TEST(SplitMatMul, ReadsNothingPastTheMatrix) {
+  const long page = sysconf(_SC_PAGESIZE);
+  ForEachIsa([&] {
+    for (SplitFormat format : kAllFormats) {
+      for (int64_t cols : {64, 128, 256, 1024}) {
+        const int group = format == SplitFormat::kQ8_0 ? 32 : 64;
+        const Matrix source = QuantizedMatrix(format, group, 11, cols, 500 + cols);
+        const size_t size = source.bytes.size();
+        const size_t mapped = (size + page - 1) / page * page + page;
+        void* region =
+            mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        ASSERT_NE(region, MAP_FAILED);
+        uint8_t* guard = static_cast<uint8_t*>(region) + mapped - page;
+        ASSERT_EQ(mprotect(guard, page, PROT_NONE), 0);
+        uint8_t* at_end = guard - size;  // the matrix's last byte is the guard page's neighbour
+        std::memcpy(at_end, source.bytes.data(), size);
+        auto view = MakeMatrixView(format, group, 11, cols, at_end, size);
+        ASSERT_TRUE(view.ok()) << view.status();
+        for (int64_t tokens : {1, 2, 5}) {
+          ExpectKernelMatchesReference(*view, tokens, 13 * tokens,
+                                       Name(format, group) + " cols " + std::to_string(cols));
+        }
+        ASSERT_EQ(munmap(region, mapped), 0);
+      }
+    }
+  });
+}
+
 TEST(SplitMatMul, PaddedRowStrideIsIgnored) {
   const int64_t cols = 256;
   const size_t stride = SplitRowBytes(SplitFormat::kB2Asym, 64, cols) + 40;
@@ -398,7 +432,8 @@ TEST(SplitMatMul, IsaSelection) {
   EXPECT_EQ(MatMulIsaSupported(MatMulIsa::kAvxVnni), __builtin_cpu_supports("avxvnni") != 0);
   EXPECT_EQ(MatMulIsaSupported(MatMulIsa::kAvx512),
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-                __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bw"));
+                __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("gfni"));
   // The default is the best the CPU has.
   const MatMulIsa best = MatMulIsaSupported(MatMulIsa::kAvx512)    ? MatMulIsa::kAvx512
                          : MatMulIsaSupported(MatMulIsa::kAvxVnni) ? MatMulIsa::kAvxVnni

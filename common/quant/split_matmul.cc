@@ -263,7 +263,7 @@ namespace avxvnni {
 }  // namespace avxvnni
 #pragma GCC pop_options
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,avx512vbmi")
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,avx512vbmi,gfni")
 // GCC 12's 512-bit intrinsics fill their pass-through operand with a self-initialised
 // _mm512_undefined_*() and then warn about it (GCC bug 105593, fixed in GCC 13).
 #pragma GCC diagnostic push
@@ -286,7 +286,7 @@ bool CpuHasAvx512() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                           __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vnni") &&
-                          __builtin_cpu_supports("avx512vbmi");
+                          __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni");
   return has;
 }
 

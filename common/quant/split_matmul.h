@@ -93,8 +93,9 @@ absl::StatusOr<MatrixView> MakeMatrixView(SplitFormat format, int group, int64_t
 // The kernels exist for three instruction sets, with the same bits out (the integer sums are
 // exact in each): AVX2 (the baseline the build assumes); AVX-VNNI (one vpdpbusd per 32-byte
 // integer dot product instead of vpmaddubsw + vpmaddwd; Zen 4+, Intel since Alder Lake); AVX-512
-// F/VL/BW/VNNI/VBMI on 256-bit vectors (fewer instructions to expand codes and load scales; Zen
-// 4+, Ice Lake and later servers). The best one the CPU supports is selected at start-up.
+// F/VL/BW/VNNI/VBMI + GFNI (two blocks per 512-bit vector, codes expanded with vpermb and
+// vgf2p8affineqb; Zen 4+, Ice Lake and later servers). The best one the CPU supports is selected
+// at start-up.
 enum class MatMulIsa { kAvx2, kAvxVnni, kAvx512 };
 bool MatMulIsaSupported(MatMulIsa isa);
 MatMulIsa ActiveMatMulIsa();
