@@ -242,9 +242,9 @@ using RunRowsFn = void (*)(const Problem&, int64_t, int64_t);
 // The kernels, compiled once per instruction set (see split_matmul_kernel.inc): the same
 // sequence of operations. AVX2 does the integer dot product with vpmaddubsw + vpmaddwd; AVX-VNNI
 // with one vpdpbusd (those three and vfmadd share two ports on current cores, so this takes a
-// third of the work off the ports that bound the kernel); AVX-512 (VL, BW, VNNI, VBMI, used on
-// 256-bit vectors) also expands 2/3/6-bit codes with vpmultishiftqb/vpternlogd in fewer
-// instructions and folds the scale broadcasts into the multiply-adds.
+// third of the work off the ports that bound the kernel); AVX-512 (VL, BW, VNNI, VBMI, GFNI)
+// puts two blocks in each 512-bit vector (one vpdpbusd, vcvtdq2ps and vfmadd per block pair),
+// expands codes with vpermb and vgf2p8affineqb, and loads partial scale chunks masked.
 namespace avx2 {
 #define BITSPLIT_MATMUL_VNNI 0
 #define BITSPLIT_MATMUL_AVX512 0
