@@ -106,12 +106,14 @@ absl::StatusOr<std::unique_ptr<ResidualSession>> ResidualClient::Attach(
   BITSPLIT_RETURN_IF_ERROR(
       FromGrpcStatus(stub_->Attach(Context().get(), request, &session->attach_)));
   session->channel_id_ = session->attach_.channel_id();
-  // Poll (yielding) for a response only where a CPU is left over for it: polling on a core the
-  // service's kernel threads need slowed them (a 2-thread service on 2 cores: shm pass 1.04-1.35x
-  // in-process instead of 1.01-1.08x sleeping), while sleeping costs a futex wake-up per request
+  // Spin or poll (yielding) for a response only where a CPU is left over for it: either, on a
+  // core the service's kernel threads need, slows them (a 2-thread service on 2 cores: shm pass
+  // 1.04-1.35x in-process polling; at T = 4 on the 1B-class residual 1.27-1.29x with the 50 us
+  // busy spin and 1.16-1.21x sleeping at once), while sleeping costs a futex wake-up per request
   // (5-50 us on a VM).
   shm::ShmClientOptions shm_options = options_.shm;
   if (info.threads() >= static_cast<int>(AllowedCpus().size())) {
+    shm_options.spin = std::chrono::nanoseconds(0);
     shm_options.yield_spin = std::chrono::nanoseconds(0);
   }
   auto channel =
