@@ -215,8 +215,8 @@ inline __m256 GroupMins(const Problem& p, const uint8_t* row, int64_t g_begin, i
   return values;
 }
 
-// Software prefetch of the weight rows a thread will read next, spread evenly over the block
-// pairs of the current tile. With T = 1 the hardware prefetcher alone streams four interleaved
+// Software prefetch of the weight rows a thread will read next, spread evenly over the 8-block
+// chunks of the current tile. With T = 1 the hardware prefetcher alone streams four interleaved
 // rows poorly (measured: about half the bandwidth), and when several token tiles re-read the
 // current rows from cache it sees no new misses at all, so DRAM would idle during those tiles.
 // Into L1 (T0): at T = 1 r6 streamed 10-20% faster than with T1 (into L2) in interleaved runs;
@@ -224,7 +224,7 @@ inline __m256 GroupMins(const Problem& p, const uint8_t* row, int64_t g_begin, i
 struct Prefetcher {
   const char* next = nullptr;  // next cache line to fetch
   int64_t lines = 0;           // lines left
-  int64_t per_step = 0;        // lines per step (block pair)
+  int64_t per_step = 0;        // lines per step (one per 8-block chunk)
 
   void Step() {
     for (int64_t i = 0; i < per_step && lines > 0; ++i, --lines, next += 64) {

@@ -24,9 +24,9 @@
 //   y = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))
 //   out = accumulate ? out + y : y
 //
-// Two lane sets because 512-bit kernels take two consecutive blocks per vector (even block in
-// the low half, odd in the high half): one vpdpbusd, one conversion and one multiply-add serve
-// both. 256-bit kernels keep the two sets in two registers.
+// Two lane sets because 512-bit kernels take two consecutive blocks per vector (interleaved by
+// doubleword: lane 2k of the even block's set, 2k + 1 of the odd block's): one vpdpbusd, one
+// conversion and one multiply-add serve both. 256-bit kernels keep the two sets in two registers.
 //
 // where min(group) = m for the asymmetric formats and -offset * d for the offset formats
 // (kB*Sym, kR6), and group_sum[t][g] = sum over the group's blocks b, in order from 0.0f, of
