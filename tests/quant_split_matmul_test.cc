@@ -256,6 +256,20 @@ TEST(SplitMatMul, OddGroupSizesAndLongRows) {
   });
 }
 
+// For T >= 3 the AVX-512 kernel of the signed formats reads activations it prepared once per call,
+// unless they would take more than 512 KiB (2 bytes per code): 31 x 8192 tokens are prepared,
+// 33 x 8192 are not. Both give the reference's bits.
+TEST(SplitMatMul, SignedFormatsEitherSideOfThePreparedActivationLimit) {
+  ForEachIsa([&] {
+    for (SplitFormat format : {SplitFormat::kR8, SplitFormat::kQ8_0}) {
+      const Matrix m = QuantizedMatrix(format, 32, 6, 8192, 302);
+      for (int64_t tokens : {31, 33}) {
+        ExpectKernelMatchesReference(m.view, tokens, 43 + tokens, Name(format, 32) + " prepared");
+      }
+    }
+  });
+}
+
 // The kernels read each row's codes and scales and nothing beyond the matrix: a matrix that
 // ends where an inaccessible page begins works for every format, also with rows whose
 // scales are too few for the AVX-512 kernel's wide code loads (which then load exactly).

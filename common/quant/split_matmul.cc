@@ -51,6 +51,13 @@ enum class ScaleLoad {
   kGeneric,   // any other group: one load per block
 };
 
+// 64 bytes of a prepared activation vector (AVX-512's PrepareActivationPairs), two per token and
+// block pair.
+struct alignas(64) PairVector {
+  int8_t bytes[64];
+};
+constexpr int64_t kPreparedPerPair = 2;
+
 // Everything a kernel needs about one MatMul call, shared by all threads.
 struct Problem {
   const MatrixView* w;
@@ -62,6 +69,8 @@ struct Problem {
   int64_t group_stride;
   float* y;
   bool accumulate;
+  // AVX-512, T >= 3, signed codes: [x.rows][pairs][2] (PrepareActivationPairs), set by RunRows.
+  const PairVector* pairs = nullptr;
 };
 
 // group_sums[t][g] = sum over the group's blocks of x.sums (in order, from 0.0f).
