@@ -228,6 +228,8 @@ TEST(SplitMatMul, KernelMatchesReferenceOnRandomBytes) {
 // The kernels fetch a row's scales 32 blocks ahead, with a loop specialised per scale layout
 // (group 32, Q8_0's strided d, 64, 128, a multiple of 256, anything else) for full spans and a
 // general one for the row's last, partial span: rows of 75-80 blocks take both, every layout.
+// At T = 5 (more than one token tile) Q8_0's strided scales and group 96's are gathered once per
+// row tile into a per-thread cache that the token tiles read.
 TEST(SplitMatMul, EveryScaleLayoutOverFullAndPartialSpans) {
   ForEachIsa([&] {
     for (SplitFormat format : kAllFormats) {

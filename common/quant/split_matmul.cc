@@ -49,6 +49,7 @@ enum class ScaleLoad {
   kShared,    // group a multiple of 256: one scale for the whole chunk
   kStrided,   // group 32, scales `scale_stride` bytes apart (Q8_0's blocks)
   kGeneric,   // any other group: one load per block
+  kCached,    // from Problem::scale_cache, filled once per row tile (see RunRowsWith)
 };
 
 // 64 bytes of a prepared activation vector (AVX-512's PrepareActivationPairs), two per token and
@@ -71,6 +72,16 @@ struct Problem {
   bool accumulate;
   // AVX-512, T >= 3, signed codes: [x.rows][pairs][2] (PrepareActivationPairs), set by RunRows.
   const PairVector* pairs = nullptr;
+  // kCached: one thread's f32 d of the current row tile, [row in tile][scale_cache_stride], set
+  // by RunRowsWith (the rows' chunk scales, zero past each row's blocks).
+  const float* scale_cache = nullptr;
+  int64_t scale_cache_stride = 0;
+};
+
+// 32 bytes of f32 scales, 32-byte aligned for the kernels' aligned loads (a vector of these is the
+// kCached buffer).
+struct alignas(32) EightScales {
+  float d[8];
 };
 
 // group_sums[t][g] = sum over the group's blocks of x.sums (in order, from 0.0f).
