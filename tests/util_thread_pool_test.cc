@@ -1,8 +1,10 @@
 // ThreadPool: every item runs exactly once, in the static chunks the header promises, whether
-// the workers are polling (back-to-back jobs) or asleep (jobs further apart than the spin
-// budget, or no spinning at all), and the pool shuts down from either state.
+// the workers are polling (back-to-back jobs), polling between yields, or asleep (jobs further
+// apart than the spin budget, or no spinning at all), and the pool shuts down from any of these
+// states; a worker polling between yields leaves its CPU to other threads.
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <time.h>
 
 #include <atomic>
 #include <chrono>
@@ -106,8 +108,16 @@ TEST(ThreadPoolTest, ManyBackToBackJobs) {
 // Jobs further apart than the spin budget: the workers (and the caller, waiting on a slow
 // worker) have gone to sleep and must be woken every time.
 TEST(ThreadPoolTest, WakesSleepingWorkersAndCaller) {
-  for (auto spin : {std::chrono::microseconds(0), std::chrono::microseconds(20)}) {
-    ThreadPool pool(2, spin);
+  using std::chrono::microseconds;
+  struct Wait {
+    microseconds spin, yield_spin;
+  };
+  for (const Wait wait :
+       {Wait{microseconds(0), microseconds(0)}, Wait{microseconds(20), microseconds(0)},
+        Wait{microseconds(0), microseconds(50)}, Wait{microseconds(20), microseconds(50)}}) {
+    ThreadPool pool(2, wait.spin);
+    pool.SetYieldSpin(wait.yield_spin);
+    const auto spin = wait.spin + wait.yield_spin;
     for (int job = 0; job < 50; ++job) {
       std::this_thread::sleep_for(std::chrono::microseconds(300));
       std::atomic<int> items{0};
@@ -122,14 +132,57 @@ TEST(ThreadPoolTest, WakesSleepingWorkersAndCaller) {
   }
 }
 
-// The poll time changes while workers poll or sleep; jobs keep being handed off either way.
+// The poll times change while workers poll or sleep; jobs keep being handed off either way.
 TEST(ThreadPoolTest, SpinChangesTakeEffectBetweenJobs) {
   ThreadPool pool(3, std::chrono::seconds(10));  // they would poll far longer than the test
   for (int job = 0; job < 200; ++job) {
     RunAndCheck(pool, 30, 1);
     pool.SetSpin(job % 2 == 0 ? std::chrono::nanoseconds(0) : ThreadPool::kDefaultSpin);
+    pool.SetYieldSpin(job % 3 == 0 ? std::chrono::nanoseconds(0) : std::chrono::seconds(10));
     if (job % 20 == 0) std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
+}
+
+// CPU time a thread pinned to `cpu` gets while it busy-loops for `wall`, as a fraction of it.
+double CpuShareOfABusyThread(int cpu, std::chrono::milliseconds wall) {
+  double share = 0;
+  std::thread busy([&] {
+    if (!PinCurrentThread(cpu).ok()) return;
+    auto cpu_seconds = [] {
+      timespec t;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+      return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+    };
+    const double cpu_start = cpu_seconds();
+    const auto start = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - start < wall) {
+    }
+    share = (cpu_seconds() - cpu_start) /
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
+  busy.join();
+  return share;
+}
+
+// An idle worker polling between yields leaves its CPU to a thread that wants it: that thread
+// gets about what it gets beside no worker at all, where a busy-polling worker would take half
+// (a fair scheduler shares a CPU between two runnable threads). Compared with a baseline taken
+// just before, up to 3 times, since other processes may load the same CPU.
+TEST(ThreadPoolTest, YieldPollingWorkersLeaveTheirCpuToOtherThreads) {
+  const std::vector<int> allowed = AllowedCpus();
+  ASSERT_FALSE(allowed.empty());
+  const int cpu = allowed.back();
+  constexpr std::chrono::milliseconds kWall(200);
+  double baseline = 0, beside_worker = 0;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    baseline = CpuShareOfABusyThread(cpu, kWall);
+    ThreadPool pool(2, std::chrono::nanoseconds(0), {cpu});
+    pool.SetYieldSpin(std::chrono::seconds(10));  // far longer than the test
+    RunAndCheck(pool, 2, 1);                      // worker 1 now polls between yields
+    beside_worker = CpuShareOfABusyThread(cpu, kWall);
+    if (beside_worker >= 0.8 * baseline) break;
+  }
+  EXPECT_GE(beside_worker, 0.8 * baseline) << "baseline share " << baseline;
 }
 
 TEST(ThreadPoolTest, ShutsDownWhilePollingOrAsleep) {

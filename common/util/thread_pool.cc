@@ -73,27 +73,31 @@ void ThreadPool::SetSpin(std::chrono::nanoseconds spin) {
   spin_ns_.store(std::max<int64_t>(0, spin.count()), std::memory_order_relaxed);
 }
 
+void ThreadPool::SetYieldSpin(std::chrono::nanoseconds yield_spin) {
+  yield_spin_ns_.store(std::max<int64_t>(0, yield_spin.count()), std::memory_order_relaxed);
+}
+
 template <typename Word>
 Word ThreadPool::WaitWhileEqual(const std::atomic<Word>& word, Word old) const {
   Word now = word.load(std::memory_order_acquire);
+  if (now != old) return now;
   const std::chrono::nanoseconds spin(spin_ns_.load(std::memory_order_relaxed));
-  if (now != old || spin.count() == 0) {
-    while (now == old) {
-      word.wait(old, std::memory_order_acquire);
+  const std::chrono::nanoseconds yield_spin(yield_spin_ns_.load(std::memory_order_relaxed));
+  if (spin.count() > 0 || yield_spin.count() > 0) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int polls = 1; now == old && spin.count() > 0; ++polls) {
+      CpuRelax();
+      now = word.load(std::memory_order_acquire);
+      if (polls % 64 == 0 && std::chrono::steady_clock::now() - start > spin) break;
+    }
+    while (now == old && std::chrono::steady_clock::now() - start < spin + yield_spin) {
+      sched_yield();
       now = word.load(std::memory_order_acquire);
     }
-    return now;
   }
-  const auto start = std::chrono::steady_clock::now();
-  for (int polls = 1; now == old; ++polls) {
-    CpuRelax();
+  while (now == old) {
+    word.wait(old, std::memory_order_acquire);
     now = word.load(std::memory_order_acquire);
-    if (polls % 64 == 0 && std::chrono::steady_clock::now() - start > spin) {
-      while (now == old) {
-        word.wait(old, std::memory_order_acquire);
-        now = word.load(std::memory_order_acquire);
-      }
-    }
   }
   return now;
 }

@@ -64,14 +64,23 @@ class ThreadPool {
   // polling takes the CPUs its threads need: 0 makes idle workers sleep at once.
   void SetSpin(std::chrono::nanoseconds spin);
 
+  // After the busy poll, how long idle threads keep polling between sched_yield calls before
+  // they sleep (default 0). A yielding thread stays runnable, so the next job reaches it without
+  // a futex wake-up (20-60 us on a VM), while a thread of another process that wants its CPU
+  // gets it at the next yield. For pools whose threads cover every CPU, where busy polling
+  // would starve the other processes.
+  void SetYieldSpin(std::chrono::nanoseconds yield_spin);
+
  private:
   void WorkerLoop(int worker);
-  // Returns once `word` differs from `old`: polls for spin_, then sleeps on it.
+  // Returns once `word` differs from `old`: polls for spin_, then between yields for
+  // yield_spin_, then sleeps on it.
   template <typename Word>
   Word WaitWhileEqual(const std::atomic<Word>& word, Word old) const;
 
   int num_threads_;
   std::atomic<int64_t> spin_ns_;
+  std::atomic<int64_t> yield_spin_ns_{0};
   std::vector<int> cpus_;
   std::vector<std::thread> workers_;
   // The job: written by the caller before generation_ is bumped (release), read by the workers

@@ -40,6 +40,7 @@ int Run(int argc, char** argv) {
   ChannelOptions channel_options;
   bool no_huge_pages = false, no_prefault = false, verbose = false;
   int spin_us = 50;
+  int yield_us = 2000;
   int shutdown_grace_ms = 200;
   uint32_t max_rows = channel_options.max_rows;
   app.add_option("residual", residual_path, "the residual split file (MODEL.residual.bsplit)")
@@ -57,6 +58,10 @@ int Run(int argc, char** argv) {
   app.add_option("--spin-us", spin_us,
                  "busy-wait this long before sleeping (channels; workers where a CPU is left over)")
       ->capture_default_str();
+  app.add_option("--yield-us", yield_us,
+                 "workers that cover every CPU: poll between sched_yield calls this long before "
+                 "sleeping")
+      ->capture_default_str();
   app.add_option("--shutdown-grace-ms", shutdown_grace_ms,
                  "on SIGTERM, report NOT_SERVING this long before stopping")
       ->capture_default_str();
@@ -70,6 +75,7 @@ int Run(int argc, char** argv) {
   store_options.huge_pages = !no_huge_pages;
   store_options.prefault = !no_prefault;
   store_options.spin = std::chrono::microseconds(spin_us);
+  store_options.yield_spin = std::chrono::microseconds(yield_us);
   channel_options.spin = std::chrono::microseconds(spin_us);
   if (max_rows < 1 || max_rows > 4096) {
     return Fail(absl::InvalidArgumentError(

@@ -27,8 +27,10 @@ struct StoreOptions {
   bool mlock = false;        // lock the mapping in RAM (needs RLIMIT_MEMLOCK >= file size)
   bool huge_pages = true;    // madvise(MADV_HUGEPAGE) on the mapping
   bool prefault = true;      // touch every page at startup
-  // Workers, between jobs; 0 where the kernel threads cover every allowed CPU (Open).
+  // Workers, between jobs: busy polling, where a CPU is left over (Open)...
   std::chrono::nanoseconds spin = std::chrono::microseconds(50);
+  // ...else polling between sched_yield calls (ThreadPool::SetYieldSpin), then sleeping.
+  std::chrono::nanoseconds yield_spin = std::chrono::milliseconds(2);
   uint64_t memory_total_override = 0;  // testing: pretend MemTotal/MemAvailable are this
 };
 
