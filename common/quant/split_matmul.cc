@@ -53,11 +53,16 @@ enum class ScaleLoad {
 };
 
 // 64 bytes of a prepared activation vector (AVX-512's PrepareActivationPairs), two per token and
-// block pair.
+// block pair; also of a block pair's expanded codes (Problem::code_cache).
 struct alignas(64) PairVector {
   int8_t bytes[64];
 };
 constexpr int64_t kPreparedPerPair = 2;
+
+// Where an AVX-512 multi-token tile takes its codes from: expanded from the weights (kNone), the
+// same and stored into Problem::code_cache (kStore: a row tile's first token tile), or loaded
+// from there (kLoad: its later token tiles).
+enum class CodeCache { kNone, kStore, kLoad };
 
 // Everything a kernel needs about one MatMul call, shared by all threads.
 struct Problem {
@@ -76,6 +81,9 @@ struct Problem {
   // by RunRowsWith (the rows' chunk scales, zero past each row's blocks).
   const float* scale_cache = nullptr;
   int64_t scale_cache_stride = 0;
+  // CodeCache: one thread's expanded codes of the current row tile, [block pair][row in tile], set
+  // by RunRowsWith.
+  PairVector* code_cache = nullptr;
 };
 
 // 32 bytes of f32 scales, 32-byte aligned for the kernels' aligned loads (a vector of these is the
