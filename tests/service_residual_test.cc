@@ -637,6 +637,18 @@ TEST_F(ResidualServiceTest, RefusesCorruptFilesAndTooLittleRam) {
       << message;
 }
 
+// Poll times outside [0, 1 s] are refused at start, naming the option.
+TEST_F(ResidualServiceTest, RefusesPollTimesOutOfRange) {
+  for (const std::string flag : {"--spin-us", "--yield-us"}) {
+    for (const std::string value : {"-5", "1000001"}) {
+      ServiceProcess bad(kServiceBinary);
+      ASSERT_TRUE(bad.Start({*residual_path_, "--socket", socket_, flag, value}));
+      EXPECT_NE(bad.Wait(std::chrono::seconds(10)), 0) << flag << " " << value;
+      EXPECT_NE(bad.Stderr().find(flag + ": Value " + value), std::string::npos) << bad.Stderr();
+    }
+  }
+}
+
 TEST_F(ResidualServiceTest, MlockFailureNamesTheLimit) {
   // Run with RLIMIT_MEMLOCK of 64 KiB through prlimit(1) when available. Root's CAP_IPC_LOCK
   // ignores the limit, so as root the service runs under setpriv(1) with CAP_IPC_LOCK dropped

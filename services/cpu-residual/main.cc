@@ -57,10 +57,12 @@ int Run(int argc, char** argv) {
   app.add_option("--max-rows", max_rows, "largest T of one request")->capture_default_str();
   app.add_option("--spin-us", spin_us,
                  "busy-wait this long before sleeping (channels; workers where a CPU is left over)")
+      ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   app.add_option("--yield-us", yield_us,
                  "workers that cover every CPU: poll between sched_yield calls this long before "
                  "sleeping")
+      ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   app.add_option("--shutdown-grace-ms", shutdown_grace_ms,
                  "on SIGTERM, report NOT_SERVING this long before stopping")
