@@ -13,6 +13,25 @@ void RotateRows(const HadamardRotation& rotation, float* x, int64_t rows, int64_
   quant::HadamardRotateRows(x, rows, cols, rotation.block, rotation.seed);
 }
 
+GroupRowRanges::GroupRowRanges(std::span<const quant::MatrixView> matrices)
+    : count(matrices.size()) {
+  BITSPLIT_CHECK(!matrices.empty() && matrices.size() <= kMaxMatricesPerGroup);
+  for (size_t i = 0; i < count; ++i) start[i + 1] = start[i] + matrices[i].rows;
+}
+
+void MatMulGroupRows(std::span<const quant::MatrixView> matrices, const GroupRowRanges& ranges,
+                     const quant::QuantizedActivations& x, int64_t begin, int64_t end,
+                     std::span<float* const> outputs, bool accumulate) {
+  BITSPLIT_CHECK(matrices.size() == ranges.count && outputs.size() == ranges.count);
+  for (size_t i = 0; i < ranges.count && begin < end; ++i) {
+    const int64_t first = std::max(begin, ranges.start[i]);
+    const int64_t last = std::min(end, ranges.start[i + 1]);
+    if (first >= last) continue;
+    quant::MatMulRows(matrices[i], x, first - ranges.start[i], last - ranges.start[i], outputs[i],
+                      accumulate);
+  }
+}
+
 void SplitMatMulGroup(std::span<const quant::MatrixView> matrices,
                       const quant::QuantizedActivations& x, std::span<float* const> outputs,
                       bool accumulate, ThreadPool& pool) {
@@ -21,22 +40,10 @@ void SplitMatMulGroup(std::span<const quant::MatrixView> matrices,
     quant::MatMul(matrices[0], x, outputs[0], accumulate, pool);
     return;
   }
-  // The group's rows laid end to end: matrix i owns [row_start[i], row_start[i + 1]).
-  int64_t row_start[kMaxMatricesPerGroup + 1] = {0};
-  BITSPLIT_CHECK(matrices.size() <= kMaxMatricesPerGroup);
-  for (size_t i = 0; i < matrices.size(); ++i) {
-    row_start[i + 1] = row_start[i] + matrices[i].rows;
-  }
-  const int64_t total_rows = row_start[matrices.size()];
-  pool.ParallelForGrained(total_rows, quant::kMatMulRowGrain,
+  const GroupRowRanges ranges(matrices);
+  pool.ParallelForGrained(ranges.total(), quant::kMatMulRowGrain,
                           [&](int64_t begin, int64_t end, int /*worker*/) {
-                            for (size_t i = 0; i < matrices.size(); ++i) {
-                              const int64_t first = std::max(begin, row_start[i]);
-                              const int64_t last = std::min(end, row_start[i + 1]);
-                              if (first >= last) continue;
-                              quant::MatMulRows(matrices[i], x, first - row_start[i],
-                                                last - row_start[i], outputs[i], accumulate);
-                            }
+                            MatMulGroupRows(matrices, ranges, x, begin, end, outputs, accumulate);
                           });
 }
 

@@ -64,6 +64,22 @@ class SplitLinearWeights {
   std::vector<std::vector<quant::MatrixView>> groups_;  // [LinearGroupIndex][matrix]
 };
 
+// A group's weight rows laid end to end: matrix i owns [start[i], start[i + 1]).
+struct GroupRowRanges {
+  explicit GroupRowRanges(std::span<const quant::MatrixView> matrices);
+  int64_t total() const { return start[count]; }
+
+  size_t count = 0;
+  int64_t start[kMaxMatricesPerGroup + 1] = {0};
+};
+
+// Rows [begin, end) of a group, numbered as in `ranges`: each matrix's share of them,
+// y_i (=|+=) x · W_iᵀ into outputs[i]. One thread's part of SplitMatMulGroup, and of the
+// residual service's pass (which splits the rows between its workers its own way).
+void MatMulGroupRows(std::span<const quant::MatrixView> matrices, const GroupRowRanges& ranges,
+                     const quant::QuantizedActivations& x, int64_t begin, int64_t end,
+                     std::span<float* const> outputs, bool accumulate);
+
 // y_i (=|+=) x · W_iᵀ for every matrix of a group, in one parallel pass over all their rows
 // (work split over weight rows only; results equal quant::MatMul's bits).
 void SplitMatMulGroup(std::span<const quant::MatrixView> matrices,

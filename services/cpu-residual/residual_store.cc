@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/split_backend.h"
 #include "common/model/split_model.h"
 #include "common/quant/split_format.h"
 #include "common/util/status_macros.h"
@@ -265,25 +266,21 @@ uint64_t ResidualStore::Compute(const StoreGroup& group, const quant::QuantizedA
                                 float* y) {
   std::lock_guard<std::mutex> lock(compute_mutex_);
   const auto start = std::chrono::steady_clock::now();
-  const size_t count = group.matrices.size();
-  int64_t row_start[model::kMaxMatricesPerGroup + 1] = {0};
+  const model::GroupRowRanges ranges(group.matrices);
   float* outputs[model::kMaxMatricesPerGroup] = {nullptr};
-  BITSPLIT_CHECK(count >= 1 && count <= static_cast<size_t>(model::kMaxMatricesPerGroup));
   int64_t offset = 0;
-  for (size_t i = 0; i < count; ++i) {
-    row_start[i + 1] = row_start[i] + group.matrices[i].rows;
+  for (size_t i = 0; i < ranges.count; ++i) {
     outputs[i] = y + offset;
     offset += x.rows * group.matrices[i].rows;
   }
-  const int64_t total = row_start[count];
+  const std::span<float* const> output_span(outputs, ranges.count);
+  const int64_t total = ranges.total();
   // Small groups run on the calling thread alone: waking workers would cost more than the
   // work (how rows are split never changes results).
   constexpr int64_t kSmallGroupWeights = int64_t{1} << 18;
   if (total * group.cols <= kSmallGroupWeights) {
-    for (size_t i = 0; i < count; ++i) {
-      quant::MatMulRows(group.matrices[i], x, 0, group.matrices[i].rows, outputs[i],
-                        /*accumulate=*/false);
-    }
+    model::MatMulGroupRows(group.matrices, ranges, x, 0, total, output_span,
+                           /*accumulate=*/false);
     return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                      std::chrono::steady_clock::now() - start)
                                      .count());
@@ -294,14 +291,8 @@ uint64_t ResidualStore::Compute(const StoreGroup& group, const quant::QuantizedA
   const int64_t per = (total / kGrain + n - 1) / n * kGrain + (total % kGrain != 0 ? kGrain : 0);
   pool_->RunOnEveryWorker([&](int worker) {
     const int64_t begin = std::min(total, per * worker);
-    const int64_t end = std::min(total, begin + per);
-    for (size_t i = 0; i < count && begin < end; ++i) {
-      const int64_t first = std::max(begin, row_start[i]);
-      const int64_t last = std::min(end, row_start[i + 1]);
-      if (first >= last) continue;
-      quant::MatMulRows(group.matrices[i], x, first - row_start[i], last - row_start[i], outputs[i],
-                        /*accumulate=*/false);
-    }
+    model::MatMulGroupRows(group.matrices, ranges, x, begin, std::min(total, begin + per),
+                           output_span, /*accumulate=*/false);
   });
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
