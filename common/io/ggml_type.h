@@ -58,8 +58,6 @@ inline std::optional<GgmlTypeTraits> GetGgmlTypeTraits(GgmlType type) {
 
 // Name for messages; "type#<id>" for unknown ids.
 std::string GgmlTypeName(uint32_t type_id);
-inline std::string GgmlTypeName(GgmlType type) {
-  return GgmlTypeName(static_cast<uint32_t>(type));
-}
+inline std::string GgmlTypeName(GgmlType type) { return GgmlTypeName(static_cast<uint32_t>(type)); }
 
 }  // namespace bitsplit

@@ -19,8 +19,7 @@ absl::Status ValidateSamplingParams(const SamplingParams& params) {
     return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", params.top_k));
   }
   if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top_p must be in (0, 1], got ", params.top_p));
+    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", params.top_p));
   }
   return absl::OkStatus();
 }
@@ -28,8 +27,8 @@ absl::Status ValidateSamplingParams(const SamplingParams& params) {
 double UniformForPosition(uint64_t seed, int64_t position) {
   r123::Philox4x32 philox;
   const uint64_t counter = static_cast<uint64_t>(position);
-  r123::Philox4x32::ctr_type ctr = {{static_cast<uint32_t>(counter),
-                                     static_cast<uint32_t>(counter >> 32), 0u, 0u}};
+  r123::Philox4x32::ctr_type ctr = {
+      {static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0u, 0u}};
   r123::Philox4x32::key_type key = {
       {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}};
   const r123::Philox4x32::ctr_type out = philox(ctr, key);
@@ -59,8 +58,7 @@ void Sampler::BuildDistribution(std::span<const float> logits, const SamplingPar
     return a.weight > b.weight || (a.weight == b.weight && a.id < b.id);
   };
   size_t keep = candidates_.size();
-  if (params.temperature > 0.0f && params.top_k > 0 &&
-      static_cast<size_t>(params.top_k) < keep) {
+  if (params.temperature > 0.0f && params.top_k > 0 && static_cast<size_t>(params.top_k) < keep) {
     keep = static_cast<size_t>(params.top_k);
     std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(),
                       more_likely);

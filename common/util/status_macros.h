@@ -9,9 +9,9 @@
 #define BITSPLIT_CONCAT_INNER(a, b) a##b
 #define BITSPLIT_CONCAT(a, b) BITSPLIT_CONCAT_INNER(a, b)
 
-#define BITSPLIT_RETURN_IF_ERROR(expr)           \
-  do {                                           \
-    ::absl::Status bitsplit_status_ = (expr);    \
+#define BITSPLIT_RETURN_IF_ERROR(expr)                   \
+  do {                                                   \
+    ::absl::Status bitsplit_status_ = (expr);            \
     if (!bitsplit_status_.ok()) return bitsplit_status_; \
   } while (0)
 
@@ -25,10 +25,10 @@
 
 // Always-on invariant check (also in release builds): a violated invariant is a bug, and
 // continuing would corrupt results silently.
-#define BITSPLIT_CHECK(cond)                                                         \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
+#define BITSPLIT_CHECK(cond)                                                              \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
       std::fprintf(stderr, "%s:%d: invariant violated: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                  \
-    }                                                                                \
+      std::abort();                                                                       \
+    }                                                                                     \
   } while (0)
