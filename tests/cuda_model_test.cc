@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "tests/testing/gguf_builder.h"
 #include "tests/testing/metrics.h"
+#include "tests/testing/random.h"
 #include "tests/testing/split_fixture.h"
 #endif
 
@@ -44,13 +45,7 @@ using ::testing::HasSubstr;
 constexpr int64_t kLayers = 2, kDModel = 128, kDff = 256, kHeads = 4, kKvHeads = 2, kVocab = 320,
                   kContext = 256;
 
-std::vector<float> Gaussian(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using testing::Gaussian;
 
 // A random-weight llama (2 layers, d 128, 4 heads over 2 KV heads of 32, d_ff 256, vocab 320),
 // written as F32 GGUF and split b2_asym/g64 + r8/g32 with rotation 64, like the SmolLM2 fixture.

@@ -15,6 +15,7 @@
 #include "common/quant/split_format.h"
 #include "common/quant/split_matmul.h"
 #include "common/util/thread_pool.h"
+#include "tests/testing/random.h"
 
 namespace bitsplit::model {
 namespace {
@@ -23,13 +24,7 @@ constexpr quant::SplitFormat kFormat = quant::SplitFormat::kR8;
 constexpr int kGroup = 32;
 constexpr int64_t kCols = 192;
 
-std::vector<float> Gaussian(int64_t n, uint32_t seed, float sigma) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, sigma);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = normal(rng);
-  return v;
-}
+using testing::Gaussian;
 
 struct OwnedMatrix {
   std::vector<uint8_t> bytes;

@@ -14,6 +14,7 @@
 #include "common/quant/split_format.h"
 #include "common/util/fp16.h"
 #include "tests/testing/metrics.h"
+#include "tests/testing/random.h"
 
 namespace bitsplit::quant {
 namespace {
@@ -24,13 +25,7 @@ constexpr SplitFormat kBaseFormats[] = {SplitFormat::kB2Sym, SplitFormat::kB2Asy
 constexpr SplitFormat kResidualFormats[] = {SplitFormat::kR6, SplitFormat::kR8};
 constexpr int kGroups[] = {32, 64, 128};
 
-std::vector<float> Gaussian(int64_t n, uint32_t seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, sigma);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
+using testing::Gaussian;
 
 std::vector<float> Dequantize(SplitFormat format, int group, const std::vector<uint8_t>& row,
                               int64_t cols) {

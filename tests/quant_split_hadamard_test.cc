@@ -10,17 +10,12 @@
 
 #include "common/quant/hadamard.h"
 #include "common/util/fp16.h"
+#include "tests/testing/random.h"
 
 namespace bitsplit::quant {
 namespace {
 
-std::vector<float> Gaussian(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
+using testing::Gaussian;
 
 double Norm2(const float* v, int64_t n) {
   double s = 0.0;

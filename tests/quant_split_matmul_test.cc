@@ -23,6 +23,7 @@
 #include "common/util/fp16.h"
 #include "common/util/thread_pool.h"
 #include "tests/testing/metrics.h"
+#include "tests/testing/random.h"
 
 namespace bitsplit::quant {
 namespace {
@@ -57,13 +58,7 @@ std::string Name(SplitFormat format, int group) {
   return absl::StrCat(GetSplitFormatInfo(format).name, "/g", group);
 }
 
-std::vector<float> Gaussian(int64_t n, uint32_t seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, sigma);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
+using testing::Gaussian;
 
 // A quantized matrix with its backing bytes.
 struct Matrix {
