@@ -24,7 +24,8 @@
 // disturbed measurements.
 //
 //   build-*/bench/kernel_bench [--benchmark_filter=r6] [--threads=N] [--isa=avx2|avx-vnni|avx512]
-// (default: the best kernels this CPU supports, as the engine uses them).
+//                              [--tiling=large-l1|small-l1]
+// (default: the best kernels this CPU supports and the tiling for its L1, as the engine uses).
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
@@ -373,13 +374,14 @@ double LoadAverage() {
 // (see g_case_bandwidth), times fastest calls.
 void PrintSummary(double load_before) {
   std::printf(
-      "\nkernels %s | threads %d | BW %.1f GB/s (read-reduce %.1f, with software prefetch %.1f) "
+      "\nkernels %s, %s tiling | threads %d | BW %.1f GB/s (read-reduce %.1f, with software "
+      "prefetch %.1f) "
       "| mix peak %.1f GMAC/s = %.2f GHz x %d cores x %.2f MAC/cycle | L3 %zu MiB | load %.2f -> "
       "%.2f\n",
-      MatMulIsaName(ActiveMatMulIsa()), Pool().num_threads(), Bandwidth() / 1e9,
-      g_bandwidth_plain / 1e9, g_bandwidth_prefetch / 1e9, g_peak_mix / 1e9,
-      g_peak_mix / (Pool().num_threads() * MixMacsPerCycle()) / 1e9, Pool().num_threads(),
-      MixMacsPerCycle(), L3Bytes() >> 20, load_before, LoadAverage());
+      MatMulIsaName(ActiveMatMulIsa()), FewTokenTilingName(ActiveFewTokenTiling()),
+      Pool().num_threads(), Bandwidth() / 1e9, g_bandwidth_plain / 1e9, g_bandwidth_prefetch / 1e9,
+      g_peak_mix / 1e9, g_peak_mix / (Pool().num_threads() * MixMacsPerCycle()) / 1e9,
+      Pool().num_threads(), MixMacsPerCycle(), L3Bytes() >> 20, load_before, LoadAverage());
   std::printf(
       "times: fastest call in us; x/fl = time / floor(T), floor(T) = max(bytes / BW, "
       "T * MACs / P), BW the row's own: probed around its T = 1 and T = 2 cells\n");
@@ -432,6 +434,20 @@ int main(int argc, char** argv) {
       }
       if (!known) {
         std::fprintf(stderr, "kernel_bench: --isa must be avx2, avx-vnni or avx512, not '%s'\n",
+                     name.c_str());
+        return 2;
+      }
+    }
+    if (std::strncmp(argv[i], "--tiling=", 9) == 0) {
+      const std::string name = argv[i] + 9;
+      bool known = false;
+      for (FewTokenTiling tiling : {FewTokenTiling::kLargeL1, FewTokenTiling::kSmallL1}) {
+        if (name != FewTokenTilingName(tiling)) continue;
+        known = true;
+        SelectFewTokenTiling(tiling);
+      }
+      if (!known) {
+        std::fprintf(stderr, "kernel_bench: --tiling must be large-l1 or small-l1, not '%s'\n",
                      name.c_str());
         return 2;
       }

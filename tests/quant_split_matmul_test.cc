@@ -255,6 +255,42 @@ TEST(SplitMatMul, OddGroupSizesAndLongRows) {
   });
 }
 
+// One- and two-token calls tile rows by the L1 data cache (FewTokenTiling): with kSmallL1, rows
+// this long take tiles of 8, 4, 2 or 1 rows (b2 at 8192 columns: 4; b3 and b4 at 4096: 4; r6 and
+// r8 at 4096: 2; r8 and q8_0 at 16384: 1) instead of 8 or 4, with the 13 rows' remainders in
+// smaller tiles. Both tilings, every ISA, give the reference's bits.
+TEST(SplitMatMul, BothFewTokenTilingsMatchReference) {
+  const FewTokenTiling before = ActiveFewTokenTiling();
+  for (FewTokenTiling tiling : {FewTokenTiling::kLargeL1, FewTokenTiling::kSmallL1}) {
+    SelectFewTokenTiling(tiling);
+    SCOPED_TRACE(FewTokenTilingName(tiling));
+    ForEachIsa([&] {
+      for (SplitFormat format : kAllFormats) {
+        const int group = format == SplitFormat::kQ8_0 ? 32 : 64;
+        for (int64_t cols : {4096, 8192, 16384}) {
+          const Matrix m = QuantizedMatrix(format, group, 13, cols, 700 + cols / 1024);
+          for (int64_t tokens : {1, 2}) {
+            ExpectKernelMatchesReference(m.view, tokens, 17 * tokens,
+                                         Name(format, group) + " cols " + std::to_string(cols));
+          }
+        }
+      }
+    });
+  }
+  SelectFewTokenTiling(before);
+}
+
+// The tiling follows this CPU's L1 data cache unless a caller selects one.
+TEST(SplitMatMul, FewTokenTilingFollowsL1DataCache) {
+  const long l1_bytes = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+  EXPECT_EQ(ActiveFewTokenTiling(), l1_bytes > 0 && l1_bytes <= (32 << 10)
+                                        ? FewTokenTiling::kSmallL1
+                                        : FewTokenTiling::kLargeL1)
+      << "L1d " << l1_bytes;
+  EXPECT_STREQ(FewTokenTilingName(FewTokenTiling::kSmallL1), "small-l1");
+  EXPECT_STREQ(FewTokenTilingName(FewTokenTiling::kLargeL1), "large-l1");
+}
+
 // For T >= 3 the AVX-512 kernel of the signed formats reads activations it prepared once per call,
 // unless they would take more than 512 KiB (2 bytes per code): 31 x 8192 tokens are prepared,
 // 33 x 8192 are not. Both give the reference's bits.

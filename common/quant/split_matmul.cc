@@ -1,6 +1,7 @@
 #include "common/quant/split_matmul.h"
 
 #include <immintrin.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -18,6 +19,8 @@ namespace {
 constexpr int kGroupsPerRun = 8;  // groups per min-term fma: one per f32 lane
 constexpr int kChunkBlocks = 8;   // blocks per vectorized scale product
 constexpr int kScaleSpan = 32;    // blocks whose scale products are computed ahead
+// L1 data caches up to this size take FewTokenTiling::kSmallL1.
+constexpr long kSmallL1Bytes = long{32} << 10;
 
 int64_t RoundUp(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
@@ -84,6 +87,7 @@ struct Problem {
   // CodeCache: one thread's expanded codes of the current row tile, [block pair][row in tile], set
   // by RunRowsWith.
   PairVector* code_cache = nullptr;
+  FewTokenTiling tiling = FewTokenTiling::kLargeL1;  // ActiveFewTokenTiling() at the call
 };
 
 // 32 bytes of f32 scales, 32-byte aligned for the kernels' aligned loads (a vector of these is the
@@ -330,6 +334,16 @@ bool CpuHasAvx512() {
   return has;
 }
 
+// The L1 data cache of CPU 0 (sysconf reads CPUID); 0 where unknown, which keeps kLargeL1.
+std::atomic<FewTokenTiling>& SelectedTiling() {
+  static std::atomic<FewTokenTiling> tiling{[] {
+    const long l1_bytes = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return l1_bytes > 0 && l1_bytes <= kSmallL1Bytes ? FewTokenTiling::kSmallL1
+                                                     : FewTokenTiling::kLargeL1;
+  }()};
+  return tiling;
+}
+
 std::atomic<MatMulIsa>& SelectedIsa() {
   static std::atomic<MatMulIsa> isa{CpuHasAvx512()    ? MatMulIsa::kAvx512
                                     : CpuHasAvxVnni() ? MatMulIsa::kAvxVnni
@@ -381,6 +395,7 @@ Problem MakeProblem(const MatrixView& w, const QuantizedActivations& x, float* y
     if (p.blocks_per_group == 4) p.scale_load = ScaleLoad::kQuads;
     if (p.blocks_per_group % kChunkBlocks == 0) p.scale_load = ScaleLoad::kShared;
   }
+  p.tiling = SelectedTiling().load(std::memory_order_relaxed);
   if (!GetSplitFormatInfo(w.format).signed_codes) {
     ComputeGroupSums(x, w.group, group_sums, &p.group_stride);
     p.group_sums = group_sums->data();
@@ -516,6 +531,16 @@ absl::Status SelectMatMulIsa(MatMulIsa isa) {
   }
   SelectedIsa().store(isa, std::memory_order_relaxed);
   return absl::OkStatus();
+}
+
+FewTokenTiling ActiveFewTokenTiling() { return SelectedTiling().load(std::memory_order_relaxed); }
+
+void SelectFewTokenTiling(FewTokenTiling tiling) {
+  SelectedTiling().store(tiling, std::memory_order_relaxed);
+}
+
+const char* FewTokenTilingName(FewTokenTiling tiling) {
+  return tiling == FewTokenTiling::kSmallL1 ? "small-l1" : "large-l1";
 }
 
 const char* MatMulIsaName(MatMulIsa isa) {
