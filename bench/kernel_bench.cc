@@ -378,10 +378,10 @@ void PrintSummary(double load_before) {
       "prefetch %.1f) "
       "| mix peak %.1f GMAC/s = %.2f GHz x %d cores x %.2f MAC/cycle | L3 %zu MiB | load %.2f -> "
       "%.2f\n",
-      MatMulIsaName(ActiveMatMulIsa()), FewTokenTilingName(ActiveFewTokenTiling()),
-      Pool().num_threads(), Bandwidth() / 1e9, g_bandwidth_plain / 1e9, g_bandwidth_prefetch / 1e9,
-      g_peak_mix / 1e9, g_peak_mix / (Pool().num_threads() * MixMacsPerCycle()) / 1e9,
-      Pool().num_threads(), MixMacsPerCycle(), L3Bytes() >> 20, load_before, LoadAverage());
+      MatMulIsaName(ActiveMatMulIsa()), L1TilingName(ActiveL1Tiling()), Pool().num_threads(),
+      Bandwidth() / 1e9, g_bandwidth_plain / 1e9, g_bandwidth_prefetch / 1e9, g_peak_mix / 1e9,
+      g_peak_mix / (Pool().num_threads() * MixMacsPerCycle()) / 1e9, Pool().num_threads(),
+      MixMacsPerCycle(), L3Bytes() >> 20, load_before, LoadAverage());
   std::printf(
       "times: fastest call in us; x/fl = time / floor(T), floor(T) = max(bytes / BW, "
       "T * MACs / P), BW the row's own: probed around its T = 1 and T = 2 cells\n");
@@ -441,10 +441,10 @@ int main(int argc, char** argv) {
     if (std::strncmp(argv[i], "--tiling=", 9) == 0) {
       const std::string name = argv[i] + 9;
       bool known = false;
-      for (FewTokenTiling tiling : {FewTokenTiling::kLargeL1, FewTokenTiling::kSmallL1}) {
-        if (name != FewTokenTilingName(tiling)) continue;
+      for (L1Tiling tiling : {L1Tiling::kLargeL1, L1Tiling::kSmallL1}) {
+        if (name != L1TilingName(tiling)) continue;
         known = true;
-        SelectFewTokenTiling(tiling);
+        SelectL1Tiling(tiling);
       }
       if (!known) {
         std::fprintf(stderr, "kernel_bench: --tiling must be large-l1 or small-l1, not '%s'\n",

@@ -255,21 +255,22 @@ TEST(SplitMatMul, OddGroupSizesAndLongRows) {
   });
 }
 
-// One- and two-token calls tile rows by the L1 data cache (FewTokenTiling): with kSmallL1, rows
+// One- and two-token calls tile rows by the L1 data cache (L1Tiling): with kSmallL1, rows
 // this long take tiles of 8, 4, 2 or 1 rows (b2 at 8192 columns: 4; b3 and b4 at 4096: 4; r6 and
 // r8 at 4096: 2; r8 and q8_0 at 16384: 1) instead of 8 or 4, with the 13 rows' remainders in
-// smaller tiles. Both tilings, every ISA, give the reference's bits.
-TEST(SplitMatMul, BothFewTokenTilingsMatchReference) {
-  const FewTokenTiling before = ActiveFewTokenTiling();
-  for (FewTokenTiling tiling : {FewTokenTiling::kLargeL1, FewTokenTiling::kSmallL1}) {
-    SelectFewTokenTiling(tiling);
-    SCOPED_TRACE(FewTokenTilingName(tiling));
+// smaller tiles; multi-token tiles (T = 5 here) prefetch into L2. Both tilings, every ISA, give
+// the reference's bits.
+TEST(SplitMatMul, BothL1TilingsMatchReference) {
+  const L1Tiling before = ActiveL1Tiling();
+  for (L1Tiling tiling : {L1Tiling::kLargeL1, L1Tiling::kSmallL1}) {
+    SelectL1Tiling(tiling);
+    SCOPED_TRACE(L1TilingName(tiling));
     ForEachIsa([&] {
       for (SplitFormat format : kAllFormats) {
         const int group = format == SplitFormat::kQ8_0 ? 32 : 64;
         for (int64_t cols : {4096, 8192, 16384}) {
           const Matrix m = QuantizedMatrix(format, group, 13, cols, 700 + cols / 1024);
-          for (int64_t tokens : {1, 2}) {
+          for (int64_t tokens : {1, 2, 5}) {
             ExpectKernelMatchesReference(m.view, tokens, 17 * tokens,
                                          Name(format, group) + " cols " + std::to_string(cols));
           }
@@ -277,18 +278,17 @@ TEST(SplitMatMul, BothFewTokenTilingsMatchReference) {
       }
     });
   }
-  SelectFewTokenTiling(before);
+  SelectL1Tiling(before);
 }
 
 // The tiling follows this CPU's L1 data cache unless a caller selects one.
-TEST(SplitMatMul, FewTokenTilingFollowsL1DataCache) {
+TEST(SplitMatMul, L1TilingFollowsL1DataCache) {
   const long l1_bytes = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-  EXPECT_EQ(ActiveFewTokenTiling(), l1_bytes > 0 && l1_bytes <= (32 << 10)
-                                        ? FewTokenTiling::kSmallL1
-                                        : FewTokenTiling::kLargeL1)
+  EXPECT_EQ(ActiveL1Tiling(),
+            l1_bytes > 0 && l1_bytes <= (32 << 10) ? L1Tiling::kSmallL1 : L1Tiling::kLargeL1)
       << "L1d " << l1_bytes;
-  EXPECT_STREQ(FewTokenTilingName(FewTokenTiling::kSmallL1), "small-l1");
-  EXPECT_STREQ(FewTokenTilingName(FewTokenTiling::kLargeL1), "large-l1");
+  EXPECT_STREQ(L1TilingName(L1Tiling::kSmallL1), "small-l1");
+  EXPECT_STREQ(L1TilingName(L1Tiling::kLargeL1), "large-l1");
 }
 
 // For T >= 3 the AVX-512 kernel of the signed formats reads activations it prepared once per call,

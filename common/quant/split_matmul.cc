@@ -19,7 +19,7 @@ namespace {
 constexpr int kGroupsPerRun = 8;  // groups per min-term fma: one per f32 lane
 constexpr int kChunkBlocks = 8;   // blocks per vectorized scale product
 constexpr int kScaleSpan = 32;    // blocks whose scale products are computed ahead
-// L1 data caches up to this size take FewTokenTiling::kSmallL1.
+// L1 data caches up to this size take L1Tiling::kSmallL1.
 constexpr long kSmallL1Bytes = long{32} << 10;
 
 int64_t RoundUp(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
@@ -87,7 +87,7 @@ struct Problem {
   // CodeCache: one thread's expanded codes of the current row tile, [block pair][row in tile], set
   // by RunRowsWith.
   PairVector* code_cache = nullptr;
-  FewTokenTiling tiling = FewTokenTiling::kLargeL1;  // ActiveFewTokenTiling() at the call
+  L1Tiling tiling = L1Tiling::kLargeL1;  // ActiveL1Tiling() at the call
 };
 
 // 32 bytes of f32 scales, 32-byte aligned for the kernels' aligned loads (a vector of these is the
@@ -257,6 +257,7 @@ struct Prefetcher {
   const char* next = nullptr;  // next cache line to fetch
   int64_t lines = 0;           // lines left
   int64_t per_step = 0;        // lines per step (one per 8-block chunk)
+  bool into_l2 = false;        // StepAtOnce: _MM_HINT_T1 instead of T0 (see RunRowsWith)
 
   // One-token tiles: checks both counts per line, about 10 instructions per line. The plain loop
   // of StepAtOnce made r8 at T = 1 15-25% slower from DRAM (576 and 1536 columns, one thread).
@@ -271,7 +272,11 @@ struct Prefetcher {
   // from DRAM: T = 4 9-14% faster at 1536-4096 columns, T = 2 8% at 576.
   void StepAtOnce() {
     const int64_t n = std::min(per_step, lines);
-    for (int64_t i = 0; i < n; ++i) _mm_prefetch(next + 64 * i, _MM_HINT_T0);
+    if (into_l2) {
+      for (int64_t i = 0; i < n; ++i) _mm_prefetch(next + 64 * i, _MM_HINT_T1);
+    } else {
+      for (int64_t i = 0; i < n; ++i) _mm_prefetch(next + 64 * i, _MM_HINT_T0);
+    }
     next += 64 * n;
     lines -= n;
   }
@@ -335,11 +340,10 @@ bool CpuHasAvx512() {
 }
 
 // The L1 data cache of CPU 0 (sysconf reads CPUID); 0 where unknown, which keeps kLargeL1.
-std::atomic<FewTokenTiling>& SelectedTiling() {
-  static std::atomic<FewTokenTiling> tiling{[] {
+std::atomic<L1Tiling>& SelectedTiling() {
+  static std::atomic<L1Tiling> tiling{[] {
     const long l1_bytes = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-    return l1_bytes > 0 && l1_bytes <= kSmallL1Bytes ? FewTokenTiling::kSmallL1
-                                                     : FewTokenTiling::kLargeL1;
+    return l1_bytes > 0 && l1_bytes <= kSmallL1Bytes ? L1Tiling::kSmallL1 : L1Tiling::kLargeL1;
   }()};
   return tiling;
 }
@@ -533,14 +537,12 @@ absl::Status SelectMatMulIsa(MatMulIsa isa) {
   return absl::OkStatus();
 }
 
-FewTokenTiling ActiveFewTokenTiling() { return SelectedTiling().load(std::memory_order_relaxed); }
+L1Tiling ActiveL1Tiling() { return SelectedTiling().load(std::memory_order_relaxed); }
 
-void SelectFewTokenTiling(FewTokenTiling tiling) {
-  SelectedTiling().store(tiling, std::memory_order_relaxed);
-}
+void SelectL1Tiling(L1Tiling tiling) { SelectedTiling().store(tiling, std::memory_order_relaxed); }
 
-const char* FewTokenTilingName(FewTokenTiling tiling) {
-  return tiling == FewTokenTiling::kSmallL1 ? "small-l1" : "large-l1";
+const char* L1TilingName(L1Tiling tiling) {
+  return tiling == L1Tiling::kSmallL1 ? "small-l1" : "large-l1";
 }
 
 const char* MatMulIsaName(MatMulIsa isa) {

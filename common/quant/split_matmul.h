@@ -104,18 +104,19 @@ const char* MatMulIsaName(MatMulIsa isa);
 // two); FAILED_PRECONDITION when the CPU lacks `isa`. Not for use while a MatMul runs.
 absl::Status SelectMatMulIsa(MatMulIsa isa);
 
-// How one- and two-token calls tile the weight rows and how far ahead they prefetch, chosen at
-// start-up from the L1 data cache: a tile's rows plus the rows prefetched ahead of it must stay
-// in L1 until read. kLargeL1 (48 KiB and up, e.g. Zen 5): 8-row tiles (4 for the 8-bit formats),
-// at least 16 KiB ahead. kSmallL1 (32 KiB or less, e.g. Zen 3 and 4): tiles of at most 12 KiB
-// (8, 4, 2 or 1 rows), at least 4 KiB ahead; there the large-L1 tiling evicted its own
-// prefetched lines (r6 and q8_0 at T = 1 were 25-40% slower with it). Same bits either way.
-enum class FewTokenTiling { kLargeL1, kSmallL1 };
-FewTokenTiling ActiveFewTokenTiling();
-const char* FewTokenTilingName(FewTokenTiling tiling);
+// How the kernels size their row tiles and prefetches to the L1 data cache, chosen at start-up:
+// a tile's rows plus the rows prefetched ahead of it must stay in L1 until read. kLargeL1 (48 KiB
+// and up, e.g. Zen 5; what the kernels were tuned on): at T = 1 and 2, 8-row tiles (4 for the
+// 8-bit formats) at least 16 KiB ahead, every prefetch into L1. kSmallL1 (32 KiB or less, e.g.
+// Zen 3 and 4), where that evicted the prefetched lines before use: at T = 1 and 2 tiles of at
+// most 12 KiB (8, 4, 2 or 1 rows) at least 4 KiB ahead, and at T >= 2 prefetches into L2 (r6,
+// r8 and q8_0 20-45% faster at T = 1, 2 or 4, measured in docs/performance.md). Same bits.
+enum class L1Tiling { kLargeL1, kSmallL1 };
+L1Tiling ActiveL1Tiling();
+const char* L1TilingName(L1Tiling tiling);
 // Switches every later MatMul/MatMulRows call of the process (tests and benchmarks). Not for use
 // while a MatMul runs.
-void SelectFewTokenTiling(FewTokenTiling tiling);
+void SelectL1Tiling(L1Tiling tiling);
 
 // y[t * w.rows + r] (=|+=) x row t · W row r for t < x.rows; y is [x.rows][w.rows] row-major.
 // x.cols must equal w.cols, and x.rows must be >= 1. Parallel over weight rows (static chunks
