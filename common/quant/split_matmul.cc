@@ -339,7 +339,8 @@ bool CpuHasAvx512() {
   return has;
 }
 
-// The L1 data cache of CPU 0 (sysconf reads CPUID); 0 where unknown, which keeps kLargeL1.
+// From the L1 data cache size (glibc reads it from CPUID); where unknown (0 or -1), kLargeL1,
+// the tiling the kernels were first tuned with.
 std::atomic<L1Tiling>& SelectedTiling() {
   static std::atomic<L1Tiling> tiling{[] {
     const long l1_bytes = sysconf(_SC_LEVEL1_DCACHE_SIZE);
