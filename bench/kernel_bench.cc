@@ -375,9 +375,8 @@ double LoadAverage() {
 void PrintSummary(double load_before) {
   std::printf(
       "\nkernels %s, %s tiling | threads %d | BW %.1f GB/s (read-reduce %.1f, with software "
-      "prefetch %.1f) "
-      "| mix peak %.1f GMAC/s = %.2f GHz x %d cores x %.2f MAC/cycle | L3 %zu MiB | load %.2f -> "
-      "%.2f\n",
+      "prefetch %.1f) | mix peak %.1f GMAC/s = %.2f GHz x %d cores x %.2f MAC/cycle | L3 %zu MiB "
+      "| load %.2f -> %.2f\n",
       MatMulIsaName(ActiveMatMulIsa()), L1TilingName(ActiveL1Tiling()), Pool().num_threads(),
       Bandwidth() / 1e9, g_bandwidth_plain / 1e9, g_bandwidth_prefetch / 1e9, g_peak_mix / 1e9,
       g_peak_mix / (Pool().num_threads() * MixMacsPerCycle()) / 1e9, Pool().num_threads(),
