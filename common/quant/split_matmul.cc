@@ -257,13 +257,20 @@ struct Prefetcher {
   const char* next = nullptr;  // next cache line to fetch
   int64_t lines = 0;           // lines left
   int64_t per_step = 0;        // lines per step (one per 8-block chunk)
-  bool into_l2 = false;        // StepAtOnce: _MM_HINT_T1 instead of T0 (see RunRowsWith)
+  bool into_l2 = false;        // _MM_HINT_T1 instead of T0 (see RunRowsWith)
 
   // One-token tiles: checks both counts per line, about 10 instructions per line. The plain loop
-  // of StepAtOnce made r8 at T = 1 15-25% slower from DRAM (576 and 1536 columns, one thread).
+  // of StepAtOnce made r8 at T = 1 15-25% slower from DRAM (576 and 1536 columns, one thread; r6
+  // on the Zen 4 VM 15-20%).
   void Step() {
-    for (int64_t i = 0; i < per_step && lines > 0; ++i, --lines, next += 64) {
-      _mm_prefetch(next, _MM_HINT_T0);
+    if (into_l2) {
+      for (int64_t i = 0; i < per_step && lines > 0; ++i, --lines, next += 64) {
+        _mm_prefetch(next, _MM_HINT_T1);
+      }
+    } else {
+      for (int64_t i = 0; i < per_step && lines > 0; ++i, --lines, next += 64) {
+        _mm_prefetch(next, _MM_HINT_T0);
+      }
     }
   }
   // Multi-token tiles: the count first, then a plain loop. Step's cost per line had been a
