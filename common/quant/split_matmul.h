@@ -108,9 +108,10 @@ absl::Status SelectMatMulIsa(MatMulIsa isa);
 // a tile's rows plus the rows prefetched ahead of it must stay in L1 until read. kLargeL1 (48 KiB
 // and up, e.g. Zen 5; what the kernels were tuned on): at T = 1 and 2, 8-row tiles (4 for the
 // 8-bit formats) at least 16 KiB ahead, every prefetch into L1. kSmallL1 (32 KiB or less, e.g.
-// Zen 3 and 4), where that evicted the prefetched lines before use: at T = 1 and 2 tiles of at
-// most 12 KiB (8, 4, 2 or 1 rows) at least 4 KiB ahead, and at T >= 2 prefetches into L2 (r6,
-// r8 and q8_0 20-45% faster at T = 1, 2 or 4, measured in docs/performance.md). Same bits.
+// Zen 3 and 4), where that evicted the prefetched lines before use: every prefetch into L2, so
+// only the tile being read must stay in L1; at T = 1 tiles of at most 16 KiB (8, 4, 2 or 1 rows)
+// at least 16 KiB ahead, at T = 2 at most 20 KiB and 32 KiB ahead (r6, r8 and q8_0 20-45%
+// faster at T = 1, 2 or 4 than kLargeL1, measured in docs/performance.md). Same bits.
 enum class L1Tiling { kLargeL1, kSmallL1 };
 L1Tiling ActiveL1Tiling();
 const char* L1TilingName(L1Tiling tiling);
