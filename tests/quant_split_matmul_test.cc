@@ -256,9 +256,9 @@ TEST(SplitMatMul, OddGroupSizesAndLongRows) {
 }
 
 // One- and two-token calls tile rows by the L1 data cache (L1Tiling): with kSmallL1, rows
-// this long take tiles of 8, 4, 2 or 1 rows (b2 at 8192 columns: 4; b3 and b4 at 4096: 4; r6 and
-// r8 at 4096: 2; r8 and q8_0 at 16384: 1) instead of 8 or 4, with the 13 rows' remainders in
-// smaller tiles; multi-token tiles (T = 5 here) prefetch into L2. Both tilings, every ISA, give
+// this long take tiles of 8, 4, 2 or 1 rows (T = 1: b2 and b3 at 4096 columns 8, b2 at 8192 and
+// b4 and r6 at 4096 4, r8 at 4096 2, r8 and q8_0 at 16384 1) instead of 8 or 4, with the 13
+// rows' remainders in smaller tiles, and every prefetch goes to L2. Both tilings, every ISA, give
 // the reference's bits.
 TEST(SplitMatMul, BothL1TilingsMatchReference) {
   const L1Tiling before = ActiveL1Tiling();
