@@ -1,6 +1,8 @@
+#include <cmath>
 #include <vector>
 
 #include "common/model/kv_cache.h"
+#include "common/util/fp16.h"
 #include "gtest/gtest.h"
 
 namespace bitsplit::model {
@@ -135,6 +137,41 @@ TEST(KvCacheTest, DiscardAndClear) {
   cache.Clear();
   EXPECT_EQ(cache.committed_length(), 0);
   EXPECT_TRUE(cache.BeginPending(kCapacity).ok());
+}
+
+TEST(KvCacheTest, Fp16RoundingRoundsTheGivenSlotsOfOneLayerOnly) {
+  auto rounded = KvCache::Create(kLayers, kKvDim, kCapacity, KvRounding::kFp16);
+  auto exact = KvCache::Create(kLayers, kKvDim, kCapacity);
+  ASSERT_TRUE(rounded.ok() && exact.ok());
+  EXPECT_EQ(rounded->rounding(), KvRounding::kFp16);
+  EXPECT_EQ(exact->rounding(), KvRounding::kNone);
+  // 1 + 2^-12 is halfway between two fp16 values (ties to even: 1); 1 + 3 * 2^-12 rounds up to
+  // 1 + 2^-10; 70000 overflows fp16 to infinity; 1e-8 underflows to zero.
+  const float inputs[kKvDim] = {1.0f + 0x1.0p-12f, 1.0f + 3 * 0x1.0p-12f, 70000.0f, 1e-8f};
+  const float expected[kKvDim] = {1.0f, 1.0f + 0x1.0p-10f, INFINITY, 0.0f};
+  for (KvCache* cache : {&*rounded, &*exact}) {
+    for (int64_t layer = 0; layer < kLayers; ++layer) {
+      for (int64_t slot = 0; slot < kCapacity; ++slot) {
+        for (int64_t d = 0; d < kKvDim; ++d) {
+          cache->keys(layer)[slot * kKvDim + d] = inputs[d];
+          cache->values(layer)[slot * kKvDim + d] = -inputs[d];
+        }
+      }
+    }
+    cache->RoundStored(1, 3, 2);  // layer 1, slots 3 and 4
+  }
+  for (int64_t layer = 0; layer < kLayers; ++layer) {
+    for (int64_t slot = 0; slot < kCapacity; ++slot) {
+      const bool touched = layer == 1 && (slot == 3 || slot == 4);
+      for (int64_t d = 0; d < kKvDim; ++d) {
+        const float want = touched ? expected[d] : inputs[d];
+        EXPECT_EQ(rounded->keys(layer)[slot * kKvDim + d], want) << layer << " " << slot;
+        EXPECT_EQ(rounded->values(layer)[slot * kKvDim + d], -want) << layer << " " << slot;
+        EXPECT_EQ(exact->keys(layer)[slot * kKvDim + d], inputs[d]);
+        EXPECT_EQ(exact->values(layer)[slot * kKvDim + d], -inputs[d]);
+      }
+    }
+  }
 }
 
 }  // namespace

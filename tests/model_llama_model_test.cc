@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/model/llama_model.h"
+#include "common/util/fp16.h"
 #include "gtest/gtest.h"
 #include "tests/testing/paths.h"
 
@@ -86,6 +87,34 @@ TEST(LlamaModelTest, LogitsAndCacheAreBatchAndThreadInvariant) {
       ExpectSameCommittedCache(batched.cache, one_at_a_time.cache);
     }
   }
+}
+
+// A cache that rounds to fp16 (the CUDA backend's precision) holds, in the first layer, exactly
+// the fp16 rounding of what an exact cache holds: that layer's keys and values do not depend on
+// the cache. Later layers read the rounded values, so their contents and the logits move.
+TEST(LlamaModelTest, Fp16RoundingCacheHoldsTheRoundedFirstLayer) {
+  auto model = LoadModel(2);
+  ASSERT_NE(model, nullptr);
+  const int64_t vocab = model->config().vocab_size;
+  auto exact = model->NewKvCache(kCapacity);
+  auto rounded = model->NewKvCache(kCapacity, KvRounding::kFp16);
+  ASSERT_TRUE(exact.ok() && rounded.ok());
+  std::vector<float> exact_logits(kTokens.size() * vocab), rounded_logits(kTokens.size() * vocab);
+  ASSERT_TRUE(model->Forward(Batch::Causal(kTokens, 0), *exact, exact_logits).ok());
+  ASSERT_TRUE(model->Forward(Batch::Causal(kTokens, 0), *rounded, rounded_logits).ok());
+  const int64_t n = static_cast<int64_t>(kTokens.size()) * model->config().kv_dim();
+  int changed = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    for (const auto& [e, r] : {std::pair(exact->keys(0)[i], rounded->keys(0)[i]),
+                               std::pair(exact->values(0)[i], rounded->values(0)[i])}) {
+      ASSERT_EQ(r, Fp16ToFp32(Fp32ToFp16(e))) << i;
+      changed += r != e ? 1 : 0;
+    }
+  }
+  EXPECT_GT(changed, n);  // most f32 values are not fp16 values
+  const int64_t last = model->config().num_layers - 1;
+  EXPECT_FALSE(SameBits(exact->keys(last), rounded->keys(last), static_cast<size_t>(n)));
+  EXPECT_FALSE(SameBits(exact_logits.data(), rounded_logits.data(), exact_logits.size()));
 }
 
 TEST(LlamaModelTest, SelectedLogitRowsEqualTheFullRows) {

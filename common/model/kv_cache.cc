@@ -3,11 +3,13 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "common/util/fp16.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::model {
 
-absl::StatusOr<KvCache> KvCache::Create(int64_t num_layers, int64_t kv_dim, int64_t capacity) {
+absl::StatusOr<KvCache> KvCache::Create(int64_t num_layers, int64_t kv_dim, int64_t capacity,
+                                        KvRounding rounding) {
   if (num_layers <= 0 || kv_dim <= 0 || capacity <= 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("KV cache sizes must be positive (layers %d, kv_dim %d, capacity %d)",
@@ -19,15 +21,25 @@ absl::StatusOr<KvCache> KvCache::Create(int64_t num_layers, int64_t kv_dim, int6
     return absl::ResourceExhaustedError(absl::StrFormat(
         "KV cache of %d layers x %d slots x %d floats is too large", num_layers, capacity, kv_dim));
   }
-  return KvCache(num_layers, kv_dim, capacity);
+  return KvCache(num_layers, kv_dim, capacity, rounding);
 }
 
-KvCache::KvCache(int64_t num_layers, int64_t kv_dim, int64_t capacity)
+KvCache::KvCache(int64_t num_layers, int64_t kv_dim, int64_t capacity, KvRounding rounding)
     : num_layers_(num_layers),
       kv_dim_(kv_dim),
+      rounding_(rounding),
       slots_(capacity),
       keys_(static_cast<size_t>(num_layers * capacity * kv_dim)),
       values_(static_cast<size_t>(num_layers * capacity * kv_dim)) {}
+
+void KvCache::RoundStored(int64_t layer, int64_t first_slot, int64_t count) {
+  if (rounding_ == KvRounding::kNone) return;
+  BITSPLIT_CHECK(first_slot >= 0 && count >= 0 && first_slot + count <= slots_.capacity());
+  for (float* storage : {keys(layer), values(layer)}) {
+    float* begin = storage + first_slot * kv_dim_;
+    for (float* p = begin; p < begin + count * kv_dim_; ++p) *p = Fp16ToFp32(Fp32ToFp16(*p));
+  }
+}
 
 size_t KvCache::LayerOffset(int64_t layer) const {
   BITSPLIT_CHECK(layer >= 0 && layer < num_layers_);

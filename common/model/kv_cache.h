@@ -52,12 +52,19 @@ class KvSlotLedger {
   int64_t pending_length_ = 0;
 };
 
+// How a forward pass stores the batch's keys and values: as computed, or rounded to the nearest
+// fp16 (storage stays f32). kFp16 reproduces the CUDA backend's half-precision cache on the CPU,
+// so the two engines can be compared with the same cache precision.
+enum class KvRounding { kNone, kFp16 };
+
 class KvCache {
  public:
   // INVALID_ARGUMENT unless every size is positive.
-  static absl::StatusOr<KvCache> Create(int64_t num_layers, int64_t kv_dim, int64_t capacity);
-  static absl::StatusOr<KvCache> Create(const ModelConfig& config, int64_t capacity) {
-    return Create(config.num_layers, config.kv_dim(), capacity);
+  static absl::StatusOr<KvCache> Create(int64_t num_layers, int64_t kv_dim, int64_t capacity,
+                                        KvRounding rounding = KvRounding::kNone);
+  static absl::StatusOr<KvCache> Create(const ModelConfig& config, int64_t capacity,
+                                        KvRounding rounding = KvRounding::kNone) {
+    return Create(config.num_layers, config.kv_dim(), capacity, rounding);
   }
 
   int64_t num_layers() const { return num_layers_; }
@@ -65,6 +72,11 @@ class KvCache {
   int64_t capacity() const { return slots_.capacity(); }
   int64_t committed_length() const { return slots_.committed_length(); }
   int64_t pending_length() const { return slots_.pending_length(); }
+  KvRounding rounding() const { return rounding_; }
+
+  // Applies the cache's rounding to the keys and values of slots [first_slot, first_slot + count)
+  // of one layer: what a forward pass calls once it has written them.
+  void RoundStored(int64_t layer, int64_t first_slot, int64_t count);
 
   // One layer's storage, [capacity, kv_dim].
   float* keys(int64_t layer) { return keys_.data() + LayerOffset(layer); }
@@ -93,13 +105,14 @@ class KvCache {
   void Clear() { slots_.Clear(); }
 
  private:
-  KvCache(int64_t num_layers, int64_t kv_dim, int64_t capacity);
+  KvCache(int64_t num_layers, int64_t kv_dim, int64_t capacity, KvRounding rounding);
   size_t LayerOffset(int64_t layer) const;
   // Copies slot `from` to slot `to` in every layer, keys and values.
   void MoveSlot(int64_t from, int64_t to);
 
   int64_t num_layers_;
   int64_t kv_dim_;
+  KvRounding rounding_;
   KvSlotLedger slots_;
   std::vector<float> keys_;    // [num_layers, capacity, kv_dim]
   std::vector<float> values_;  // [num_layers, capacity, kv_dim]

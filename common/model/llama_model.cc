@@ -271,6 +271,7 @@ absl::Status LlamaModel::ForwardWith(LinearBackend& linear, const Batch& batch, 
         linear.Apply({layer, LinearGroup::kQkv}, normed.data(), num_tokens, qkv_outputs, pool));
     ops::ApplyRope(q.data(), num_tokens, c.num_heads, batch.positions.data(), rope);
     ops::ApplyRope(keys, num_tokens, c.num_kv_heads, batch.positions.data(), rope);
+    cache.RoundStored(layer, first_slot, num_tokens);
     ops::AttentionWithContext(q.data(), num_tokens, cache.keys(layer), cache.values(layer),
                               prefix_length, batch.context, batch.attention_mask.data(),
                               attention_shape, attention.data(), pool);

@@ -112,8 +112,9 @@ class LlamaModel {
   }
 
   // A cache shaped for this model holding up to `capacity` tokens (the same for every mode).
-  absl::StatusOr<KvCache> NewKvCache(int64_t capacity) const {
-    return KvCache::Create(config_, capacity);
+  absl::StatusOr<KvCache> NewKvCache(int64_t capacity,
+                                     KvRounding rounding = KvRounding::kNone) const {
+    return KvCache::Create(config_, capacity, rounding);
   }
 
   // Runs the batch after the committed prefix of `cache`: writes the batch's keys/values to the
