@@ -203,36 +203,40 @@ std::vector<FormatCase> AllFormatCases() {
       cases.push_back({format, 32});
       continue;
     }
-    for (const int group : {32, 64, 160}) cases.push_back({format, group});
+    for (const int group : {32, 64, 128, 160}) cases.push_back({format, group});
   }
   return cases;
 }
 
 TEST_F(CudaKernelsTest, SplitMatMulMatchesReferenceBitForBitForEveryFormat) {
-  // 320 columns: 10 groups of 32 (a full run of 8 and a partial one), 5 of 64, 2 of 160; 37 rows
-  // leave a partial CUDA block.
-  const int64_t rows = 37, cols = 320;
+  // 320 columns: 10 groups of 32 (a full run of 8 and a partial one), 5 of 64, 2 of 160 (the
+  // kernel's any-group-size path); 1280: whole runs of 64 and 128 (the kernels compiled for the
+  // group size) and a partial run after them. 37 rows leave a partial CUDA block.
+  const int64_t rows = 37;
   for (const FormatCase& c : AllFormatCases()) {
-    const HostMatrix m = RandomMatrix(c.format, c.group, rows, cols, 100 + c.group);
-    const DeviceMatrixCopy device_matrix(m.view);
-    for (const int64_t tokens : {1, 3, 9, 16}) {
-      const std::vector<float> x = RandomFloats(tokens * cols, 5 + tokens);
-      quant::QuantizedActivations qx;
-      quant::QuantizeActivations(x.data(), tokens, cols, &qx);
-      const DeviceQuantized dx(qx);
-      for (const bool accumulate : {false, true}) {
-        std::vector<float> expected = RandomFloats(tokens * rows, 9);
-        DeviceVector<float> out(expected);
-        quant::MatMulReference(m.view, qx, expected.data(), accumulate);
-        kernels::GroupMatMul group;
-        group.matrices[0] = device_matrix.matrix;
-        group.outputs[0] = out.get();
-        group.count = 1;
-        ASSERT_CUDA(kernels::SplitMatMul(group, dx.view, accumulate, nullptr));
-        ExpectBitsEqual(out.ToHost(), expected,
-                        std::string(quant::GetSplitFormatInfo(c.format).name) + "/g" +
-                            std::to_string(c.group) + " T=" + std::to_string(tokens) +
-                            (accumulate ? " accumulate" : ""));
+    for (const int64_t cols : {int64_t{320}, int64_t{1280}}) {
+      if (cols % c.group != 0) continue;
+      const HostMatrix m = RandomMatrix(c.format, c.group, rows, cols, 100 + c.group);
+      const DeviceMatrixCopy device_matrix(m.view);
+      for (const int64_t tokens : {1, 3, 9, 16}) {
+        const std::vector<float> x = RandomFloats(tokens * cols, 5 + tokens);
+        quant::QuantizedActivations qx;
+        quant::QuantizeActivations(x.data(), tokens, cols, &qx);
+        const DeviceQuantized dx(qx);
+        for (const bool accumulate : {false, true}) {
+          std::vector<float> expected = RandomFloats(tokens * rows, 9);
+          DeviceVector<float> out(expected);
+          quant::MatMulReference(m.view, qx, expected.data(), accumulate);
+          kernels::GroupMatMul group;
+          group.matrices[0] = device_matrix.matrix;
+          group.outputs[0] = out.get();
+          group.count = 1;
+          ASSERT_CUDA(kernels::SplitMatMul(group, dx.view, accumulate, nullptr));
+          ExpectBitsEqual(out.ToHost(), expected,
+                          std::string(quant::GetSplitFormatInfo(c.format).name) + "/g" +
+                              std::to_string(c.group) + " cols " + std::to_string(cols) +
+                              " T=" + std::to_string(tokens) + (accumulate ? " accumulate" : ""));
+        }
       }
     }
   }

@@ -10,7 +10,8 @@ namespace {
 
 constexpr int kBlock = 32;        // activation block and weight sub-block
 constexpr int kGroupsPerRun = 8;  // one f32 lane per group of a run (split_matmul.cc)
-constexpr int kRowsPerWarp = 4;   // weight rows per warp: 8 lanes each
+constexpr int kLanesPerRow = 16;  // (k, parity): the CPU kernel's f32 lanes of both lane sets
+constexpr int kRowsPerWarp = 32 / kLanesPerRow;
 constexpr int kMatMulThreads = 256;
 constexpr int kRowsPerBlock = kMatMulThreads / 32 * kRowsPerWarp;
 
@@ -27,12 +28,14 @@ enum Format : int32_t {
   kQ8_0 = 8,
 };
 
+// Weights and activations are read-only for a kernel's lifetime: load them through the
+// read-only data cache.
 __device__ __forceinline__ uint32_t Load32(const uint8_t* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
+  return __ldg(reinterpret_cast<const unsigned int*>(p));
 }
 
 __device__ __forceinline__ float LoadHalf(const uint8_t* p) {
-  return __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(p)));
+  return __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(p))));
 }
 
 // Elements 4k .. 4k+3 of a Plane2 sub-block: bytes 4(k&1)..+3 hold elements j with j % 8 equal
@@ -66,22 +69,118 @@ __device__ __forceinline__ int Codes4(const uint8_t* sub, int k) {
     return static_cast<int>(Load32(sub + 4 * k));
   } else {  // kQ8_0: the codes start 2 bytes into a 34-byte block, so only 2-byte aligned
     const unsigned short* p = reinterpret_cast<const unsigned short*>(sub + 4 * k);
-    return static_cast<int>(static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 16));
+    return static_cast<int>(static_cast<uint32_t>(__ldg(p)) |
+                            (static_cast<uint32_t>(__ldg(p + 1)) << 16));
   }
 }
 
-// One thread = lane k (0..7) of one weight row for up to kTile activation rows at a time. Lane k
-// owns elements 4k..4k+3 of every 32-block and, in the min term, the k-th group of each run of
-// eight groups: exactly the f32 lane k of both lane sets (even and odd blocks) of the CPU kernel.
-// The eight lanes of a row are consecutive threads of a warp and are summed by shuffles in
-// HorizontalSum's order.
+// Bytes from one sub-block (and from one group scale) to the next in a row of kFormat: the
+// layouts of quant::GetSplitRowLayout (q8_0: ggml's 34-byte blocks hold both). Known at compile
+// time, so a run's loads are one base address plus constant offsets.
+template <int kFormat>
+constexpr int kCodeStride = kFormat == kB2Sym || kFormat == kB2Asym   ? 8
+                            : kFormat == kB3Sym || kFormat == kB3Asym ? 12
+                            : kFormat == kB4Sym || kFormat == kB4Asym ? 16
+                            : kFormat == kR6                          ? 24
+                            : kFormat == kR8                          ? 32
+                                                                      : 34;
+template <int kFormat>
+constexpr int kScaleStride = kFormat == kQ8_0 ? 34 : 2;
+
+// What one thread reads: lane k of one weight row against a tile of activation rows. Offsets
+// inside a row and inside the activations fit in 32 bits (the launcher checks).
+struct RowSlice {
+  const uint8_t* codes;   // the row's first sub-block
+  const uint8_t* scales;  // the row's first group scale
+  int code_stride;
+  int scale_stride;
+  const int8_t* x_codes;  // activation row t0, element 4k
+  const float* x_scales;  // activation row t0
+  int x_cols;
+  int x_block_stride;
+};
+
+// Blocks first_block, first_block + 2, ... (count of them: one parity) of the row, each with its
+// group's scale, into acc[j] for the tile's activation rows j: split_matmul.h's step
+// acc += float(dot) * (d * x_scale), one rounding each. Any group size (the group of a block is
+// found at run time). Rows j >= tile read row tile - 1 and are never written.
 template <int kFormat, int kTile>
+__device__ __forceinline__ void AccumulateBlocks(const RowSlice& s, int k, int tile,
+                                                 int first_block, int count, int blocks_per_group,
+                                                 float (&acc)[kTile]) {
+  for (int i = 0; i < count; ++i) {
+    const int b = first_block + 2 * i;
+    const float d = LoadHalf(s.scales + (b / blocks_per_group) * s.scale_stride);
+    const int codes = Codes4<kFormat>(s.codes + b * s.code_stride, k);
+#pragma unroll
+    for (int j = 0; j < kTile; ++j) {
+      const int row = j < tile ? j : tile - 1;
+      const int xcodes =
+          __ldg(reinterpret_cast<const int*>(s.x_codes + row * s.x_cols + b * kBlock));
+      const float scale = __fmul_rn(d, __ldg(s.x_scales + row * s.x_block_stride + b));
+      acc[j] = __fmaf_rn(__int2float_rn(__dp4a(codes, xcodes, 0)), scale, acc[j]);
+    }
+  }
+}
+
+// The blocks of one parity of a whole run of kGroupsPerRun groups of kBlocksPerGroup blocks (a
+// compile-time group size; the run's first block is even): every weight load of the run is
+// issued first, then for each activation row all its loads, then the multiply-adds in order, so
+// that many loads are in flight per thread.
+template <int kFormat, int kTile, int kBlocksPerGroup>
+__device__ __forceinline__ void AccumulateRun(const RowSlice& s, int k, int parity, int tile,
+                                              int first_group, float (&acc)[kTile]) {
+  constexpr int kBlocks = kGroupsPerRun * kBlocksPerGroup / 2;  // of this thread's parity
+  const int first_block = first_group * kBlocksPerGroup + parity;
+  // Block i of this thread is run block 2i + parity; its group's scale is at constant offsets
+  // from `scales` (with one block per group the parity moves the base instead).
+  const uint8_t* codes_base = s.codes + first_block * kCodeStride<kFormat>;
+  const uint8_t* scales =
+      s.scales + (first_group + (kBlocksPerGroup == 1 ? parity : 0)) * kScaleStride<kFormat>;
+  int codes[kBlocks];
+  float d[kBlocks];
+#pragma unroll
+  for (int i = 0; i < kBlocks; ++i) {
+    codes[i] = Codes4<kFormat>(codes_base + 2 * i * kCodeStride<kFormat>, k);
+    constexpr int kGroupStep = kBlocksPerGroup == 1 ? 2 : 1;
+    d[i] = LoadHalf(scales + (kBlocksPerGroup == 1 ? kGroupStep * i : 2 * i / kBlocksPerGroup) *
+                                 kScaleStride<kFormat>);
+  }
+#pragma unroll
+  for (int j = 0; j < kTile; ++j) {
+    const int row = j < tile ? j : tile - 1;
+    const int8_t* x_codes = s.x_codes + row * s.x_cols + first_block * kBlock;
+    const float* x_scales = s.x_scales + row * s.x_block_stride + first_block;
+    int xcodes[kBlocks];
+    float xscales[kBlocks];
+#pragma unroll
+    for (int i = 0; i < kBlocks; ++i) {
+      xcodes[i] = __ldg(reinterpret_cast<const int*>(x_codes + 2 * i * kBlock));
+      xscales[i] = __ldg(x_scales + 2 * i);
+    }
+#pragma unroll
+    for (int i = 0; i < kBlocks; ++i) {
+      acc[j] = __fmaf_rn(__int2float_rn(__dp4a(codes[i], xcodes[i], 0)),
+                         __fmul_rn(d[i], xscales[i]), acc[j]);
+    }
+  }
+}
+
+// One thread = lane k (0..7) of the even (parity 0) or odd (parity 1) blocks of one weight row,
+// for up to kTile activation rows at a time: exactly the f32 lane k of one of the CPU kernel's
+// two lane sets. Lane k of the even set also adds, in the min term, the k-th group of each run
+// of eight groups. A row's sixteen lanes are consecutive threads of a warp, odd lanes after even
+// ones: even + odd, then the eight sums by shuffles in HorizontalSum's order.
+// kBlocksPerGroup > 0 compiles whole runs for that group size; 0 handles any group size at run
+// time.
+template <int kFormat, int kTile, int kBlocksPerGroup>
 __global__ void __launch_bounds__(kMatMulThreads)
     SplitMatMulKernel(GroupMatMul group, DeviceActivations x, int accumulate, int64_t total_rows) {
   const int lane = threadIdx.x & 31;
   const int k = lane & 7;
+  const int parity = (lane >> 3) & 1;
   const int64_t global_row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock +
-                             (threadIdx.x >> 5) * kRowsPerWarp + (lane >> 3);
+                             (threadIdx.x >> 5) * kRowsPerWarp + lane / kLanesPerRow;
   // Threads past the end compute the last row again (the shuffles need every lane) but write
   // nothing.
   const bool writes = global_row < total_rows;
@@ -91,35 +190,42 @@ __global__ void __launch_bounds__(kMatMulThreads)
   const DeviceMatrix& w = group.matrices[m];
   float* out = group.outputs[m];
   const uint8_t* row = w.data + r * w.row_stride;
-  const int64_t blocks_per_group = w.group / kBlock;
-  const bool min_term = !w.signed_codes;
+  const int blocks_per_group = static_cast<int>(w.group / kBlock);
+  const int groups = static_cast<int>(w.groups);
+  const bool min_term = !w.signed_codes && parity == 0;
+  RowSlice s{row + w.code_offset,
+             row + w.scale_offset,
+             static_cast<int>(w.code_stride),
+             static_cast<int>(w.scale_stride),
+             nullptr,
+             nullptr,
+             static_cast<int>(x.cols),
+             static_cast<int>(x.block_stride)};
 
   for (int64_t t0 = 0; t0 < x.rows; t0 += kTile) {
     const int tile = static_cast<int>(x.rows - t0 < kTile ? x.rows - t0 : kTile);
-    // Lane k of the even blocks and of the odd blocks (split_matmul.h's sequence).
-    float even[kTile], odd[kTile];
+    s.x_codes = x.codes + t0 * x.cols + 4 * k;
+    s.x_scales = x.scales + t0 * x.block_stride;
+    float acc[kTile];  // split_matmul.h's lane k of this thread's lane set
 #pragma unroll
-    for (int j = 0; j < kTile; ++j) even[j] = odd[j] = 0.0f;
-    for (int64_t g_begin = 0; g_begin < w.groups; g_begin += kGroupsPerRun) {
-      const int64_t g_end = g_begin + kGroupsPerRun < w.groups ? g_begin + kGroupsPerRun : w.groups;
-      for (int64_t b = g_begin * blocks_per_group; b < g_end * blocks_per_group; ++b) {
-        const float d = LoadHalf(row + w.scale_offset + (b / blocks_per_group) * w.scale_stride);
-        const int codes = Codes4<kFormat>(row + w.code_offset + b * w.code_stride, k);
-#pragma unroll
-        for (int j = 0; j < kTile; ++j) {
-          if (j < tile) {
-            const int64_t t = t0 + j;
-            const int xcodes =
-                *reinterpret_cast<const int*>(x.codes + t * x.cols + b * kBlock + 4 * k);
-            const int isum = __dp4a(codes, xcodes, 0);
-            const float scale = __fmul_rn(d, x.scales[t * x.block_stride + b]);
-            float& acc = (b & 1) == 0 ? even[j] : odd[j];
-            acc = __fmaf_rn(__int2float_rn(isum), scale, acc);
-          }
+    for (int j = 0; j < kTile; ++j) acc[j] = 0.0f;
+    for (int g_begin = 0; g_begin < groups; g_begin += kGroupsPerRun) {
+      const int g_end = g_begin + kGroupsPerRun < groups ? g_begin + kGroupsPerRun : groups;
+      bool whole_run = false;
+      if constexpr (kBlocksPerGroup > 0) {
+        if (g_end - g_begin == kGroupsPerRun) {
+          AccumulateRun<kFormat, kTile, kBlocksPerGroup>(s, k, parity, tile, g_begin, acc);
+          whole_run = true;
         }
       }
+      if (!whole_run) {
+        const int first_block = g_begin * blocks_per_group + parity;
+        const int end_block = g_end * blocks_per_group;
+        AccumulateBlocks<kFormat, kTile>(s, k, tile, first_block, (end_block - first_block + 1) / 2,
+                                         blocks_per_group, acc);
+      }
       if (min_term) {
-        const int64_t g = g_begin + k;
+        const int g = g_begin + k;
         float min = 0.0f;
         if (g < g_end) {
           min = w.has_min ? LoadHalf(row + w.min_offset + g * w.min_stride)
@@ -128,26 +234,25 @@ __global__ void __launch_bounds__(kMatMulThreads)
         }
 #pragma unroll
         for (int j = 0; j < kTile; ++j) {
-          if (j < tile) {
-            float group_sum = 0.0f;
-            if (g < g_end) {
-              const float* sums = x.sums + (t0 + j) * x.block_stride + g * blocks_per_group;
-              for (int64_t s = 0; s < blocks_per_group; ++s)
-                group_sum = __fadd_rn(group_sum, sums[s]);
-            }
-            even[j] = __fmaf_rn(min, group_sum, even[j]);
+          const int tile_row = j < tile ? j : tile - 1;
+          float group_sum = 0.0f;
+          if (g < g_end) {
+            const float* sums = x.sums + (t0 + tile_row) * x.block_stride + g * blocks_per_group;
+            for (int b = 0; b < blocks_per_group; ++b) group_sum = __fadd_rn(group_sum, sums[b]);
           }
+          acc[j] = __fmaf_rn(min, group_sum, acc[j]);
         }
       }
     }
 #pragma unroll
     for (int j = 0; j < kTile; ++j) {
-      // ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
-      float v = __fadd_rn(even[j], odd[j]);
+      // (even + odd) per lane k, then ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+      const float odd = __shfl_down_sync(0xffffffffu, acc[j], 8, 16);
+      float v = __fadd_rn(acc[j], odd);
       v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 4, 8));
       v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 2, 8));
       v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, 1, 8));
-      if (writes && k == 0 && j < tile) {
+      if (writes && k == 0 && parity == 0 && j < tile) {
         float& y = out[(t0 + j) * w.rows + r];
         y = accumulate ? __fadd_rn(y, v) : v;
       }
@@ -155,18 +260,54 @@ __global__ void __launch_bounds__(kMatMulThreads)
   }
 }
 
+template <int kFormat, int kBlocksPerGroup>
+void LaunchSplitMatMulKernel(const GroupMatMul& group, const DeviceActivations& x, bool accumulate,
+                             int64_t total_rows, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  // Tiles of 1, 4 or 8 activation rows: a draft forward's few rows run without idle tile rows.
+  if (x.rows == 1) {
+    SplitMatMulKernel<kFormat, 1, kBlocksPerGroup>
+        <<<blocks, kMatMulThreads, 0, stream>>>(group, x, accumulate ? 1 : 0, total_rows);
+  } else if (x.rows <= 4) {
+    SplitMatMulKernel<kFormat, 4, kBlocksPerGroup>
+        <<<blocks, kMatMulThreads, 0, stream>>>(group, x, accumulate ? 1 : 0, total_rows);
+  } else {
+    SplitMatMulKernel<kFormat, 8, kBlocksPerGroup>
+        <<<blocks, kMatMulThreads, 0, stream>>>(group, x, accumulate ? 1 : 0, total_rows);
+  }
+}
+
 template <int kFormat>
 cudaError_t LaunchSplitMatMul(const GroupMatMul& group, const DeviceActivations& x, bool accumulate,
                               cudaStream_t stream) {
   int64_t total_rows = 0;
-  for (int i = 0; i < group.count; ++i) total_rows += group.matrices[i].rows;
-  const unsigned blocks = static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock);
-  if (x.rows == 1) {
-    SplitMatMulKernel<kFormat, 1>
-        <<<blocks, kMatMulThreads, 0, stream>>>(group, x, accumulate ? 1 : 0, total_rows);
-  } else {
-    SplitMatMulKernel<kFormat, 8>
-        <<<blocks, kMatMulThreads, 0, stream>>>(group, x, accumulate ? 1 : 0, total_rows);
+  for (int i = 0; i < group.count; ++i) {
+    const DeviceMatrix& w = group.matrices[i];
+    // The kernel's in-row and activation offsets are 32-bit; a group's matrices share the format
+    // and the group size (one kernel specialization for all of them).
+    if (w.row_stride >= (int64_t{1} << 31) || w.format != kFormat ||
+        w.code_stride != kCodeStride<kFormat> || w.scale_stride != kScaleStride<kFormat> ||
+        w.group != group.matrices[0].group || w.group < kBlock || w.group % kBlock != 0) {
+      return cudaErrorInvalidValue;
+    }
+    total_rows += w.rows;
+  }
+  if (x.rows * x.cols >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  switch (kFormat == kQ8_0 ? 1 : group.matrices[0].group / kBlock) {
+    case 1:
+      LaunchSplitMatMulKernel<kFormat, 1>(group, x, accumulate, total_rows, stream);
+      break;
+    case 2:
+      LaunchSplitMatMulKernel<kFormat, kFormat == kQ8_0 ? 0 : 2>(group, x, accumulate, total_rows,
+                                                                 stream);
+      break;
+    case 4:
+      LaunchSplitMatMulKernel<kFormat, kFormat == kQ8_0 ? 0 : 4>(group, x, accumulate, total_rows,
+                                                                 stream);
+      break;
+    default:
+      LaunchSplitMatMulKernel<kFormat, 0>(group, x, accumulate, total_rows, stream);
+      break;
   }
   return cudaGetLastError();
 }
