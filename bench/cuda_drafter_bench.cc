@@ -25,6 +25,8 @@
 #include "nlohmann/json.hpp"
 
 #ifdef BITSPLIT_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include "common/cuda/cuda_model.h"
 #include "common/cuda/cuda_session.h"
 #include "common/cuda/device_info.h"
@@ -253,6 +255,50 @@ int Run(const Options& o) {
   results["prefill_ms"] = prefill_ms;
   results["context_tokens"] = o.prompt;
   results["host_threads"] = pool.num_threads();
+
+  // The device's memory bandwidth (a device-to-device copy: bytes read + written per second) and
+  // the base matmuls alone, against the time to read their weights at that bandwidth.
+  double device_bandwidth = 0;
+  {
+    const size_t bytes = size_t{1} << 30;
+    void* source = nullptr;
+    void* target = nullptr;
+    cudaEvent_t start = nullptr, stop = nullptr;
+    if (cudaMalloc(&source, bytes) == cudaSuccess && cudaMalloc(&target, bytes) == cudaSuccess &&
+        cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess) {
+      std::vector<float> ms;
+      for (int rep = 0; rep < 6; ++rep) {
+        cudaEventRecord(start, model.stream());
+        cudaMemcpyAsync(target, source, bytes, cudaMemcpyDeviceToDevice, model.stream());
+        cudaEventRecord(stop, model.stream());
+        cudaEventSynchronize(stop);
+        float elapsed = 0;
+        cudaEventElapsedTime(&elapsed, start, stop);
+        if (rep > 0) ms.push_back(elapsed);
+      }
+      device_bandwidth = 2.0 * static_cast<double>(bytes) / (Median({ms.begin(), ms.end()}) / 1e3);
+    }
+    cudaFree(source);
+    cudaFree(target);
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+  }
+  std::printf("device memory bandwidth (copy, read + write) %.0f GB/s\n", device_bandwidth / 1e9);
+  results["device_bandwidth_gbps"] = device_bandwidth / 1e9;
+  for (const int rows : {1, o.expansions, o.nodes + 1, 64}) {
+    if (rows > options.max_batch_rows) continue;
+    auto timing = model.TimeBaseMatMuls(rows, o.repetitions);
+    BENCH_CHECK_OK(timing.status());
+    const double floor = static_cast<double>(timing->weight_bytes) / device_bandwidth * 1e3;
+    std::printf(
+        "base matmuls alone, %d row(s): %.3f ms for %s of weights = %.0f GB/s (floor %.3f ms, "
+        "%.2fx)\n",
+        rows, timing->ms, model::FormatBytes(timing->weight_bytes).c_str(),
+        static_cast<double>(timing->weight_bytes) / (timing->ms / 1e3) / 1e9, floor,
+        timing->ms / floor);
+    results["base_matmuls"][std::to_string(rows)] = {
+        {"ms", timing->ms}, {"weight_bytes", timing->weight_bytes}, {"floor_ms", floor}};
+  }
 
   // Draft forwards of 1 and k tokens (base only) with their top-k, over the committed prompt.
   cuda::DeviceKvCache& cache = (*session)->cache();

@@ -166,6 +166,15 @@ class CudaModel {
 
   const ForwardTimings& last_timings() const { return timings_; }
 
+  // For benchmarks: the base matmuls of one forward alone (every linear group and the head, on
+  // `rows` activation rows of zeros, no rotation, quantization or residual), timed by CUDA events
+  // over `repetitions` passes. Also the bytes of weights one pass reads.
+  struct MatMulPassTiming {
+    double ms = 0;
+    uint64_t weight_bytes = 0;
+  };
+  absl::StatusOr<MatMulPassTiming> TimeBaseMatMuls(int64_t rows, int repetitions);
+
  private:
   friend class DeviceKvCache;
   struct Group {
