@@ -7,7 +7,9 @@
 // Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -219,7 +221,10 @@ TEST_F(CudaModelTest, ForwardIsCloseToTheCpuInDraftAndVerifyMode) {
   ASSERT_NE(e.cuda, nullptr);
   const std::vector<int32_t> prompt = Prompt(20, 3);
   for (const ForwardMode mode : {ForwardMode::kDraft, ForwardMode::kVerify}) {
-    auto cpu_cache = e.cpu->NewKvCache(kContext);
+    // The CPU engine rounds its K/V to fp16 as the device's cache stores them, so what is left
+    // are the last-bit differences of RMSNorm, softmax and SiLU, which the int8 activation
+    // codes can amplify by one code step.
+    auto cpu_cache = e.cpu->NewKvCache(kContext, model::KvRounding::kFp16);
     ASSERT_TRUE(cpu_cache.ok());
     auto cuda_cache = e.cuda->NewKvCache();
     ASSERT_TRUE(cuda_cache.ok()) << cuda_cache.status();
@@ -227,7 +232,8 @@ TEST_F(CudaModelTest, ForwardIsCloseToTheCpuInDraftAndVerifyMode) {
     std::vector<float> expected(prompt.size() * kVocab), actual(prompt.size() * kVocab);
     ASSERT_TRUE(e.cpu->Forward(batch, *cpu_cache, expected, mode).ok());
     ASSERT_TRUE(e.cuda->Forward(batch, **cuda_cache, actual, mode).ok());
-    // fp16 K/V on the device (f32 on the CPU) is the main difference.
+    std::printf("%s: logits NMSE %.3g\n", std::string(model::ForwardModeName(mode)).c_str(),
+                Nmse(actual, expected));
     EXPECT_LT(Nmse(actual, expected), 1e-4) << model::ForwardModeName(mode);
     int agree = 0;
     for (size_t r = 0; r < prompt.size(); ++r) {
@@ -242,6 +248,8 @@ TEST_F(CudaModelTest, ForwardIsCloseToTheCpuInDraftAndVerifyMode) {
     std::vector<float> keys, values;
     ASSERT_TRUE((*cuda_cache)->CopyToHost(1, 0, 20, &keys, &values).ok());
     std::vector<float> cpu_keys(cpu_cache->keys(1), cpu_cache->keys(1) + keys.size());
+    std::printf("%s: layer-1 keys NMSE %.3g\n", std::string(model::ForwardModeName(mode)).c_str(),
+                Nmse(keys, cpu_keys));
     EXPECT_LT(Nmse(keys, cpu_keys), 1e-5);
   }
   const ForwardTimings& t = e.cuda->last_timings();
@@ -481,6 +489,16 @@ TEST_F(CudaModelTest, TooSmallABudgetIsRefusedWithWhatFits) {
   EXPECT_TRUE((*ok)->embedding_on_device());  // an F32 table
 }
 
+// SmolLM2 (real weights, b2_asym + r8 split) on the device and on the CPU with its K/V rounded
+// to fp16 as the device stores them, teacher-forced on the CPU's greedy tokens for 32 steps.
+//
+// The engines sum RMSNorm, softmax and SiLU in different orders, and this quantized model
+// amplifies last-bit differences (through the int8 activation codes of 30 layers) to logit
+// differences of about 0.3-1. The yardstick is the CPU itself: the same CPU engine with exact f32
+// K/V differs from its fp16-rounded self by as much. So: the device's logits are no further from
+// the CPU's than that (NMSE summed over the steps, with a factor 2), every step's NMSE is far from
+// that of a broken kernel (~1), and the device's greedy token is the CPU's at every step whose top
+// two logits are at least kTie apart: the greedy sequences agree up to the first near-tie.
 TEST_F(CudaModelTest, RealModelGreedyTokensMatchTheCpu) {
   const testing::SplitModelPaths& paths = testing::SmolLm2SplitModel();
   CudaModelOptions options;
@@ -489,28 +507,61 @@ TEST_F(CudaModelTest, RealModelGreedyTokensMatchTheCpu) {
   options.max_batch_rows = 32;
   Engines e = Load(paths, options);
   ASSERT_NE(e.cuda, nullptr);
+  const int64_t vocab = e.cpu->config().vocab_size;
   const std::vector<int32_t> prompt = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 30, 2, 198};
-  auto cpu_session = model::SpeculativeSession::Create(*e.cpu, ForwardMode::kVerify, *e.cpu,
-                                                       ForwardMode::kDraft, {.capacity = 512});
-  ASSERT_TRUE(cpu_session.ok());
-  auto cuda_session = CudaSpeculativeSession::Create(*e.cuda, {});
-  ASSERT_TRUE(cuda_session.ok());
-  ASSERT_TRUE((*cpu_session)->Prefill(std::span(prompt).first(prompt.size() - 1)).ok());
-  ASSERT_TRUE((*cuda_session)->Prefill(std::span(prompt).first(prompt.size() - 1)).ok());
-  int32_t cpu_root = prompt.back(), cuda_root = prompt.back();
-  for (int i = 0; i < 24; ++i) {
-    auto cpu = (*cpu_session)
-                   ->Verify(std::vector<int32_t>{cpu_root}, std::vector<int32_t>{-1}, {}, 0, false);
-    auto cuda =
-        (*cuda_session)
-            ->Verify(std::vector<int32_t>{cuda_root}, std::vector<int32_t>{-1}, {}, 0, false);
-    ASSERT_TRUE(cpu.ok() && cuda.ok());
-    ASSERT_EQ((*cuda)[0].token, (*cpu)[0].token) << "token " << i;
-    ASSERT_TRUE((*cpu_session)->Commit(std::vector<int32_t>{0}).ok());
-    ASSERT_TRUE((*cuda_session)->Commit(std::vector<int32_t>{0}).ok());
-    cpu_root = (*cpu)[0].token;
-    cuda_root = (*cuda)[0].token;
+  auto cpu_cache = e.cpu->NewKvCache(512, model::KvRounding::kFp16);
+  auto exact_cache = e.cpu->NewKvCache(512);
+  auto cuda_cache = e.cuda->NewKvCache();
+  ASSERT_TRUE(cpu_cache.ok() && exact_cache.ok() && cuda_cache.ok());
+  constexpr float kTie = 0.05f;
+  constexpr int kSteps = 32;
+  std::vector<float> cpu(vocab), exact(vocab), cuda(vocab);
+  std::vector<int32_t> tokens(prompt.begin(), prompt.end());
+  int decided = 0, first_tie = -1;
+  double cuda_nmse_sum = 0.0, exact_nmse_sum = 0.0;
+  for (int step = 0; step < kSteps; ++step) {
+    const int64_t length = cpu_cache->committed_length();
+    Batch batch = Batch::Causal(std::span(tokens).subspan(length), static_cast<int32_t>(length));
+    batch.logit_rows = {static_cast<int32_t>(batch.size()) - 1};
+    ASSERT_TRUE(e.cpu->Forward(batch, *cpu_cache, cpu, ForwardMode::kVerify).ok());
+    ASSERT_TRUE(e.cpu->Forward(batch, *exact_cache, exact, ForwardMode::kVerify).ok());
+    ASSERT_TRUE(e.cuda->Forward(batch, **cuda_cache, cuda, ForwardMode::kVerify).ok());
+    ASSERT_TRUE(cpu_cache->Commit(batch.size()).ok());
+    ASSERT_TRUE(exact_cache->Commit(batch.size()).ok());
+    ASSERT_TRUE((*cuda_cache)->Commit(batch.size()).ok());
+    const auto top = [](const std::vector<float>& l) {
+      return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    };
+    const int32_t cpu_token = top(cpu), cuda_token = top(cuda);
+    float second = -INFINITY, max_difference = 0.0f;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (i != cpu_token) second = std::max(second, cpu[i]);
+      max_difference = std::max(max_difference, std::fabs(cpu[i] - cuda[i]));
+    }
+    const float margin = cpu[cpu_token] - second;
+    const double cuda_nmse = Nmse(cuda, cpu), exact_nmse = Nmse(exact, cpu);
+    cuda_nmse_sum += cuda_nmse;
+    exact_nmse_sum += exact_nmse;
+    std::printf(
+        "step %2d: cpu %6d cuda %6d margin %.4f max |difference| %.4f NMSE %.3g (cpu with f32 "
+        "K/V: %.3g)\n",
+        step, cpu_token, cuda_token, margin, max_difference, cuda_nmse, exact_nmse);
+    EXPECT_LT(cuda_nmse, 0.05) << "step " << step;
+    if (margin >= kTie) {
+      ++decided;
+      EXPECT_EQ(cuda_token, cpu_token) << "step " << step << ": margin " << margin;
+    } else if (first_tie < 0) {
+      first_tie = step;
+    }
+    tokens.push_back(cpu_token);
   }
+  std::printf(
+      "%d of %d steps decided by >= %.2f; first near-tie at step %d; NMSE summed: cuda %.3g, "
+      "cpu with f32 K/V %.3g\n",
+      decided, kSteps, kTie, first_tie, cuda_nmse_sum, exact_nmse_sum);
+  EXPECT_GE(decided, kSteps - 4);  // the prompt is not one long near-tie
+  EXPECT_LE(cuda_nmse_sum, 2.0 * exact_nmse_sum);
+  EXPECT_GT(exact_nmse_sum, 0.0);  // the yardstick measured something
 }
 
 #endif  // BITSPLIT_HAVE_CUDA
