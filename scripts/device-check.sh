@@ -21,6 +21,18 @@
 #            real model> adds the projection for it.
 #       Logs, gtest XML and bench JSON go to $OUT (or ./device-check-out); the exit status is
 #       non-zero when a step failed.
+#
+#   with the real-model tests (SmolLM2, 98 MB: over the 64 MiB a call may carry with the tree):
+#     here:    bash scripts/device-check.sh --prepare-carry [BUILD_DIR]
+#                builds the bundle, then writes .devcarry/a (the first half of the xz-compressed
+#                GGUF) and .devcarry/b (the second half, its sha256, the bundle as .tar.xz); git
+#                ignores .devcarry
+#     device:  call 1, carry [".devcarry/a"]:  bash scripts/device-check.sh --stage-first-half
+#              call 2 at once (the machine keeps /root/devstate only while warm, 30 s),
+#              carry [".devcarry/b"]:          bash scripts/device-check.sh --from-carry
+#                rebuilds and checks the GGUF into models/, unpacks the bundle, runs the check
+#                above with the RealModel tests, then compute-sanitizer's memcheck on
+#                cuda_kernels_test (sanitizer-memcheck.log)
 set -u -o pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -128,10 +140,74 @@ run() {
   exit "$failed"
 }
 
+model_file=SmolLM2-135M-Instruct.Q4_1.gguf
+carry_dir="$repo_root/.devcarry"
+devstate="${DEVSTATE:-/root/devstate}"
+
+prepare_carry() {
+  local build_dir="${1:-build-device}"
+  (prepare "$build_dir") || exit 1
+  cd "$repo_root" || exit 1
+  local model
+  model="$(readlink -f "models/$model_file")"
+  [[ -f "$model" ]] || { echo "models/$model_file missing: run scripts/setup.sh" >&2; exit 1; }
+  grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.devcarry/' >>.git/info/exclude; }
+  rm -rf "$carry_dir"
+  mkdir -p "$carry_dir/a" "$carry_dir/b"
+  echo "compressing $model_file (about a minute)"
+  xz -9 -T2 -c "$model" >"$carry_dir/model.xz" || exit 1
+  # 50 MB first: the second call carries the rest, the bundle and the tree within 64 MiB.
+  head -c 50000000 "$carry_dir/model.xz" >"$carry_dir/a/model.xz.a"
+  tail -c +50000001 "$carry_dir/model.xz" >"$carry_dir/b/model.xz.b"
+  rm "$carry_dir/model.xz"
+  sha256sum "$model" | cut -d' ' -f1 >"$carry_dir/b/model.sha256"
+  tar -C "$build_dir" -cJf "$carry_dir/b/bundle.tar.xz" bundle || exit 1
+  du -sh "$carry_dir/a" "$carry_dir/b"
+  echo 'device, call 1: run(command="bash scripts/device-check.sh --stage-first-half", carry=[".devcarry/a"], timeout_s=60)'
+  echo 'device, call 2 at once: run(command="bash scripts/device-check.sh --from-carry", carry=[".devcarry/b"], timeout_s=500)'
+}
+
+stage_first_half() {
+  mkdir -p "$devstate" && cp "$carry_dir/a/model.xz.a" "$devstate/" && ls -l "$devstate"
+}
+
+from_carry() {
+  cd "$repo_root" || exit 1
+  mkdir -p "$devstate" models
+  local gguf="models/$model_file"
+  if [[ -f "$devstate/model.xz.a" ]]; then
+    cat "$devstate/model.xz.a" "$carry_dir/b/model.xz.b" |
+      python3 -c "import lzma,sys,shutil; shutil.copyfileobj(lzma.LZMAFile(sys.stdin.buffer), sys.stdout.buffer, 1 << 20)" >"$gguf"
+    echo "$(cat "$carry_dir/b/model.sha256")  $gguf" | sha256sum -c || rm -f "$gguf"
+  else
+    echo "the first half is not on this machine (a fresh one): the RealModel tests are skipped"
+  fi
+  python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+    "$carry_dir/b/bundle.tar.xz" "$devstate" || exit 1
+  export BITSPLIT_MODELS_DIR="$repo_root/models"
+  ACCEPTANCE="${ACCEPTANCE:-1.72}" DEVICE_CHECK_SECONDS="${DEVICE_CHECK_SECONDS:-400}" \
+    bash "${BASH_SOURCE[0]}" "$devstate/bundle"
+  local status=$?
+  local out="${OUT:-$repo_root/device-check-out}" sanitizer
+  sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
+  if [[ -n "$sanitizer" ]]; then
+    LD_LIBRARY_PATH="$devstate/bundle/lib" timeout --kill-after=5 100 "$sanitizer" --tool memcheck \
+      --error-exitcode 3 "$devstate/bundle/bin/cuda_kernels_test" >"$out/sanitizer-memcheck.log" 2>&1
+    local sanitizer_status=$?
+    echo "compute-sanitizer memcheck on cuda_kernels_test: exit $sanitizer_status" | tee -a "$out/summary.txt"
+    tail -2 "$out/sanitizer-memcheck.log"
+    ((sanitizer_status != 0)) && status=1
+  fi
+  exit "$status"
+}
+
 case "${1:-}" in
   --prepare) prepare "${2:-}" ;;
+  --prepare-carry) prepare_carry "${2:-}" ;;
+  --stage-first-half) stage_first_half ;;
+  --from-carry) from_carry ;;
   ""|-h|--help)
-    sed -n '2,27p' "${BASH_SOURCE[0]}"
+    sed -n '2,40p' "${BASH_SOURCE[0]}"
     exit 2
     ;;
   *) run "$1" ;;
