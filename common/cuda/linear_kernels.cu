@@ -142,9 +142,7 @@ __device__ __forceinline__ void AccumulateRun(const RowSlice& s, int k, int pari
 #pragma unroll
   for (int i = 0; i < kBlocks; ++i) {
     codes[i] = Codes4<kFormat>(codes_base + 2 * i * kCodeStride<kFormat>, k);
-    constexpr int kGroupStep = kBlocksPerGroup == 1 ? 2 : 1;
-    d[i] = LoadHalf(scales + (kBlocksPerGroup == 1 ? kGroupStep * i : 2 * i / kBlocksPerGroup) *
-                                 kScaleStride<kFormat>);
+    d[i] = LoadHalf(scales + (2 * i / kBlocksPerGroup) * kScaleStride<kFormat>);
   }
 #pragma unroll
   for (int j = 0; j < kTile; ++j) {
