@@ -32,7 +32,8 @@
 #              carry [".devcarry/b"]:          bash scripts/device-check.sh --from-carry
 #                rebuilds and checks the GGUF into models/, unpacks the bundle, runs the check
 #                above with the RealModel tests, then compute-sanitizer's memcheck on
-#                cuda_kernels_test (sanitizer-memcheck.log)
+#                cuda_kernels_test (sanitizer-memcheck.log); with PROFILE=1 also ncu on a
+#                2-layer model (ncu_matmul.txt, ncu_kernels.txt; about a minute more)
 set -u -o pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -198,6 +199,24 @@ from_carry() {
     tail -2 "$out/sanitizer-memcheck.log"
     ((sanitizer_status != 0)) && status=1
   fi
+  # PROFILE=1: ncu on a 2-layer model of the bench's shape (ncu_matmul.txt: the split matmuls of
+  # the base-matmul passes at T = 1 and 4, after the prefill's 9; ncu_kernels.txt: every kernel,
+  # summarized per kernel and launch shape).
+  local ncu
+  ncu="$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+  if [[ "${PROFILE:-0}" == 1 && -n "$ncu" ]]; then
+    local small=(--layers 2 --prompt 16 --repetitions 1 --max-seconds 60 --vram-budget-gib 8)
+    LD_LIBRARY_PATH="$devstate/bundle/lib" timeout --kill-after=5 150 "$ncu" --clock-control none \
+      --kernel-name regex:SplitMatMulKernel --launch-skip 9 --launch-count 18 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+      --section MemoryWorkloadAnalysis "$devstate/bundle/bin/cuda_drafter_bench" "${small[@]}" \
+      >"$out/ncu_matmul.txt" 2>&1
+    echo "ncu (split matmuls): exit $?" | tee -a "$out/summary.txt"
+    LD_LIBRARY_PATH="$devstate/bundle/lib" timeout --kill-after=5 150 "$ncu" --clock-control none \
+      --section SpeedOfLight --print-summary per-kernel "$devstate/bundle/bin/cuda_drafter_bench" \
+      "${small[@]}" >"$out/ncu_kernels.txt" 2>&1
+    echo "ncu (every kernel): exit $?" | tee -a "$out/summary.txt"
+  fi
   exit "$status"
 }
 
@@ -207,7 +226,7 @@ case "${1:-}" in
   --stage-first-half) stage_first_half ;;
   --from-carry) from_carry ;;
   ""|-h|--help)
-    sed -n '2,40p' "${BASH_SOURCE[0]}"
+    sed -n '2,36p' "${BASH_SOURCE[0]}"
     exit 2
     ;;
   *) run "$1" ;;
