@@ -308,6 +308,65 @@ TEST_F(ResidualServiceTest, SharedMemoryAndGrpcMatchInProcessBitForBit) {
   EXPECT_EQ(client->Info()->attached_clients(), 0u);
 }
 
+// The staging path (what the CUDA backend uses): activations written straight into the source's
+// memory, y read straight out of it. base + y equals Accumulate's result bit for bit, through the
+// service's shared segment and through the in-process source's own buffers; bad calls are refused.
+TEST_F(ResidualServiceTest, StagedActivationsGiveAccumulatesBitsInSharedMemoryAndInProcess) {
+  ServiceProcess service(kServiceBinary);
+  StartService(service);
+  auto client = Connect();
+  const model::ModelConfig config = TinyConfig();
+  const model::ResidualShapes shapes = model::ResidualShapes::FromConfig(config);
+  auto session = client->Attach(FingerprintHex(), 0, &shapes);
+  ASSERT_TRUE(session.ok()) << session.status();
+  LocalResidual local = LocalResidual::Open(*residual_path_, config);
+  model::InProcessResidual staged_local(local.weights);
+  EXPECT_EQ(staged_local.SubmitStaged(LinearGroupId{0, model::LinearGroup::kQkv}, 1, 64).code(),
+            absl::StatusCode::kInvalidArgument);  // no staging memory yet
+  model::ResidualSource* sources[] = {&(*session)->residual(), &staged_local};
+  EXPECT_EQ(sources[0]->Staging(33).status().code(), absl::StatusCode::kInvalidArgument);
+  ThreadPool pool(3);
+  uint32_t seed = 100;
+  for (model::ResidualSource* source : sources) {
+    auto staging = source->Staging(32);
+    ASSERT_TRUE(staging.ok()) << staging.status();
+    const model::ResidualStaging& st = **staging;
+    ASSERT_NE(&st, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(st.region.data()) % 4096, 0u);
+    for (const void* area :
+         {static_cast<const void*>(st.codes), static_cast<const void*>(st.scales),
+          static_cast<const void*>(st.sums), static_cast<const void*>(st.outputs)}) {
+      EXPECT_GE(static_cast<const std::byte*>(area), st.region.data());
+      EXPECT_LT(static_cast<const std::byte*>(area), st.region.data() + st.region.size());
+    }
+    for (const LinearGroupId id : model::AllLinearGroups(config)) {
+      const model::ResidualGroupShape& shape = *shapes.Find(id);
+      for (int64_t rows : {1, 3, 32}) {
+        const quant::QuantizedActivations x = RandomActivations(rows, shape.cols, ++seed);
+        GroupOutputs expected(shape, rows, seed), staged(shape, rows, seed);
+        ASSERT_TRUE(local.source->Accumulate(id, x, expected.pointers, pool).ok());
+        std::memcpy(st.codes, x.codes.data(), x.codes.size());
+        std::memcpy(st.scales, x.scales.data(), x.scales.size() * sizeof(float));
+        std::memcpy(st.sums, x.sums.data(), x.sums.size() * sizeof(float));
+        ASSERT_TRUE(source->SubmitStaged(id, rows, shape.cols).ok());
+        ASSERT_TRUE(source->WaitStaged(id, pool).ok());
+        const float* y = st.outputs;
+        for (std::vector<float>& out : staged.buffers) {
+          for (float& v : out) v += *y++;
+        }
+        EXPECT_TRUE(staged == expected) << model::LinearGroupIdString(id) << " T=" << rows;
+      }
+    }
+    const LinearGroupId qkv{0, model::LinearGroup::kQkv};
+    EXPECT_EQ(source->SubmitStaged(qkv, 1, shapes.Find(qkv)->cols + 32).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(source->SubmitStaged(qkv, 0, shapes.Find(qkv)->cols).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(source->WaitStaged(qkv, pool).code(), absl::StatusCode::kFailedPrecondition);
+  }
+  ASSERT_TRUE((*session)->Detach().ok());
+}
+
 TEST_F(ResidualServiceTest, BadRequestsAreRejectedAndTheServiceKeepsServing) {
   ServiceProcess service(kServiceBinary);
   StartService(service);

@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "absl/status/status.h"
@@ -219,6 +220,10 @@ class ShmChannelClient {
   float* scales() const { return segment_->scales(); }
   float* sums() const { return segment_->sums(); }
   const float* outputs() const { return segment_->outputs(); }
+  // The whole mapped segment (page-aligned: it holds the four areas above).
+  std::span<std::byte> memory() const {
+    return std::span<std::byte>(reinterpret_cast<std::byte*>(segment_->base()), segment_->size());
+  }
 
   // Submits {layer, group, rows, cols} and waits for the response. Returns the service's status
   // for the request, or UNAVAILABLE when the service died, closed the channel or stopped

@@ -55,28 +55,74 @@ RemoteResidual::RemoteResidual(std::unique_ptr<shm::ShmChannelClient> channel,
   BITSPLIT_CHECK(channel_ != nullptr);
 }
 
-absl::Status RemoteResidual::Send(LinearGroupId id, const quant::QuantizedActivations& x) {
+absl::Status RemoteResidual::CheckFits(LinearGroupId id, int64_t rows, int64_t cols,
+                                       int64_t block_stride) const {
   const ResidualGroupShape* shape = shapes_.Find(id);
   if (shape == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("remote residual has no group ", LinearGroupIdString(id)));
   }
   const shm::ShmHeader& header = channel_->header();
-  if (x.rows < 1 || x.rows > header.max_rows || x.cols != shape->cols || x.cols > header.max_cols ||
-      x.block_stride != static_cast<int64_t>(shm::BlockStride(static_cast<uint64_t>(x.cols)))) {
+  if (rows < 1 || rows > header.max_rows || cols != shape->cols || cols > header.max_cols ||
+      block_stride != static_cast<int64_t>(shm::BlockStride(static_cast<uint64_t>(cols)))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "activations [", x.rows, " x ", x.cols, "] do not fit group ", LinearGroupIdString(id),
+        "activations [", rows, " x ", cols, "] do not fit group ", LinearGroupIdString(id),
         " (input width ", shape->cols, ", at most ", header.max_rows, " rows)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status RemoteResidual::Post(LinearGroupId id, int64_t rows, int64_t cols) {
+  BITSPLIT_RETURN_IF_ERROR(channel_->Post(id.layer, static_cast<uint32_t>(id.group),
+                                          static_cast<uint32_t>(rows),
+                                          static_cast<uint32_t>(cols)));
+  in_flight_ = id;
+  return absl::OkStatus();
+}
+
+absl::Status RemoteResidual::Send(LinearGroupId id, const quant::QuantizedActivations& x) {
+  BITSPLIT_RETURN_IF_ERROR(CheckFits(id, x.rows, x.cols, x.block_stride));
   const size_t scale_floats = static_cast<size_t>(x.rows * x.block_stride);
   std::memcpy(channel_->codes(), x.codes.data(), static_cast<size_t>(x.rows * x.cols));
   std::memcpy(channel_->scales(), x.scales.data(), scale_floats * sizeof(float));
   std::memcpy(channel_->sums(), x.sums.data(), scale_floats * sizeof(float));
-  BITSPLIT_RETURN_IF_ERROR(channel_->Post(id.layer, static_cast<uint32_t>(id.group),
-                                          static_cast<uint32_t>(x.rows),
-                                          static_cast<uint32_t>(x.cols)));
-  in_flight_ = id;
-  return absl::OkStatus();
+  return Post(id, x.rows, x.cols);
+}
+
+absl::StatusOr<const ResidualStaging*> RemoteResidual::Staging(int64_t max_rows) {
+  const shm::ShmHeader& header = channel_->header();
+  if (max_rows < 1 || max_rows > header.max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("forwards of ", max_rows,
+                                                   " tokens do not fit the residual channel (",
+                                                   header.max_rows, " rows)"));
+  }
+  staging_.codes = channel_->codes();
+  staging_.scales = channel_->scales();
+  staging_.sums = channel_->sums();
+  staging_.outputs = channel_->outputs();
+  staging_.max_rows = header.max_rows;
+  staging_.region = channel_->memory();
+  return &staging_;
+}
+
+absl::Status RemoteResidual::SubmitStaged(LinearGroupId id, int64_t rows, int64_t cols) {
+  BITSPLIT_RETURN_IF_ERROR(CheckFits(
+      id, rows, cols, static_cast<int64_t>(shm::BlockStride(static_cast<uint64_t>(cols)))));
+  // An earlier submission nobody collected (its forward failed) is collected and dropped first.
+  if (in_flight_.has_value()) {
+    const float* ignored = nullptr;
+    (void)Receive(*in_flight_, &ignored, nullptr);
+  }
+  return Post(id, rows, cols);
+}
+
+absl::Status RemoteResidual::WaitStaged(LinearGroupId id, ThreadPool& pool) {
+  if (!in_flight_.has_value() || !(*in_flight_ == id)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group ", LinearGroupIdString(id), " was not submitted"));
+  }
+  const float* y = nullptr;
+  return Receive(id, &y, nullptr);  // y is the channel's output area: Staging()->outputs
 }
 
 absl::Status RemoteResidual::Receive(LinearGroupId id, const float** y, shm::ShmCallInfo* info) {

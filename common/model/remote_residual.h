@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/io/shm_channel.h"
 #include "common/model/config.h"
 #include "common/model/split_backend.h"
@@ -66,6 +67,12 @@ class RemoteResidual final : public ResidualSource {
   // Posts the request and returns at once; the Accumulate of the same group collects it.
   absl::Status Submit(LinearGroupId id, const quant::QuantizedActivations& x) override;
 
+  // The channel's own areas in the shared segment: the caller writes the activations there, and
+  // y is read where the service wrote it (no copy on this side).
+  absl::StatusOr<const ResidualStaging*> Staging(int64_t max_rows) override;
+  absl::Status SubmitStaged(LinearGroupId id, int64_t rows, int64_t cols) override;
+  absl::Status WaitStaged(LinearGroupId id, ThreadPool& pool) override;
+
   // The raw operation: submits `x` for group `id` and leaves y = x·R_iᵀ (matrix i at
   // [T][rows_i], back to back) in the channel's output area, returned through `y`.
   absl::Status Compute(LinearGroupId id, const quant::QuantizedActivations& x, const float** y,
@@ -77,6 +84,8 @@ class RemoteResidual final : public ResidualSource {
   bool healthy() const { return channel_->Healthy(); }
 
  private:
+  absl::Status CheckFits(LinearGroupId id, int64_t rows, int64_t cols, int64_t block_stride) const;
+  absl::Status Post(LinearGroupId id, int64_t rows, int64_t cols);
   absl::Status Send(LinearGroupId id, const quant::QuantizedActivations& x);
   absl::Status Receive(LinearGroupId id, const float** y, shm::ShmCallInfo* info);
 
@@ -85,6 +94,7 @@ class RemoteResidual final : public ResidualSource {
   int service_threads_;
   size_t cpus_;                             // CPUs this process may run on
   std::optional<LinearGroupId> in_flight_;  // submitted, not yet received
+  ResidualStaging staging_;
   RemoteResidualStats stats_;
 };
 

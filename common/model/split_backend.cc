@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "common/quant/hadamard.h"
 #include "common/util/status_macros.h"
 
@@ -50,6 +51,81 @@ void SplitMatMulGroup(std::span<const quant::MatrixView> matrices,
 absl::Status InProcessResidual::Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,
                                            std::span<float* const> outputs, ThreadPool& pool) {
   SplitMatMulGroup(residual_.group(id), x, outputs, /*accumulate=*/true, pool);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const ResidualStaging*> InProcessResidual::Staging(int64_t max_rows) {
+  if (max_rows < 1) return absl::InvalidArgumentError("staging needs at least one row");
+  if (staging_memory_ != nullptr && staging_.max_rows >= max_rows) return &staging_;
+  int64_t max_cols = 0, max_outputs = 0;
+  for (const LinearGroupId id : AllLinearGroups(residual_.config())) {
+    int64_t outputs = 0;
+    for (const quant::MatrixView& m : residual_.group(id)) {
+      max_cols = std::max(max_cols, m.cols);
+      outputs += m.rows;
+    }
+    max_outputs = std::max(max_outputs, outputs);
+  }
+  constexpr size_t kPage = 4096;
+  const auto page_round = [&](uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; };
+  const uint64_t block_stride = static_cast<uint64_t>((max_cols / 32 + 7) / 8 * 8);
+  const uint64_t rows = static_cast<uint64_t>(max_rows);
+  const uint64_t code_bytes = page_round(rows * static_cast<uint64_t>(max_cols));
+  const uint64_t scale_bytes = page_round(rows * block_stride * sizeof(float));
+  const uint64_t output_bytes =
+      page_round(rows * static_cast<uint64_t>(max_outputs) * sizeof(float));
+  const uint64_t total = code_bytes + 2 * scale_bytes + output_bytes;
+  std::byte* memory = static_cast<std::byte*>(std::aligned_alloc(kPage, total));
+  if (memory == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", total, " bytes of residual staging memory"));
+  }
+  staging_memory_.reset(memory);
+  staging_.codes = reinterpret_cast<int8_t*>(memory);
+  staging_.scales = reinterpret_cast<float*>(memory + code_bytes);
+  staging_.sums = reinterpret_cast<float*>(memory + code_bytes + scale_bytes);
+  staging_.outputs = reinterpret_cast<const float*>(memory + code_bytes + 2 * scale_bytes);
+  staging_.max_rows = max_rows;
+  staging_.region = std::span<std::byte>(memory, total);
+  max_cols_ = max_cols;
+  submitted_.reset();
+  return &staging_;
+}
+
+absl::Status InProcessResidual::SubmitStaged(LinearGroupId id, int64_t rows, int64_t cols) {
+  const std::span<const quant::MatrixView> matrices = residual_.group(id);
+  if (staging_memory_ == nullptr || rows < 1 || rows > staging_.max_rows || matrices.empty() ||
+      cols != matrices[0].cols) {
+    return absl::InvalidArgumentError(absl::StrCat("staged activations [", rows, " x ", cols,
+                                                   "] do not fit group ", LinearGroupIdString(id),
+                                                   " (staging for ", staging_.max_rows, " rows)"));
+  }
+  staged_x_.rows = rows;
+  staged_x_.cols = cols;
+  staged_x_.block_stride = (cols / 32 + 7) / 8 * 8;
+  const size_t scale_floats = static_cast<size_t>(rows * staged_x_.block_stride);
+  staged_x_.codes.assign(staging_.codes, staging_.codes + rows * cols);
+  staged_x_.scales.assign(staging_.scales, staging_.scales + scale_floats);
+  staged_x_.sums.assign(staging_.sums, staging_.sums + scale_floats);
+  submitted_ = id;
+  return absl::OkStatus();
+}
+
+absl::Status InProcessResidual::WaitStaged(LinearGroupId id, ThreadPool& pool) {
+  if (!submitted_.has_value() || !(*submitted_ == id)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group ", LinearGroupIdString(id), " was not submitted"));
+  }
+  submitted_.reset();
+  const std::span<const quant::MatrixView> matrices = residual_.group(id);
+  float* outputs[kMaxMatricesPerGroup] = {};
+  float* next = const_cast<float*>(staging_.outputs);
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    outputs[i] = next;
+    next += staged_x_.rows * matrices[i].rows;
+  }
+  SplitMatMulGroup(matrices, staged_x_, std::span<float* const>(outputs, matrices.size()),
+                   /*accumulate=*/false, pool);
   return absl::OkStatus();
 }
 

@@ -17,7 +17,11 @@
 // Batch invariance: rotation and activation quantization are per row, and split_matmul's
 // kernels give each output element one fixed arithmetic sequence; the residual is added to the
 // base result in one fixed order. So a row's logits do not depend on the batch or threads.
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -58,6 +62,7 @@ class SplitLinearWeights {
   std::vector<quant::MatrixView>& mutable_group(LinearGroupId id) {
     return groups_[static_cast<size_t>(LinearGroupIndex(config_, id))];
   }
+  const ModelConfig& config() const { return config_; }
 
  private:
   ModelConfig config_;
@@ -86,10 +91,37 @@ void SplitMatMulGroup(std::span<const quant::MatrixView> matrices,
                       const quant::QuantizedActivations& x, std::span<float* const> outputs,
                       bool accumulate, ThreadPool& pool);
 
+// Memory a residual source reads its activations from and leaves its output in, for callers
+// that make the activations elsewhere (the CUDA backend): they copy the activations straight in
+// and the output straight out, by DMA once `region` is registered (cudaHostRegister). Layouts as
+// quant::QuantizedActivations: codes [T][cols], scales and sums [T][block_stride]; outputs: y =
+// x · R_iᵀ of each matrix i of the group, [T][rows_i], back to back. `region` is page-aligned and
+// holds all four.
+struct ResidualStaging {
+  int8_t* codes = nullptr;
+  float* scales = nullptr;
+  float* sums = nullptr;
+  const float* outputs = nullptr;
+  int64_t max_rows = 0;
+  std::span<std::byte> region;
+};
+
 // Where the residual half of a verify matmul is computed.
 class ResidualSource {
  public:
   virtual ~ResidualSource() = default;
+  // The source's staging memory for forwards of up to `max_rows` tokens (made on the first call),
+  // or nullptr when the source has none (then Accumulate is the only way in).
+  virtual absl::StatusOr<const ResidualStaging*> Staging(int64_t max_rows) { return nullptr; }
+  // Starts y = x · Rᵀ of group `id` on the `rows` x `cols` activations already in Staging();
+  // WaitStaged finishes it, with y in Staging()->outputs. Sources without staging:
+  // FAILED_PRECONDITION.
+  virtual absl::Status SubmitStaged(LinearGroupId id, int64_t rows, int64_t cols) {
+    return absl::FailedPreconditionError("this residual source has no staging memory");
+  }
+  virtual absl::Status WaitStaged(LinearGroupId id, ThreadPool& pool) {
+    return absl::FailedPreconditionError("this residual source has no staging memory");
+  }
   // outputs[i] += x · R_iᵀ for every matrix of group `id`. `x` is the group input already
   // rotated and quantized exactly as the base matmul saw it. Called by one forward at a time.
   virtual absl::Status Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,
@@ -110,8 +142,23 @@ class InProcessResidual final : public ResidualSource {
   absl::Status Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,
                           std::span<float* const> outputs, ThreadPool& pool) override;
 
+  // Page-aligned buffers of its own; WaitStaged computes y = x · Rᵀ into them (the activations
+  // are read through a copy, as Accumulate's x).
+  absl::StatusOr<const ResidualStaging*> Staging(int64_t max_rows) override;
+  absl::Status SubmitStaged(LinearGroupId id, int64_t rows, int64_t cols) override;
+  absl::Status WaitStaged(LinearGroupId id, ThreadPool& pool) override;
+
  private:
+  struct FreeDeleter {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+
   const SplitLinearWeights& residual_;
+  std::unique_ptr<std::byte, FreeDeleter> staging_memory_;
+  ResidualStaging staging_;
+  int64_t max_cols_ = 0;
+  std::optional<LinearGroupId> submitted_;
+  quant::QuantizedActivations staged_x_;
 };
 
 // Draft (residual == nullptr) or verify backend of a split model.
