@@ -300,38 +300,45 @@ int Run(const Options& o) {
         {"ms", timing->ms}, {"weight_bytes", timing->weight_bytes}, {"floor_ms", floor}};
   }
 
-  // Draft forwards of 1 and k tokens (base only) with their top-k, over the committed prompt.
+  // Draft forwards of 1 and k tokens (base only) with their top-k, over the committed prompt,
+  // and a whole draft tree: kernels launched one by one, then replayed from CUDA graphs (the
+  // default; the projection uses these).
   cuda::DeviceKvCache& cache = (*session)->cache();
   const int64_t length = cache.committed_length();
-  for (const int rows : {1, o.expansions}) {
-    std::vector<double> ms;
-    for (int rep = 0; rep < o.repetitions + 2 && seconds_left() > 0; ++rep) {
-      std::vector<int32_t> tokens(static_cast<size_t>(rows), 42);
-      model::Batch batch = model::Batch::Causal(tokens, static_cast<int32_t>(length));
-      const Clock::time_point start = Clock::now();
-      BENCH_CHECK_OK(model.Forward(batch, cache, model::ForwardMode::kDraft));
-      BENCH_CHECK_OK(model.TopK(o.expansions).status());
-      cache.DiscardPending();
-      if (rep >= 2)
-        ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-    }
-    std::printf("draft forward, %d token(s) + top-%d: %.3f ms (median of %zu)\n", rows,
-                o.expansions, Median(ms), ms.size());
-    results["draft_forward_ms"][std::to_string(rows)] = Median(ms);
-  }
-  // A whole draft tree.
   const model::TreeShape shape{.nodes = o.nodes, .expansions = o.expansions, .max_depth = o.depth};
   std::vector<double> draft_ms;
   model::DraftTree tree;
-  for (int rep = 0; rep < o.repetitions + 1 && seconds_left() > 0; ++rep) {
-    auto drafted = (*session)->Draft(42, shape);
-    BENCH_CHECK_OK(drafted.status());
-    tree = *drafted;
-    if (rep >= 1) draft_ms.push_back((*session)->timings().draft_ns / 1e6);
+  for (const bool graphs : {false, true}) {
+    model.set_cuda_graphs(graphs);
+    const std::string suffix = graphs ? "" : "_no_graphs";
+    const char* label = graphs ? "CUDA graphs" : "kernel by kernel";
+    for (const int rows : {1, o.expansions}) {
+      std::vector<double> ms;
+      for (int rep = 0; rep < o.repetitions + 2 && seconds_left() > 0; ++rep) {
+        std::vector<int32_t> tokens(static_cast<size_t>(rows), 42);
+        model::Batch batch = model::Batch::Causal(tokens, static_cast<int32_t>(length));
+        const Clock::time_point start = Clock::now();
+        BENCH_CHECK_OK(model.Forward(batch, cache, model::ForwardMode::kDraft));
+        BENCH_CHECK_OK(model.TopK(o.expansions).status());
+        cache.DiscardPending();
+        if (rep >= 2)
+          ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+      }
+      std::printf("draft forward, %d token(s) + top-%d, %s: %.3f ms (median of %zu)\n", rows,
+                  o.expansions, label, Median(ms), ms.size());
+      results["draft_forward_ms" + suffix][std::to_string(rows)] = Median(ms);
+    }
+    draft_ms.clear();
+    for (int rep = 0; rep < o.repetitions + 1 && seconds_left() > 0; ++rep) {
+      auto drafted = (*session)->Draft(42, shape);
+      BENCH_CHECK_OK(drafted.status());
+      tree = *drafted;
+      if (rep >= 1) draft_ms.push_back((*session)->timings().draft_ns / 1e6);
+    }
+    std::printf("draft tree of %d nodes (k %d, depth %d), %s: %.3f ms, %d draft forwards\n",
+                o.nodes, o.expansions, o.depth, label, Median(draft_ms), tree.draft_forwards);
+    results["draft_tree_ms" + suffix] = Median(draft_ms);
   }
-  std::printf("draft tree of %d nodes (k %d, depth %d): %.3f ms, %d draft forwards\n", o.nodes,
-              o.expansions, o.depth, Median(draft_ms), tree.draft_forwards);
-  results["draft_tree_ms"] = Median(draft_ms);
   results["draft_tree_forwards"] = tree.draft_forwards;
 
   // Verify steps of 1 node and of the drafted tree, greedy.

@@ -6,10 +6,12 @@
 // and every bad-input path. RealModel* tests compare greedy tokens with the CPU on SmolLM2.
 // Skips without a GPU.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "common/cuda/cuda_session.h"
 #include "common/cuda/device_info.h"
 #include "common/cuda/synthetic_model.h"
+#include "common/io/shm_channel.h"
 #include "common/model/llama_model.h"
 #include "common/model/speculation.h"
 #include "common/model/split_model.h"
@@ -373,6 +376,145 @@ TEST_F(CudaModelTest, DraftTreesMatchTheCpuDraftForTheSamePrefix) {
   EXPECT_EQ(cuda_tree->size(), cpu_tree->size());
   EXPECT_EQ(cuda_tree->tokens[1], cpu_tree->tokens[1]);
   EXPECT_NEAR(cuda_tree->logprobs[1], cpu_tree->logprobs[1], 0.05);
+}
+
+// Draft forwards replayed from captured CUDA graphs give the bits of the same forwards launched
+// kernel by kernel, at every step (the step's prefix length and slots come from device memory):
+// logits, committed K/V, a tree batch, and a whole draft tree through the session.
+TEST_F(CudaModelTest, DraftGraphsReplayTheEagerForwardsBitForBit) {
+  Engines e = Load(TinySplitModel(), SmallOptions());
+  ASSERT_NE(e.cuda, nullptr);
+  const std::vector<int32_t> tokens = Prompt(24, 11);
+  {
+    auto eager = e.cuda->NewKvCache();
+    auto graphed = e.cuda->NewKvCache();
+    ASSERT_TRUE(eager.ok() && graphed.ok());
+    std::vector<float> a, b;
+    const auto forward = [&](bool graphs, DeviceKvCache& cache, const Batch& batch,
+                             std::vector<float>& logits) {
+      e.cuda->set_cuda_graphs(graphs);
+      logits.assign(batch.num_logit_rows() * kVocab, 0.0f);
+      return e.cuda->Forward(batch, cache, logits, ForwardMode::kDraft);
+    };
+    int32_t length = 0;
+    for (int step = 0; step < 6; ++step) {  // 1 and 3 tokens in turn: each shape replays
+      const int32_t rows = step % 2 == 0 ? 1 : 3;
+      const Batch batch = Batch::Causal(std::span(tokens).subspan(length, rows), length);
+      ASSERT_TRUE(forward(false, **eager, batch, a).ok());
+      ASSERT_TRUE(forward(true, **graphed, batch, b).ok());
+      EXPECT_EQ(a, b) << "step " << step;
+      ASSERT_TRUE((*eager)->Commit(rows).ok());
+      ASSERT_TRUE((*graphed)->Commit(rows).ok());
+      length += rows;
+    }
+    for (int64_t layer = 0; layer < kLayers; ++layer) {
+      std::vector<float> eager_keys, eager_values, graph_keys, graph_values;
+      ASSERT_TRUE((*eager)->CopyToHost(layer, 0, length, &eager_keys, &eager_values).ok());
+      ASSERT_TRUE((*graphed)->CopyToHost(layer, 0, length, &graph_keys, &graph_values).ok());
+      EXPECT_EQ(eager_keys, graph_keys) << "layer " << layer;
+      EXPECT_EQ(eager_values, graph_values) << "layer " << layer;
+    }
+    auto tree = Batch::Tree(std::vector<int32_t>{5, 6, 7}, std::vector<int32_t>{-1, 0, -1}, length);
+    ASSERT_TRUE(tree.ok());
+    ASSERT_TRUE(forward(false, **eager, *tree, a).ok());
+    ASSERT_TRUE(forward(true, **graphed, *tree, b).ok());
+    EXPECT_EQ(a, b) << "tree";
+    EXPECT_GT(e.cuda->graphs_captured(), 0);
+    EXPECT_GT(e.cuda->graph_launches(), e.cuda->graphs_captured());  // shapes were replayed
+  }
+  auto eager_session = CudaSpeculativeSession::Create(*e.cuda, {});
+  auto graph_session = CudaSpeculativeSession::Create(*e.cuda, {});
+  ASSERT_TRUE(eager_session.ok() && graph_session.ok());
+  ASSERT_TRUE((*eager_session)->Prefill(std::span(tokens).first(20)).ok());
+  ASSERT_TRUE((*graph_session)->Prefill(std::span(tokens).first(20)).ok());
+  const model::TreeShape shape{.nodes = 8, .expansions = 3, .max_depth = 4};
+  e.cuda->set_cuda_graphs(false);
+  auto eager_tree = (*eager_session)->Draft(tokens[20], shape);
+  e.cuda->set_cuda_graphs(true);
+  auto graph_tree = (*graph_session)->Draft(tokens[20], shape);
+  ASSERT_TRUE(eager_tree.ok() && graph_tree.ok());
+  EXPECT_EQ(eager_tree->tokens, graph_tree->tokens);
+  EXPECT_EQ(eager_tree->parents, graph_tree->parents);
+  EXPECT_EQ(eager_tree->logprobs, graph_tree->logprobs);
+}
+
+// A residual source without staging memory (as GrpcResidual): the CUDA backend copies the
+// activations through its own pinned buffers and calls Accumulate.
+class AccumulateOnlyResidual final : public model::ResidualSource {
+ public:
+  explicit AccumulateOnlyResidual(model::ResidualSource& inner) : inner_(inner) {}
+  absl::Status Accumulate(model::LinearGroupId id, const quant::QuantizedActivations& x,
+                          std::span<float* const> outputs, ThreadPool& pool) override {
+    return inner_.Accumulate(id, x, outputs, pool);
+  }
+
+ private:
+  model::ResidualSource& inner_;
+};
+
+// Verify forwards through the staged residual (activations copied by DMA into the source's
+// registered memory, y copied out of it) give the bits of the copy path.
+TEST_F(CudaModelTest, VerifyThroughResidualStagingEqualsTheCopyPath) {
+  Engines e = Load(TinySplitModel(), SmallOptions());
+  ASSERT_NE(e.cuda, nullptr);
+  const std::vector<int32_t> prompt = Prompt(12, 13);
+  AccumulateOnlyResidual copy_only(*e.residual);
+  std::vector<std::vector<float> > logits(2);
+  for (int path = 0; path < 2; ++path) {
+    e.cuda->SetResidualSource(path == 0 ? static_cast<model::ResidualSource*>(e.residual.get())
+                                        : &copy_only);
+    auto cache = e.cuda->NewKvCache();
+    ASSERT_TRUE(cache.ok());
+    std::vector<float> prefill(prompt.size() * kVocab), tree_logits(3 * kVocab);
+    ASSERT_TRUE(
+        e.cuda->Forward(Batch::Causal(prompt, 0), **cache, prefill, ForwardMode::kVerify).ok());
+    ASSERT_TRUE((*cache)->Commit(static_cast<int64_t>(prompt.size())).ok());
+    auto tree = Batch::Tree(std::vector<int32_t>{5, 6, 7}, std::vector<int32_t>{-1, 0, 0},
+                            static_cast<int32_t>(prompt.size()));
+    ASSERT_TRUE(tree.ok());
+    ASSERT_TRUE(e.cuda->Forward(*tree, **cache, tree_logits, ForwardMode::kVerify).ok());
+    logits[path] = prefill;
+    logits[path].insert(logits[path].end(), tree_logits.begin(), tree_logits.end());
+  }
+  EXPECT_EQ(logits[0], logits[1]);
+  e.cuda->SetResidualSource(e.residual.get());
+  auto cache = e.cuda->NewKvCache();
+  ASSERT_TRUE(cache.ok());
+  std::vector<float> one(kVocab);
+  ASSERT_TRUE(
+      e.cuda->Forward(Batch::Causal(std::vector<int32_t>{3}, 0), **cache, one, ForwardMode::kVerify)
+          .ok());
+  EXPECT_TRUE(e.cuda->residual_staging());
+  EXPECT_TRUE(e.cuda->residual_staging_registered());
+}
+
+// The cpu-residual channel's segment (POSIX shared memory, as the service creates it) can be
+// registered for DMA, and copies into and out of it arrive: what the drafter's CUDA backend does
+// with a RemoteResidual's staging.
+TEST_F(CudaModelTest, SharedMemorySegmentRegistersForDma) {
+  auto layout = shm::ComputeShmLayout(16, 4096, 14336);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const uint8_t fingerprint[32] = {1};
+  const std::string name = "/bitsplit-cuda-test-" + std::to_string(getpid());
+  auto segment = shm::ShmSegment::Create(name, *layout, 1, getpid(), getpid(), fingerprint);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  uint8_t* base = (*segment)->base();
+  ASSERT_EQ(cudaHostRegister(base, (*segment)->size(), cudaHostRegisterDefault), cudaSuccess);
+  const size_t n = 16 * 4096;
+  std::vector<int8_t> pattern(n);
+  for (size_t i = 0; i < n; ++i) pattern[i] = static_cast<int8_t>(i * 7 + 3);
+  std::memcpy((*segment)->codes(), pattern.data(), n);
+  void* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, n), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(device, (*segment)->codes(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  std::memset((*segment)->codes(), 0, n);
+  EXPECT_EQ(cudaMemcpy((*segment)->codes(), device, n, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(std::memcmp((*segment)->codes(), pattern.data(), n), 0);
+  cudaPointerAttributes attributes{};
+  EXPECT_EQ(cudaPointerGetAttributes(&attributes, (*segment)->codes()), cudaSuccess);
+  EXPECT_EQ(attributes.type, cudaMemoryTypeHost);  // page-locked: copies are DMA
+  cudaFree(device);
+  EXPECT_EQ(cudaHostUnregister(base), cudaSuccess);
 }
 
 TEST_F(CudaModelTest, RefusesBadInput) {

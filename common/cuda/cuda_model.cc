@@ -152,8 +152,43 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(
   return model;
 }
 
+void CudaModel::SetResidualSource(model::ResidualSource* source) {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (registered_ != nullptr) cudaHostUnregister(registered_);
+  registered_ = nullptr;
+  staging_ = nullptr;
+  staging_resolved_ = false;
+  staging_registered_ = false;
+  residual_ = source;
+}
+
+absl::Status CudaModel::EnsureResidualStaging() {
+  if (staging_resolved_) return absl::OkStatus();
+  BITSPLIT_ASSIGN_OR_RETURN(const model::ResidualStaging* staging,
+                            residual_->Staging(options_.max_batch_rows));
+  if (staging != nullptr) {
+    const cudaError_t registered =
+        cudaHostRegister(staging->region.data(), staging->region.size(), cudaHostRegisterDefault);
+    if (registered == cudaSuccess) {
+      registered_ = staging->region.data();
+    } else {
+      // Registered by someone else (DMA all the same), or the memory cannot be registered: the
+      // copies still work, staged through the driver.
+      cudaGetLastError();
+    }
+    staging_registered_ =
+        registered == cudaSuccess || registered == cudaErrorHostMemoryAlreadyRegistered;
+  }
+  staging_ = staging;
+  staging_resolved_ = true;
+  return absl::OkStatus();
+}
+
 CudaModel::~CudaModel() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (registered_ != nullptr) cudaHostUnregister(registered_);
+  for (const CapturedForward& graph : graphs_) cudaGraphExecDestroy(graph.exec);
+  if (d_.step != nullptr) cudaFree(d_.step);
   for (cudaEvent_t event : events_) cudaEventDestroy(event);
   if (pinned_ != nullptr) cudaFreeHost(pinned_);
   for (void* slab : {weights_slab_, constants_slab_, scratch_slab_}) {
@@ -335,15 +370,17 @@ absl::Status CudaModel::Init(const model::ModelConfig& config,
   d_.choices = scratch.Take<int32_t>(4 * t);
   d_.choice_positions = scratch.Take<int64_t>(8 * t);
   BITSPLIT_CHECK(scratch.used() == s.total_bytes);
+  // The step's prefix length and first slot (16 bytes outside the plan's slabs).
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_.step, 2 * sizeof(int64_t)));
 
   // Pinned host staging, carved like the scratch.
-  const uint64_t pinned_bytes = AlignVram(12 * t + 2 * t * t) +
+  const uint64_t pinned_bytes = AlignVram(12 * t + 2 * t * t + 2 * sizeof(int64_t)) +
                                 AlignVram(t * static_cast<uint64_t>(widest_input)) +
                                 2 * AlignVram(4 * t * bs) + s.residual_output_bytes +
                                 AlignVram(4 * t * static_cast<uint64_t>(d));
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&pinned_, pinned_bytes, cudaHostAllocDefault));
   Carver pinned(pinned_);
-  host_batch_ = pinned.Take<uint8_t>(12 * t + 2 * t * t);
+  host_batch_ = pinned.Take<uint8_t>(12 * t + 2 * t * t + 2 * sizeof(int64_t));
   host_codes_ = pinned.Take<int8_t>(t * static_cast<uint64_t>(widest_input));
   host_scales_ = pinned.Take<float>(4 * t * bs);
   host_sums_ = pinned.Take<float>(4 * t * bs);
@@ -441,15 +478,19 @@ absl::Status CudaModel::Linear(LinearGroupId id, const float* x, int64_t rows,
                                                rows,     cols,          block_stride};
   const size_t event_base = 3 * static_cast<size_t>(model::LinearGroupIndex(config_, id));
   if (verify) {
-    // The activations go to the host first, so the residual can start while the base runs.
+    // The activations go to the host first, so the residual can start while the base runs:
+    // straight into the residual source's staging memory when it has some.
+    BITSPLIT_RETURN_IF_ERROR(EnsureResidualStaging());
+    int8_t* codes = staging_ != nullptr ? staging_->codes : host_codes_;
+    float* scales = staging_ != nullptr ? staging_->scales : host_scales_;
+    float* sums = staging_ != nullptr ? staging_->sums : host_sums_;
     BITSPLIT_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(host_codes_, d_.codes, rows * cols, cudaMemcpyDeviceToHost, stream_));
-    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_scales_, d_.act_scales,
+        cudaMemcpyAsync(codes, d_.codes, rows * cols, cudaMemcpyDeviceToHost, stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scales, d_.act_scales,
                                                   rows * block_stride * sizeof(float),
                                                   cudaMemcpyDeviceToHost, stream_));
-    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_sums_, d_.act_sums,
-                                                  rows * block_stride * sizeof(float),
-                                                  cudaMemcpyDeviceToHost, stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        sums, d_.act_sums, rows * block_stride * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[event_base], stream_));
   }
   kernels::GroupMatMul matmul = group.matmul;
@@ -464,26 +505,38 @@ absl::Status CudaModel::Linear(LinearGroupId id, const float* x, int64_t rows,
   const Clock::time_point residual_start = Clock::now();
   timings_.wait_gpu_ns +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(residual_start - wait_start).count();
-  quant::QuantizedActivations& h = host_activations_;
-  h.rows = rows;
-  h.cols = cols;
-  h.block_stride = block_stride;
-  h.codes.assign(host_codes_, host_codes_ + rows * cols);
-  h.scales.assign(host_scales_, host_scales_ + rows * block_stride);
-  h.sums.assign(host_sums_, host_sums_ + rows * block_stride);
   int64_t total_rows = 0;
-  float* host_outputs[kernels::kMaxGroupMatrices] = {};
-  for (int i = 0; i < matmul.count; ++i) {
-    host_outputs[i] = host_residual_ + rows * total_rows;
-    total_rows += group.output_rows[i];
+  for (int i = 0; i < matmul.count; ++i) total_rows += group.output_rows[i];
+  const float* residual_output = host_residual_;
+  if (staging_ != nullptr) {
+    // y = x · Rᵀ lands in the staging memory; the next group's activation copy, queued after
+    // this group's output copy on the stream, is what the host waits for before the source
+    // writes there again.
+    BITSPLIT_RETURN_IF_ERROR(residual_->SubmitStaged(id, rows, cols));
+    BITSPLIT_RETURN_IF_ERROR(residual_->WaitStaged(id, *pool_));
+    residual_output = staging_->outputs;
+  } else {
+    quant::QuantizedActivations& h = host_activations_;
+    h.rows = rows;
+    h.cols = cols;
+    h.block_stride = block_stride;
+    h.codes.assign(host_codes_, host_codes_ + rows * cols);
+    h.scales.assign(host_scales_, host_scales_ + rows * block_stride);
+    h.sums.assign(host_sums_, host_sums_ + rows * block_stride);
+    float* host_outputs[kernels::kMaxGroupMatrices] = {};
+    int64_t offset = 0;
+    for (int i = 0; i < matmul.count; ++i) {
+      host_outputs[i] = host_residual_ + rows * offset;
+      offset += group.output_rows[i];
+    }
+    std::fill_n(host_residual_, rows * total_rows, 0.0f);
+    BITSPLIT_RETURN_IF_ERROR(residual_->Submit(id, host_activations_));
+    BITSPLIT_RETURN_IF_ERROR(residual_->Accumulate(
+        id, host_activations_, std::span<float* const>(host_outputs, matmul.count), *pool_));
   }
-  std::fill_n(host_residual_, rows * total_rows, 0.0f);
-  BITSPLIT_RETURN_IF_ERROR(residual_->Submit(id, host_activations_));
-  BITSPLIT_RETURN_IF_ERROR(residual_->Accumulate(
-      id, host_activations_, std::span<float* const>(host_outputs, matmul.count), *pool_));
   timings_.residual_ns += NanosSince(residual_start);
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[event_base + 2], stream_));
-  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.residual_output, host_residual_,
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.residual_output, residual_output,
                                                 rows * total_rows * sizeof(float),
                                                 cudaMemcpyHostToDevice, stream_));
   int64_t offset = 0;
@@ -585,7 +638,6 @@ absl::Status CudaModel::ForwardImpl(const model::Batch& batch, DeviceKvCache& ca
   BITSPLIT_RETURN_IF_ERROR(ValidateBatch(batch, cache));
   const Clock::time_point start = Clock::now();
   timings_ = ForwardTimings{};
-  const model::ModelConfig& c = config_;
   const int64_t n = batch.size();
   const int64_t prefix_length = cache.committed_length();
   const int64_t first_slot = prefix_length + batch.context;
@@ -593,8 +645,10 @@ absl::Status CudaModel::ForwardImpl(const model::Batch& batch, DeviceKvCache& ca
   const int64_t logit_rows = batch.num_logit_rows();
   BITSPLIT_RETURN_IF_ERROR(cache.BeginPending(batch.context + n));
 
-  // The batch, through pinned staging: tokens, positions, logit rows, mask at fixed offsets.
-  // The previous forward's copies out of it have completed (a forward ends with a stream sync).
+  // The batch, through pinned staging: tokens, positions, logit rows, mask, then the step's
+  // prefix length and first slot, at fixed offsets (the device reads the step values from
+  // d_.step, so one captured graph serves every step of a shape). The previous forward's copies
+  // out of it have completed (a forward ends with a stream sync).
   const int64_t t_max = options_.max_batch_rows;
   uint8_t* staging = host_batch_;
   std::memcpy(staging, batch.tokens.data(), n * sizeof(int32_t));
@@ -602,17 +656,53 @@ absl::Status CudaModel::ForwardImpl(const model::Batch& batch, DeviceKvCache& ca
   std::memcpy(staging + 8 * t_max, batch.logit_rows.data(),
               batch.logit_rows.size() * sizeof(int32_t));
   std::memcpy(staging + 12 * t_max, batch.attention_mask.data(), n * width);
+  const int64_t step[2] = {prefix_length, first_slot};
+  std::memcpy(staging + StepStagingOffset(), step, sizeof(step));
+  const ForwardShape shape{n, width, logit_rows, !batch.logit_rows.empty(), cache.keys(0)};
+  if (!verify && embedding_on_device_ && cuda_graphs_) {
+    BITSPLIT_RETURN_IF_ERROR(LaunchDraftGraph(batch, shape, cache));
+  } else {
+    BITSPLIT_RETURN_IF_ERROR(EnqueueForward(batch, shape, cache, verify));
+  }
+
+  const Clock::time_point sync_start = Clock::now();
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  timings_.wait_gpu_ns += NanosSince(sync_start);
+  if (verify) {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      float ms = 0.0f;
+      BITSPLIT_CUDA_RETURN_IF_ERROR(
+          cudaEventElapsedTime(&ms, events_[3 * g + 1], events_[3 * g + 2]));
+      timings_.gpu_idle_residual_ns += static_cast<int64_t>(std::max(0.0f, ms) * 1e6f);
+    }
+  }
+  last_logit_rows_ = logit_rows;
+  timings_.total_ns = NanosSince(start);
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::EnqueueForward(const model::Batch& batch, const ForwardShape& shape,
+                                       DeviceKvCache& cache, bool verify) {
+  const model::ModelConfig& c = config_;
+  const int64_t n = shape.rows;
+  const int64_t width = shape.mask_width;
+  const int64_t logit_rows = shape.logit_rows;
+  const int64_t t_max = options_.max_batch_rows;
+  const uint8_t* staging = host_batch_;
   BITSPLIT_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(d_.tokens, staging, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
       d_.positions, staging + 4 * t_max, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  if (!batch.logit_rows.empty()) {
+  if (shape.selects_rows) {
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.logit_rows, staging + 8 * t_max,
-                                                  batch.logit_rows.size() * sizeof(int32_t),
+                                                  logit_rows * sizeof(int32_t),
                                                   cudaMemcpyHostToDevice, stream_));
   }
   BITSPLIT_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(d_.mask, staging + 12 * t_max, n * width, cudaMemcpyHostToDevice, stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.step, staging + StepStagingOffset(),
+                                                2 * sizeof(int64_t), cudaMemcpyHostToDevice,
+                                                stream_));
 
   if (embedding_on_device_) {
     BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::EmbeddingGather(
@@ -633,7 +723,7 @@ absl::Status CudaModel::ForwardImpl(const model::Batch& batch, DeviceKvCache& ca
   attention.out = d_.attention;
   attention.scores = d_.scores;
   attention.rows = n;
-  attention.prefix_length = prefix_length;
+  attention.prefix_length_on_device = d_.step;
   attention.mask_width = width;
   attention.score_stride = options_.context;
   attention.num_heads = c.num_heads;
@@ -654,9 +744,9 @@ absl::Status CudaModel::ForwardImpl(const model::Batch& batch, DeviceKvCache& ca
                                                      c.rope_dims, d_.positions, rope_cos_,
                                                      rope_sin_, stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(
-        kernels::StoreHalf(d_.k_new, n, c.kv_dim(), cache.keys(layer), first_slot, stream_));
+        kernels::StoreHalf(d_.k_new, n, c.kv_dim(), cache.keys(layer), d_.step + 1, stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(
-        kernels::StoreHalf(d_.v_new, n, c.kv_dim(), cache.values(layer), first_slot, stream_));
+        kernels::StoreHalf(d_.v_new, n, c.kv_dim(), cache.values(layer), d_.step + 1, stream_));
     attention.keys = cache.keys(layer);
     attention.values = cache.values(layer);
     BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::Attention(attention, stream_));
@@ -675,25 +765,45 @@ absl::Status CudaModel::ForwardImpl(const model::Batch& batch, DeviceKvCache& ca
   }
 
   // Output head, for the selected rows (in the order asked, repeats allowed).
-  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(
-      d_.x, batch.logit_rows.empty() ? nullptr : d_.logit_rows, logit_rows, c.d_model,
-      norms_ + 2 * c.num_layers * c.d_model, c.rms_norm_eps, d_.normed, stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(
+      kernels::RmsNorm(d_.x, shape.selects_rows ? d_.logit_rows : nullptr, logit_rows, c.d_model,
+                       norms_ + 2 * c.num_layers * c.d_model, c.rms_norm_eps, d_.normed, stream_));
   float* const head[] = {d_.logits};
   BITSPLIT_RETURN_IF_ERROR(Linear(LinearGroupId::Head(), d_.normed, logit_rows, head, verify));
 
-  const Clock::time_point sync_start = Clock::now();
-  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  timings_.wait_gpu_ns += NanosSince(sync_start);
-  if (verify) {
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      float ms = 0.0f;
-      BITSPLIT_CUDA_RETURN_IF_ERROR(
-          cudaEventElapsedTime(&ms, events_[3 * g + 1], events_[3 * g + 2]));
-      timings_.gpu_idle_residual_ns += static_cast<int64_t>(std::max(0.0f, ms) * 1e6f);
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::LaunchDraftGraph(const model::Batch& batch, const ForwardShape& shape,
+                                         DeviceKvCache& cache) {
+  auto found = std::find_if(graphs_.begin(), graphs_.end(),
+                            [&](const CapturedForward& g) { return g.shape == shape; });
+  if (found == graphs_.end()) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    absl::Status status = EnqueueForward(batch, shape, cache, /*verify=*/false);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (!status.ok() || ended != cudaSuccess) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      BITSPLIT_RETURN_IF_ERROR(status);
+      BITSPLIT_CUDA_RETURN_IF_ERROR(ended);
     }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    BITSPLIT_CUDA_RETURN_IF_ERROR(instantiated);
+    if (graphs_.size() >= kMaxCapturedForwards) {
+      cudaGraphExecDestroy(graphs_.front().exec);
+      graphs_.erase(graphs_.begin());
+    }
+    graphs_.push_back({shape, exec, timings_.groups});
+    found = graphs_.end() - 1;
+    ++graphs_captured_;
   }
-  last_logit_rows_ = logit_rows;
-  timings_.total_ns = NanosSince(start);
+  timings_.groups = found->groups;
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(found->exec, stream_));
+  ++graph_launches_;
   return absl::OkStatus();
 }
 

@@ -139,8 +139,16 @@ class CudaModel {
   cudaStream_t stream() const { return stream_; }
   bool embedding_on_device() const { return embedding_on_device_; }
 
-  // The residual of verify mode (must outlive its use); nullptr removes verify mode.
-  void SetResidualSource(model::ResidualSource* source) { residual_ = source; }
+  // The residual of verify mode (must outlive its use, or be replaced first: replacing it
+  // unregisters its staging memory); nullptr removes verify mode. A source with staging memory
+  // (model::ResidualStaging) gets the activations copied straight into it and its output copied
+  // straight from it, by DMA: the memory is registered with cudaHostRegister at the first
+  // verify forward.
+  void SetResidualSource(model::ResidualSource* source);
+  // After a verify forward: whether the source had staging memory, and whether it is registered
+  // for DMA (memory that cannot be registered still works, through the driver's staging).
+  bool residual_staging() const { return staging_ != nullptr; }
+  bool residual_staging_registered() const { return staging_registered_; }
   bool has_residual() const { return residual_ != nullptr; }
 
   // A cache of options().context tokens. RESOURCE_EXHAUSTED when options().sessions caches
@@ -169,6 +177,15 @@ class CudaModel {
   // For benchmarks: the base matmuls of one forward alone (every linear group and the head, on
   // `rows` activation rows of zeros, no rotation, quantization or residual), timed by CUDA events
   // over `repetitions` passes. Also the bytes of weights one pass reads.
+  // Draft forwards replay CUDA graphs, one captured per shape (rows, mask width, logit rows,
+  // KV cache), when the embedding is gathered on the device; verify forwards, which wait for the
+  // host's residual between kernels, launch their kernels one by one. On by default; off gives
+  // the same bits (for tests and benchmarks).
+  void set_cuda_graphs(bool on) { cuda_graphs_ = on; }
+  bool cuda_graphs() const { return cuda_graphs_; }
+  int64_t graphs_captured() const { return graphs_captured_; }
+  int64_t graph_launches() const { return graph_launches_; }
+
   struct MatMulPassTiming {
     double ms = 0;
     uint64_t weight_bytes = 0;
@@ -183,6 +200,22 @@ class CudaModel {
     int64_t output_rows[kernels::kMaxGroupMatrices] = {};
   };
 
+  // What a captured draft forward depends on besides device memory contents.
+  struct ForwardShape {
+    int64_t rows = 0;
+    int64_t mask_width = 0;
+    int64_t logit_rows = 0;
+    bool selects_rows = false;             // batch.logit_rows given (else every row)
+    const uint16_t* cache_keys = nullptr;  // identifies the KV cache (all have one layout)
+    bool operator==(const ForwardShape&) const = default;
+  };
+  struct CapturedForward {
+    ForwardShape shape;
+    cudaGraphExec_t exec = nullptr;
+    int64_t groups = 0;
+  };
+  static constexpr size_t kMaxCapturedForwards = 32;
+
   CudaModel() = default;
   absl::Status Init(const model::ModelConfig& config,
                     const model::EmbeddingAndNorms& embedding_and_norms,
@@ -191,6 +224,17 @@ class CudaModel {
   absl::Status ValidateBatch(const model::Batch& batch, const DeviceKvCache& cache) const;
   absl::Status ForwardImpl(const model::Batch& batch, DeviceKvCache& cache,
                            model::ForwardMode mode);
+  // Resolves (and registers) the residual source's staging memory once per source.
+  absl::Status EnsureResidualStaging();
+  // Every copy and kernel of one forward, on stream_ (the batch is in the pinned staging).
+  absl::Status EnqueueForward(const model::Batch& batch, const ForwardShape& shape,
+                              DeviceKvCache& cache, bool verify);
+  // EnqueueForward of a draft forward through the captured graph of its shape (captured first).
+  absl::Status LaunchDraftGraph(const model::Batch& batch, const ForwardShape& shape,
+                                DeviceKvCache& cache);
+  int64_t StepStagingOffset() const {
+    return 12 * options_.max_batch_rows + 2 * options_.max_batch_rows * options_.max_batch_rows;
+  }
   // outputs[i] = x · W_iᵀ (+ the residual in verify mode) for group `id`; x is [rows, cols].
   absl::Status Linear(model::LinearGroupId id, const float* x, int64_t rows,
                       std::span<float* const> outputs, bool verify);
@@ -203,6 +247,10 @@ class CudaModel {
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   model::ResidualSource* residual_ = nullptr;
+  bool staging_resolved_ = false;                    // for residual_
+  const model::ResidualStaging* staging_ = nullptr;  // residual_'s, or none
+  void* registered_ = nullptr;                       // the region this model registered
+  bool staging_registered_ = false;
   std::unique_ptr<ThreadPool> pool_;  // handed to the residual source (in process: its threads)
   int64_t live_caches_ = 0;
 
@@ -248,6 +296,7 @@ class CudaModel {
     double* log_normalizers;
     int32_t* choices;
     int64_t* choice_positions;
+    int64_t* step = nullptr;  // [prefix length, first slot] of the running forward
   } d_{};
 
   // Pinned host staging (one cudaHostAlloc, so copies are DMA): the batch, the quantized
@@ -263,6 +312,10 @@ class CudaModel {
   float* host_residual_ = nullptr;
   float* host_embedding_rows_ = nullptr;
   quant::QuantizedActivations host_activations_;
+  bool cuda_graphs_ = true;
+  std::vector<CapturedForward> graphs_;
+  int64_t graphs_captured_ = 0;
+  int64_t graph_launches_ = 0;
   std::vector<cudaEvent_t> events_;  // per group: copy done, base done, residual arrives
   int64_t block_stride_max_ = 0;
   int64_t last_logit_rows_ = 0;

@@ -105,9 +105,11 @@ cudaError_t ApplyRope(float* x, int64_t rows, int64_t heads, int64_t head_dim, i
                       const int32_t* positions, const float* cos_table, const float* sin_table,
                       cudaStream_t stream);
 
-// cache[(first_slot + t) * kv_dim + i] = half(x[t * kv_dim + i]) (round to nearest even).
+// cache[(*first_slot + t) * kv_dim + i] = half(x[t * kv_dim + i]) (round to nearest even). The
+// slot is read from device memory when the kernel runs, so a captured CUDA graph serves every
+// step.
 cudaError_t StoreHalf(const float* x, int64_t rows, int64_t kv_dim, uint16_t* cache,
-                      int64_t first_slot, cudaStream_t stream);
+                      const int64_t* first_slot, cudaStream_t stream);
 
 // The attention of ops::AttentionWithContext over an fp16 cache: token i sees slots
 // [0, prefix_length) and slot prefix_length + j for every j < mask_width with
@@ -122,6 +124,9 @@ struct AttentionArgs {
   float* scores = nullptr;
   int64_t rows = 0;
   int64_t prefix_length = 0;
+  // When set, the prefix length is read from this device address when the kernel runs (and
+  // prefix_length is ignored), so a captured CUDA graph serves every step.
+  const int64_t* prefix_length_on_device = nullptr;
   int64_t mask_width = 0;
   int64_t score_stride = 0;
   int64_t num_heads = 0;

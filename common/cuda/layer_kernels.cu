@@ -98,9 +98,10 @@ __global__ void RopeKernel(float* x, int64_t rows, int64_t heads, int64_t head_d
   v[1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
-__global__ void StoreHalfKernel(const float* x, int64_t n, uint16_t* out) {
+__global__ void StoreHalfKernel(const float* x, int64_t n, int64_t kv_dim, uint16_t* cache,
+                                const int64_t* first_slot) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = __half_as_ushort(__float2half_rn(x[i]));
+  if (i < n) cache[*first_slot * kv_dim + i] = __half_as_ushort(__float2half_rn(x[i]));
 }
 
 // simd::Dot's order: lane l accumulates k = l, l + 8, ... with one fma each (missing tail lanes
@@ -146,10 +147,12 @@ __global__ void __launch_bounds__(kAttentionThreads) AttentionKernel(AttentionAr
     masked_count = count;
   }
   __syncthreads();
-  const int64_t visible = a.prefix_length + masked_count;
+  const int64_t prefix_length =
+      a.prefix_length_on_device != nullptr ? *a.prefix_length_on_device : a.prefix_length;
+  const int64_t visible = prefix_length + masked_count;
   float* scores = a.scores + (row * a.num_heads + head) * a.score_stride;
   auto slot_of = [&](int64_t v) {
-    return v < a.prefix_length ? v : a.prefix_length + columns[v - a.prefix_length];
+    return v < prefix_length ? v : prefix_length + columns[v - prefix_length];
   };
 
   float local_max = -INFINITY;
@@ -238,10 +241,10 @@ cudaError_t ApplyRope(float* x, int64_t rows, int64_t heads, int64_t head_dim, i
 }
 
 cudaError_t StoreHalf(const float* x, int64_t rows, int64_t kv_dim, uint16_t* cache,
-                      int64_t first_slot, cudaStream_t stream) {
+                      const int64_t* first_slot, cudaStream_t stream) {
   if (rows * kv_dim == 0) return cudaSuccess;
-  StoreHalfKernel<<<Blocks(rows * kv_dim, 256), 256, 0, stream>>>(x, rows * kv_dim,
-                                                                  cache + first_slot * kv_dim);
+  StoreHalfKernel<<<Blocks(rows * kv_dim, 256), 256, 0, stream>>>(x, rows * kv_dim, kv_dim, cache,
+                                                                  first_slot);
   return cudaGetLastError();
 }
 
