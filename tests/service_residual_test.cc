@@ -240,10 +240,28 @@ class ResidualServiceTest : public ::testing::Test {
 
   static std::string FingerprintHex() { return SplitFingerprintToHex(MakeFingerprint(7)); }
 
+  // Starts the service, connects and attaches one channel of the tiny model's shapes into
+  // service_, client_ and session_ (failures are recorded; session_ stays null then).
+  void StartAndAttach() {
+    service_ = std::make_unique<ServiceProcess>(kServiceBinary);
+    StartService(*service_);
+    client_ = Connect();
+    if (client_ == nullptr) return;
+    auto session = client_->Attach(FingerprintHex(), 0, &tiny_shapes_);
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (session.ok()) session_ = *std::move(session);
+  }
+
   static inline std::string* dir_ = nullptr;
   static inline std::string* residual_path_ = nullptr;
   std::string socket_;
   std::string target_;
+  const model::ModelConfig tiny_config_ = TinyConfig();
+  const model::ResidualShapes tiny_shapes_ = model::ResidualShapes::FromConfig(tiny_config_);
+  // Destroyed in reverse order: the session detaches before the client and the service go.
+  std::unique_ptr<ServiceProcess> service_;
+  std::unique_ptr<rpc::ResidualClient> client_;
+  std::unique_ptr<rpc::ResidualSession> session_;
 };
 
 TEST_F(ResidualServiceTest, InfoDescribesTheResidual) {
@@ -270,31 +288,26 @@ TEST_F(ResidualServiceTest, InfoDescribesTheResidual) {
 }
 
 TEST_F(ResidualServiceTest, SharedMemoryAndGrpcMatchInProcessBitForBit) {
-  ServiceProcess service(kServiceBinary);
-  StartService(service);
-  auto client = Connect();
-  const model::ModelConfig config = TinyConfig();
-  const model::ResidualShapes shapes = model::ResidualShapes::FromConfig(config);
-  auto session = client->Attach(FingerprintHex(), 0, &shapes);
-  ASSERT_TRUE(session.ok()) << session.status();
+  StartAndAttach();
+  ASSERT_NE(session_, nullptr);
   // The segment is owner/group only.
   struct stat st;
-  const std::string shm_path = "/dev/shm" + (*session)->attach_response().shm_name();
+  const std::string shm_path = "/dev/shm" + session_->attach_response().shm_name();
   ASSERT_EQ(stat(shm_path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0660u);
 
-  LocalResidual local = LocalResidual::Open(*residual_path_, config);
-  rpc::GrpcResidual grpc_residual(*client, shapes);
+  LocalResidual local = LocalResidual::Open(*residual_path_, tiny_config_);
+  rpc::GrpcResidual grpc_residual(*client_, tiny_shapes_);
   ThreadPool pool(3);
   uint32_t seed = 1;
-  for (const LinearGroupId id : model::AllLinearGroups(config)) {
-    const model::ResidualGroupShape& shape = *shapes.Find(id);
+  for (const LinearGroupId id : model::AllLinearGroups(tiny_config_)) {
+    const model::ResidualGroupShape& shape = *tiny_shapes_.Find(id);
     for (int64_t rows : {1, 3, 16, 32}) {
       const quant::QuantizedActivations x = RandomActivations(rows, shape.cols, ++seed);
       GroupOutputs expected(shape, rows, seed), via_shm(shape, rows, seed),
           via_grpc(shape, rows, seed);
       ASSERT_TRUE(local.source->Accumulate(id, x, expected.pointers, pool).ok());
-      absl::Status status = (*session)->residual().Accumulate(id, x, via_shm.pointers, pool);
+      absl::Status status = session_->residual().Accumulate(id, x, via_shm.pointers, pool);
       ASSERT_TRUE(status.ok()) << status;
       status = grpc_residual.Accumulate(id, x, via_grpc.pointers, pool);
       ASSERT_TRUE(status.ok()) << status;
@@ -302,28 +315,23 @@ TEST_F(ResidualServiceTest, SharedMemoryAndGrpcMatchInProcessBitForBit) {
       EXPECT_TRUE(via_grpc == expected) << model::LinearGroupIdString(id) << " T=" << rows;
     }
   }
-  EXPECT_GT((*session)->residual().stats().calls, 0);
-  ASSERT_TRUE((*session)->Detach().ok());
+  EXPECT_GT(session_->residual().stats().calls, 0);
+  ASSERT_TRUE(session_->Detach().ok());
   EXPECT_NE(stat(shm_path.c_str(), &st), 0) << "segment not removed on detach";
-  EXPECT_EQ(client->Info()->attached_clients(), 0u);
+  EXPECT_EQ(client_->Info()->attached_clients(), 0u);
 }
 
 // The staging path (what the CUDA backend uses): activations written straight into the source's
 // memory, y read straight out of it. base + y equals Accumulate's result bit for bit, through the
 // service's shared segment and through the in-process source's own buffers; bad calls are refused.
 TEST_F(ResidualServiceTest, StagedActivationsGiveAccumulatesBitsInSharedMemoryAndInProcess) {
-  ServiceProcess service(kServiceBinary);
-  StartService(service);
-  auto client = Connect();
-  const model::ModelConfig config = TinyConfig();
-  const model::ResidualShapes shapes = model::ResidualShapes::FromConfig(config);
-  auto session = client->Attach(FingerprintHex(), 0, &shapes);
-  ASSERT_TRUE(session.ok()) << session.status();
-  LocalResidual local = LocalResidual::Open(*residual_path_, config);
+  StartAndAttach();
+  ASSERT_NE(session_, nullptr);
+  LocalResidual local = LocalResidual::Open(*residual_path_, tiny_config_);
   model::InProcessResidual staged_local(local.weights);
   EXPECT_EQ(staged_local.SubmitStaged(LinearGroupId{0, model::LinearGroup::kQkv}, 1, 64).code(),
             absl::StatusCode::kInvalidArgument);  // no staging memory yet
-  model::ResidualSource* sources[] = {&(*session)->residual(), &staged_local};
+  model::ResidualSource* sources[] = {&session_->residual(), &staged_local};
   EXPECT_EQ(sources[0]->Staging(33).status().code(), absl::StatusCode::kInvalidArgument);
   ThreadPool pool(3);
   uint32_t seed = 100;
@@ -339,8 +347,8 @@ TEST_F(ResidualServiceTest, StagedActivationsGiveAccumulatesBitsInSharedMemoryAn
       EXPECT_GE(static_cast<const std::byte*>(area), st.region.data());
       EXPECT_LT(static_cast<const std::byte*>(area), st.region.data() + st.region.size());
     }
-    for (const LinearGroupId id : model::AllLinearGroups(config)) {
-      const model::ResidualGroupShape& shape = *shapes.Find(id);
+    for (const LinearGroupId id : model::AllLinearGroups(tiny_config_)) {
+      const model::ResidualGroupShape& shape = *tiny_shapes_.Find(id);
       for (int64_t rows : {1, 3, 32}) {
         const quant::QuantizedActivations x = RandomActivations(rows, shape.cols, ++seed);
         GroupOutputs expected(shape, rows, seed), staged(shape, rows, seed);
@@ -358,13 +366,13 @@ TEST_F(ResidualServiceTest, StagedActivationsGiveAccumulatesBitsInSharedMemoryAn
       }
     }
     const LinearGroupId qkv{0, model::LinearGroup::kQkv};
-    EXPECT_EQ(source->SubmitStaged(qkv, 1, shapes.Find(qkv)->cols + 32).code(),
+    EXPECT_EQ(source->SubmitStaged(qkv, 1, tiny_shapes_.Find(qkv)->cols + 32).code(),
               absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(source->SubmitStaged(qkv, 0, shapes.Find(qkv)->cols).code(),
+    EXPECT_EQ(source->SubmitStaged(qkv, 0, tiny_shapes_.Find(qkv)->cols).code(),
               absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(source->WaitStaged(qkv, pool).code(), absl::StatusCode::kFailedPrecondition);
   }
-  ASSERT_TRUE((*session)->Detach().ok());
+  ASSERT_TRUE(session_->Detach().ok());
 }
 
 TEST_F(ResidualServiceTest, BadRequestsAreRejectedAndTheServiceKeepsServing) {
