@@ -332,7 +332,10 @@ TEST_F(ResidualServiceTest, StagedActivationsGiveAccumulatesBitsInSharedMemoryAn
   EXPECT_EQ(staged_local.SubmitStaged(LinearGroupId{0, model::LinearGroup::kQkv}, 1, 64).code(),
             absl::StatusCode::kInvalidArgument);  // no staging memory yet
   model::ResidualSource* sources[] = {&session_->residual(), &staged_local};
-  EXPECT_EQ(sources[0]->Staging(33).status().code(), absl::StatusCode::kInvalidArgument);
+  auto beyond = sources[0]->Staging(33);  // the channel holds 32: it says so, and refuses 33
+  ASSERT_TRUE(beyond.ok()) << beyond.status();
+  EXPECT_EQ((*beyond)->max_rows, 32);
+  EXPECT_EQ(sources[0]->Staging(0).status().code(), absl::StatusCode::kInvalidArgument);
   ThreadPool pool(3);
   uint32_t seed = 100;
   for (model::ResidualSource* source : sources) {
@@ -369,6 +372,8 @@ TEST_F(ResidualServiceTest, StagedActivationsGiveAccumulatesBitsInSharedMemoryAn
     EXPECT_EQ(source->SubmitStaged(qkv, 1, tiny_shapes_.Find(qkv)->cols + 32).code(),
               absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(source->SubmitStaged(qkv, 0, tiny_shapes_.Find(qkv)->cols).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(source->SubmitStaged(qkv, 33, tiny_shapes_.Find(qkv)->cols).code(),
               absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(source->WaitStaged(qkv, pool).code(), absl::StatusCode::kFailedPrecondition);
   }

@@ -477,13 +477,16 @@ absl::Status CudaModel::Linear(LinearGroupId id, const float* x, int64_t rows,
   const kernels::DeviceActivations activations{d_.codes, d_.act_scales, d_.act_sums,
                                                rows,     cols,          block_stride};
   const size_t event_base = 3 * static_cast<size_t>(model::LinearGroupIndex(config_, id));
+  bool staged = false;
   if (verify) {
     // The activations go to the host first, so the residual can start while the base runs:
-    // straight into the residual source's staging memory when it has some.
+    // straight into the residual source's staging memory when it has some for this many rows
+    // (else through the copy path, whose source refuses what it cannot hold).
     BITSPLIT_RETURN_IF_ERROR(EnsureResidualStaging());
-    int8_t* codes = staging_ != nullptr ? staging_->codes : host_codes_;
-    float* scales = staging_ != nullptr ? staging_->scales : host_scales_;
-    float* sums = staging_ != nullptr ? staging_->sums : host_sums_;
+    staged = staging_ != nullptr && rows <= staging_->max_rows;
+    int8_t* codes = staged ? staging_->codes : host_codes_;
+    float* scales = staged ? staging_->scales : host_scales_;
+    float* sums = staged ? staging_->sums : host_sums_;
     BITSPLIT_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(codes, d_.codes, rows * cols, cudaMemcpyDeviceToHost, stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scales, d_.act_scales,
@@ -508,7 +511,7 @@ absl::Status CudaModel::Linear(LinearGroupId id, const float* x, int64_t rows,
   int64_t total_rows = 0;
   for (int i = 0; i < matmul.count; ++i) total_rows += group.output_rows[i];
   const float* residual_output = host_residual_;
-  if (staging_ != nullptr) {
+  if (staged) {
     // y = x · Rᵀ lands in the staging memory; the next group's activation copy, queued after
     // this group's output copy on the stream, is what the host waits for before the source
     // writes there again.

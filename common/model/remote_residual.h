@@ -68,7 +68,8 @@ class RemoteResidual final : public ResidualSource {
   absl::Status Submit(LinearGroupId id, const quant::QuantizedActivations& x) override;
 
   // The channel's own areas in the shared segment: the caller writes the activations there, and
-  // y is read where the service wrote it (no copy on this side).
+  // y is read where the service wrote it (no copy on this side). They hold the channel's
+  // max_rows, whatever `max_rows` asks.
   absl::StatusOr<const ResidualStaging*> Staging(int64_t max_rows) override;
   absl::Status SubmitStaged(LinearGroupId id, int64_t rows, int64_t cols) override;
   absl::Status WaitStaged(LinearGroupId id, ThreadPool& pool) override;

@@ -110,8 +110,9 @@ struct ResidualStaging {
 class ResidualSource {
  public:
   virtual ~ResidualSource() = default;
-  // The source's staging memory for forwards of up to `max_rows` tokens (made on the first call),
-  // or nullptr when the source has none (then Accumulate is the only way in).
+  // The source's staging memory for forwards of up to `max_rows` tokens (made on the first call;
+  // a source with fixed memory may hold fewer: ResidualStaging::max_rows says how many), or
+  // nullptr when the source has none (then Accumulate is the only way in).
   virtual absl::StatusOr<const ResidualStaging*> Staging(int64_t max_rows) { return nullptr; }
   // Starts y = x · Rᵀ of group `id` on the `rows` x `cols` activations already in Staging();
   // WaitStaged finishes it, with y in Staging()->outputs. Sources without staging:
