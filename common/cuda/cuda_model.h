@@ -174,9 +174,6 @@ class CudaModel {
 
   const ForwardTimings& last_timings() const { return timings_; }
 
-  // For benchmarks: the base matmuls of one forward alone (every linear group and the head, on
-  // `rows` activation rows of zeros, no rotation, quantization or residual), timed by CUDA events
-  // over `repetitions` passes. Also the bytes of weights one pass reads.
   // Draft forwards replay CUDA graphs, one captured per shape (rows, mask width, logit rows,
   // KV cache), when the embedding is gathered on the device; verify forwards, which wait for the
   // host's residual between kernels, launch their kernels one by one. On by default; off gives
@@ -186,6 +183,9 @@ class CudaModel {
   int64_t graphs_captured() const { return graphs_captured_; }
   int64_t graph_launches() const { return graph_launches_; }
 
+  // For benchmarks: the base matmuls of one forward alone (every linear group and the head, on
+  // `rows` activation rows of zeros, no rotation, quantization or residual), timed by CUDA events
+  // over `repetitions` passes. Also the bytes of weights one pass reads.
   struct MatMulPassTiming {
     double ms = 0;
     uint64_t weight_bytes = 0;
