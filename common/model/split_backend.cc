@@ -87,7 +87,6 @@ absl::StatusOr<const ResidualStaging*> InProcessResidual::Staging(int64_t max_ro
   staging_.outputs = reinterpret_cast<const float*>(memory + code_bytes + 2 * scale_bytes);
   staging_.max_rows = max_rows;
   staging_.region = std::span<std::byte>(memory, total);
-  max_cols_ = max_cols;
   submitted_.reset();
   return &staging_;
 }

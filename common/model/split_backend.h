@@ -135,7 +135,9 @@ class ResidualSource {
   }
 };
 
-// The residual file mapped in this process. Thread safety: stateless apart from the views.
+// The residual file mapped in this process. Thread safety: Accumulate is stateless apart from
+// the views; the staged calls keep the staged activations (one forward at a time, like every
+// ResidualSource).
 class InProcessResidual final : public ResidualSource {
  public:
   // `residual` must outlive this object.
@@ -157,7 +159,6 @@ class InProcessResidual final : public ResidualSource {
   const SplitLinearWeights& residual_;
   std::unique_ptr<std::byte, FreeDeleter> staging_memory_;
   ResidualStaging staging_;
-  int64_t max_cols_ = 0;
   std::optional<LinearGroupId> submitted_;
   quant::QuantizedActivations staged_x_;
 };
