@@ -80,6 +80,13 @@ absl::Status RemoteResidual::Post(LinearGroupId id, int64_t rows, int64_t cols) 
   return absl::OkStatus();
 }
 
+void RemoteResidual::CollectAbandoned() {
+  if (in_flight_.has_value()) {
+    const float* ignored = nullptr;
+    (void)Receive(*in_flight_, &ignored, nullptr);
+  }
+}
+
 absl::Status RemoteResidual::Send(LinearGroupId id, const quant::QuantizedActivations& x) {
   BITSPLIT_RETURN_IF_ERROR(CheckFits(id, x.rows, x.cols, x.block_stride));
   const size_t scale_floats = static_cast<size_t>(x.rows * x.block_stride);
@@ -104,11 +111,7 @@ absl::StatusOr<const ResidualStaging*> RemoteResidual::Staging(int64_t max_rows)
 absl::Status RemoteResidual::SubmitStaged(LinearGroupId id, int64_t rows, int64_t cols) {
   BITSPLIT_RETURN_IF_ERROR(CheckFits(
       id, rows, cols, static_cast<int64_t>(shm::BlockStride(static_cast<uint64_t>(cols)))));
-  // An earlier submission nobody collected (its forward failed) is collected and dropped first.
-  if (in_flight_.has_value()) {
-    const float* ignored = nullptr;
-    (void)Receive(*in_flight_, &ignored, nullptr);
-  }
+  CollectAbandoned();
   return Post(id, rows, cols);
 }
 
@@ -155,11 +158,7 @@ absl::Status RemoteResidual::Compute(LinearGroupId id, const quant::QuantizedAct
 }
 
 absl::Status RemoteResidual::Submit(LinearGroupId id, const quant::QuantizedActivations& x) {
-  // An earlier submission nobody collected (its forward failed) is collected and dropped first.
-  if (in_flight_.has_value()) {
-    const float* ignored = nullptr;
-    (void)Receive(*in_flight_, &ignored, nullptr);
-  }
+  CollectAbandoned();
   return Send(id, x);
 }
 

@@ -87,6 +87,8 @@ class RemoteResidual final : public ResidualSource {
  private:
   absl::Status CheckFits(LinearGroupId id, int64_t rows, int64_t cols, int64_t block_stride) const;
   absl::Status Post(LinearGroupId id, int64_t rows, int64_t cols);
+  // Collects and drops an earlier submission nobody collected (its forward failed).
+  void CollectAbandoned();
   absl::Status Send(LinearGroupId id, const quant::QuantizedActivations& x);
   absl::Status Receive(LinearGroupId id, const float** y, shm::ShmCallInfo* info);
 

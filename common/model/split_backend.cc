@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/remote_residual.h"
 #include "common/quant/hadamard.h"
 #include "common/util/status_macros.h"
 
@@ -57,18 +58,11 @@ absl::Status InProcessResidual::Accumulate(LinearGroupId id, const quant::Quanti
 absl::StatusOr<const ResidualStaging*> InProcessResidual::Staging(int64_t max_rows) {
   if (max_rows < 1) return absl::InvalidArgumentError("staging needs at least one row");
   if (staging_memory_ != nullptr && staging_.max_rows >= max_rows) return &staging_;
-  int64_t max_cols = 0, max_outputs = 0;
-  for (const LinearGroupId id : AllLinearGroups(residual_.config())) {
-    int64_t outputs = 0;
-    for (const quant::MatrixView& m : residual_.group(id)) {
-      max_cols = std::max(max_cols, m.cols);
-      outputs += m.rows;
-    }
-    max_outputs = std::max(max_outputs, outputs);
-  }
+  const ResidualShapes shapes = ResidualShapes::FromConfig(residual_.config());
+  const int64_t max_cols = shapes.max_cols(), max_outputs = shapes.max_outputs();
   constexpr size_t kPage = 4096;
   const auto page_round = [&](uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; };
-  const uint64_t block_stride = static_cast<uint64_t>((max_cols / 32 + 7) / 8 * 8);
+  const uint64_t block_stride = static_cast<uint64_t>(quant::ActivationBlockStride(max_cols));
   const uint64_t rows = static_cast<uint64_t>(max_rows);
   const uint64_t code_bytes = page_round(rows * static_cast<uint64_t>(max_cols));
   const uint64_t scale_bytes = page_round(rows * block_stride * sizeof(float));
@@ -101,7 +95,7 @@ absl::Status InProcessResidual::SubmitStaged(LinearGroupId id, int64_t rows, int
   }
   staged_x_.rows = rows;
   staged_x_.cols = cols;
-  staged_x_.block_stride = (cols / 32 + 7) / 8 * 8;
+  staged_x_.block_stride = quant::ActivationBlockStride(cols);
   const size_t scale_floats = static_cast<size_t>(rows * staged_x_.block_stride);
   staged_x_.codes.assign(staging_.codes, staging_.codes + rows * cols);
   staged_x_.scales.assign(staging_.scales, staging_.scales + scale_floats);

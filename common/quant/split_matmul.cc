@@ -380,7 +380,7 @@ void CheckProblem(const MatrixView& w, const QuantizedActivations& x) {
   BITSPLIT_CHECK(w.data != nullptr && w.rows > 0);
   BITSPLIT_CHECK(w.row_stride >= SplitRowBytes(w.format, w.group, w.cols));
   BITSPLIT_CHECK(x.cols == w.cols && x.rows >= 1);
-  BITSPLIT_CHECK(x.block_stride == RoundUp(x.cols / kActivationBlock, kChunkBlocks));
+  BITSPLIT_CHECK(x.block_stride == ActivationBlockStride(x.cols));
   BITSPLIT_CHECK(static_cast<int64_t>(x.codes.size()) == x.rows * x.cols);
   BITSPLIT_CHECK(static_cast<int64_t>(x.scales.size()) == x.rows * x.block_stride);
   BITSPLIT_CHECK(static_cast<int64_t>(x.sums.size()) == x.rows * x.block_stride);
@@ -427,7 +427,7 @@ void ResizeActivations(int64_t rows, int64_t cols, QuantizedActivations* out) {
   BITSPLIT_CHECK(rows >= 0 && cols > 0 && cols % kActivationBlock == 0);
   out->rows = rows;
   out->cols = cols;
-  out->block_stride = RoundUp(cols / kActivationBlock, kChunkBlocks);
+  out->block_stride = ActivationBlockStride(cols);
   out->codes.resize(rows * cols);
   out->scales.assign(rows * out->block_stride, 0.0f);
   out->sums.assign(rows * out->block_stride, 0.0f);

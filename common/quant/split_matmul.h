@@ -49,6 +49,9 @@ inline constexpr int kActivationBlock = 32;
 // never changes results; short tiles only cost speed.
 inline constexpr int64_t kMatMulRowGrain = 8;
 
+// Floats per row in QuantizedActivations' scales and sums: cols / 32 blocks rounded up to 8.
+constexpr int64_t ActivationBlockStride(int64_t cols) { return (cols / 32 + 7) / 8 * 8; }
+
 // Activation rows quantized to int8 in blocks of 32.
 struct QuantizedActivations {
   int64_t rows = 0;           // T
