@@ -103,7 +103,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     }
     service_->OnCancelled(this);
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->OnStreamDone();
+    delete this;
+  }
 
  private:
   GenerationServiceImpl* const service_;
@@ -159,6 +162,16 @@ void GenerationServiceImpl::Shutdown() {
   }
 }
 
+bool GenerationServiceImpl::WaitForStreamsToFinish(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lock(mutex_);
+  return streams_finished_.wait_until(lock, deadline, [this] { return open_streams_ == 0; });
+}
+
+void GenerationServiceImpl::OnStreamDone() {
+  std::lock_guard lock(mutex_);
+  if (--open_streams_ == 0) streams_finished_.notify_all();
+}
+
 void GenerationServiceImpl::OnCancelled(GenerateReactor* reactor) {
   {
     std::lock_guard lock(mutex_);
@@ -173,6 +186,10 @@ void GenerationServiceImpl::OnCancelled(GenerateReactor* reactor) {
 grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationServiceImpl::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   auto* reactor = new GenerateReactor(this, context);
+  {
+    std::lock_guard lock(mutex_);
+    ++open_streams_;
+  }
   // Bad input is refused before it can take a queue slot.
   absl::StatusOr<GenerationPlan> plan =
       ValidateRequest(*request, tokenizer_, chat_template_, options_.limits);

@@ -56,9 +56,15 @@ class GenerationServiceImpl final : public v1::Generation::CallbackService {
   // ones to stop at their next step. Idempotent.
   void Shutdown();
 
+  // Waits until every Generate stream has finished (gRPC called OnDone), or until `deadline`;
+  // false if some were still open then. After Shutdown() no stream runs for more than one step.
+  bool WaitForStreamsToFinish(std::chrono::steady_clock::time_point deadline);
+
   // A stream's client went away: a queued request leaves the queue and finishes at once (a
   // running one is stopped by its worker at the next step).
   void OnCancelled(GenerateReactor* reactor);
+  // gRPC is done with a stream (its reactor is about to be deleted).
+  void OnStreamDone();
 
  private:
   void WorkerLoop();
@@ -75,6 +81,8 @@ class GenerationServiceImpl final : public v1::Generation::CallbackService {
   std::condition_variable work_available_;
   std::deque<GenerateReactor*> queue_;
   std::vector<GenerateReactor*> running_;
+  int open_streams_ = 0;  // Generate calls whose OnDone has not run yet
+  std::condition_variable streams_finished_;
   bool shutting_down_ = false;
   std::vector<std::thread> workers_;
 };

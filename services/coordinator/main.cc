@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
@@ -33,6 +34,10 @@ namespace bitsplit::coordinator {
 namespace {
 
 constexpr char kName[] = "bitsplit-coordinator";
+// On SIGTERM: how long running streams get to stop (one step each) and send their last frames,
+// then how long their clients get to read them before the connections close.
+constexpr auto kStreamDrainTimeout = std::chrono::seconds(5);
+constexpr auto kFinalStatusLinger = std::chrono::milliseconds(200);
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "%s: error: %.*s\n", kName, static_cast<int>(status.message().size()),
@@ -219,8 +224,17 @@ int Run(int argc, char** argv) {
       "%s (fingerprint %.12s, drafter %s: %s, speculation %s, max-active %d, max-queue %d)",
       model_info.name(), fingerprint, flags.drafter, info->backend(), flags.speculation,
       flags.max_active, flags.max_queue);
-  absl::Status status =
-      rpc::RunServer(server_options, services, description, [&service] { service.Shutdown(); });
+  absl::Status status = rpc::RunServer(server_options, services, description, [&service] {
+    service.Shutdown();
+    // The server closes a connection as soon as it has no call left on it, and a client that
+    // then writes to it (a flow-control update, a ping acknowledgement) fails its stream with
+    // "Broken pipe" without reading the last frames and status already sent (1 SIGTERM in 4,
+    // with both CPUs busy). So the streams finish first, and their clients get time to read.
+    if (!service.WaitForStreamsToFinish(std::chrono::steady_clock::now() + kStreamDrainTimeout)) {
+      spdlog::warn("streams still open after {} s; stopping anyway", kStreamDrainTimeout.count());
+    }
+    std::this_thread::sleep_for(kFinalStatusLinger);
+  });
   if (!status.ok()) return Fail(status);
   return 0;
 }
