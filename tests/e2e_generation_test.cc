@@ -927,8 +927,8 @@ TEST_F(E2eGenerationTest, FullQueueRefusesWithResourceExhausted) {
 
 TEST_F(E2eGenerationTest, SigtermEndsRunningStreamsWithUnavailableAndExitsCleanly) {
   // Three rounds: the stream's last frames race the connection's close (a client that wrote to a
-  // closed connection lost its status, 1 SIGTERM in 4 with the CPUs busy, before the coordinator
-  // waited for its streams to finish and their clients to read them).
+  // closed connection lost its status, 1 SIGTERM in 12-16 with the CPUs busy, before the
+  // coordinator waited for its streams to finish and their clients to read them).
   for (int round = 0; round < 3; ++round) {
     SCOPED_TRACE(absl::StrCat("round ", round));
     // A coordinator of its own, so that the suite's keeps serving.

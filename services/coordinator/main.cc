@@ -228,7 +228,7 @@ int Run(int argc, char** argv) {
     service.Shutdown();
     // The server closes a connection as soon as it has no call left on it, and a client that
     // then writes to it (a flow-control update, a ping acknowledgement) fails its stream with
-    // "Broken pipe" without reading the last frames and status already sent (1 SIGTERM in 4,
+    // "Broken pipe" without reading the last frames and status already sent (1 SIGTERM in 12-16,
     // with both CPUs busy). So the streams finish first, and their clients get time to read.
     if (!service.WaitForStreamsToFinish(std::chrono::steady_clock::now() + kStreamDrainTimeout)) {
       spdlog::warn("streams still open after {} s; stopping anyway", kStreamDrainTimeout.count());
