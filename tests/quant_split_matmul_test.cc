@@ -291,14 +291,17 @@ TEST(SplitMatMul, L1TilingFollowsL1DataCache) {
   EXPECT_STREQ(L1TilingName(L1Tiling::kLargeL1), "large-l1");
 }
 
-// For T >= 3 the AVX-512 kernel of the signed formats reads activations it prepared once per call,
-// unless they would take more than 512 KiB (2 bytes per code): 31 x 8192 tokens are prepared,
-// 33 x 8192 are not. Both give the reference's bits.
-TEST(SplitMatMul, SignedFormatsEitherSideOfThePreparedActivationLimit) {
+// For T >= 3 the AVX-512 kernel of the signed formats and r6 reads activations it prepared once
+// per call, unless they would take more than 512 KiB (2 bytes per code for the signed formats, 1
+// for r6): at 8192 columns 31 tokens of r8 and q8_0 are prepared and 33 are not, 63 tokens of r6
+// are and 65 are not. Either way the reference's bits.
+TEST(SplitMatMul, EitherSideOfThePreparedActivationLimit) {
   ForEachIsa([&] {
-    for (SplitFormat format : {SplitFormat::kR8, SplitFormat::kQ8_0}) {
+    for (SplitFormat format : {SplitFormat::kR8, SplitFormat::kQ8_0, SplitFormat::kR6}) {
       const Matrix m = QuantizedMatrix(format, 32, 6, 8192, 302);
-      for (int64_t tokens : {31, 33}) {
+      const std::vector<int64_t> token_counts =
+          format == SplitFormat::kR6 ? std::vector<int64_t>{63, 65} : std::vector<int64_t>{31, 33};
+      for (int64_t tokens : token_counts) {
         ExpectKernelMatchesReference(m.view, tokens, 43 + tokens, Name(format, 32) + " prepared");
       }
     }

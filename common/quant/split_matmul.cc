@@ -55,12 +55,11 @@ enum class ScaleLoad {
   kCached,    // from Problem::scale_cache, filled once per row tile (see RunRowsWith)
 };
 
-// 64 bytes of a prepared activation vector (AVX-512's PrepareActivationPairs), two per token and
-// block pair; also of a block pair's expanded codes (Problem::code_cache).
+// 64 bytes of a prepared activation vector (AVX-512's PrepareActivationPairs; kPreparedPerPair
+// per token and block pair); also of a block pair's expanded codes (Problem::code_cache).
 struct alignas(64) PairVector {
   int8_t bytes[64];
 };
-constexpr int64_t kPreparedPerPair = 2;
 
 // Where an AVX-512 multi-token tile takes its codes from: expanded from the weights (kNone), the
 // same and stored into Problem::code_cache (kStore: a row tile's first token tile), or loaded
@@ -78,7 +77,8 @@ struct Problem {
   int64_t group_stride;
   float* y;
   bool accumulate;
-  // AVX-512, T >= 3, signed codes: [x.rows][pairs][2] (PrepareActivationPairs), set by RunRows.
+  // AVX-512, T >= 3, the formats kPreparesActivations admits: [x.rows][pairs][kPreparedPerPair]
+  // (PrepareActivationPairs), set by RunRows.
   const PairVector* pairs = nullptr;
   // kCached: one thread's f32 d of the current row tile, [row in tile][scale_cache_stride], set
   // by RunRowsWith (the rows' chunk scales, zero past each row's blocks).
