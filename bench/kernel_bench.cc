@@ -19,9 +19,10 @@
 // probed just before each format's T = 1 and T = 2 cells and just after its T = 2 cell; each
 // format's floor uses the maximum of its own probes (a VM's bandwidth can drift by a third within
 // minutes, and a memory-bound cell should be compared with what memory delivered while it ran),
-// and the header gives the maximum over the run. Every time is the fastest call and P and the
-// mix peak are maxima over the run: the machine may be shared, and these are the least
-// disturbed measurements.
+// and the header gives the maximum over the run. The summary prints each row's slowest probe
+// beside it (BW low) and marks the rows whose probes differ by more than 1.25x. Every time is
+// the fastest call and P and the mix peak are maxima over the run: the machine may be shared,
+// and these are the least disturbed measurements.
 //
 //   build-*/bench/kernel_bench [--benchmark_filter=r6] [--threads=N] [--isa=avx2|avx-vnni|avx512]
 //                              [--tiling=large-l1|small-l1]
@@ -169,6 +170,9 @@ std::map<std::string, double> g_kernel_rate;  // P per case, multiply-adds/s
 // memory-bound cell is compared with what memory delivered while it ran; the run maximum
 // (Bandwidth()) is printed beside it.
 std::map<std::string, double> g_case_bandwidth;
+// The slowest of those probes (each probe: the faster of its two reads). Where it is well below
+// the fastest, memory changed speed during the row (docs/performance.md, session 17).
+std::map<std::string, double> g_case_bandwidth_low;
 
 double Bandwidth() { return std::max(g_bandwidth_plain, g_bandwidth_prefetch); }
 
@@ -183,6 +187,9 @@ void ProbeCaseBandwidth(const std::string& name) {
   g_bandwidth_prefetch = std::max(g_bandwidth_prefetch, prefetch);
   double& local = g_case_bandwidth[name];
   local = std::max({local, plain, prefetch});
+  const double probe = std::max(plain, prefetch);
+  auto [low, first] = g_case_bandwidth_low.try_emplace(name, probe);
+  if (!first) low->second = std::min(low->second, probe);
 }
 double CaseBandwidth(const std::string& name) {
   auto it = g_case_bandwidth.find(name);
@@ -370,6 +377,10 @@ double LoadAverage() {
   return load;
 }
 
+// A row whose probes differ by more than this is marked: its memory changed speed (this VM's
+// read bandwidth has switched between about 35 and 55-69 GB/s within seconds).
+constexpr double kSpeedChange = 1.25;
+
 // The table of the final values: P and the mix peak are maxima over the whole run, BW per row
 // (see g_case_bandwidth), times fastest calls.
 void PrintSummary(double load_before) {
@@ -386,7 +397,8 @@ void PrintSummary(double load_before) {
       "T * MACs / P), BW the row's own: probed around its T = 1 and T = 2 cells\n");
   std::printf("%-11s %6s %6s %7s %7s", "format", "MB", "BW", "P", "P/peak");
   for (int t : kTokenCounts) std::printf(" | T=%-2d us   x/fl", t);
-  std::printf(" | BW@T1\n");
+  std::printf(" | BW@T1 | BW low\n");
+  bool any_switched = false;
   for (const Case& c : kCases) {
     auto it = g_results.find(c.name());
     if (it == g_results.end()) continue;
@@ -406,10 +418,23 @@ void PrintSummary(double load_before) {
     }
     auto t1 = it->second.find(1);
     if (t1 != it->second.end()) {
-      std::printf(" | %4.0f%%\n", 100.0 * t1->second.bytes / t1->second.best_seconds / bandwidth);
+      std::printf(" | %4.0f%%", 100.0 * t1->second.bytes / t1->second.best_seconds / bandwidth);
+    } else {
+      std::printf(" | %5s", "-");
+    }
+    auto low = g_case_bandwidth_low.find(c.name());
+    if (low != g_case_bandwidth_low.end()) {
+      const bool switched = bandwidth > kSpeedChange * low->second;
+      any_switched |= switched;
+      std::printf(" | %5.1f%s\n", low->second / 1e9, switched ? " *" : "");
     } else {
       std::printf(" | %5s\n", "-");
     }
+  }
+  if (any_switched) {
+    std::printf(
+        "*: this row's bandwidth probes ranged from BW low to BW: memory changed speed while the "
+        "row ran, and a cell that ran at the lower speed is still held to the higher one\n");
   }
 }
 
