@@ -137,6 +137,11 @@ struct Traits {
                                                                           : 8;
 };
 
+// AVX-512 prepared activation vectors (PrepareActivationPairs) per token and block pair: the
+// interleaved codes, then for signed codes MinusBiasTimesSum of them.
+template <SplitFormat kFormat>
+constexpr int64_t kPreparedPerPair = Traits<kFormat>::kSigned ? 2 : 1;
+
 inline __m256 HalvesToFloats(__m128i halves) { return _mm256_cvtph_ps(halves); }
 
 // d of the 8 blocks [chunk, chunk + 8) of one row, as f32 (blocks past `chunk_blocks`: 0).
