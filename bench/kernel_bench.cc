@@ -20,7 +20,9 @@
 // format's floor uses the maximum of its own probes (a VM's bandwidth can drift by a third within
 // minutes, and a memory-bound cell should be compared with what memory delivered while it ran),
 // and the header gives the maximum over the run. The summary prints each row's slowest probe
-// beside it (BW low) and marks the rows whose probes differ by more than 1.25x. Every time is
+// beside it (BW low) and marks the rows whose probes differ by more than 1.25x, and E/c: the
+// per-row work of a call (E) in tokens (c), from the line through the T = 8 and T = 64 times,
+// which is what keeps compute-bound cells at small T above floor(T). Every time is
 // the fastest call and P and the mix peak are maxima over the run: the machine may be shared,
 // and these are the least disturbed measurements.
 //
@@ -381,6 +383,19 @@ double LoadAverage() {
 // read bandwidth has switched between about 35 and 55-69 GB/s within seconds).
 constexpr double kSpeedChange = 1.25;
 
+// E / c of the line time(T) = T c + E through the T = 8 and T = 64 cells: what a call spends per
+// weight row whatever its tokens (expanding the codes, the scale products), in units of one
+// token's share. At T = 64 it is spread thin (P is measured there), at T = 2-8 it is not: it is
+// why compute-bound cells near the crossover miss floor(T). -1 without both cells.
+template <typename Cells>
+double RowCostInTokens(const Cells& cells) {
+  const auto t8 = cells.find(8), t64 = cells.find(64);
+  if (t8 == cells.end() || t64 == cells.end()) return -1;
+  const double per_token = (t64->second.best_seconds - t8->second.best_seconds) / (64 - 8);
+  if (per_token <= 0) return -1;
+  return (t8->second.best_seconds - 8 * per_token) / per_token;
+}
+
 // The table of the final values: P and the mix peak are maxima over the whole run, BW per row
 // (see g_case_bandwidth), times fastest calls.
 void PrintSummary(double load_before) {
@@ -397,7 +412,7 @@ void PrintSummary(double load_before) {
       "T * MACs / P), BW the row's own: probed around its T = 1 and T = 2 cells\n");
   std::printf("%-11s %6s %6s %7s %7s", "format", "MB", "BW", "P", "P/peak");
   for (int t : kTokenCounts) std::printf(" | T=%-2d us   x/fl", t);
-  std::printf(" | BW@T1 | BW low\n");
+  std::printf(" | BW@T1 | BW low |  E/c\n");
   bool any_switched = false;
   for (const Case& c : kCases) {
     auto it = g_results.find(c.name());
@@ -426,11 +441,21 @@ void PrintSummary(double load_before) {
     if (low != g_case_bandwidth_low.end()) {
       const bool switched = bandwidth > kSpeedChange * low->second;
       any_switched |= switched;
-      std::printf(" | %5.1f%s\n", low->second / 1e9, switched ? " *" : "");
+      std::printf(" | %5.1f%s", low->second / 1e9, switched ? " *" : "  ");
     } else {
-      std::printf(" | %5s\n", "-");
+      std::printf(" | %7s", "-");
+    }
+    const double row_cost = RowCostInTokens(it->second);
+    if (row_cost >= 0) {
+      std::printf(" | %4.2f\n", row_cost);
+    } else {
+      std::printf(" | %4s\n", "-");
     }
   }
+  std::printf(
+      "E/c: a call's per-row work (code expansion, scale products) in tokens, from the line "
+      "time(T) = T c + E through T = 8 and 64; where T tokens are compute-bound, time / floor(T) "
+      "is about 1 + (E/c) / T\n");
   if (any_switched) {
     std::printf(
         "*: this row's bandwidth probes ranged from BW low to BW: memory changed speed while the "
