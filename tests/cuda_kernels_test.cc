@@ -129,7 +129,7 @@ HostMatrix RandomMatrix(quant::SplitFormat format, int group, int64_t rows, int6
     const float* row = w.data() + r * cols;
     uint8_t* out = m.bytes.data() + r * row_bytes;
     if (format == quant::SplitFormat::kQ8_0) {
-      quant::QuantizeQ8_0Row(row, cols, out);
+      quant::QuantizeQ8_0SplitRow(row, cols, out);
     } else if (info.is_residual) {
       EXPECT_TRUE(quant::QuantizeResidualRow(format, group, row, cols, out).ok());
     } else {

@@ -154,6 +154,42 @@ TEST(SplitQuantizationTest, MalformedRecordsAreRejectedNamingTheField) {
   EXPECT_FALSE(SplitQuantizationFromJson(nlohmann::json::array()).ok());
 }
 
+// Version 2 changed only q8_0's bytes (split rows instead of ggml's blocks), so version 1 records
+// load unless their base is q8_0, which would be read wrongly.
+TEST(SplitQuantizationTest, RecordVersionIsChecked) {
+  SplitQuantization q8_0;
+  q8_0.base_format = quant::SplitFormat::kQ8_0;
+  q8_0.base_group = 32;
+  q8_0.residual_format.reset();
+  q8_0.residual_group = 0;
+  auto record = [](const SplitQuantization& q, nlohmann::json version) {
+    nlohmann::json json = {{"quantization", SplitQuantizationToJson(q)}};
+    if (!version.is_null()) json["version"] = std::move(version);
+    return json;
+  };
+  const SplitQuantization split = testing::SplitFixtureQuantization();
+  for (const SplitQuantization& q : {split, q8_0}) {
+    auto current = SplitRecordQuantization(record(q, kSplitRecordVersion));
+    ASSERT_TRUE(current.ok()) << current.status();
+    EXPECT_EQ(*current, q);
+  }
+  auto old_split = SplitRecordQuantization(record(split, 1));
+  ASSERT_TRUE(old_split.ok()) << old_split.status();
+  EXPECT_EQ(*old_split, split);
+  EXPECT_THAT(SplitRecordQuantization(record(q8_0, 1)).status().message(),
+              HasSubstr("q8_0 model of split record version 1"));
+  EXPECT_THAT(SplitRecordQuantization(record(split, kSplitRecordVersion + 1)).status().message(),
+              HasSubstr("not one this build reads"));
+  EXPECT_THAT(SplitRecordQuantization(record(split, 0)).status().message(),
+              HasSubstr("not one this build reads"));
+  EXPECT_THAT(SplitRecordQuantization(record(split, nullptr)).status().message(),
+              HasSubstr("no integer \"version\""));
+  EXPECT_THAT(SplitRecordQuantization(record(split, "2")).status().message(),
+              HasSubstr("no integer \"version\""));
+  EXPECT_THAT(SplitRecordQuantization(nlohmann::json{{"version", 2}}).status().message(),
+              HasSubstr("no quantization"));
+}
+
 // ---- The fixture files -------------------------------------------------------------------------
 
 std::unique_ptr<SplitModelFiles> OpenFixture() {

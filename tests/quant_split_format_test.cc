@@ -64,12 +64,12 @@ TEST(SplitLayout, RowLayoutAndSizes) {
           << info.name;
     }
   }
-  // Q8_0 is ggml's interleaved block.
+  // Q8_0 takes the split layout too (not ggml's interleaved blocks): r8/g32's.
   const SplitRowLayout q8 = GetSplitRowLayout(SplitFormat::kQ8_0, 32, 64);
-  EXPECT_EQ(q8.scale_offset, 0u);
-  EXPECT_EQ(q8.code_offset, 2u);
-  EXPECT_EQ(q8.scale_stride, 34u);
-  EXPECT_EQ(q8.code_stride, 34u);
+  EXPECT_EQ(q8.code_offset, 0u);
+  EXPECT_EQ(q8.code_stride, 32u);
+  EXPECT_EQ(q8.scale_offset, 64u);
+  EXPECT_EQ(q8.scale_stride, 2u);
   EXPECT_EQ(q8.row_bytes, 68u);
   // Bits per weight of a few configurations the design discusses.
   EXPECT_DOUBLE_EQ(8.0 * SplitRowBytes(SplitFormat::kR6, 128, 4096) / 4096, 6.125);
@@ -104,16 +104,15 @@ std::vector<uint8_t> HandPackedRow(SplitFormat format, int group, uint16_t d, ui
   const SplitFormatInfo& info = GetSplitFormatInfo(format);
   const int64_t cols = static_cast<int64_t>(codes.size());
   std::vector<uint8_t> row(SplitRowBytes(format, group, cols), 0);
-  const bool q8_0 = format == SplitFormat::kQ8_0;
   const int64_t groups = cols / group, sub_blocks = cols / 32;
   for (int64_t g = 0; g < groups; ++g) {
-    // Split formats: codes, then scales, then mins. Q8_0: {d, qs[32]} blocks.
-    std::memcpy(&row[q8_0 ? 34 * g : sub_blocks * info.sub_block_bytes + 2 * g], &d, 2);
+    // Codes, then scales, then mins.
+    std::memcpy(&row[sub_blocks * info.sub_block_bytes + 2 * g], &d, 2);
     if (info.has_min)
       std::memcpy(&row[sub_blocks * info.sub_block_bytes + 2 * groups + 2 * g], &m, 2);
   }
   for (int64_t s = 0; s < sub_blocks; ++s) {
-    uint8_t* sub = &row[q8_0 ? 34 * s + 2 : s * info.sub_block_bytes];
+    uint8_t* sub = &row[s * info.sub_block_bytes];
     for (int j = 0; j < 32; ++j) {
       const int q = codes[s * 32 + j];
       auto plane2 = [&](uint8_t* p, int v) { p[j % 8] |= (v & 3) << (2 * (j / 8)); };

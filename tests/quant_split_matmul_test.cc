@@ -84,7 +84,7 @@ Matrix QuantizedMatrix(SplitFormat format, int group, int64_t rows, int64_t cols
     } else if (info.is_residual) {
       EXPECT_TRUE(QuantizeResidualRow(format, group, &w[r * cols], cols, out).ok());
     } else {
-      QuantizeQ8_0Row(&w[r * cols], cols, out);
+      QuantizeQ8_0SplitRow(&w[r * cols], cols, out);
     }
   }
   auto view = MakeMatrixView(format, group, rows, cols, m.bytes.data(), m.bytes.size(), row_stride);

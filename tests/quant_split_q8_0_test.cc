@@ -1,6 +1,7 @@
 // QuantizeQ8_0Row must reproduce ggml's quantize_row_q8_0_ref byte for byte. The oracle is
 // gguf-py's numpy port (tests/oracle/gen_q8_0_fixtures.py wrote the fixture). Also: the split
-// module's Q8_0 dequantization equals the ggml-format dequantizer (common/quant/dequantize.h).
+// row (QuantizeQ8_0SplitRow) holds the same codes and scales, and its dequantization equals the
+// ggml-format dequantizer's of the blocks (common/quant/dequantize.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -86,6 +87,24 @@ TEST(QuantizeQ8_0, MatchesGgufPyByteForByte) {
   }
 }
 
+// The split row's codes and scales are the fixture's blocks' bytes, moved: codes of block b at
+// 32 b, its fp16 scale at cols + 2 b.
+TEST(QuantizeQ8_0, SplitRowHoldsGgufPyCodesAndScales) {
+  std::vector<Q8Case> cases;
+  ASSERT_NO_FATAL_FAILURE(LoadCases(&cases));
+  for (const Q8Case& c : cases) {
+    const int64_t cols = static_cast<int64_t>(c.input.size());
+    ASSERT_EQ(SplitRowBytes(SplitFormat::kQ8_0, 32, cols), c.expected.size());
+    std::vector<uint8_t> row(c.expected.size());
+    QuantizeQ8_0SplitRow(c.input.data(), cols, row.data());
+    for (int64_t b = 0; b < cols / kQk; ++b) {
+      const uint8_t* block = c.expected.data() + b * sizeof(BlockQ8_0);
+      ASSERT_EQ(std::memcmp(row.data() + 32 * b, block + 2, 32), 0) << c.name << " block " << b;
+      ASSERT_EQ(std::memcmp(row.data() + cols + 2 * b, block, 2), 0) << c.name << " block " << b;
+    }
+  }
+}
+
 TEST(QuantizeQ8_0, SplitDequantizeEqualsGgmlDequantize) {
   std::vector<Q8Case> cases;
   ASSERT_NO_FATAL_FAILURE(LoadCases(&cases));
@@ -99,7 +118,9 @@ TEST(QuantizeQ8_0, SplitDequantizeEqualsGgmlDequantize) {
   for (const Q8Case& c : cases) {
     const int64_t n = static_cast<int64_t>(c.input.size());
     std::vector<float> split(n), ggml(n);
-    DequantizeSplitRow(SplitFormat::kQ8_0, 32, c.expected.data(), n, split.data());
+    std::vector<uint8_t> row(SplitRowBytes(SplitFormat::kQ8_0, 32, n));
+    Q8_0BlocksToSplitRow(c.expected.data(), n, row.data());
+    DequantizeSplitRow(SplitFormat::kQ8_0, 32, row.data(), n, split.data());
     ASSERT_TRUE(DequantizeRow(GgmlType::kQ8_0, c.expected.data(), ggml.data(), n).ok());
     for (int64_t i = 0; i < n; ++i) {
       const bool both_nan = std::isnan(split[i]) && std::isnan(ggml[i]);

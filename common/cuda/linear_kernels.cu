@@ -65,27 +65,21 @@ __device__ __forceinline__ int Codes4(const uint8_t* sub, int k) {
     return static_cast<int>(Plane4(sub, k));
   } else if constexpr (kFormat == kR6) {
     return static_cast<int>(Plane4(sub, k) | (Plane2(sub + 16, k) << 4));
-  } else if constexpr (kFormat == kR8) {
+  } else {  // kR8, kQ8_0: int8 codes in element order
     return static_cast<int>(Load32(sub + 4 * k));
-  } else {  // kQ8_0: the codes start 2 bytes into a 34-byte block, so only 2-byte aligned
-    const unsigned short* p = reinterpret_cast<const unsigned short*>(sub + 4 * k);
-    return static_cast<int>(static_cast<uint32_t>(__ldg(p)) |
-                            (static_cast<uint32_t>(__ldg(p + 1)) << 16));
   }
 }
 
 // Bytes from one sub-block (and from one group scale) to the next in a row of kFormat: the
-// layouts of quant::GetSplitRowLayout (q8_0: ggml's 34-byte blocks hold both). Known at compile
-// time, so a run's loads are one base address plus constant offsets.
+// layouts of quant::GetSplitRowLayout. Known at compile time, so a run's loads are one base
+// address plus constant offsets.
 template <int kFormat>
 constexpr int kCodeStride = kFormat == kB2Sym || kFormat == kB2Asym   ? 8
                             : kFormat == kB3Sym || kFormat == kB3Asym ? 12
                             : kFormat == kB4Sym || kFormat == kB4Asym ? 16
                             : kFormat == kR6                          ? 24
-                            : kFormat == kR8                          ? 32
-                                                                      : 34;
-template <int kFormat>
-constexpr int kScaleStride = kFormat == kQ8_0 ? 34 : 2;
+                                                                      : 32;  // kR8, kQ8_0
+constexpr int kScaleStride = 2;
 
 // What one thread reads: lane k of one weight row against a tile of activation rows. Offsets
 // inside a row and inside the activations fit in 32 bits (the launcher checks).
@@ -136,13 +130,13 @@ __device__ __forceinline__ void AccumulateRun(const RowSlice& s, int k, int pari
   // from `scales` (with one block per group the parity moves the base instead).
   const uint8_t* codes_base = s.codes + first_block * kCodeStride<kFormat>;
   const uint8_t* scales =
-      s.scales + (first_group + (kBlocksPerGroup == 1 ? parity : 0)) * kScaleStride<kFormat>;
+      s.scales + (first_group + (kBlocksPerGroup == 1 ? parity : 0)) * kScaleStride;
   int codes[kBlocks];
   float d[kBlocks];
 #pragma unroll
   for (int i = 0; i < kBlocks; ++i) {
     codes[i] = Codes4<kFormat>(codes_base + 2 * i * kCodeStride<kFormat>, k);
-    d[i] = LoadHalf(scales + (2 * i / kBlocksPerGroup) * kScaleStride<kFormat>);
+    d[i] = LoadHalf(scales + (2 * i / kBlocksPerGroup) * kScaleStride);
   }
 #pragma unroll
   for (int j = 0; j < kTile; ++j) {
@@ -284,24 +278,22 @@ cudaError_t LaunchSplitMatMul(const GroupMatMul& group, const DeviceActivations&
     // The kernel's in-row and activation offsets are 32-bit; a group's matrices share the format
     // and the group size (one kernel specialization for all of them).
     if (w.row_stride >= (int64_t{1} << 31) || w.format != kFormat ||
-        w.code_stride != kCodeStride<kFormat> || w.scale_stride != kScaleStride<kFormat> ||
+        w.code_stride != kCodeStride<kFormat> || w.scale_stride != kScaleStride ||
         w.group != group.matrices[0].group || w.group < kBlock || w.group % kBlock != 0) {
       return cudaErrorInvalidValue;
     }
     total_rows += w.rows;
   }
   if (x.rows * x.cols >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
-  switch (kFormat == kQ8_0 ? 1 : group.matrices[0].group / kBlock) {
+  switch (group.matrices[0].group / kBlock) {
     case 1:
       LaunchSplitMatMulKernel<kFormat, 1>(group, x, accumulate, total_rows, stream);
       break;
     case 2:
-      LaunchSplitMatMulKernel<kFormat, kFormat == kQ8_0 ? 0 : 2>(group, x, accumulate, total_rows,
-                                                                 stream);
+      LaunchSplitMatMulKernel<kFormat, 2>(group, x, accumulate, total_rows, stream);
       break;
     case 4:
-      LaunchSplitMatMulKernel<kFormat, kFormat == kQ8_0 ? 0 : 4>(group, x, accumulate, total_rows,
-                                                                 stream);
+      LaunchSplitMatMulKernel<kFormat, 4>(group, x, accumulate, total_rows, stream);
       break;
     default:
       LaunchSplitMatMulKernel<kFormat, 0>(group, x, accumulate, total_rows, stream);

@@ -148,7 +148,7 @@ absl::StatusOr<SplitQuantization> QuantizationOf(const SplitFile& file) {
         absl::StrCat(file.name(), ": metadata has no \"", kSplitMetadataKey,
                      ".quantization\" record; not a split model written by bitsplit quantize"));
   }
-  auto quantization = SplitQuantizationFromJson((*record)["quantization"]);
+  auto quantization = SplitRecordQuantization(*record);
   if (!quantization.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(file.name(), ": ", quantization.status().message()));
@@ -157,6 +157,29 @@ absl::StatusOr<SplitQuantization> QuantizationOf(const SplitFile& file) {
 }
 
 }  // namespace
+
+absl::StatusOr<SplitQuantization> SplitRecordQuantization(const nlohmann::json& record) {
+  if (!record.is_object() || !record.contains("quantization")) {
+    return absl::InvalidArgumentError("the split record has no quantization");
+  }
+  const auto version = record.find("version");
+  if (version == record.end() || !version->is_number_integer()) {
+    return absl::InvalidArgumentError("the split record has no integer \"version\"");
+  }
+  const int64_t number = version->get<int64_t>();
+  if (number < 1 || number > kSplitRecordVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("split record version ", number, " is not one this build reads (1..",
+                     kSplitRecordVersion, "); quantize the model again with this build"));
+  }
+  BITSPLIT_ASSIGN_OR_RETURN(SplitQuantization q, SplitQuantizationFromJson(record["quantization"]));
+  if (number == 1 && q.base_format == quant::SplitFormat::kQ8_0) {
+    return absl::InvalidArgumentError(
+        "a q8_0 model of split record version 1 (ggml's interleaved 34-byte blocks, which this "
+        "build no longer reads); quantize it again with this build");
+  }
+  return q;
+}
 
 nlohmann::json SplitQuantizationToJson(const SplitQuantization& q) {
   nlohmann::json json = {

@@ -44,6 +44,16 @@ struct SplitQuantization {
 };
 nlohmann::json SplitQuantizationToJson(const SplitQuantization& quantization);
 absl::StatusOr<SplitQuantization> SplitQuantizationFromJson(const nlohmann::json& json);
+
+// The "version" the quantizer writes into its record. 2: q8_0 bases in the split row layout
+// (docs/formats.md); version 1 files held them in ggml's interleaved 34-byte blocks, which this
+// build refuses (the other formats are unchanged, so version 1 files of them still load).
+inline constexpr int kSplitRecordVersion = 2;
+
+// The quantization in a split file's record (its metadata[kSplitMetadataKey] object), after
+// checking the record's version. INVALID_ARGUMENT for a missing or unknown version, a version 1
+// q8_0 base, or a malformed quantization.
+absl::StatusOr<SplitQuantization> SplitRecordQuantization(const nlohmann::json& record);
 // One line for messages and summaries: "b2_asym/g64 + r8/g64, hadamard 64 (seed 1)".
 std::string SplitQuantizationString(const SplitQuantization& quantization);
 

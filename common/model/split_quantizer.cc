@@ -332,7 +332,7 @@ class MatrixSplitter {
     ops::DequantizeWeightRow(w, r, row);
     RotateRows(q_.rotation, row, 1, w.cols);
     if (q_.base_format == quant::SplitFormat::kQ8_0) {
-      quant::QuantizeQ8_0Row(row, w.cols, base_out);
+      quant::QuantizeQ8_0SplitRow(row, w.cols, base_out);
     } else {
       BITSPLIT_RETURN_IF_ERROR(
           quant::QuantizeBaseRow(q_.base_format, q_.base_group, row, importance, w.cols, base_out));
@@ -485,7 +485,7 @@ absl::StatusOr<QuantizeSummary> QuantizeSplitModel(const std::string& gguf_path,
 
   const nlohmann::json metadata = {
       {kSplitMetadataKey,
-       {{"version", 1},
+       {{"version", kSplitRecordVersion},
         {"quantization", SplitQuantizationToJson(q)},
         {"source",
          {{"file", std::filesystem::path(gguf_path).filename().string()},

@@ -363,13 +363,6 @@ SplitRowLayout GetSplitRowLayout(SplitFormat format, int group, int64_t cols) {
   SplitRowLayout layout;
   layout.groups = cols / group;
   layout.sub_blocks = cols / kSplitSubBlock;
-  if (format == SplitFormat::kQ8_0) {  // ggml's block_q8_0: {fp16 d, int8 qs[32]} repeated
-    layout.scale_offset = offsetof(BlockQ8_0, d);
-    layout.code_offset = offsetof(BlockQ8_0, qs);
-    layout.scale_stride = layout.code_stride = sizeof(BlockQ8_0);
-    layout.row_bytes = layout.sub_blocks * sizeof(BlockQ8_0);
-    return layout;
-  }
   layout.code_offset = 0;
   layout.code_stride = info.sub_block_bytes;
   layout.scale_offset = layout.sub_blocks * info.sub_block_bytes;
@@ -494,6 +487,25 @@ void QuantizeQ8_0Row(const float* x, int64_t cols, uint8_t* out) {
     block.d = Fp32ToFp16(d);
     for (int j = 0; j < kQk; ++j) block.qs[j] = static_cast<int8_t>(std::roundf(v[j] * id));
     std::memcpy(out + b * sizeof(BlockQ8_0), &block, sizeof(block));
+  }
+}
+
+void QuantizeQ8_0SplitRow(const float* x, int64_t cols, uint8_t* out) {
+  BITSPLIT_CHECK(cols % kQk == 0);
+  std::vector<uint8_t> blocks(cols / kQk * sizeof(BlockQ8_0));
+  QuantizeQ8_0Row(x, cols, blocks.data());
+  Q8_0BlocksToSplitRow(blocks.data(), cols, out);
+}
+
+void Q8_0BlocksToSplitRow(const uint8_t* blocks, int64_t cols, uint8_t* out) {
+  BITSPLIT_CHECK(cols % kQk == 0);
+  const SplitRowLayout layout = GetSplitRowLayout(SplitFormat::kQ8_0, kQk, cols);
+  for (int64_t b = 0; b < layout.sub_blocks; ++b) {
+    const uint8_t* block = blocks + b * sizeof(BlockQ8_0);
+    std::memcpy(out + layout.code_offset + b * layout.code_stride, block + offsetof(BlockQ8_0, qs),
+                kQk);
+    std::memcpy(out + layout.scale_offset + b * layout.scale_stride, block + offsetof(BlockQ8_0, d),
+                sizeof(uint16_t));
   }
 }
 

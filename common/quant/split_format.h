@@ -9,9 +9,10 @@
 //   mins    cols / group fp16 mins m (asymmetric formats only)
 // Scales are kept apart from the codes so that the kernel reads eight consecutive scales with
 // one load (split_matmul.cc), and the packing inside a sub-block is chosen so that AVX2 expands
-// it to 32 bytes in element order with a broadcast load and one variable shift. kQ8_0 is the
-// exception: ggml's interleaved block_q8_0 (fp16 d, then 32 int8), so GGUF tensors are usable
-// as they are. Byte layouts: docs/formats.md, "Split formats".
+// it to 32 bytes in element order with a broadcast load and one variable shift. kQ8_0 holds
+// ggml's Q8_0 values (codes and scales bit for bit) in this layout too, not in ggml's interleaved
+// 34-byte blocks, so it runs through r8/g32's kernels. Byte layouts: docs/formats.md, "Split
+// formats".
 //
 // Dequantized value of element j of a group (q: the unsigned code, c: the signed code):
 //   kB2Sym  y = d * (q - 1.5)   q in 0..3   (levels +-0.5d, +-1.5d: no zero level)
@@ -20,7 +21,7 @@
 //   kBnAsym y = d * q + m       q in 0..2^n-1
 //   kR6     y = d * (q - 32)    q in 1..63  (c = q - 32 in -31..31; the quantizer never writes 0)
 //   kR8     y = d * c           c in -127..127
-//   kQ8_0   y = d * c           ggml's block_q8_0 (group must be 32); c in -128..127 when read
+//   kQ8_0   y = d * c           ggml's Q8_0 values (group must be 32); c in -128..127 when read
 //                               from a file, -127..127 from our quantizer
 // The 2-bit grid is mid-rise and the 3/4-bit grids mid-tread because that is what measured
 // lower error on Gaussian groups (see docs/formats.md).
@@ -74,7 +75,7 @@ size_t SplitRowBytes(SplitFormat format, int group, int64_t cols);
 
 // Where things are inside one row: group g's scale at scale_offset + g * scale_stride (fp16),
 // its min at min_offset + g * min_stride (asymmetric formats), sub-block b's codes at
-// code_offset + b * code_stride. For kQ8_0 the strides are the 34-byte block.
+// code_offset + b * code_stride.
 struct SplitRowLayout {
   int64_t groups = 0;
   int64_t sub_blocks = 0;
@@ -139,8 +140,17 @@ absl::Status QuantizeSplitRow(SplitFormat base_format, int base_group, SplitForm
 
 // ggml's quantize_row_q8_0_ref, bit for bit: per block of 32, d = amax / 127,
 // id = d ? 1 / d : 0, c = roundf(x * id) (ties away from zero), d stored as fp16 (nearest).
-// cols must be a multiple of 32; out receives cols / 32 BlockQ8_0.
+// cols must be a multiple of 32; out receives cols / 32 BlockQ8_0 (ggml's interleaved blocks, as
+// a GGUF Q8_0 tensor holds them).
 void QuantizeQ8_0Row(const float* x, int64_t cols, uint8_t* out);
+
+// The same codes and scales as QuantizeQ8_0Row, written as a kQ8_0 split row
+// (SplitRowBytes(kQ8_0, 32, cols) bytes: the codes, then the scales).
+void QuantizeQ8_0SplitRow(const float* x, int64_t cols, uint8_t* out);
+
+// One row of ggml's Q8_0 blocks (cols / 32 BlockQ8_0) rewritten as a kQ8_0 split row, bytes
+// moved unchanged.
+void Q8_0BlocksToSplitRow(const uint8_t* blocks, int64_t cols, uint8_t* out);
 
 // Dequantizes one row of any split format (the scalar reference of the layouts above).
 void DequantizeSplitRow(SplitFormat format, int group, const uint8_t* row, int64_t cols,

@@ -50,7 +50,6 @@ enum class ScaleLoad {
   kPairs,     // group 64: 4 scales, each used twice
   kQuads,     // group 128: 2 scales, each used 4 times
   kShared,    // group a multiple of 256: one scale for the whole chunk
-  kStrided,   // group 32, scales `scale_stride` bytes apart (Q8_0's blocks)
   kGeneric,   // any other group: one load per block
   kCached,    // from Problem::scale_cache, filled once per row tile (see RunRowsWith)
 };
@@ -116,7 +115,8 @@ void ComputeGroupSums(const QuantizedActivations& x, int group, std::vector<floa
 // Compile-time copy of the SplitFormatInfo fields the kernel branches on.
 template <SplitFormat kFormat>
 struct Traits {
-  static constexpr bool kSigned = kFormat == SplitFormat::kR8 || kFormat == SplitFormat::kQ8_0;
+  static_assert(kFormat != SplitFormat::kQ8_0, "q8_0 runs r8's kernels (GetRunRows)");
+  static constexpr bool kSigned = kFormat == SplitFormat::kR8;
   static constexpr bool kStoredMin = kFormat == SplitFormat::kB2Asym ||
                                      kFormat == SplitFormat::kB3Asym ||
                                      kFormat == SplitFormat::kB4Asym;
@@ -127,10 +127,9 @@ struct Traits {
                                        : kFormat == SplitFormat::kB4Sym ? 8.0f
                                        : kFormat == SplitFormat::kR6    ? 32.0f
                                                                         : 0.0f;
-  // Bytes from one sub-block's codes to the next (Q8_0: its 34-byte block).
+  // Bytes from one sub-block's codes to the next.
   static constexpr int64_t kCodeStride =
-      kFormat == SplitFormat::kQ8_0                                       ? 34
-      : kFormat == SplitFormat::kR8                                       ? 32
+      kFormat == SplitFormat::kR8                                         ? 32
       : kFormat == SplitFormat::kR6                                       ? 24
       : kFormat == SplitFormat::kB4Sym || kFormat == SplitFormat::kB4Asym ? 16
       : kFormat == SplitFormat::kB3Sym || kFormat == SplitFormat::kB3Asym ? 12
@@ -207,19 +206,6 @@ __attribute__((always_inline)) inline __m256 ChunkScales(const Problem& p, const
     } else if constexpr (kLoad == ScaleLoad::kShared) {
       return HalvesToFloats(_mm_set1_epi16(
           static_cast<int16_t>(LoadHalf(scales + 2 * (chunk / p.blocks_per_group)))));
-    } else if constexpr (kLoad == ScaleLoad::kStrided) {
-      // Eight 16-bit loads (Q8_0: d at the start of each 34-byte block); a gather is slower on
-      // AMD cores and no faster elsewhere.
-      const uint8_t* first = scales + chunk * p.layout.scale_stride;
-      const size_t stride = p.layout.scale_stride;
-      return HalvesToFloats(_mm_setr_epi16(static_cast<int16_t>(LoadHalf(first)),
-                                           static_cast<int16_t>(LoadHalf(first + stride)),
-                                           static_cast<int16_t>(LoadHalf(first + 2 * stride)),
-                                           static_cast<int16_t>(LoadHalf(first + 3 * stride)),
-                                           static_cast<int16_t>(LoadHalf(first + 4 * stride)),
-                                           static_cast<int16_t>(LoadHalf(first + 5 * stride)),
-                                           static_cast<int16_t>(LoadHalf(first + 6 * stride)),
-                                           static_cast<int16_t>(LoadHalf(first + 7 * stride))));
     }
   }
   return GeneralChunkScales(p, row, chunk, count);
@@ -403,9 +389,6 @@ Problem MakeProblem(const MatrixView& w, const QuantizedActivations& x, float* y
             0,
             y,
             accumulate};
-  if (p.blocks_per_group == 1 && p.layout.scale_stride > sizeof(uint16_t)) {
-    p.scale_load = ScaleLoad::kStrided;
-  }
   if (p.layout.scale_stride == sizeof(uint16_t)) {
     if (p.blocks_per_group == 1) p.scale_load = ScaleLoad::kPerBlock;
     if (p.blocks_per_group == 2) p.scale_load = ScaleLoad::kPairs;

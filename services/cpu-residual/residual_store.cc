@@ -97,7 +97,7 @@ absl::Status ResidualStore::LoadGroups() {
   if (record == metadata.end() || !record->is_object() || !record->contains("quantization")) {
     return bad("metadata has no quantization record; not a residual written by bitsplit quantize");
   }
-  auto q = model::SplitQuantizationFromJson((*record)["quantization"]);
+  auto q = model::SplitRecordQuantization(*record);
   if (!q.ok()) return bad(std::string(q.status().message()));
   if (!q->residual_format) return bad("the quantization record says the model has no residual");
   quantization_ = model::SplitQuantizationString(*q);
