@@ -110,12 +110,18 @@ TEST(ValidateSplitQuantizationTest, RejectsRotationBlocksAndFormatsThatDoNotFit)
 // ---- The quantization record
 // ----------------------------------------------------------------------
 
+// The Q8_0 reference configuration: a q8_0 base and no residual.
+SplitQuantization Q8_0Quantization() {
+  SplitQuantization q;
+  q.base_format = quant::SplitFormat::kQ8_0;
+  q.base_group = 32;
+  q.residual_format.reset();
+  q.residual_group = 0;
+  return q;
+}
+
 TEST(SplitQuantizationTest, RecordRoundTripsThroughJson) {
-  SplitQuantization base_only;
-  base_only.base_format = quant::SplitFormat::kQ8_0;
-  base_only.base_group = 32;
-  base_only.residual_format.reset();
-  base_only.residual_group = 0;
+  const SplitQuantization base_only = Q8_0Quantization();
   SplitQuantization calibrated = testing::SplitFixtureQuantization();
   calibrated.residual_format = quant::SplitFormat::kR6;
   calibrated.rotation.seed = ~uint64_t{0};  // the full uint64 range survives JSON
@@ -157,11 +163,7 @@ TEST(SplitQuantizationTest, MalformedRecordsAreRejectedNamingTheField) {
 // Version 2 changed only q8_0's bytes (split rows instead of ggml's blocks), so version 1 records
 // load unless their base is q8_0, which would be read wrongly.
 TEST(SplitQuantizationTest, RecordVersionIsChecked) {
-  SplitQuantization q8_0;
-  q8_0.base_format = quant::SplitFormat::kQ8_0;
-  q8_0.base_group = 32;
-  q8_0.residual_format.reset();
-  q8_0.residual_group = 0;
+  const SplitQuantization q8_0 = Q8_0Quantization();
   auto record = [](const SplitQuantization& q, nlohmann::json version) {
     nlohmann::json json = {{"quantization", SplitQuantizationToJson(q)}};
     if (!version.is_null()) json["version"] = std::move(version);
@@ -387,14 +389,6 @@ TEST(SplitModelFilesTest, RefusesABaseFileWithoutItsLinearWeights) {
 
 // ---- Base only (the Q8_0 configuration) and determinism
 // ------------------------------------------
-
-SplitQuantization Q8_0Quantization() {
-  SplitQuantization q;
-  q.base_format = quant::SplitFormat::kQ8_0;
-  q.base_group = 32;
-  q.residual_format.reset();
-  return q;
-}
 
 std::vector<char> ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
