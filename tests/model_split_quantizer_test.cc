@@ -387,6 +387,37 @@ TEST(SplitModelFilesTest, RefusesABaseFileWithoutItsLinearWeights) {
   EXPECT_THAT(files.status().message(), HasSubstr("blk.0.attn_q.weight"));
 }
 
+// A version 1 record with a q8_0 base names files whose rows were ggml's 34-byte blocks: refused
+// before any tensor is read. A version 1 record of another base gets past the record (and here
+// on to the missing weights).
+TEST(SplitModelFilesTest, RefusesAVersion1Q8_0BaseFile) {
+  auto fixture = OpenFixture();
+  ASSERT_NE(fixture, nullptr);
+  const SplitFile& base = fixture->base();
+  auto open_with_record = [&](const SplitQuantization& q, int version) {
+    nlohmann::json metadata = base.metadata();
+    metadata[kSplitMetadataKey]["version"] = version;
+    metadata[kSplitMetadataKey]["quantization"] = SplitQuantizationToJson(q);
+    const std::string path = (testing::TestTempDir() / "record.base.bsplit").string();
+    auto writer = SplitFileWriter::Create(path, SplitFileKind::kBase, base.fingerprint(), metadata,
+                                          SplitFormatRowSizeOracle());
+    EXPECT_TRUE(writer.ok()) << writer.status();
+    if (writer.ok()) {
+      EXPECT_TRUE((*writer)->Finish().ok());
+    }
+    return SplitModelFiles::Open(path, "").status();
+  };
+  const absl::Status q8_0 = open_with_record(Q8_0Quantization(), 1);
+  EXPECT_EQ(q8_0.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(q8_0.message(), HasSubstr("record.base.bsplit"));
+  EXPECT_THAT(q8_0.message(), HasSubstr("q8_0 model of split record version 1"));
+  const absl::Status newer = open_with_record(testing::SplitFixtureQuantization(), 3);
+  EXPECT_EQ(newer.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(newer.message(), HasSubstr("version 3 is not one this build reads"));
+  const absl::Status old_b2 = open_with_record(testing::SplitFixtureQuantization(), 1);
+  EXPECT_EQ(old_b2.code(), absl::StatusCode::kNotFound) << old_b2;
+}
+
 // ---- Base only (the Q8_0 configuration) and determinism
 // ------------------------------------------
 
