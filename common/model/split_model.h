@@ -54,6 +54,7 @@ inline constexpr int kSplitRecordVersion = 2;
 // checking the record's version. INVALID_ARGUMENT for a missing or unknown version, a version 1
 // q8_0 base, or a malformed quantization.
 absl::StatusOr<SplitQuantization> SplitRecordQuantization(const nlohmann::json& record);
+
 // One line for messages and summaries: "b2_asym/g64 + r8/g64, hadamard 64 (seed 1)".
 std::string SplitQuantizationString(const SplitQuantization& quantization);
 
