@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -44,6 +45,19 @@ class Reader {
   std::vector<uint8_t> bytes_;
   size_t position_ = 0;
 };
+
+// One row of ggml's Q8_0 blocks as a kQ8_0 split row, bytes moved unchanged (docs/formats.md):
+// block b's codes to bytes 32 b.., its fp16 scale to cols + 2 b.
+std::vector<uint8_t> BlocksToSplitRow(const std::vector<uint8_t>& blocks) {
+  const size_t count = blocks.size() / sizeof(BlockQ8_0);
+  std::vector<uint8_t> row(blocks.size());
+  for (size_t b = 0; b < count; ++b) {
+    const uint8_t* block = blocks.data() + b * sizeof(BlockQ8_0);
+    std::memcpy(row.data() + kQk * b, block + offsetof(BlockQ8_0, qs), kQk);
+    std::memcpy(row.data() + kQk * count + 2 * b, block + offsetof(BlockQ8_0, d), 2);
+  }
+  return row;
+}
 
 void LoadCases(std::vector<Q8Case>* cases) {
   const std::string path = testing::SourcePath("tests/fixtures/quant/q8_0_quantize.bin");
@@ -118,8 +132,8 @@ TEST(QuantizeQ8_0, SplitDequantizeEqualsGgmlDequantize) {
   for (const Q8Case& c : cases) {
     const int64_t n = static_cast<int64_t>(c.input.size());
     std::vector<float> split(n), ggml(n);
-    std::vector<uint8_t> row(SplitRowBytes(SplitFormat::kQ8_0, 32, n));
-    Q8_0BlocksToSplitRow(c.expected.data(), n, row.data());
+    ASSERT_EQ(SplitRowBytes(SplitFormat::kQ8_0, 32, n), c.expected.size());
+    const std::vector<uint8_t> row = BlocksToSplitRow(c.expected);
     DequantizeSplitRow(SplitFormat::kQ8_0, 32, row.data(), n, split.data());
     ASSERT_TRUE(DequantizeRow(GgmlType::kQ8_0, c.expected.data(), ggml.data(), n).ok());
     for (int64_t i = 0; i < n; ++i) {

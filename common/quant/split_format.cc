@@ -89,6 +89,16 @@ uint16_t LoadHalf(const uint8_t* p) {
 }
 void StoreHalf(uint16_t h, uint8_t* p) { std::memcpy(p, &h, sizeof(h)); }
 
+// One block of ggml's quantize_row_q8_0_ref: its fp16 scale and 32 codes.
+void QuantizeQ8_0Block(const float* v, uint16_t* d_out, int8_t* codes) {
+  float amax = 0.0f;
+  for (int j = 0; j < kQk; ++j) amax = std::max(amax, std::fabs(v[j]));  // ggml's MAX(amax, |v|)
+  const float d = amax / ((1 << 7) - 1);
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  *d_out = Fp32ToFp16(d);
+  for (int j = 0; j < kQk; ++j) codes[j] = static_cast<int8_t>(std::roundf(v[j] * id));
+}
+
 // fp16 bits nearest to v, saturated to the finite range (so a candidate never becomes inf).
 uint16_t ToHalfSaturated(float v) { return Fp32ToFp16(std::clamp(v, -kFp16Max, kFp16Max)); }
 
@@ -478,34 +488,20 @@ absl::Status QuantizeSplitRow(SplitFormat base_format, int base_group, SplitForm
 void QuantizeQ8_0Row(const float* x, int64_t cols, uint8_t* out) {
   BITSPLIT_CHECK(cols % kQk == 0);
   for (int64_t b = 0; b < cols / kQk; ++b) {
-    const float* v = x + b * kQk;
-    float amax = 0.0f;
-    for (int j = 0; j < kQk; ++j) amax = std::max(amax, std::fabs(v[j]));  // ggml's MAX(amax, |v|)
-    const float d = amax / ((1 << 7) - 1);
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
     BlockQ8_0 block;
-    block.d = Fp32ToFp16(d);
-    for (int j = 0; j < kQk; ++j) block.qs[j] = static_cast<int8_t>(std::roundf(v[j] * id));
+    QuantizeQ8_0Block(x + b * kQk, &block.d, block.qs);
     std::memcpy(out + b * sizeof(BlockQ8_0), &block, sizeof(block));
   }
 }
 
 void QuantizeQ8_0SplitRow(const float* x, int64_t cols, uint8_t* out) {
   BITSPLIT_CHECK(cols % kQk == 0);
-  std::vector<uint8_t> blocks(cols / kQk * sizeof(BlockQ8_0));
-  QuantizeQ8_0Row(x, cols, blocks.data());
-  Q8_0BlocksToSplitRow(blocks.data(), cols, out);
-}
-
-void Q8_0BlocksToSplitRow(const uint8_t* blocks, int64_t cols, uint8_t* out) {
-  BITSPLIT_CHECK(cols % kQk == 0);
   const SplitRowLayout layout = GetSplitRowLayout(SplitFormat::kQ8_0, kQk, cols);
   for (int64_t b = 0; b < layout.sub_blocks; ++b) {
-    const uint8_t* block = blocks + b * sizeof(BlockQ8_0);
-    std::memcpy(out + layout.code_offset + b * layout.code_stride, block + offsetof(BlockQ8_0, qs),
-                kQk);
-    std::memcpy(out + layout.scale_offset + b * layout.scale_stride, block + offsetof(BlockQ8_0, d),
-                sizeof(uint16_t));
+    uint16_t d;
+    QuantizeQ8_0Block(x + b * kQk, &d,
+                      reinterpret_cast<int8_t*>(out + layout.code_offset + b * layout.code_stride));
+    StoreHalf(d, out + layout.scale_offset + b * layout.scale_stride);
   }
 }
 

@@ -148,10 +148,6 @@ void QuantizeQ8_0Row(const float* x, int64_t cols, uint8_t* out);
 // (SplitRowBytes(kQ8_0, 32, cols) bytes: the codes, then the scales).
 void QuantizeQ8_0SplitRow(const float* x, int64_t cols, uint8_t* out);
 
-// One row of ggml's Q8_0 blocks (cols / 32 BlockQ8_0) rewritten as a kQ8_0 split row, bytes
-// moved unchanged.
-void Q8_0BlocksToSplitRow(const uint8_t* blocks, int64_t cols, uint8_t* out);
-
 // Dequantizes one row of any split format (the scalar reference of the layouts above).
 void DequantizeSplitRow(SplitFormat format, int group, const uint8_t* row, int64_t cols,
                         float* out);

@@ -389,12 +389,12 @@ Problem MakeProblem(const MatrixView& w, const QuantizedActivations& x, float* y
             0,
             y,
             accumulate};
-  if (p.layout.scale_stride == sizeof(uint16_t)) {
-    if (p.blocks_per_group == 1) p.scale_load = ScaleLoad::kPerBlock;
-    if (p.blocks_per_group == 2) p.scale_load = ScaleLoad::kPairs;
-    if (p.blocks_per_group == 4) p.scale_load = ScaleLoad::kQuads;
-    if (p.blocks_per_group % kChunkBlocks == 0) p.scale_load = ScaleLoad::kShared;
-  }
+  // Every format's scales are consecutive fp16 values (ChunkScales' fast paths rely on it).
+  BITSPLIT_CHECK(p.layout.scale_stride == sizeof(uint16_t));
+  if (p.blocks_per_group == 1) p.scale_load = ScaleLoad::kPerBlock;
+  if (p.blocks_per_group == 2) p.scale_load = ScaleLoad::kPairs;
+  if (p.blocks_per_group == 4) p.scale_load = ScaleLoad::kQuads;
+  if (p.blocks_per_group % kChunkBlocks == 0) p.scale_load = ScaleLoad::kShared;
   p.tiling = SelectedTiling().load(std::memory_order_relaxed);
   if (!GetSplitFormatInfo(w.format).signed_codes) {
     ComputeGroupSums(x, w.group, group_sums, &p.group_stride);
