@@ -1,10 +1,10 @@
 // ThreadPool: every item runs exactly once, in the static chunks the header promises, whether
 // the workers are polling (back-to-back jobs), polling between yields, or asleep (jobs further
 // apart than the spin budget, or no spinning at all), and the pool shuts down from any of these
-// states; a worker polling between yields leaves its CPU to other threads.
+// states. Whether a worker polling between yields leaves its CPU to other threads is
+// util_thread_pool_cpu_share_test, which CTest runs alone.
 #include <gtest/gtest.h>
 #include <sched.h>
-#include <time.h>
 
 #include <atomic>
 #include <chrono>
@@ -141,48 +141,6 @@ TEST(ThreadPoolTest, SpinChangesTakeEffectBetweenJobs) {
     pool.SetYieldSpin(job % 3 == 0 ? std::chrono::nanoseconds(0) : std::chrono::seconds(10));
     if (job % 20 == 0) std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
-}
-
-// CPU time a thread pinned to `cpu` gets while it busy-loops for `wall`, as a fraction of it.
-double CpuShareOfABusyThread(int cpu, std::chrono::milliseconds wall) {
-  double share = 0;
-  std::thread busy([&] {
-    if (!PinCurrentThread(cpu).ok()) return;
-    auto cpu_seconds = [] {
-      timespec t;
-      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-      return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-    };
-    const double cpu_start = cpu_seconds();
-    const auto start = std::chrono::steady_clock::now();
-    while (std::chrono::steady_clock::now() - start < wall) {
-    }
-    share = (cpu_seconds() - cpu_start) /
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  });
-  busy.join();
-  return share;
-}
-
-// An idle worker polling between yields leaves its CPU to a thread that wants it: that thread
-// gets about what it gets beside no worker at all, where a busy-polling worker would take half
-// (a fair scheduler shares a CPU between two runnable threads). Compared with a baseline taken
-// just before, up to 3 times, since other processes may load the same CPU.
-TEST(ThreadPoolTest, YieldPollingWorkersLeaveTheirCpuToOtherThreads) {
-  const std::vector<int> allowed = AllowedCpus();
-  ASSERT_FALSE(allowed.empty());
-  const int cpu = allowed.back();
-  constexpr std::chrono::milliseconds kWall(200);
-  double baseline = 0, beside_worker = 0;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    baseline = CpuShareOfABusyThread(cpu, kWall);
-    ThreadPool pool(2, std::chrono::nanoseconds(0), {cpu});
-    pool.SetYieldSpin(std::chrono::seconds(10));  // far longer than the test
-    RunAndCheck(pool, 2, 1);                      // worker 1 now polls between yields
-    beside_worker = CpuShareOfABusyThread(cpu, kWall);
-    if (beside_worker >= 0.8 * baseline) break;
-  }
-  EXPECT_GE(beside_worker, 0.8 * baseline) << "baseline share " << baseline;
 }
 
 TEST(ThreadPoolTest, ShutsDownWhilePollingOrAsleep) {
