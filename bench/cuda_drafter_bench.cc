@@ -204,7 +204,7 @@ int Run(const Options& o) {
               std::chrono::duration<double>(Clock::now() - build_start).count(),
               model::FormatBytes(m.base_linear_bytes).c_str(),
               model::FormatBytes(m.residual_linear_bytes).c_str());
-  const double bandwidth = MeasureReadBandwidth(pool, /*software_prefetch=*/true, 8);
+  const double bandwidth = MeasureReadBandwidth(pool, /*repetitions=*/8);
   const double floor_ms = static_cast<double>(m.residual_linear_bytes) / bandwidth * 1e3;
   std::printf("RAM read bandwidth %.1f GB/s -> residual floor %.2f ms per verify\n",
               bandwidth / 1e9, floor_ms);

@@ -14,17 +14,19 @@
 //         per cycle, vcvtdq2ps on other pipes: 21.3 multiply-adds per cycle per core for AVX2, 32
 //         for AVX-VNNI, 64 for AVX-512 where 512-bit pipes are full width.)
 // Counters: GB/s of weights, fraction of BW, floor(T) = max(weight bytes / BW, T * MACs / P)
-// and time / floor. A summary table is printed at the end. BW is the larger of a plain
-// read-reduce and one with software prefetch (the kernels prefetch, and beat the plain one),
-// probed just before each format's T = 1 and T = 2 cells and just after its T = 2 cell; each
-// format's floor uses the maximum of its own probes (a VM's bandwidth can drift by a third within
-// minutes, and a memory-bound cell should be compared with what memory delivered while it ran),
-// and the header gives the maximum over the run. The summary prints each row's slowest probe
-// beside it (BW low) and marks the rows whose probes differ by more than 1.25x, and E/c: the
-// per-row work of a call (E) in tokens (c), from the line through the T = 8 and T = 64 times,
-// which is what keeps compute-bound cells at small T above floor(T). Every time is
-// the fastest call and P and the mix peak are maxima over the run: the machine may be shared,
-// and these are the least disturbed measurements.
+// and time / floor. A summary table is printed at the end. BW is the fastest read of a 128 MiB
+// window by any of bench/read_bandwidth.h's patterns (one stream per thread, with or without
+// software prefetch, or four streams per thread). Each cell probes it between its calls, every
+// 80 ms of kernel time, and its floor uses the probes on either side of its fastest call: this
+// VM's memory moves between a slow phase (~35 GB/s) and a fast one (60-70 GB/s) within minutes,
+// and a memory-bound cell is compared with what memory delivered while it ran (a probe per
+// format, as before session 20, held cells that ran in one phase to the other). The header gives
+// the maximum over the run; the summary gives each row's range of cell bandwidths (marking the
+// rows where it exceeds 1.25x), each cell's, and E/c: the per-row work of a call (E) in tokens
+// (c), from the line through the T = 8 and T = 64 times, which is what keeps compute-bound
+// cells at small T above floor(T). Every time is the fastest call and P and the mix peak are
+// maxima over the run: the machine may be shared, and these are the least disturbed
+// measurements.
 //
 //   build-*/bench/kernel_bench [--benchmark_filter=r6] [--threads=N] [--isa=avx2|avx-vnni|avx512]
 //                              [--tiling=large-l1|small-l1]
@@ -163,39 +165,31 @@ const QuantizedActivations& ActivationsFor(int64_t tokens) {
 // Measured again before every case and kept at their maximum, so that a ceiling measured while
 // another process happened to load the machine does not flatter the kernels.
 
-double g_bandwidth_plain = 0;                 // bytes/s, hardware prefetch only
-double g_bandwidth_prefetch = 0;              // bytes/s, with software prefetch (like the kernels)
+// bytes/s per bench::ReadPattern: one stream per thread, the same with software prefetch (like
+// the kernels), four streams per thread
+double g_bandwidth_by_pattern[3] = {0, 0, 0};
 double g_peak_mix = 0;                        // multiply-adds/s
 std::map<std::string, double> g_kernel_rate;  // P per case, multiply-adds/s
-// BW per case: the maximum of the probes run just before its T = 1 and T = 2 cells and just
-// after its T = 2 cell. This VM's read bandwidth drifts by a third within minutes, so a
-// memory-bound cell is compared with what memory delivered while it ran; the run maximum
-// (Bandwidth()) is printed beside it.
-std::map<std::string, double> g_case_bandwidth;
-// The slowest of those probes (each probe: the faster of its two reads). Where it is well below
-// the fastest, memory changed speed during the row (docs/performance.md, session 17).
-std::map<std::string, double> g_case_bandwidth_low;
 
-double Bandwidth() { return std::max(g_bandwidth_plain, g_bandwidth_prefetch); }
-
-double MeasureBandwidth(bool software_prefetch) {
-  return bench::MeasureReadBandwidth(Pool(), software_prefetch, /*repetitions=*/8);
+double Bandwidth() {
+  return *std::max_element(std::begin(g_bandwidth_by_pattern), std::end(g_bandwidth_by_pattern));
 }
 
-// Probes the bandwidth both ways, raising the run maxima and the case's own.
-void ProbeCaseBandwidth(const std::string& name) {
-  const double plain = MeasureBandwidth(false), prefetch = MeasureBandwidth(true);
-  g_bandwidth_plain = std::max(g_bandwidth_plain, plain);
-  g_bandwidth_prefetch = std::max(g_bandwidth_prefetch, prefetch);
-  double& local = g_case_bandwidth[name];
-  local = std::max({local, plain, prefetch});
-  const double probe = std::max(plain, prefetch);
-  auto [low, first] = g_case_bandwidth_low.try_emplace(name, probe);
-  if (!first) low->second = std::min(low->second, probe);
+bench::ReadBandwidthProbe& BandwidthProbe() {
+  static bench::ReadBandwidthProbe probe;
+  return probe;
 }
-double CaseBandwidth(const std::string& name) {
-  auto it = g_case_bandwidth.find(name);
-  return it != g_case_bandwidth.end() ? it->second : Bandwidth();
+
+// BW now: the fastest of `repetitions` reads of each read pattern (raising the run maxima).
+double ProbeBandwidth(int repetitions) {
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    const double rate =
+        BandwidthProbe().Measure(Pool(), static_cast<bench::ReadPattern>(i), repetitions);
+    g_bandwidth_by_pattern[i] = std::max(g_bandwidth_by_pattern[i], rate);
+    best = std::max(best, rate);
+  }
+  return best;
 }
 
 // The kernel's inner instruction mix from registers, 8 independent chains each doing 32
@@ -293,10 +287,10 @@ double MeasurePeakMix() {
 #undef BITSPLIT_AVX2_DOT
 #undef BITSPLIT_MIX_CHAIN
 
-// Before a case's first cell (its T = 1 in a full run): the case's first bandwidth probe, and
-// the mix peak.
-void RefreshCeilings(const std::string& name) {
-  ProbeCaseBandwidth(name);
+// Before a case's first cell (its T = 1 in a full run): the run's bandwidth maxima (for the
+// header) and the mix peak.
+void RefreshCeilings() {
+  ProbeBandwidth(/*repetitions=*/8);
   g_peak_mix = std::max(g_peak_mix, MeasurePeakMix());
 }
 
@@ -307,7 +301,7 @@ void RefreshCeilings(const std::string& name) {
 double KernelRate64(const Case& c) {
   auto it = g_kernel_rate.find(c.name());
   if (it != g_kernel_rate.end()) return it->second;
-  RefreshCeilings(c.name());
+  RefreshCeilings();
   Weights& w = WeightsFor(c);
   const QuantizedActivations& x = ActivationsFor(64);
   std::vector<float> y(64 * kRows);
@@ -328,12 +322,20 @@ struct Result {
   double mean_seconds = 0;
   double bytes = 0;
   double macs = 0;
+  // The faster of the probes just before and after the fastest call's segment, or the weights'
+  // bytes / that call's time where the call read faster: a ceiling is at least what was read.
+  double bandwidth = 0;
+  bool bandwidth_from_call = false;
 };
 std::map<std::string, std::map<int, Result>> g_results;
 
 double FloorSeconds(const Result& r, double rate, double bandwidth) {
   return std::max(r.bytes / bandwidth, r.macs / rate);
 }
+
+// A cell's calls run in segments of this much kernel time with a bandwidth probe (2 reads of
+// each pattern, 12-25 ms) before the first and after each.
+constexpr double kSegmentSeconds = 0.08;
 
 void BM_SplitMatMul(benchmark::State& state, Case c) {
   const int64_t tokens = state.range(0);
@@ -344,25 +346,51 @@ void BM_SplitMatMul(benchmark::State& state, Case c) {
   std::vector<float> y(tokens * kRows);
   size_t next = 0;
   int64_t calls = 0;
-  double total = 0, best = INFINITY;
-  if (tokens == 2) ProbeCaseBandwidth(c.name());  // T = 1's was taken by RefreshCeilings
+  double total = 0, best = INFINITY, bandwidth = 0;
+  bool bandwidth_from_call = false;
+  double probe_before = ProbeBandwidth(2), segment_seconds = 0, segment_best = INFINITY;
+  auto close_segment = [&] {
+    const double probe_after = ProbeBandwidth(2);
+    if (segment_best < best) {
+      // A ~0.2 ms call can catch a moment of fast memory that the probes around its segment
+      // (2 reads of each pattern) missed; its own read rate is then the better bound.
+      best = segment_best;
+      const double probed = std::max(probe_before, probe_after);
+      const double read = static_cast<double>(w.matrix_bytes) / best;
+      bandwidth = std::max(probed, read);
+      bandwidth_from_call = read > probed;
+    }
+    probe_before = probe_after;
+    segment_seconds = 0;
+    segment_best = INFINITY;
+  };
   for (auto _ : state) {
     const double start = Now();
     MatMul(w.views[next], x, y.data(), /*accumulate=*/false, Pool());
     const double seconds = Now() - start;
     total += seconds;
-    best = std::min(best, seconds);
+    segment_seconds += seconds;
+    segment_best = std::min(segment_best, seconds);
     next = next + 1 == w.views.size() ? 0 : next + 1;
     ++calls;
+    if (segment_seconds >= kSegmentSeconds) {
+      state.PauseTiming();
+      close_segment();
+      state.ResumeTiming();
+    }
   }
+  if (segment_best < INFINITY) close_segment();
   benchmark::DoNotOptimize(y.data());
-  if (tokens == 2) ProbeCaseBandwidth(c.name());
-  const double bandwidth = CaseBandwidth(c.name());
-  Result result{best, total / calls, static_cast<double>(w.matrix_bytes),
-                static_cast<double>(kRows) * kCols * tokens};
+  Result result{best,
+                total / calls,
+                static_cast<double>(w.matrix_bytes),
+                static_cast<double>(kRows) * kCols * tokens,
+                bandwidth,
+                bandwidth_from_call};
   if (tokens == 64) rate = std::max(rate, result.macs / best);
   state.SetBytesProcessed(static_cast<int64_t>(result.bytes * calls));
   state.counters["best_us"] = best * 1e6;
+  state.counters["BW_GBs"] = bandwidth / 1e9;
   state.counters["BW_frac"] = result.bytes / best / bandwidth;
   state.counters["floor_us"] = FloorSeconds(result, rate, bandwidth) * 1e6;
   state.counters["over_floor"] = best / FloorSeconds(result, rate, bandwidth);
@@ -379,8 +407,8 @@ double LoadAverage() {
   return load;
 }
 
-// A row whose probes differ by more than this is marked: its memory changed speed (this VM's
-// read bandwidth has switched between about 35 and 55-69 GB/s within seconds).
+// A row whose cells' bandwidths differ by more than this is marked: its memory changed speed
+// (this VM's read bandwidth has switched between about 35 and 55-69 GB/s within seconds).
 constexpr double kSpeedChange = 1.25;
 
 // E / c of the line time(T) = T c + E through the T = 8 and T = 64 cells: what a call spends per
@@ -396,54 +424,55 @@ double RowCostInTokens(const Cells& cells) {
   return (t8->second.best_seconds - 8 * per_token) / per_token;
 }
 
-// The table of the final values: P and the mix peak are maxima over the whole run, BW per row
-// (see g_case_bandwidth), times fastest calls.
+// The table of the final values: P and the mix peak are maxima over the whole run, BW per cell
+// (Result::bandwidth), times fastest calls; then each cell's BW.
 void PrintSummary(double load_before) {
   std::printf(
-      "\nkernels %s, %s tiling | threads %d | BW %.1f GB/s (read-reduce %.1f, with software "
-      "prefetch %.1f) | mix peak %.1f GMAC/s = %.2f GHz x %d cores x %.2f MAC/cycle | L3 %zu MiB "
+      "\nkernels %s, %s tiling | threads %d | BW %.1f GB/s (run maximum; one stream per thread "
+      "%.1f, with software prefetch %.1f, four streams %.1f) | mix peak %.1f GMAC/s = %.2f GHz x "
+      "%d cores x %.2f MAC/cycle | L3 %zu MiB "
       "| load %.2f -> %.2f\n",
       MatMulIsaName(ActiveMatMulIsa()), L1TilingName(ActiveL1Tiling()), Pool().num_threads(),
-      Bandwidth() / 1e9, g_bandwidth_plain / 1e9, g_bandwidth_prefetch / 1e9, g_peak_mix / 1e9,
+      Bandwidth() / 1e9, g_bandwidth_by_pattern[0] / 1e9, g_bandwidth_by_pattern[1] / 1e9,
+      g_bandwidth_by_pattern[2] / 1e9, g_peak_mix / 1e9,
       g_peak_mix / (Pool().num_threads() * MixMacsPerCycle()) / 1e9, Pool().num_threads(),
       MixMacsPerCycle(), L3Bytes() >> 20, load_before, LoadAverage());
   std::printf(
       "times: fastest call in us; x/fl = time / floor(T), floor(T) = max(bytes / BW, "
-      "T * MACs / P), BW the row's own: probed around its T = 1 and T = 2 cells\n");
-  std::printf("%-11s %6s %6s %7s %7s", "format", "MB", "BW", "P", "P/peak");
+      "T * MACs / P), BW the cell's own: probed on either side of its fastest call's segment\n");
+  std::printf("%-11s %6s %11s %7s %7s", "format", "MB", "BW range", "P", "P/peak");
   for (int t : kTokenCounts) std::printf(" | T=%-2d us   x/fl", t);
-  std::printf(" | BW@T1 | BW low |  E/c\n");
+  std::printf(" | BW@T1 |  E/c\n");
   bool any_switched = false;
   for (const Case& c : kCases) {
     auto it = g_results.find(c.name());
     if (it == g_results.end()) continue;
     const double rate = g_kernel_rate[c.name()];
-    const double bandwidth = CaseBandwidth(c.name());
-    std::printf("%-11s %6.2f %6.1f %7.1f %6.0f%%", c.name().c_str(),
-                it->second.begin()->second.bytes / 1e6, bandwidth / 1e9, rate / 1e9,
-                100.0 * rate / g_peak_mix);
+    double low = INFINITY, high = 0;
+    for (const auto& [t, r] : it->second) {
+      low = std::min(low, r.bandwidth);
+      high = std::max(high, r.bandwidth);
+    }
+    const bool switched = high > kSpeedChange * low;
+    any_switched |= switched;
+    std::printf("%-11s %6.2f %5.1f-%-4.1f%s %7.1f %6.0f%%", c.name().c_str(),
+                it->second.begin()->second.bytes / 1e6, low / 1e9, high / 1e9, switched ? "*" : " ",
+                rate / 1e9, 100.0 * rate / g_peak_mix);
     for (int t : kTokenCounts) {
       auto r = it->second.find(t);
       if (r == it->second.end()) {
         std::printf(" | %8s %5s", "-", "-");
       } else {
         std::printf(" | %8.1f %5.2f", r->second.best_seconds * 1e6,
-                    r->second.best_seconds / FloorSeconds(r->second, rate, bandwidth));
+                    r->second.best_seconds / FloorSeconds(r->second, rate, r->second.bandwidth));
       }
     }
     auto t1 = it->second.find(1);
     if (t1 != it->second.end()) {
-      std::printf(" | %4.0f%%", 100.0 * t1->second.bytes / t1->second.best_seconds / bandwidth);
+      std::printf(" | %4.0f%%",
+                  100.0 * t1->second.bytes / t1->second.best_seconds / t1->second.bandwidth);
     } else {
       std::printf(" | %5s", "-");
-    }
-    auto low = g_case_bandwidth_low.find(c.name());
-    if (low != g_case_bandwidth_low.end()) {
-      const bool switched = bandwidth > kSpeedChange * low->second;
-      any_switched |= switched;
-      std::printf(" | %5.1f%s", low->second / 1e9, switched ? " *" : "  ");
-    } else {
-      std::printf(" | %7s", "-");
     }
     const double row_cost = RowCostInTokens(it->second);
     if (row_cost >= 0) {
@@ -458,8 +487,30 @@ void PrintSummary(double load_before) {
       "is about 1 + (E/c) / T\n");
   if (any_switched) {
     std::printf(
-        "*: this row's bandwidth probes ranged from BW low to BW: memory changed speed while the "
-        "row ran, and a cell that ran at the lower speed is still held to the higher one\n");
+        "*: this row's cells ran at memory speeds more than %.2fx apart; each cell is held to the "
+        "speed probed around its own fastest call\n",
+        kSpeedChange);
+  }
+  std::printf(
+      "\nBW per cell, GB/s: the faster probe on either side of the fastest call's segment, or "
+      "(+) the call's own read rate where that was faster\n");
+  std::printf("%-11s", "format");
+  for (int t : kTokenCounts) std::printf(" | T=%-4d", t);
+  std::printf("\n");
+  for (const Case& c : kCases) {
+    auto it = g_results.find(c.name());
+    if (it == g_results.end()) continue;
+    std::printf("%-11s", c.name().c_str());
+    for (int t : kTokenCounts) {
+      auto r = it->second.find(t);
+      if (r == it->second.end()) {
+        std::printf(" | %5s", "-");
+      } else {
+        std::printf(" | %5.1f%s", r->second.bandwidth / 1e9,
+                    r->second.bandwidth_from_call ? "+" : " ");
+      }
+    }
+    std::printf("\n");
   }
 }
 

@@ -199,8 +199,7 @@ std::unique_ptr<rpc::ResidualClient> ConnectWhenReady(const std::string& socket)
 // ---- Ceilings -----------------------------------------------------------------------------------
 
 double MeasureBandwidth(ThreadPool& pool) {
-  return bench::MeasureReadBandwidth(pool, /*software_prefetch=*/false, /*repetitions=*/24,
-                                     size_t{1} << 30);
+  return bench::MeasureReadBandwidth(pool, /*repetitions=*/24, size_t{1} << 30);
 }
 
 // ---- Passes ------------------------------------------------------------------------------------

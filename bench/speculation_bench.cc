@@ -184,7 +184,7 @@ int Run(int argc, char** argv) {
   if (!q2k_path.empty()) q2k = OrDie(LlamaModel::Load(q2k_path, threads));
   nlohmann::json rows = nlohmann::json::array();
   ThreadPool pool(threads);
-  const double bandwidth = bench::MeasureReadBandwidth(pool, true, 8);
+  const double bandwidth = bench::MeasureReadBandwidth(pool, /*repetitions=*/8);
   std::printf("streaming-read bandwidth BW = %.1f GB/s (%d threads)\n\n", bandwidth / 1e9, threads);
 
   for (const std::string& spec : splits) {
