@@ -6,9 +6,11 @@
 //   2. A full residual pass (every layer's qkv, attn_output, gate_up, down, then the head, as a
 //      verify step issues them) for T = 1, 4, 16, 64 on one or more residual files:
 //        floor(T)    max(weight bytes / BW, T * MACs / P), BW and P measured in this run like
-//                    bench/kernel_bench.cc does (BW: AVX2 streaming read of 128 MiB windows of a
-//                    1 GiB buffer, best of 24; P: the kernels' multiply-add rate at T = 64 over
-//                    this residual, in process, best pass);
+//                    bench/kernel_bench.cc does (BW: bench/read_bandwidth.h's fastest read of a
+//                    128 MiB window, 4 reads of each pattern, probed before, between and after
+//                    T's in-process and shm passes, or the faster pass's own read rate where
+//                    higher; P: the kernels' multiply-add rate at T = 64 over this residual, in
+//                    process, median pass);
 //        in-process  the same pass with the kernels in this process (SplitMatMulGroup, the
 //                    in-process verify path), same thread count;
 //        shm         through the service over the shared-memory channel (RemoteResidual);
@@ -198,8 +200,11 @@ std::unique_ptr<rpc::ResidualClient> ConnectWhenReady(const std::string& socket)
 
 // ---- Ceilings -----------------------------------------------------------------------------------
 
-double MeasureBandwidth(ThreadPool& pool) {
-  return bench::MeasureReadBandwidth(pool, /*repetitions=*/24, size_t{1} << 30);
+// BW probed around each T's passes: this VM's memory moves between a slow phase (~35 GB/s) and a
+// fast one (60-70 GB/s) within minutes (docs/performance.md, session 20), and a pass is compared
+// with what memory delivered while it ran.
+double ProbeBandwidth(bench::ReadBandwidthProbe& probe, ThreadPool& pool) {
+  return probe.MeasureBest(pool, /*repetitions=*/4);
 }
 
 // ---- Passes ------------------------------------------------------------------------------------
@@ -348,16 +353,13 @@ void RoundTrip(const std::string& workdir, int threads) {
 }
 
 void FullPass(const std::string& path, const std::string& label, const std::string& workdir,
-              int threads, int passes, double bandwidth) {
+              int threads, int passes, bench::ReadBandwidthProbe& probe) {
   Residual r = LoadResidual(path);
   ThreadPool pool(threads);
   LocalSource local(r);
   const int64_t kTs[] = {1, 4, 16, 64};
   std::vector<PassData> data;
   for (int64_t t : kTs) data.push_back(MakePassData(r, t));
-  std::vector<double> in_process;
-  for (size_t i = 0; i < 4; ++i) in_process.push_back(TimePasses(r, data[i], local, pool, passes));
-  const double rate = r.macs_per_row * 64 / in_process[3];  // P: multiply-adds/s at T = 64
 
   auto service = StartService(path, workdir + "/full.sock", threads);
   auto client = ConnectWhenReady(service->socket);
@@ -365,14 +367,24 @@ void FullPass(const std::string& path, const std::string& label, const std::stri
   if (!session.ok()) Die(std::string(session.status().message()));
   rpc::GrpcResidual grpc_source(*client, r.shapes);
   ThreadPool client_pool(1);
-  std::vector<double> shm_times, grpc_times;
+  std::vector<double> in_process, shm_times, grpc_times;
+  // Per T: the fastest of the probes before the in-process passes, between them and the shm
+  // passes, and after those, or the weights' bytes / the faster pass where that read faster.
+  std::vector<double> bandwidths;
   // Where a shm pass's time goes: means over all passes, the warm-up one included.
   std::vector<model::RemoteResidualStats> shm_stats;
   std::vector<double> shm_all_seconds(4);
   for (size_t i = 0; i < 4; ++i) {
+    double bandwidth = ProbeBandwidth(probe, pool);
+    in_process.push_back(TimePasses(r, data[i], local, pool, passes));
+    bandwidth = std::max(bandwidth, ProbeBandwidth(probe, pool));
     const model::RemoteResidualStats before = (*session)->residual().stats();
     shm_times.push_back(
         TimePasses(r, data[i], (*session)->residual(), client_pool, passes, &shm_all_seconds[i]));
+    bandwidth = std::max(
+        {bandwidth, ProbeBandwidth(probe, pool),
+         static_cast<double>(r.weight_bytes) / std::min(in_process.back(), shm_times.back())});
+    bandwidths.push_back(bandwidth);
     model::RemoteResidualStats delta = (*session)->residual().stats();
     delta.round_trip_ns -= before.round_trip_ns;
     delta.server_ns -= before.server_ns;
@@ -380,22 +392,25 @@ void FullPass(const std::string& path, const std::string& label, const std::stri
     shm_stats.push_back(delta);
     grpc_times.push_back(TimePasses(r, data[i], grpc_source, client_pool, passes));
   }
+  const double rate = r.macs_per_row * 64 / in_process[3];  // P: multiply-adds/s at T = 64
   std::printf("\n## Full residual pass: %s\n\n", label.c_str());
   std::printf(
-      "%zu groups (%d layers x 4 + head), %.1f MiB of weights, %d threads; "
-      "BW %.1f GB/s, P %.1f G multiply-adds/s (in-process kernels at T = 64).\n\n",
+      "%zu groups (%d layers x 4 + head), %.1f MiB of weights, %d threads; P %.1f G "
+      "multiply-adds/s (in-process kernels at T = 64); BW per T: probed before, between and after "
+      "its in-process and shm passes (or the faster pass's read rate where higher).\n\n",
       r.ids.size(), r.shapes.num_layers, static_cast<double>(r.weight_bytes) / (1 << 20), threads,
-      bandwidth / 1e9, rate / 1e9);
+      rate / 1e9);
   std::printf(
-      "| T | floor ms | in-process ms | shm ms | shm / floor | shm / in-process | "
-      "gRPC ms | gRPC / shm |\n|---|---|---|---|---|---|---|---|\n");
+      "| T | BW GB/s | floor ms | in-process ms | in-process / floor | shm ms | shm / floor | "
+      "shm / in-process | gRPC ms | gRPC / shm |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < 4; ++i) {
-    const double floor = std::max(static_cast<double>(r.weight_bytes) / bandwidth,
+    const double floor = std::max(static_cast<double>(r.weight_bytes) / bandwidths[i],
                                   static_cast<double>(kTs[i]) * r.macs_per_row / rate);
-    std::printf("| %lld | %.3f | %.3f | %.3f | %.2f | %.2f | %.3f | %.2f |\n",
-                static_cast<long long>(kTs[i]), floor * 1e3, in_process[i] * 1e3,
-                shm_times[i] * 1e3, shm_times[i] / floor, shm_times[i] / in_process[i],
-                grpc_times[i] * 1e3, grpc_times[i] / shm_times[i]);
+    std::printf("| %lld | %.1f | %.3f | %.3f | %.2f | %.3f | %.2f | %.2f | %.3f | %.2f |\n",
+                static_cast<long long>(kTs[i]), bandwidths[i] / 1e9, floor * 1e3,
+                in_process[i] * 1e3, in_process[i] / floor, shm_times[i] * 1e3,
+                shm_times[i] / floor, shm_times[i] / in_process[i], grpc_times[i] * 1e3,
+                grpc_times[i] / shm_times[i]);
   }
   std::printf(
       "\nshm pass, mean per pass (warm-up included): the pass, the kernels (service compute_ns),\n"
@@ -444,18 +459,17 @@ int Main(int argc, char** argv) {
   std::filesystem::create_directories(workdir);
   RoundTrip(workdir, threads);
   if (residuals.empty() && !synthetic_1b) return 0;
-  ThreadPool pool(threads);
-  const double bandwidth = MeasureBandwidth(pool);
+  bench::ReadBandwidthProbe probe(size_t{1} << 30);
   for (const std::string& path : residuals) {
     FullPass(path, std::filesystem::path(path).filename().string(), workdir, threads, passes,
-             bandwidth);
+             probe);
   }
   if (synthetic_1b) {
     // Llama-3.2-1B's shapes (16 layers, d 2048, GQA 512, d_ff 8192, vocab 128256), r6/g32.
     const std::string path = workdir + "/synthetic-1b.residual.bsplit";
     WriteSyntheticResidual(path, {16, 2048, 2048, 512, 8192, 128256});
     FullPass(path, "synthetic 1B-class (Llama-3.2-1B shapes, r6/g32)", workdir, threads, passes,
-             bandwidth);
+             probe);
   }
   return 0;
 }
