@@ -35,6 +35,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -167,12 +168,12 @@ const QuantizedActivations& ActivationsFor(int64_t tokens) {
 
 // bytes/s per bench::ReadPattern: one stream per thread, the same with software prefetch (like
 // the kernels), four streams per thread
-double g_bandwidth_by_pattern[3] = {0, 0, 0};
+std::array<double, bench::kReadPatternCount> g_bandwidth_by_pattern{};
 double g_peak_mix = 0;                        // multiply-adds/s
 std::map<std::string, double> g_kernel_rate;  // P per case, multiply-adds/s
 
 double Bandwidth() {
-  return *std::max_element(std::begin(g_bandwidth_by_pattern), std::end(g_bandwidth_by_pattern));
+  return *std::max_element(g_bandwidth_by_pattern.begin(), g_bandwidth_by_pattern.end());
 }
 
 bench::ReadBandwidthProbe& BandwidthProbe() {
@@ -182,12 +183,10 @@ bench::ReadBandwidthProbe& BandwidthProbe() {
 
 // BW now: the fastest of `repetitions` reads of each read pattern (raising the run maxima).
 double ProbeBandwidth(int repetitions) {
-  double best = 0;
-  for (int i = 0; i < 3; ++i) {
-    const double rate =
-        BandwidthProbe().Measure(Pool(), static_cast<bench::ReadPattern>(i), repetitions);
-    g_bandwidth_by_pattern[i] = std::max(g_bandwidth_by_pattern[i], rate);
-    best = std::max(best, rate);
+  std::array<double, bench::kReadPatternCount> by_pattern;
+  const double best = BandwidthProbe().MeasureBest(Pool(), repetitions, &by_pattern);
+  for (size_t i = 0; i < by_pattern.size(); ++i) {
+    g_bandwidth_by_pattern[i] = std::max(g_bandwidth_by_pattern[i], by_pattern[i]);
   }
   return best;
 }
@@ -408,7 +407,7 @@ double LoadAverage() {
 }
 
 // A row whose cells' bandwidths differ by more than this is marked: its memory changed speed
-// (this VM's read bandwidth has switched between about 35 and 55-69 GB/s within seconds).
+// (this VM's memory moves between about 35 and 60-70 GB/s within minutes).
 constexpr double kSpeedChange = 1.25;
 
 // E / c of the line time(T) = T c + E through the T = 8 and T = 64 cells: what a call spends per

@@ -5,10 +5,12 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "benchmark/benchmark.h"
@@ -26,6 +28,9 @@ enum class ReadPattern {
   kOneStreamPrefetch,  // the same, prefetching 2 KiB ahead like the kernels
   kFourStreams,        // each thread's share in 4 parts read side by side, no software prefetch
 };
+inline constexpr ReadPattern kReadPatterns[] = {
+    ReadPattern::kOneStream, ReadPattern::kOneStreamPrefetch, ReadPattern::kFourStreams};
+inline constexpr size_t kReadPatternCount = std::size(kReadPatterns);
 
 // Keeps its buffer (filled once), so that a bench can probe often: kernel_bench probes between
 // the calls of every cell, where allocating and touching the buffer each time would cost more
@@ -85,12 +90,15 @@ class ReadBandwidthProbe {
     return best;
   }
 
-  // BW: the fastest of `repetitions` reads of each pattern.
-  double MeasureBest(ThreadPool& pool, int repetitions) {
+  // BW: the fastest of `repetitions` reads of each pattern; each pattern's own in `by_pattern`
+  // (indexed as kReadPatterns) where given.
+  double MeasureBest(ThreadPool& pool, int repetitions,
+                     std::array<double, kReadPatternCount>* by_pattern = nullptr) {
     double best = 0;
-    for (ReadPattern pattern :
-         {ReadPattern::kOneStream, ReadPattern::kOneStreamPrefetch, ReadPattern::kFourStreams}) {
-      best = std::max(best, Measure(pool, pattern, repetitions));
+    for (size_t i = 0; i < kReadPatternCount; ++i) {
+      const double rate = Measure(pool, kReadPatterns[i], repetitions);
+      if (by_pattern != nullptr) (*by_pattern)[i] = rate;
+      best = std::max(best, rate);
     }
     return best;
   }
