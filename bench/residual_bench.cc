@@ -18,7 +18,7 @@
 //      Each is the median of the passes after a warm-up pass.
 //
 //   build-*/bench/residual_bench [--threads N] [--passes K] [--residual FILE]...
-//                                [--synthetic-1b] [--workdir DIR]
+//                                [--synthetic-1b] [--workdir DIR] [--service BITSPLIT_RESIDUAL]
 // Without --residual and --synthetic-1b it runs only the round trip.
 #include <immintrin.h>
 #include <signal.h>
@@ -57,7 +57,12 @@ using model::LinearGroup;
 using model::LinearGroupId;
 using Clock = std::chrono::steady_clock;
 
-const char kServiceBinary[] = BITSPLIT_BINARY_DIR "/services/cpu-residual/bitsplit-residual";
+// The service this bench starts: the build's unless --service names another (a copy carried to
+// a machine without the build tree, scripts/device-check.sh).
+std::string& ServiceBinary() {
+  static std::string path = BITSPLIT_BINARY_DIR "/services/cpu-residual/bitsplit-residual";
+  return path;
+}
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -168,7 +173,7 @@ std::unique_ptr<Service> StartService(const std::string& residual, const std::st
                                       int threads) {
   auto service = std::make_unique<Service>();
   service->socket = socket;
-  std::vector<std::string> args = {kServiceBinary,
+  std::vector<std::string> args = {ServiceBinary(),
                                    residual,
                                    "--socket",
                                    socket,
@@ -181,8 +186,9 @@ std::unique_ptr<Service> StartService(const std::string& residual, const std::st
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  if (posix_spawn(&service->pid, kServiceBinary, nullptr, nullptr, argv.data(), environ) != 0) {
-    Die("cannot start the service");
+  if (posix_spawn(&service->pid, ServiceBinary().c_str(), nullptr, nullptr, argv.data(), environ) !=
+      0) {
+    Die("cannot start the service " + ServiceBinary());
   }
   return service;
 }
@@ -452,6 +458,8 @@ int Main(int argc, char** argv) {
       synthetic_1b = true;
     } else if (arg == "--workdir") {
       workdir = value();
+    } else if (arg == "--service") {
+      ServiceBinary() = value();
     } else {
       Die("unknown argument " + arg);
     }

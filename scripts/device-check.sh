@@ -1,26 +1,37 @@
 #!/usr/bin/env bash
-# The CUDA backend's device check: one short run on a GPU machine that has no gRPC, absl or
-# GoogleTest packages (docs/cuda.md). Two halves:
+# The device check (the CUDA backend, and the CPU kernels on the GPU machine's host): one short
+# run on a machine that has no gRPC, absl or GoogleTest packages (docs/cuda.md). Two halves:
 #
 #   here (the build machine, nvcc, no GPU needed):
 #     bash scripts/device-check.sh --prepare [BUILD_DIR]      (default build-device)
 #       configures a Release build for sm_90 (H100/H200; CUDA_ARCHS=... to change), builds the
-#       CUDA tests and the bench, and bundles them with the shared libraries they need into
-#       BUILD_DIR/bundle/{bin,lib} (stripped, ~20 MB): carry that one path.
+#       CUDA tests, the benches, bitsplit-residual and bitsplit, and bundles them with the shared
+#       libraries they need into BUILD_DIR/bundle/{bin,lib} (stripped, ~60 MB) and
+#       BUILD_DIR/bundle.tar.xz (~10 MB): carry the latter.
 #
 #   on the device (from the repository root):
-#     bash scripts/device-check.sh BUNDLE_OR_BUILD_DIR
-#       runs, within DEVICE_CHECK_SECONDS (default 480) of wall clock:
-#         1. nvidia-smi and a load check of the binaries (missing libraries named)
-#         2. cuda_kernels_test: every kernel against its CPU reference (bit for bit / NMSE)
-#         3. cuda_model_test: forward vs CPU, batch invariance, the losslessness test (speculative
-#            == plain decoding on the device, greedy and sampled), VRAM-plan refusals. The
-#            RealModel* tests need models/ (not carried: 98 MB) and are skipped unless present.
-#         4. cuda_drafter_bench: synthetic 8B-class model, VRAM budget below its Q8_0 size,
-#            residual on this machine's cores; ACCEPTANCE=<mean accepted tokens per verify on the
-#            real model> adds the projection for it.
-#       Logs, gtest XML and bench JSON go to $OUT (or ./device-check-out); the exit status is
-#       non-zero when a step failed.
+#     bash scripts/device-check.sh BUNDLE_TAR_XZ_OR_DIR_OR_BUILD_DIR
+#       runs, within DEVICE_CHECK_SECONDS (default 480) of wall clock, the groups CHECKS names
+#       in that order (default "cuda cpu"; "cpu" alone needs no GPU):
+#         a load check of the binaries (missing libraries named), then
+#         cuda: 1. nvidia-smi
+#               2. cuda_kernels_test: every kernel against its CPU reference (bit for bit / NMSE)
+#               3. cuda_model_test: forward vs CPU, batch invariance, the losslessness test
+#                  (speculative == plain decoding on the device, greedy and sampled), VRAM-plan
+#                  refusals. The RealModel* tests need models/ (not carried: 98 MB) and are
+#                  skipped unless present.
+#               4. cuda_drafter_bench: synthetic 8B-class model, VRAM budget below its Q8_0
+#                  size, residual on this machine's cores; ACCEPTANCE=<mean accepted tokens per
+#                  verify on the real model> adds the projection for it.
+#         cpu:  the split kernels and the cpu-residual service on this machine's cores (the
+#               many-core side of issues 3 and 4, which the 2-core build machine cannot show):
+#               5. kernel_bench --threads=<all> over b2_sym, b3_sym, b4_sym, r6/g32, r8/g32
+#                  (kernel_bench.txt)
+#               6. with models/ present: bitsplit quantize of SmolLM2's r6/g32 residual
+#               7. residual_bench --threads <all but one> --synthetic-1b (and SmolLM2's
+#                  residual when step 6 made it) (residual_bench.txt)
+#       Logs, gtest XML, bench JSON and tables go to $OUT (or ./device-check-out); the exit status
+#       is non-zero when a step failed.
 #
 #   with the real-model tests (SmolLM2, 98 MB: over the 64 MiB a call may carry with the tree):
 #     here:    bash scripts/device-check.sh --prepare-carry [BUILD_DIR]
@@ -34,10 +45,17 @@
 #                above with the RealModel tests, then compute-sanitizer's memcheck on
 #                cuda_kernels_test (sanitizer-memcheck.log); with PROFILE=1 also ncu on a
 #                2-layer model (ncu_matmul.txt, ncu_kernels.txt; about a minute more)
+#              Both groups take longer than one call may run (600 s), so split them:
+#              CHECKS=cpu on call 2, then at once, without carry, CHECKS=cuda ... --from-carry
+#              (it reuses the bundle and the GGUF that call 2 left on the warm machine)
 set -u -o pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-binaries=(tests/cuda_kernels_test tests/cuda_model_test bench/cuda_drafter_bench)
+binaries=(tests/cuda_kernels_test tests/cuda_model_test bench/cuda_drafter_bench
+  bench/kernel_bench bench/residual_bench services/cpu-residual/bitsplit-residual
+  tools/bitsplit/bitsplit)
+# The formats kernel_bench times on the device: the draft bases and the residuals.
+kernel_bench_filter='BM_SplitMatMul/(b2_sym|b3_sym|b4_sym|r6/g32|r8/g32)/'
 
 prepare() {
   local build_dir="${1:-build-device}"
@@ -62,12 +80,22 @@ prepare() {
       esac
     done
   done
-  echo "bundle: $bundle ($(du -sh "$bundle" | cut -f1)); on the device run:"
-  echo "  bash scripts/device-check.sh $bundle"
+  # The bundle itself (~60 MB with the gRPC libraries) and the tree exceed what a call may carry
+  # (64 MiB); compressed it is ~10 MB.
+  tar -C "$build_dir" -cJf "$bundle.tar.xz" bundle || exit 1
+  echo "bundle: $bundle ($(du -sh "$bundle" | cut -f1)), $bundle.tar.xz ($(du -sh "$bundle.tar.xz" | cut -f1)); on the device run:"
+  echo "  bash scripts/device-check.sh $bundle.tar.xz"
 }
 
 run() {
   local dir="$1"
+  if [[ -f "$dir" && "$dir" == *.tar.xz ]]; then  # a compressed bundle: unpack it first
+    local unpacked
+    unpacked="$(mktemp -d /tmp/bitsplit-bundle.XXXXXX)"
+    python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+      "$dir" "$unpacked" || exit 1
+    dir="$unpacked/bundle"
+  fi
   local out="${OUT:-$repo_root/device-check-out}"
   mkdir -p "$out"
   local log="$out/device-check.log"
@@ -106,9 +134,15 @@ run() {
     if ((status != 0)); then failed=1; fi
   }
 
+  local checks="${CHECKS:-cuda cpu}" group
+  for group in $checks; do
+    case "$group" in
+      cuda|cpu) ;;
+      *) echo "CHECKS: unknown group '$group' (cuda, cpu)" >&2; exit 2 ;;
+    esac
+  done
   : >"$log"
-  echo "device check from $dir, budget ${budget}s, output $out" | tee -a "$log"
-  step "nvidia-smi" 30 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.free,clocks.max.sm --format=csv
+  echo "device check from $dir, checks: $checks, budget ${budget}s, output $out" | tee -a "$log"
   local missing=0 b
   for b in "${binaries[@]}"; do
     if ldd "$(path_of "$b")" 2>&1 | grep -q "not found"; then
@@ -121,17 +155,44 @@ run() {
     echo "FAIL: libraries missing; rebuild the bundle with --prepare" | tee -a "$log"
     exit 1
   fi
-  # Real-model tests need models/ (the SmolLM2 GGUF is not carried).
-  local model_filter="-*RealModel*"
-  if [[ -f "$repo_root/models/SmolLM2-135M-Instruct.Q4_1.gguf" ]]; then model_filter="*"; fi
-  step "cuda_kernels_test" 240 "$(path_of tests/cuda_kernels_test)" \
-    --gtest_output="xml:$out/cuda_kernels_test.xml"
-  step "cuda_model_test" 240 "$(path_of tests/cuda_model_test)" --gtest_filter="$model_filter" \
-    --gtest_output="xml:$out/cuda_model_test.xml"
-  local bench_args=(--json "$out/cuda_drafter_bench.json" --max-seconds 200)
-  if [[ -n "${ACCEPTANCE:-}" ]]; then bench_args+=(--acceptance "$ACCEPTANCE"); fi
-  if [[ -n "${VRAM_BUDGET_GIB:-}" ]]; then bench_args+=(--vram-budget-gib "$VRAM_BUDGET_GIB"); fi
-  step "cuda_drafter_bench" 280 "$(path_of bench/cuda_drafter_bench)" "${bench_args[@]}"
+  local gguf="$repo_root/models/$model_file"
+  cuda_checks() {
+    step "nvidia-smi" 30 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.free,clocks.max.sm --format=csv
+    # Real-model tests need models/ (the SmolLM2 GGUF is not carried).
+    local model_filter="-*RealModel*"
+    if [[ -f "$gguf" ]]; then model_filter="*"; fi
+    step "cuda_kernels_test" 240 "$(path_of tests/cuda_kernels_test)" \
+      --gtest_output="xml:$out/cuda_kernels_test.xml"
+    step "cuda_model_test" 240 "$(path_of tests/cuda_model_test)" --gtest_filter="$model_filter" \
+      --gtest_output="xml:$out/cuda_model_test.xml"
+    local bench_args=(--json "$out/cuda_drafter_bench.json" --max-seconds 200)
+    if [[ -n "${ACCEPTANCE:-}" ]]; then bench_args+=(--acceptance "$ACCEPTANCE"); fi
+    if [[ -n "${VRAM_BUDGET_GIB:-}" ]]; then bench_args+=(--vram-budget-gib "$VRAM_BUDGET_GIB"); fi
+    step "cuda_drafter_bench" 280 "$(path_of bench/cuda_drafter_bench)" "${bench_args[@]}"
+  }
+  cpu_checks() {
+    local cpus work
+    cpus=$(nproc)
+    work="$(mktemp -d /tmp/bitsplit-device-cpu.XXXXXX)"
+    lscpu | grep -E "^(Model name|Socket|Core|Thread|NUMA node\(s\)|L3)" | tee -a "$log"
+    step "kernel_bench" 200 bash -o pipefail -c '"$@" | tee "'"$out"'/kernel_bench.txt"' _ \
+      "$(path_of bench/kernel_bench)" --threads="$cpus" --benchmark_filter="$kernel_bench_filter"
+    local residual_args=(--threads "$((cpus > 1 ? cpus - 1 : 1))" --synthetic-1b
+      --workdir "$work" --service "$(path_of services/cpu-residual/bitsplit-residual)")
+    if [[ -f "$gguf" ]]; then
+      step "bitsplit quantize (SmolLM2 r6/g32 residual)" 120 "$(path_of tools/bitsplit/bitsplit)" \
+        quantize "$gguf" -o "$work/smol" --residual-bits 6 --threads "$cpus"
+      if [[ -f "$work/smol.residual.bsplit" ]]; then
+        residual_args+=(--residual "$work/smol.residual.bsplit")
+      fi
+    fi
+    step "residual_bench" 200 bash -o pipefail -c '"$@" | tee "'"$out"'/residual_bench.txt"' _ \
+      "$(path_of bench/residual_bench)" "${residual_args[@]}"
+    rm -rf "$work"
+  }
+  for group in $checks; do
+    "${group}_checks"
+  done
   {
     echo "summary:"
     grep -E "^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]+ test|^== .*: (exit|SKIPPED)" "$log"
@@ -162,10 +223,11 @@ prepare_carry() {
   tail -c +50000001 "$carry_dir/model.xz" >"$carry_dir/b/model.xz.b"
   rm "$carry_dir/model.xz"
   sha256sum "$model" | cut -d' ' -f1 >"$carry_dir/b/model.sha256"
-  tar -C "$build_dir" -cJf "$carry_dir/b/bundle.tar.xz" bundle || exit 1
+  cp "$build_dir/bundle.tar.xz" "$carry_dir/b/bundle.tar.xz" || exit 1
   du -sh "$carry_dir/a" "$carry_dir/b"
   echo 'device, call 1: run(command="bash scripts/device-check.sh --stage-first-half", carry=[".devcarry/a"], timeout_s=60)'
-  echo 'device, call 2 at once: run(command="bash scripts/device-check.sh --from-carry", carry=[".devcarry/b"], timeout_s=500)'
+  echo 'device, call 2 at once: run(command="CHECKS=cpu bash scripts/device-check.sh --from-carry", carry=[".devcarry/b"], timeout_s=500)'
+  echo 'device, call 3 at once: run(command="CHECKS=cuda bash scripts/device-check.sh --from-carry", timeout_s=500)'
 }
 
 stage_first_half() {
@@ -176,22 +238,32 @@ from_carry() {
   cd "$repo_root" || exit 1
   mkdir -p "$devstate" models
   local gguf="models/$model_file"
-  if [[ -f "$devstate/model.xz.a" ]]; then
-    cat "$devstate/model.xz.a" "$carry_dir/b/model.xz.b" |
-      python3 -c "import lzma,sys,shutil; shutil.copyfileobj(lzma.LZMAFile(sys.stdin.buffer), sys.stdout.buffer, 1 << 20)" >"$gguf"
-    echo "$(cat "$carry_dir/b/model.sha256")  $gguf" | sha256sum -c || rm -f "$gguf"
+  if [[ -f "$carry_dir/b/bundle.tar.xz" ]]; then
+    if [[ -f "$devstate/model.xz.a" ]]; then
+      cat "$devstate/model.xz.a" "$carry_dir/b/model.xz.b" |
+        python3 -c "import lzma,sys,shutil; shutil.copyfileobj(lzma.LZMAFile(sys.stdin.buffer), sys.stdout.buffer, 1 << 20)" >"$gguf"
+      echo "$(cat "$carry_dir/b/model.sha256")  $gguf" | sha256sum -c || rm -f "$gguf"
+    else
+      echo "the first half is not on this machine (a fresh one): the RealModel tests are skipped"
+    fi
+    python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+      "$carry_dir/b/bundle.tar.xz" "$devstate" || exit 1
+  elif [[ -d "$devstate/bundle/bin" ]]; then
+    # A later call on the same warm machine (e.g. CHECKS=cuda after CHECKS=cpu), without carry.
+    echo "no .devcarry/b: reusing $devstate/bundle and models/ from an earlier call"
   else
-    echo "the first half is not on this machine (a fresh one): the RealModel tests are skipped"
+    echo "neither .devcarry/b nor an unpacked $devstate/bundle: carry .devcarry/b" >&2
+    exit 1
   fi
-  python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
-    "$carry_dir/b/bundle.tar.xz" "$devstate" || exit 1
   export BITSPLIT_MODELS_DIR="$repo_root/models"
   ACCEPTANCE="${ACCEPTANCE:-1.72}" DEVICE_CHECK_SECONDS="${DEVICE_CHECK_SECONDS:-400}" \
     bash "${BASH_SOURCE[0]}" "$devstate/bundle"
   local status=$?
   local out="${OUT:-$repo_root/device-check-out}" sanitizer
   sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
-  if [[ -n "$sanitizer" ]]; then
+  local with_cuda=0
+  [[ " ${CHECKS:-cuda} " == *" cuda "* ]] && with_cuda=1
+  if ((with_cuda)) && [[ -n "$sanitizer" ]]; then
     LD_LIBRARY_PATH="$devstate/bundle/lib" timeout --kill-after=5 100 "$sanitizer" --tool memcheck \
       --error-exitcode 3 "$devstate/bundle/bin/cuda_kernels_test" >"$out/sanitizer-memcheck.log" 2>&1
     local sanitizer_status=$?
@@ -204,7 +276,7 @@ from_carry() {
   # summarized per kernel and launch shape).
   local ncu
   ncu="$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
-  if [[ "${PROFILE:-0}" == 1 && -n "$ncu" ]]; then
+  if ((with_cuda)) && [[ "${PROFILE:-0}" == 1 && -n "$ncu" ]]; then
     local small=(--layers 2 --prompt 16 --repetitions 1 --max-seconds 60 --vram-budget-gib 8)
     LD_LIBRARY_PATH="$devstate/bundle/lib" timeout --kill-after=5 150 "$ncu" --clock-control none \
       --kernel-name regex:SplitMatMulKernel --launch-skip 9 --launch-count 18 \
@@ -226,7 +298,7 @@ case "${1:-}" in
   --stage-first-half) stage_first_half ;;
   --from-carry) from_carry ;;
   ""|-h|--help)
-    sed -n '2,36p' "${BASH_SOURCE[0]}"
+    sed -n '2,49p' "${BASH_SOURCE[0]}"
     exit 2
     ;;
   *) run "$1" ;;
