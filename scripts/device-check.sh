@@ -54,8 +54,13 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 binaries=(tests/cuda_kernels_test tests/cuda_model_test bench/cuda_drafter_bench
   bench/kernel_bench bench/residual_bench services/cpu-residual/bitsplit-residual
   tools/bitsplit/bitsplit)
+default_checks="cuda cpu"
 # The formats kernel_bench times on the device: the draft bases and the residuals.
 kernel_bench_filter='BM_SplitMatMul/(b2_sym|b3_sym|b4_sym|r6/g32|r8/g32)/'
+
+unpack_bundle() {  # unpack_bundle TAR_XZ DIR: DIR/bundle/{bin,lib}, with Python's tarfile
+  python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$1" "$2"
+}
 
 prepare() {
   local build_dir="${1:-build-device}"
@@ -92,8 +97,7 @@ run() {
   if [[ -f "$dir" && "$dir" == *.tar.xz ]]; then  # a compressed bundle: unpack it first
     local unpacked
     unpacked="$(mktemp -d /tmp/bitsplit-bundle.XXXXXX)"
-    python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
-      "$dir" "$unpacked" || exit 1
+    unpack_bundle "$dir" "$unpacked" || exit 1
     dir="$unpacked/bundle"
   fi
   local out="${OUT:-$repo_root/device-check-out}"
@@ -134,7 +138,7 @@ run() {
     if ((status != 0)); then failed=1; fi
   }
 
-  local checks="${CHECKS:-cuda cpu}" group
+  local checks="${CHECKS:-$default_checks}" group
   for group in $checks; do
     case "$group" in
       cuda|cpu) ;;
@@ -174,9 +178,11 @@ run() {
     local cpus work
     cpus=$(nproc)
     work="$(mktemp -d /tmp/bitsplit-device-cpu.XXXXXX)"
+    # A bench's output also goes to its own file: FILE COMMAND... after this prefix.
+    local teed=(bash -o pipefail -c '"${@:2}" | tee "$1"' _)
     lscpu | grep -E "^(Model name|Socket|Core|Thread|NUMA node\(s\)|L3)" | tee -a "$log"
-    step "kernel_bench" 200 bash -o pipefail -c '"$@" | tee "'"$out"'/kernel_bench.txt"' _ \
-      "$(path_of bench/kernel_bench)" --threads="$cpus" --benchmark_filter="$kernel_bench_filter"
+    step "kernel_bench" 200 "${teed[@]}" "$out/kernel_bench.txt" "$(path_of bench/kernel_bench)" \
+      --threads="$cpus" --benchmark_filter="$kernel_bench_filter"
     local residual_args=(--threads "$((cpus > 1 ? cpus - 1 : 1))" --synthetic-1b
       --workdir "$work" --service "$(path_of services/cpu-residual/bitsplit-residual)")
     if [[ -f "$gguf" ]]; then
@@ -186,7 +192,7 @@ run() {
         residual_args+=(--residual "$work/smol.residual.bsplit")
       fi
     fi
-    step "residual_bench" 200 bash -o pipefail -c '"$@" | tee "'"$out"'/residual_bench.txt"' _ \
+    step "residual_bench" 200 "${teed[@]}" "$out/residual_bench.txt" \
       "$(path_of bench/residual_bench)" "${residual_args[@]}"
     rm -rf "$work"
   }
@@ -246,8 +252,7 @@ from_carry() {
     else
       echo "the first half is not on this machine (a fresh one): the RealModel tests are skipped"
     fi
-    python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
-      "$carry_dir/b/bundle.tar.xz" "$devstate" || exit 1
+    unpack_bundle "$carry_dir/b/bundle.tar.xz" "$devstate" || exit 1
   elif [[ -d "$devstate/bundle/bin" ]]; then
     # A later call on the same warm machine (e.g. CHECKS=cuda after CHECKS=cpu), without carry.
     echo "no .devcarry/b: reusing $devstate/bundle and models/ from an earlier call"
@@ -262,7 +267,7 @@ from_carry() {
   local out="${OUT:-$repo_root/device-check-out}" sanitizer
   sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
   local with_cuda=0
-  [[ " ${CHECKS:-cuda} " == *" cuda "* ]] && with_cuda=1
+  [[ " ${CHECKS:-$default_checks} " == *" cuda "* ]] && with_cuda=1
   if ((with_cuda)) && [[ -n "$sanitizer" ]]; then
     LD_LIBRARY_PATH="$devstate/bundle/lib" timeout --kill-after=5 100 "$sanitizer" --tool memcheck \
       --error-exitcode 3 "$devstate/bundle/bin/cuda_kernels_test" >"$out/sanitizer-memcheck.log" 2>&1
