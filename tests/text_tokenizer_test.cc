@@ -4,12 +4,14 @@
 #include <cstdint>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/io/gguf.h"
 #include "common/text/chat_template.h"
 #include "common/text/streaming_detokenizer.h"
@@ -417,6 +419,97 @@ TEST(ChatTemplateTest, MissingTemplateIsNotFound) {
   EXPECT_THAT(chat.status().message(), HasSubstr("no_template.gguf"));
 }
 
+TEST(ChatTemplateTest, GemmaFormatAsLlamaCppRendersIt) {
+  const ChatTemplate gemma = ChatTemplate::Gemma();
+  EXPECT_EQ(gemma.kind(), ChatTemplate::Kind::kGemma);
+  EXPECT_FALSE(gemma.default_system_prompt().has_value());
+  const std::vector<ChatMessage> turns = {
+      {"system", " Be brief.\n"}, {"user", "  2+2?\t"}, {"assistant", "4"}, {"user", "3+3?"}};
+  // The system text (trimmed) opens the first user turn; "assistant" is "model"; every content
+  // is trimmed of ASCII whitespace.
+  EXPECT_EQ(gemma.Render(turns, true),
+            "<start_of_turn>user\nBe brief.\n\n2+2?<end_of_turn>\n<start_of_turn>model\n4"
+            "<end_of_turn>\n<start_of_turn>user\n3+3?<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(gemma.Render(turns, false),
+            "<start_of_turn>user\nBe brief.\n\n2+2?<end_of_turn>\n<start_of_turn>model\n4"
+            "<end_of_turn>\n<start_of_turn>user\n3+3?<end_of_turn>\n");
+  // Systems concatenate and wait for a turn that is not the model's.
+  const std::vector<ChatMessage> waiting = {
+      {"system", "A."}, {"system", "B."}, {"assistant", "Hi"}, {"user", "Yo"}};
+  EXPECT_EQ(gemma.Render(waiting, false),
+            "<start_of_turn>model\nHi<end_of_turn>\n<start_of_turn>user\nA.B.\n\nYo"
+            "<end_of_turn>\n");
+  // Only ASCII whitespace is trimmed (llama.cpp's isspace in the C locale).
+  const std::vector<ChatMessage> nbsp = {{"user", "\u00a0x\u00a0"}};
+  EXPECT_EQ(gemma.Render(nbsp, false), "<start_of_turn>user\n\u00a0x\u00a0<end_of_turn>\n");
+  EXPECT_EQ(gemma.Render({}, true), "<start_of_turn>model\n");
+}
+
+TEST(ChatTemplateTest, RecognizesGemmaTemplateText) {
+  // Gemma's published template (abridged to its distinctive part): llama.cpp picks its gemma
+  // format for any template that mentions <start_of_turn>, and so do we.
+  const auto chat = ChatTemplate::FromSource(
+      "{{ bos_token }}{%- for message in messages -%}{%- if (message['role'] == 'assistant') -%}"
+      "{%- set role = \"model\" -%}{%- else -%}{%- set role = message['role'] -%}{%- endif -%}"
+      "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+      "{%- endfor -%}{%- if add_generation_prompt -%}{{'<start_of_turn>model\n'}}{%- endif -%}");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->kind(), ChatTemplate::Kind::kGemma);
+}
+
+struct GgufImage {
+  std::vector<uint8_t> bytes;
+  std::unique_ptr<gguf::File> file;
+};
+
+GgufImage ParseImage(const GgufBuilder& builder, const std::string& name) {
+  GgufImage image{builder.Build(), nullptr};
+  auto file = gguf::File::Parse(image.bytes.data(), image.bytes.size(), name);
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (file.ok()) image.file = std::move(*file);
+  return image;
+}
+
+TEST(ChatTemplateTest, FamilyFallbackWhenTheFileHasNoTemplate) {
+  for (const std::string architecture : {"gemma", "gemma2", "gemma3", "gemma3n"}) {
+    GgufBuilder builder;
+    builder.AddString("general.architecture", architecture);
+    const GgufImage image = ParseImage(builder, "pretrained.gguf");
+    ASSERT_NE(image.file, nullptr);
+    const auto choice = ChatTemplate::FromGgufOrArchitecture(*image.file);
+    ASSERT_TRUE(choice.ok()) << choice.status();
+    EXPECT_TRUE(choice->from_architecture);
+    EXPECT_EQ(choice->chat_template.kind(), ChatTemplate::Kind::kGemma);
+    EXPECT_THAT(choice->note, HasSubstr("pretrained.gguf"));
+    EXPECT_THAT(choice->note, HasSubstr("'" + architecture + "'"));
+  }
+  {  // A template in the file wins, and no note is made.
+    GgufBuilder builder;
+    builder.AddString("general.architecture", "gemma3");
+    builder.AddString("tokenizer.chat_template",
+                      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+                      "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+                      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}");
+    const GgufImage image = ParseImage(builder, "chatml.gguf");
+    ASSERT_NE(image.file, nullptr);
+    const auto choice = ChatTemplate::FromGgufOrArchitecture(*image.file);
+    ASSERT_TRUE(choice.ok()) << choice.status();
+    EXPECT_FALSE(choice->from_architecture);
+    EXPECT_EQ(choice->chat_template.kind(), ChatTemplate::Kind::kChatMl);
+    EXPECT_EQ(choice->note, "");
+  }
+  {  // Another family without a template: NOT_FOUND, naming the file and the architecture.
+    GgufBuilder builder;
+    builder.AddString("general.architecture", "llama");
+    const GgufImage image = ParseImage(builder, "plain.gguf");
+    ASSERT_NE(image.file, nullptr);
+    const auto choice = ChatTemplate::FromGgufOrArchitecture(*image.file);
+    EXPECT_EQ(choice.status().code(), absl::StatusCode::kNotFound);
+    EXPECT_THAT(choice.status().message(), HasSubstr("plain.gguf"));
+    EXPECT_THAT(choice.status().message(), HasSubstr("'llama'"));
+  }
+}
+
 // ---- Synthetic vocabularies: pre-tokenizer variants and load errors ----------------------------
 
 // GPT-2's byte -> printable character mapping, written out independently of the tokenizer.
@@ -548,15 +641,237 @@ TEST(SyntheticTokenizerTest, UnknownPreTokenizerIsAnError) {
   EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("smollm"));
 }
 
-TEST(SyntheticTokenizerTest, UnsupportedModelIsAnError) {
+TEST(SyntheticTokenizerTest, UnsupportedModelIsAnErrorNamingTheSupportedOnes) {
   GgufBuilder builder = SyntheticVocab("gpt2");
   builder.kvs()[0] =
       GgufBuilder::Kv{"tokenizer.ggml.model", static_cast<uint32_t>(gguf::ValueType::kString),
-                      GgufBuilder::EncodeString("llama")};
+                      GgufBuilder::EncodeString("bert")};
   const auto loaded = Load(builder);
   ASSERT_FALSE(loaded->tokenizer.ok());
   EXPECT_EQ(loaded->tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("'bert'"));
+  EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("'gpt2'"));
   EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("'llama'"));
+}
+
+TEST(SyntheticTokenizerTest, Qwen2PreTokenizerSplitsEveryDigit) {
+  // Merges "1 2" and "12 3" exist, but qwen2's pattern makes every digit its own word; letters
+  // keep Llama-3's rule of one leading non-letter ("Ġxyz" is no token, so x y z stay apart).
+  for (const std::string pre : {"qwen2", "deepseek-r1-qwen"}) {
+    const auto qwen2 = Load(SyntheticVocab(pre));
+    ASSERT_TRUE(qwen2->tokenizer.ok()) << qwen2->tokenizer.status();
+    const Tokenizer& tokenizer = **qwen2->tokenizer;
+    EXPECT_THAT(tokenizer.Encode("1234", false), ElementsAre('1', '2', '3', '4'));
+    EXPECT_THAT(tokenizer.Encode(" 12", false), ElementsAre(' ', '1', '2'));
+    EXPECT_THAT(tokenizer.Encode("a12", false), ElementsAre('a', '1', '2'));
+    // No ignore_merges (unlike llama3) and no BOS by default.
+    EXPECT_THAT(tokenizer.Encode("xyz", false), ElementsAre('x', 'y', 'z'));
+    EXPECT_FALSE(tokenizer.add_bos());
+    EXPECT_EQ(tokenizer.pre_tokenizer_name(), pre);
+  }
+  // Llama-3 groups digits by three where qwen2 does not.
+  const auto llama3 = Load(SyntheticVocab("llama3"));
+  ASSERT_TRUE(llama3->tokenizer.ok()) << llama3->tokenizer.status();
+  EXPECT_THAT((*llama3->tokenizer)->Encode("1234", false), ElementsAre(kTok123, '4'));
+}
+
+TEST(SyntheticTokenizerTest, DetokenizeCleansSpacesWhereLlamaCppDoes) {
+  // llama.cpp's clean_spaces: on for gpt-2 / llama3 / default, off for smollm and qwen2.
+  const std::string text = "a , b . c 's d 're e ' f";
+  const std::string cleaned = "a, b. c's d're e'f";
+  for (const auto& [pre, clean] : std::vector<std::pair<std::string, bool>>{{"gpt-2", true},
+                                                                            {"llama3", true},
+                                                                            {"default", true},
+                                                                            {"smollm", false},
+                                                                            {"qwen2", false}}) {
+    const auto loaded = Load(SyntheticVocab(pre));
+    ASSERT_TRUE(loaded->tokenizer.ok()) << loaded->tokenizer.status();
+    const Tokenizer& tokenizer = **loaded->tokenizer;
+    const std::vector<int32_t> ids = tokenizer.Encode(text, false);
+    EXPECT_EQ(*tokenizer.Decode(ids), text) << pre;
+    EXPECT_EQ(*tokenizer.Detokenize(ids, false, false), clean ? cleaned : text) << pre;
+  }
+}
+
+// ---- Synthetic SentencePiece vocabulary ---------------------------------------------------------
+
+// Ids of the synthetic SentencePiece vocabulary below.
+enum SpmId : int32_t {
+  kSpmUnk = 0,
+  kSpmBos,
+  kSpmEos,
+  kSpmControl,                  // "<ctl>"
+  kSpmUser,                     // "<usr>"
+  kSpmByte0,                    // "<0x00>" .. "<0xFF>" follow: kSpmByte0 + byte
+  kSpmSpace = kSpmByte0 + 256,  // "▁"
+  kSpmA,                        // "a"
+  kSpmB,                        // "b"
+  kSpmAb,                       // "ab"
+  kSpmSpaceA,                   // "▁a"
+  kSpmSpaceAb,                  // "▁ab"
+  kSpmBa,                       // "ba"
+  kSpmEAcute,                   // "é"
+  kSpmCount,
+};
+
+// Scores decide the merge order: higher first, leftmost on ties.
+GgufBuilder SyntheticSpmVocab(std::optional<bool> add_space_prefix, bool with_byte_tokens = true) {
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>", "<ctl>", "<usr>"};
+  std::vector<int32_t> types = {2, 3, 3, 3, 4};
+  std::vector<float> scores = {0, 0, 0, 0, 0};
+  for (int byte = 0; byte < 256; ++byte) {
+    // Without byte tokens, the slots hold unrelated text so that the ids stay the same.
+    tokens.push_back(with_byte_tokens ? absl::StrFormat("<0x%02X>", byte)
+                                      : absl::StrFormat("filler%d", byte));
+    types.push_back(with_byte_tokens ? 6 : 1);
+    scores.push_back(0);
+  }
+  const std::vector<std::pair<std::string, float>> pieces = {{"\xE2\x96\x81", -1},
+                                                             {"a", -2},
+                                                             {"b", -3},
+                                                             {"ab", -4},
+                                                             {"\xE2\x96\x81"
+                                                              "a",
+                                                              -5},
+                                                             {"\xE2\x96\x81"
+                                                              "ab",
+                                                              -6},
+                                                             {"ba", -0.5},
+                                                             {"\xC3\xA9", -7}};
+  for (const auto& [text, score] : pieces) {
+    tokens.push_back(text);
+    types.push_back(1);
+    scores.push_back(score);
+  }
+  GgufBuilder builder;
+  builder.AddString("tokenizer.ggml.model", "llama");
+  builder.AddStringArray("tokenizer.ggml.tokens", tokens);
+  builder.AddFloat32Array("tokenizer.ggml.scores", scores);
+  builder.AddInt32Array("tokenizer.ggml.token_type", types);
+  if (add_space_prefix.has_value())
+    builder.AddBool("tokenizer.ggml.add_space_prefix", *add_space_prefix);
+  return builder;
+}
+
+TEST(SyntheticSpmTokenizerTest, MergesByScoreAndDefaultsLikeLlamaCpp) {
+  const auto loaded = Load(SyntheticSpmVocab(std::nullopt));
+  ASSERT_TRUE(loaded->tokenizer.ok()) << loaded->tokenizer.status();
+  const Tokenizer& tokenizer = **loaded->tokenizer;
+  EXPECT_EQ(tokenizer.model(), TokenizerModel::kSentencePiece);
+  // llama.cpp's SentencePiece defaults: BOS 1, EOS 2, unknown 0, add BOS, space prefix.
+  EXPECT_EQ(tokenizer.bos_id(), kSpmBos);
+  EXPECT_EQ(tokenizer.eos_id(), kSpmEos);
+  EXPECT_EQ(tokenizer.unk_id(), kSpmUnk);
+  EXPECT_TRUE(tokenizer.add_bos());
+  EXPECT_FALSE(tokenizer.add_eos());
+  EXPECT_TRUE(tokenizer.add_space_prefix());
+  // "aba" -> "▁aba": "ba" has the best score (-0.5) and merges first, so "▁ab" never forms:
+  // "▁" "a" "ba" -> "▁a" "ba".
+  EXPECT_THAT(tokenizer.Encode("aba", false), ElementsAre(kSpmSpaceA, kSpmBa));
+  // "ab" -> "▁ab": of the pairs ▁+a (-5) and a+b (-4), "ab" merges first, then ▁+ab (-6).
+  EXPECT_THAT(tokenizer.Encode("ab", false), ElementsAre(kSpmSpaceAb));
+  // Spaces become "▁"; a character that is no token falls back to its UTF-8 bytes.
+  EXPECT_THAT(tokenizer.Encode("a b", false), ElementsAre(kSpmSpaceA, kSpmSpace, kSpmB));
+  EXPECT_THAT(tokenizer.Encode("\xC3\xA9z", false),
+              ElementsAre(kSpmSpace, kSpmEAcute, kSpmByte0 + 'z'));
+  EXPECT_THAT(tokenizer.Encode("\xE4\xB8\xAD", false),
+              ElementsAre(kSpmSpace, kSpmByte0 + 0xE4, kSpmByte0 + 0xB8, kSpmByte0 + 0xAD));
+  // Invalid UTF-8 is not replaced: its bytes go through as byte tokens.
+  EXPECT_THAT(tokenizer.Encode("\xFF", false), ElementsAre(kSpmSpace, kSpmByte0 + 0xFF));
+  EXPECT_THAT(tokenizer.Encode("", false), ElementsAre());
+  // Tokenize adds BOS (and EOS only where the file asks).
+  EXPECT_THAT(tokenizer.Tokenize("ab", true, false), ElementsAre(kSpmBos, kSpmSpaceAb));
+  EXPECT_THAT(tokenizer.Tokenize("", true, false), ElementsAre(kSpmBos));
+}
+
+TEST(SyntheticSpmTokenizerTest, SpacePrefixGoesAtTheStartAndAfterSpecialTokens) {
+  const auto loaded = Load(SyntheticSpmVocab(std::nullopt));
+  ASSERT_TRUE(loaded->tokenizer.ok()) << loaded->tokenizer.status();
+  const Tokenizer& tokenizer = **loaded->tokenizer;
+  // llama.cpp prefixes every text fragment that follows a special token (user-defined ones
+  // too, which are split out even without parse_special).
+  EXPECT_THAT(tokenizer.Encode("a<usr>a", false), ElementsAre(kSpmSpaceA, kSpmUser, kSpmSpaceA));
+  EXPECT_THAT(tokenizer.Encode("<ctl>b", true), ElementsAre(kSpmControl, kSpmSpace, kSpmB));
+  EXPECT_THAT(tokenizer.Encode("<usr>", false), ElementsAre(kSpmUser));
+  // Without parse_special "<ctl>" is text: "▁" "<" "c" "t" "l" ">" as bytes.
+  EXPECT_THAT(tokenizer.Encode("<ctl>", false),
+              ElementsAre(kSpmSpace, kSpmByte0 + '<', kSpmByte0 + 'c', kSpmByte0 + 't',
+                          kSpmByte0 + 'l', kSpmByte0 + '>'));
+  // Detokenize removes the one leading space Encode added; Decode keeps it.
+  const std::vector<int32_t> ids = tokenizer.Encode("ab b", false);
+  EXPECT_EQ(*tokenizer.Decode(ids), " ab b");
+  EXPECT_EQ(*tokenizer.Detokenize(ids, false, false), "ab b");
+  // After a BOS that remove_special drops, nothing is removed.
+  const std::vector<int32_t> with_bos = tokenizer.Tokenize("ab", true, false);
+  EXPECT_EQ(*tokenizer.Detokenize(with_bos, true, false), " ab");
+  EXPECT_EQ(*tokenizer.Detokenize(with_bos, false, true), "<s> ab");
+  EXPECT_EQ(*tokenizer.Detokenize(with_bos, false, false), " ab");
+}
+
+TEST(SyntheticSpmTokenizerTest, WithoutSpacePrefix) {
+  const auto loaded = Load(SyntheticSpmVocab(false));
+  ASSERT_TRUE(loaded->tokenizer.ok()) << loaded->tokenizer.status();
+  const Tokenizer& tokenizer = **loaded->tokenizer;
+  EXPECT_FALSE(tokenizer.add_space_prefix());
+  EXPECT_THAT(tokenizer.Encode("ab", false), ElementsAre(kSpmAb));
+  EXPECT_THAT(tokenizer.Encode(" ab", false), ElementsAre(kSpmSpaceAb));
+  EXPECT_THAT(tokenizer.Encode("a<usr>a", false), ElementsAre(kSpmA, kSpmUser, kSpmA));
+  const std::vector<int32_t> ids = tokenizer.Encode(" ab", false);
+  EXPECT_EQ(*tokenizer.Detokenize(ids, false, false), " ab");
+}
+
+TEST(SyntheticSpmTokenizerTest, PiecesAndEndOfSentence) {
+  GgufBuilder builder = SyntheticSpmVocab(true);
+  builder.AddBool("tokenizer.ggml.add_eos_token", true);
+  builder.AddUint32("tokenizer.ggml.bos_token_id", kSpmControl);
+  const auto loaded = Load(builder);
+  ASSERT_TRUE(loaded->tokenizer.ok()) << loaded->tokenizer.status();
+  const Tokenizer& tokenizer = **loaded->tokenizer;
+  EXPECT_EQ(tokenizer.bos_id(), kSpmControl);
+  EXPECT_THAT(tokenizer.Tokenize("b", true, false),
+              ElementsAre(kSpmControl, kSpmSpace, kSpmB, kSpmEos));
+  // "▁" is a space, byte tokens their byte, control and unknown tokens hidden unless rendered,
+  // user-defined tokens always shown.
+  EXPECT_EQ(*tokenizer.TokenToPiece(kSpmSpaceAb), " ab");
+  EXPECT_EQ(*tokenizer.TokenToPiece(kSpmByte0 + 0xE4), "\xE4");
+  EXPECT_EQ(*tokenizer.TokenToPiece(kSpmEos), "");
+  EXPECT_EQ(*tokenizer.TokenToPiece(kSpmEos, true), "</s>");
+  EXPECT_EQ(*tokenizer.TokenToPiece(kSpmUnk), "");
+  EXPECT_EQ(*tokenizer.TokenToPiece(kSpmUnk, true), "<unk>");
+  EXPECT_EQ(*tokenizer.TokenToPiece(kSpmUser), "<usr>");
+  EXPECT_EQ(*tokenizer.GetTokenType(kSpmByte0 + 7), TokenType::kByte);
+  // remove_special drops the leading BOS and the trailing EOS.
+  const std::vector<int32_t> ids = tokenizer.Tokenize("b", true, false);
+  EXPECT_EQ(*tokenizer.Detokenize(ids, true, true), " b");
+  EXPECT_EQ(*tokenizer.Detokenize(ids, false, true), "<ctl> b</s>");
+  // </s> is end of generation by its text as well as being EOS.
+  EXPECT_TRUE(tokenizer.IsEndOfGeneration(kSpmEos));
+}
+
+TEST(SyntheticSpmTokenizerTest, MissingByteTokensFallBackToUnknown) {
+  // llama.cpp throws here; the unknown token stands in for each byte instead.
+  const auto loaded = Load(SyntheticSpmVocab(false, /*with_byte_tokens=*/false));
+  ASSERT_TRUE(loaded->tokenizer.ok()) << loaded->tokenizer.status();
+  EXPECT_THAT((*loaded->tokenizer)->Encode("az", false), ElementsAre(kSpmA, kSpmUnk));
+}
+
+TEST(SyntheticSpmTokenizerTest, IgnoresThePreTokenizerName) {
+  // llama.cpp reads tokenizer.ggml.pre for BPE only.
+  GgufBuilder builder = SyntheticSpmVocab(false);
+  builder.AddString("tokenizer.ggml.pre", "no-such-pre");
+  const auto loaded = Load(builder);
+  ASSERT_TRUE(loaded->tokenizer.ok()) << loaded->tokenizer.status();
+  EXPECT_EQ((*loaded->tokenizer)->pre_tokenizer_name(), "no-such-pre");
+}
+
+TEST(SyntheticSpmTokenizerTest, ShortScoresAreAnError) {
+  GgufBuilder builder;
+  builder.AddString("tokenizer.ggml.model", "llama");
+  builder.AddStringArray("tokenizer.ggml.tokens", {"<unk>", "a", "b"});
+  builder.AddFloat32Array("tokenizer.ggml.scores", {0, 0});
+  const auto loaded = Load(builder);
+  ASSERT_FALSE(loaded->tokenizer.ok());
+  EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("tokenizer.ggml.scores"));
 }
 
 TEST(SyntheticTokenizerTest, MalformedVocabulariesAreErrors) {

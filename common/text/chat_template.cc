@@ -1,10 +1,13 @@
 #include "common/text/chat_template.h"
 
+#include <algorithm>
+#include <iterator>
 #include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::text {
@@ -179,19 +182,98 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view jinja_sou
     return ChatTemplate(Kind::kChatMl, std::move(system_prompt));
   }
   if (Matches(shape, kChatMlPlain, system_prompt)) return ChatTemplate(Kind::kChatMl, std::nullopt);
+  // llama.cpp's detection of its built-in gemma format (llm_chat_detect_template); gemma's
+  // templates are far from ChatML, so no ChatML shape above can contain this.
+  if (jinja_source.find("<start_of_turn>") != std::string_view::npos) return Gemma();
   constexpr size_t kExcerpt = 120;
   return absl::UnimplementedError(
-      absl::StrFormat("unsupported chat template (only ChatML variants are implemented): \"%s%s\"",
+      absl::StrFormat("unsupported chat template (only ChatML variants and gemma's turn format "
+                      "are implemented): \"%s%s\"",
                       absl::CHexEscape(std::string(jinja_source.substr(0, kExcerpt))),
                       jinja_source.size() > kExcerpt ? "..." : ""));
+}
+
+absl::StatusOr<ChatTemplate::Choice> ChatTemplate::FromGgufOrArchitecture(const gguf::File& file) {
+  if (file.Find("tokenizer.chat_template") != nullptr) {
+    BITSPLIT_ASSIGN_OR_RETURN(ChatTemplate chat_template, FromGguf(file));
+    return Choice{
+        .chat_template = std::move(chat_template), .from_architecture = false, .note = ""};
+  }
+  std::string architecture;
+  if (file.Find("general.architecture") != nullptr) {
+    BITSPLIT_ASSIGN_OR_RETURN(architecture, file.GetString("general.architecture"));
+  }
+  static constexpr const char* kGemmaFamily[] = {"gemma", "gemma2", "gemma3", "gemma3n"};
+  if (std::find(std::begin(kGemmaFamily), std::end(kGemmaFamily), architecture) !=
+      std::end(kGemmaFamily)) {
+    return Choice{
+        .chat_template = Gemma(),
+        .from_architecture = true,
+        .note = absl::StrFormat(
+            "%s has no tokenizer.chat_template; using the gemma turn format of architecture '%s'",
+            file.name(), architecture)};
+  }
+  return absl::NotFoundError(absl::StrFormat(
+      "%s: no tokenizer.chat_template in the model file, and architecture '%s' has no default "
+      "chat format (known: %s)",
+      file.name(), architecture, absl::StrJoin(kGemmaFamily, ", ")));
 }
 
 ChatTemplate ChatTemplate::ChatMl(std::optional<std::string> default_system_prompt) {
   return ChatTemplate(Kind::kChatMl, std::move(default_system_prompt));
 }
 
+ChatTemplate ChatTemplate::Gemma() { return ChatTemplate(Kind::kGemma, std::nullopt); }
+
 std::string ChatTemplate::Render(std::span<const ChatMessage> messages,
                                  bool add_generation_prompt) const {
+  switch (kind_) {
+    case Kind::kChatMl:
+      return RenderChatMl(messages, add_generation_prompt);
+    case Kind::kGemma:
+      return RenderGemma(messages, add_generation_prompt);
+  }
+  return RenderChatMl(messages, add_generation_prompt);
+}
+
+namespace {
+
+// llama-chat.cpp's trim: the C locale's isspace (space, \t, \n, \v, \f, \r) at both ends.
+std::string_view TrimAsciiSpace(std::string_view text) {
+  const auto is_space = [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+  };
+  while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
+  while (!text.empty() && is_space(text.back())) text.remove_suffix(1);
+  return text;
+}
+
+}  // namespace
+
+std::string ChatTemplate::RenderGemma(std::span<const ChatMessage> messages,
+                                      bool add_generation_prompt) const {
+  // Mirrors llama.cpp's LLM_CHAT_TEMPLATE_GEMMA branch of llm_chat_apply_template.
+  std::string prompt;
+  std::string system_prompt;
+  for (const ChatMessage& message : messages) {
+    if (message.role == "system") {
+      system_prompt.append(TrimAsciiSpace(message.content));
+      continue;
+    }
+    const std::string role = message.role == "assistant" ? "model" : message.role;
+    absl::StrAppend(&prompt, "<start_of_turn>", role, "\n");
+    if (!system_prompt.empty() && role != "model") {
+      absl::StrAppend(&prompt, system_prompt, "\n\n");
+      system_prompt.clear();
+    }
+    prompt.append(TrimAsciiSpace(message.content)).append("<end_of_turn>\n");
+  }
+  if (add_generation_prompt) prompt.append("<start_of_turn>model\n");
+  return prompt;
+}
+
+std::string ChatTemplate::RenderChatMl(std::span<const ChatMessage> messages,
+                                       bool add_generation_prompt) const {
   std::string prompt;
   for (size_t i = 0; i < messages.size(); ++i) {
     if (i == 0 && default_system_prompt_.has_value() && messages[0].role != "system") {

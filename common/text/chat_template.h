@@ -1,8 +1,10 @@
 #pragma once
 // Chat prompt rendering. GGUF files carry a Jinja chat template (tokenizer.chat_template); we do
-// not embed a Jinja engine but recognize the templates we support by their structure and render
-// them natively, byte for byte what Jinja would produce (tests compare against jinja2 output).
-// Anything unrecognized is an error rather than a silently different prompt.
+// not embed a Jinja engine but recognize the templates we support and render them natively:
+// ChatML byte for byte what Jinja would produce (tests compare against jinja2 output), the gemma
+// turn format byte for byte what llama.cpp's built-in "gemma" template produces (tests compare
+// against llama_chat_apply_template). Anything unrecognized is an error rather than a silently
+// different prompt.
 #include <optional>
 #include <span>
 #include <string>
@@ -24,15 +26,29 @@ class ChatTemplate {
     // <|im_start|>{role}\n{content}<|im_end|>\n per message, optionally preceded by a default
     // system message when the conversation does not start with one (SmolLM2, Qwen2).
     kChatMl,
+    // <start_of_turn>{user|model}\n{content}<end_of_turn>\n per message ("assistant" is rendered
+    // "model"), the generation prompt <start_of_turn>model\n; contents trimmed of ASCII
+    // whitespace; system messages (trimmed, concatenated) go in front of the next non-model turn
+    // followed by "\n\n". No BOS: the tokenizer adds it (gemma2/gemma3).
+    kGemma,
   };
+
+  // What FromGgufOrArchitecture chose.
+  struct Choice;
 
   // From tokenizer.chat_template. NOT_FOUND when the file has no template, UNIMPLEMENTED when
   // the template is not one we can render exactly.
   static absl::StatusOr<ChatTemplate> FromGguf(const gguf::File& file);
-  // From Jinja source text; errors as FromGguf.
+  // From Jinja source text; errors as FromGguf. A template that is not one of the ChatML shapes
+  // but contains "<start_of_turn>" is kGemma, as llama.cpp decides for its built-in templates.
   static absl::StatusOr<ChatTemplate> FromSource(std::string_view jinja_source);
+  // FromGguf, or, when the file has no tokenizer.chat_template, the format of its model family
+  // (general.architecture gemma, gemma2, gemma3, gemma3n: kGemma), with Choice::note saying so
+  // for the caller to show. NOT_FOUND when there is neither a template nor a known family.
+  static absl::StatusOr<Choice> FromGgufOrArchitecture(const gguf::File& file);
   // Plain ChatML, with an optional default system prompt.
   static ChatTemplate ChatMl(std::optional<std::string> default_system_prompt = std::nullopt);
+  static ChatTemplate Gemma();
 
   Kind kind() const { return kind_; }
   const std::optional<std::string>& default_system_prompt() const { return default_system_prompt_; }
@@ -46,8 +62,19 @@ class ChatTemplate {
   ChatTemplate(Kind kind, std::optional<std::string> default_system_prompt)
       : kind_(kind), default_system_prompt_(std::move(default_system_prompt)) {}
 
+  std::string RenderChatMl(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  std::string RenderGemma(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+
   Kind kind_;
   std::optional<std::string> default_system_prompt_;
+};
+
+struct ChatTemplate::Choice {
+  ChatTemplate chat_template;
+  // True when the file has no template and the format was picked from general.architecture.
+  bool from_architecture = false;
+  // For from_architecture, one line naming the file, the architecture and the format used.
+  std::string note;
 };
 
 }  // namespace bitsplit::text

@@ -195,6 +195,14 @@ constexpr const char* kLlama3Pattern =
     "]{1,3}| ?[^" BITSPLIT_WS BITSPLIT_LETTER BITSPLIT_NUMBER "]+[\\r\\n]*|[" BITSPLIT_WS
     "]*[\\r\\n]+|[" BITSPLIT_WS "]+(?![^" BITSPLIT_WS "])|[" BITSPLIT_WS "]+";
 
+// Qwen2: Llama-3's pattern with single digits (\p{N} instead of \p{N}{1,3}); llama.cpp's
+// hand-written matcher for it is its Llama-3 matcher with that one change.
+constexpr const char* kQwen2Pattern =
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n" BITSPLIT_LETTER
+        BITSPLIT_NUMBER "]?[" BITSPLIT_LETTER "]+|[" BITSPLIT_NUMBER
+    "]| ?[^" BITSPLIT_WS BITSPLIT_LETTER BITSPLIT_NUMBER "]+[\\r\\n]*|[" BITSPLIT_WS
+    "]*[\\r\\n]+|[" BITSPLIT_WS "]+(?![^" BITSPLIT_WS "])|[" BITSPLIT_WS "]+";
+
 constexpr const char* kDigitPattern = "[" BITSPLIT_NUMBER "]";
 constexpr const char* kDigitRunPattern = "[" BITSPLIT_NUMBER "]+";
 constexpr const char* kPunctuationRunPattern = "[" BITSPLIT_PUNCT "$+<=>^~|]+";
@@ -204,26 +212,89 @@ constexpr const char* kPunctuationRunPattern = "[" BITSPLIT_PUNCT "$+<=>^~|]+";
 #undef BITSPLIT_LETTER
 #undef BITSPLIT_WS
 
+// One of llama.cpp's BPE pre-tokenizers (llama_vocab::impl::load: the tokenizer.ggml.pre names
+// that select it and the flags it sets).
 struct PreTokenizerSpec {
   std::vector<std::string_view> names;
   std::vector<std::string_view> patterns;
   bool ignore_merges = false;
   bool add_bos = false;
+  bool clean_spaces = true;  // llama.cpp's default for BPE
 };
 
 const std::vector<PreTokenizerSpec>& PreTokenizerSpecs() {
   static const auto* const specs = new std::vector<PreTokenizerSpec>{
-      {{"default"},
-       {kPunctuationRunPattern, kGpt2Pattern, kDigitRunPattern, "[0-9][0-9][0-9]"},
-       false,
-       false},
+      {.names = {"default"},
+       .patterns = {kPunctuationRunPattern, kGpt2Pattern, kDigitRunPattern, "[0-9][0-9][0-9]"}},
       // llama.cpp calls it "gpt-2"; "gpt2" is accepted as the same thing.
-      {{"gpt-2", "gpt2"}, {kGpt2Pattern}, false, false},
-      {{"llama3", "llama-v3", "llama-bpe"}, {kLlama3Pattern}, true, true},
+      {.names = {"gpt-2", "gpt2"}, .patterns = {kGpt2Pattern}},
+      {.names = {"llama3", "llama-v3", "llama-bpe"},
+       .patterns = {kLlama3Pattern},
+       .ignore_merges = true,
+       .add_bos = true},
+      {.names = {"qwen2", "deepseek-r1-qwen"}, .patterns = {kQwen2Pattern}, .clean_spaces = false},
       // Digits are split one by one before the GPT-2 pattern.
-      {{"smollm", "starcoder", "refact", "codeshell"}, {kDigitPattern, kGpt2Pattern}, false, false},
+      {.names = {"smollm"}, .patterns = {kDigitPattern, kGpt2Pattern}, .clean_spaces = false},
+      {.names = {"starcoder", "refact", "codeshell"}, .patterns = {kDigitPattern, kGpt2Pattern}},
   };
   return *specs;
+}
+
+// SentencePiece's whitespace marker, U+2581 LOWER ONE EIGHTH BLOCK.
+constexpr std::string_view kSpmSpace = "\xE2\x96\x81";
+
+void ReplaceAll(std::string& text, std::string_view from, std::string_view to) {
+  std::string out;
+  out.reserve(text.size());
+  size_t pos = 0;
+  size_t found;
+  while ((found = text.find(from, pos)) != std::string::npos) {
+    out.append(text, pos, found - pos).append(to);
+    pos = found + from.size();
+  }
+  out.append(text, pos, std::string::npos);
+  text.swap(out);
+}
+
+// llama.cpp's clean_spaces passes of llama_detokenize, on the same bytes and in the same order
+// (each pass reads what the previous ones left, including the NUL the second one writes).
+void CleanSpaces(std::string& text) {
+  const auto pass = [&text](auto&& step) {
+    const size_t length = text.size();
+    size_t total = length > 0 ? 1 : 0;
+    for (size_t i = 1; i < length; ++i) step(i, total);
+    text.resize(total);
+  };
+  // " ?", " !", " .", " ," lose the space.
+  pass([&text](size_t& i, size_t& total) {
+    const char x = text[i];
+    if (text[i - 1] == ' ' && (x == '?' || x == '!' || x == '.' || x == ',')) --total;
+    text[total++] = x;
+  });
+  // " ' " becomes "'".
+  pass([&text](size_t& i, size_t& total) {
+    const char x = text[i];
+    if (x == '\'' && i + 1 < text.size() && text[i - 1] == ' ' && text[i + 1] == ' ') {
+      --total;
+      text[++i] = '\0';
+    }
+    text[total++] = x;
+  });
+  // " 's", " 'm", " 're", " 've" lose the space.
+  pass([&text](size_t& i, size_t& total) {
+    const char x = text[i];
+    const size_t length = text.size();
+    if (text[i - 1] == ' ' && x == '\'' && i + 1 < length) {
+      const char x1 = text[i + 1];
+      if (x1 == 's' || x1 == 'm') {
+        --total;
+      } else if (i + 2 < length) {
+        const char x2 = text[i + 2];
+        if ((x1 == 'r' && x2 == 'e') || (x1 == 'v' && x2 == 'e')) --total;
+      }
+    }
+    text[total++] = x;
+  });
 }
 
 }  // namespace
@@ -338,34 +409,21 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::File&
 absl::Status Tokenizer::Load(const gguf::File& file) {
   const std::string& where = file.name();
   BITSPLIT_ASSIGN_OR_RETURN(const std::string model, file.GetString("tokenizer.ggml.model"));
-  if (model != "gpt2") {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: unsupported tokenizer.ggml.model '%s': only byte-level BPE ('gpt2') is implemented",
-        where, model));
+  if (model == "gpt2") {
+    model_ = TokenizerModel::kBytePairEncoding;
+  } else if (model == "llama") {
+    model_ = TokenizerModel::kSentencePiece;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: unsupported tokenizer.ggml.model '%s' (supported: 'gpt2' = "
+                        "byte-level BPE, 'llama' = SentencePiece)",
+                        where, model));
   }
-
   // A missing pre-tokenizer is "default" (llama.cpp does the same, with a warning).
   pre_name_ = "default";
   if (file.Find("tokenizer.ggml.pre") != nullptr) {
     BITSPLIT_ASSIGN_OR_RETURN(pre_name_, file.GetString("tokenizer.ggml.pre"));
   }
-  const PreTokenizerSpec* spec = nullptr;
-  std::string known_names;
-  for (const PreTokenizerSpec& candidate : PreTokenizerSpecs()) {
-    for (std::string_view name : candidate.names) {
-      if (!known_names.empty()) known_names += ", ";
-      known_names += name;
-      if (name == pre_name_) spec = &candidate;
-    }
-  }
-  if (spec == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: unknown pre-tokenizer tokenizer.ggml.pre = '%s' (supported: %s)",
-                        where, pre_name_, known_names));
-  }
-  BITSPLIT_ASSIGN_OR_RETURN(pre_tokenizer_, PreTokenizer::Create(spec->patterns));
-  ignore_merges_ = spec->ignore_merges;
-  add_bos_ = spec->add_bos;
 
   BITSPLIT_ASSIGN_OR_RETURN(tokens_, file.GetStringArray("tokenizer.ggml.tokens"));
   if (tokens_.empty()) {
@@ -386,16 +444,11 @@ absl::Status Tokenizer::Load(const gguf::File& file) {
     }
   }
 
-  BITSPLIT_ASSIGN_OR_RETURN(const std::vector<std::string> merges,
-                            file.GetStringArray("tokenizer.ggml.merges"));
-  merge_ranks_.reserve(merges.size());
-  for (size_t rank = 0; rank < merges.size(); ++rank) {
-    // Split at the first space after the first byte, like llama.cpp; the first rank of a
-    // repeated pair wins.
-    const std::string& merge = merges[rank];
-    const size_t space = merge.find(' ', 1);
-    std::string key = space == std::string::npos ? " " : merge;
-    merge_ranks_.emplace(std::move(key), static_cast<int>(rank));
+  BITSPLIT_RETURN_IF_ERROR(model_ == TokenizerModel::kSentencePiece ? LoadSpm(file)
+                                                                    : LoadBpe(file));
+  // Read for both models, as llama.cpp does after the model's defaults.
+  if (file.Find("tokenizer.ggml.add_space_prefix") != nullptr) {
+    BITSPLIT_ASSIGN_OR_RETURN(add_space_prefix_, file.GetBool("tokenizer.ggml.add_space_prefix"));
   }
 
   attrs_.assign(n, kAttrNormal);
@@ -434,18 +487,89 @@ absl::Status Tokenizer::Load(const gguf::File& file) {
           "%s: tokenizer.ggml.tokens has the same text at ids %d and %d", where, it->second, id));
     }
   }
+  if (model_ == TokenizerModel::kSentencePiece) {
+    // llama.cpp's byte_to_token: "<0xNN>" (upper-case hex), else the byte itself as a token.
+    // Where neither exists llama.cpp throws; the unknown token stands in for the byte here.
+    for (int byte = 0; byte < 256; ++byte) {
+      int32_t id = FindToken(absl::StrFormat("<0x%02X>", byte));
+      if (id == kNoToken) id = FindToken(std::string(1, static_cast<char>(byte)));
+      byte_tokens_[byte] = id;
+    }
+  }
 
   BITSPLIT_RETURN_IF_ERROR(LoadSpecialTokens(file));
+  if (model_ == TokenizerModel::kSentencePiece) {
+    for (int32_t& id : byte_tokens_) {
+      if (id == kNoToken) id = unk_id_;
+    }
+  }
   BuildPieces();
+  return absl::OkStatus();
+}
+
+absl::Status Tokenizer::LoadBpe(const gguf::File& file) {
+  const std::string& where = file.name();
+  const PreTokenizerSpec* spec = nullptr;
+  std::string known_names;
+  for (const PreTokenizerSpec& candidate : PreTokenizerSpecs()) {
+    for (std::string_view name : candidate.names) {
+      if (!known_names.empty()) known_names += ", ";
+      known_names += name;
+      if (name == pre_name_) spec = &candidate;
+    }
+  }
+  if (spec == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: unknown pre-tokenizer tokenizer.ggml.pre = '%s' (supported: %s)",
+                        where, pre_name_, known_names));
+  }
+  BITSPLIT_ASSIGN_OR_RETURN(pre_tokenizer_, PreTokenizer::Create(spec->patterns));
+  ignore_merges_ = spec->ignore_merges;
+  add_bos_ = spec->add_bos;
+  clean_spaces_ = spec->clean_spaces;
+  add_space_prefix_ = false;
+
+  BITSPLIT_ASSIGN_OR_RETURN(const std::vector<std::string> merges,
+                            file.GetStringArray("tokenizer.ggml.merges"));
+  merge_ranks_.reserve(merges.size());
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    // Split at the first space after the first byte, like llama.cpp; the first rank of a
+    // repeated pair wins.
+    const std::string& merge = merges[rank];
+    const size_t space = merge.find(' ', 1);
+    std::string key = space == std::string::npos ? " " : merge;
+    merge_ranks_.emplace(std::move(key), static_cast<int>(rank));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Tokenizer::LoadSpm(const gguf::File& file) {
+  // llama.cpp's SentencePiece defaults; tokenizer.ggml.pre plays no part.
+  add_bos_ = true;
+  add_space_prefix_ = true;
+  clean_spaces_ = false;
+  scores_.assign(tokens_.size(), 0.0f);
+  if (file.Find("tokenizer.ggml.scores") != nullptr) {
+    BITSPLIT_ASSIGN_OR_RETURN(const std::vector<double> scores,
+                              file.GetFloatArray("tokenizer.ggml.scores"));
+    if (scores.size() < tokens_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: tokenizer.ggml.scores has %d entries for %d tokens", file.name(),
+                          scores.size(), tokens_.size()));
+    }
+    for (size_t id = 0; id < tokens_.size(); ++id) scores_[id] = static_cast<float>(scores[id]);
+  }
   return absl::OkStatus();
 }
 
 absl::Status Tokenizer::LoadSpecialTokens(const gguf::File& file) {
   const int32_t n = vocab_size();
-  // llama.cpp's BPE defaults, used when the metadata has no id (or an out-of-range one).
+  // llama.cpp's defaults, used when the metadata has no id (or an out-of-range one).
   const auto in_range = [n](int32_t id) { return id >= 0 && id < n ? id : kNoToken; };
-  bos_id_ = in_range(11);
-  eos_id_ = in_range(11);
+  const bool spm = model_ == TokenizerModel::kSentencePiece;
+  bos_id_ = in_range(spm ? 1 : 11);
+  eos_id_ = in_range(spm ? 2 : 11);
+  unk_id_ = spm ? in_range(0) : kNoToken;
   eot_id_ = kNoToken;
   int32_t eom_id = kNoToken;
   int32_t fim_pre_id = kNoToken, fim_suf_id = kNoToken, fim_mid_id = kNoToken;
@@ -454,6 +578,7 @@ absl::Status Tokenizer::LoadSpecialTokens(const gguf::File& file) {
       {"tokenizer.ggml.bos_token_id", &bos_id_},
       {"tokenizer.ggml.eos_token_id", &eos_id_},
       {"tokenizer.ggml.eot_token_id", &eot_id_},
+      {"tokenizer.ggml.unknown_token_id", &unk_id_},
       {"tokenizer.ggml.eom_token_id", &eom_id},
       {"tokenizer.ggml.fim_pre_token_id", &fim_pre_id},
       {"tokenizer.ggml.fim_suf_token_id", &fim_suf_id},
@@ -472,6 +597,9 @@ absl::Status Tokenizer::LoadSpecialTokens(const gguf::File& file) {
   }
   if (file.Find("tokenizer.ggml.add_bos_token") != nullptr) {
     BITSPLIT_ASSIGN_OR_RETURN(add_bos_, file.GetBool("tokenizer.ggml.add_bos_token"));
+  }
+  if (file.Find("tokenizer.ggml.add_eos_token") != nullptr) {
+    BITSPLIT_ASSIGN_OR_RETURN(add_eos_, file.GetBool("tokenizer.ggml.add_eos_token"));
   }
 
   // Older conversions do not record EOT/FIM ids or mark those tokens as control; llama.cpp
@@ -593,7 +721,12 @@ void Tokenizer::BuildPieces() {
     if (attr & (kAttrUnknown | kAttrControl | kAttrUserDefined)) {
       pieces_[id] = text;
     } else if (attr & kAttrNormal) {
-      pieces_[id] = DecodeByteLevel(text);
+      if (model_ == TokenizerModel::kSentencePiece) {
+        pieces_[id] = text;
+        ReplaceAll(pieces_[id], kSpmSpace, " ");
+      } else {
+        pieces_[id] = DecodeByteLevel(text);
+      }
     } else if (attr & kAttrByte) {
       // "<0xAB>" style byte tokens.
       const std::string hex = text.size() >= 5 ? text.substr(3, 2) : "";
@@ -636,15 +769,109 @@ std::vector<Tokenizer::Fragment> Tokenizer::PartitionSpecial(std::string_view te
 }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool parse_special) const {
+  return Tokenize(text, /*add_special=*/false, parse_special);
+}
+
+std::vector<int32_t> Tokenizer::Tokenize(std::string_view text, bool add_special,
+                                         bool parse_special) const {
   std::vector<int32_t> ids;
+  if (add_special && add_bos_ && bos_id_ != kNoToken) ids.push_back(bos_id_);
+  // SentencePiece's leading space goes before the first text and before text that follows a
+  // special token (llama.cpp's is_prev_special), BOS or not.
+  bool after_special = true;
+  std::string escaped;
   for (const Fragment& fragment : PartitionSpecial(text, parse_special)) {
     if (fragment.token != kNoToken) {
       ids.push_back(fragment.token);
+      after_special = true;
+      continue;
+    }
+    const std::string_view piece = text.substr(fragment.begin, fragment.length);
+    if (model_ == TokenizerModel::kSentencePiece) {
+      escaped.clear();
+      if (add_space_prefix_ && after_special) escaped.push_back(' ');
+      escaped.append(piece);
+      ReplaceAll(escaped, " ", kSpmSpace);
+      EncodeSpm(escaped, ids);
     } else {
-      EncodeFragment(text.substr(fragment.begin, fragment.length), ids);
+      EncodeFragment(piece, ids);
+    }
+    after_special = false;
+  }
+  if (add_special && add_eos_ && eos_id_ != kNoToken) ids.push_back(eos_id_);
+  return ids;
+}
+
+void Tokenizer::EncodeSpm(std::string_view text, std::vector<int32_t>& out) const {
+  // llama.cpp's llm_tokenizer_spm_session: start from UTF-8 characters (lead-byte lengths, no
+  // validation) and repeatedly merge the adjacent pair whose concatenation is the token with the
+  // highest score, leftmost first on ties; a popped pair whose symbols changed since it was
+  // queued is stale and skipped. Every merged symbol is a token by construction; a leftover
+  // character that is not one becomes byte tokens.
+  struct Symbol {
+    int prev;
+    int next;
+    size_t begin;
+    size_t length;  // 0 once merged into its left neighbour
+  };
+  struct Bigram {
+    int left;
+    int right;
+    float score;
+    size_t length;  // combined length when queued
+  };
+  struct Lower {
+    bool operator()(const Bigram& a, const Bigram& b) const {
+      return a.score < b.score || (a.score == b.score && a.left > b.left);
+    }
+  };
+  if (text.empty()) return;
+  std::vector<Symbol> symbols;
+  for (size_t offset = 0; offset < text.size();) {
+    const size_t length =
+        std::min(text.size() - offset, Utf8SequenceLength(static_cast<uint8_t>(text[offset])));
+    const int index = static_cast<int>(symbols.size());
+    symbols.push_back({index - 1, offset + length == text.size() ? -1 : index + 1, offset, length});
+    offset += length;
+  }
+  std::priority_queue<Bigram, std::vector<Bigram>, Lower> queue;
+  const auto try_queue = [&](int left, int right) {
+    if (left == -1 || right == -1) return;
+    const size_t length = symbols[left].length + symbols[right].length;
+    const int32_t id = FindToken(text.substr(symbols[left].begin, length));
+    if (id == kNoToken) return;
+    queue.push({left, right, scores_[id], length});
+  };
+  for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_queue(i - 1, i);
+
+  while (!queue.empty()) {
+    const Bigram bigram = queue.top();
+    queue.pop();
+    Symbol& left = symbols[bigram.left];
+    Symbol& right = symbols[bigram.right];
+    if (left.length == 0 || right.length == 0 || left.length + right.length != bigram.length) {
+      continue;
+    }
+    left.length += right.length;
+    right.length = 0;
+    left.next = right.next;
+    if (right.next >= 0) symbols[right.next].prev = bigram.left;
+    try_queue(left.prev, bigram.left);
+    try_queue(bigram.left, left.next);
+  }
+
+  for (int i = 0; i != -1; i = symbols[i].next) {
+    const std::string_view symbol = text.substr(symbols[i].begin, symbols[i].length);
+    const int32_t id = FindToken(symbol);
+    if (id != kNoToken) {
+      out.push_back(id);
+      continue;
+    }
+    for (char byte : symbol) {
+      const int32_t byte_id = byte_tokens_[static_cast<uint8_t>(byte)];
+      if (byte_id != kNoToken) out.push_back(byte_id);
     }
   }
-  return ids;
 }
 
 void Tokenizer::EncodeFragment(std::string_view fragment, std::vector<int32_t>& out) const {
@@ -785,6 +1012,32 @@ absl::StatusOr<std::string> Tokenizer::Decode(std::span<const int32_t> ids,
     }
     text.append(*piece);
   }
+  return text;
+}
+
+absl::StatusOr<std::string> Tokenizer::Detokenize(std::span<const int32_t> ids, bool remove_special,
+                                                  bool unparse_special) const {
+  bool remove_space = add_space_prefix_;
+  if (remove_special && add_bos_ && !ids.empty() && ids.front() == bos_id_) {
+    remove_space = false;
+    ids = ids.subspan(1);
+  }
+  if (remove_special && add_eos_ && !ids.empty() && ids.back() == eos_id_) {
+    ids = ids.subspan(0, ids.size() - 1);
+  }
+  std::string text;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto piece = TokenToPiece(ids[i], unparse_special);
+    if (!piece.ok()) {
+      return absl::OutOfRangeError(
+          absl::StrCat(piece.status().message(), " (position ", i, " of ", ids.size(), ")"));
+    }
+    // Only the first piece, hidden or not, may lose its space.
+    if (remove_space && piece->starts_with(' ')) piece->remove_prefix(1);
+    remove_space = false;
+    text.append(*piece);
+  }
+  if (clean_spaces_) CleanSpaces(text);
   return text;
 }
 

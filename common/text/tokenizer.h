@@ -1,8 +1,15 @@
 #pragma once
-// Byte-level BPE tokenizer (GPT-2 family) read from GGUF metadata. It reproduces llama.cpp's
-// tokenization token for token (tests/text_tokenizer_test.cc checks it against llama.cpp on a
-// committed corpus): the same special-token splitting, the same pre-tokenizer regexes (run with
-// PCRE2), the same merge order and the same token attributes.
+// The tokenizers llama.cpp reads from GGUF metadata, reproduced token for token
+// (tests/text_tokenizer_test.cc checks them against llama.cpp on a committed corpus for SmolLM2,
+// gemma3 and a qwen2 vocabulary):
+//   * byte-level BPE (tokenizer.ggml.model = "gpt2"): the same pre-tokenizer regexes (run with
+//     PCRE2), merge order and tie-breaking;
+//   * SentencePiece (tokenizer.ggml.model = "llama", llama.cpp's llm_tokenizer_spm): spaces
+//     escaped to U+2581, score-driven bigram merges, <0xNN> byte fallback, the optional leading
+//     space (tokenizer.ggml.add_space_prefix).
+// Both share llama.cpp's special-token splitting and its token attributes, including the
+// tokens it marks as control or end-of-generation by their text.
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -29,15 +36,25 @@ enum class TokenType : int32_t {
   kByte = 6,
 };
 
+// The two algorithms, by their tokenizer.ggml.model names.
+enum class TokenizerModel {
+  kBytePairEncoding,  // "gpt2"
+  kSentencePiece,     // "llama"
+};
+
 class PreTokenizer;  // tokenizer.cc: regex stages that cut text into words before BPE
 
+// Thread safety: immutable after FromGguf but for the BPE word memo, which a mutex guards, so
+// every method may be called from any number of threads at once.
 class Tokenizer {
  public:
   static constexpr int32_t kNoToken = -1;
 
-  // Reads tokenizer.ggml.* from `file`. Fails with INVALID_ARGUMENT / NOT_FOUND, naming the key,
-  // on a missing vocabulary or merges, an unsupported tokenizer.ggml.model (only "gpt2"), an
-  // unknown tokenizer.ggml.pre, or malformed arrays.
+  // Reads tokenizer.ggml.* from `file` (a whole model, or a GGUF that holds only metadata).
+  // Fails with INVALID_ARGUMENT / NOT_FOUND, naming the key, on a missing vocabulary, missing
+  // merges (BPE), an unsupported tokenizer.ggml.model (supported: "gpt2", "llama"), an unknown
+  // tokenizer.ggml.pre (BPE only: like llama.cpp, SentencePiece ignores it), or malformed
+  // arrays. Both error messages list what is supported.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const gguf::File& file);
 
   ~Tokenizer();
@@ -46,9 +63,15 @@ class Tokenizer {
 
   // Text to token ids; never adds BOS/EOS (see add_bos()). With `parse_special`, the text of
   // control tokens (e.g. "<|im_start|>") becomes that token; without it, only user-defined tokens
-  // are matched and control-token text is tokenized as ordinary text. Invalid UTF-8 is
-  // tokenized as U+FFFD per bad byte, as llama.cpp does. Thread-safe.
+  // are matched and control-token text is tokenized as ordinary text. BPE tokenizes invalid
+  // UTF-8 as U+FFFD per bad byte, SentencePiece as byte tokens, as llama.cpp does. With
+  // add_space_prefix(), SentencePiece puts a space before the text at the start and after every
+  // special token. Thread-safe.
   std::vector<int32_t> Encode(std::string_view text, bool parse_special) const;
+
+  // llama.cpp's llama_tokenize: Encode, with BOS first when `add_special` and add_bos(), and EOS
+  // last when `add_special` and add_eos() (a missing BOS/EOS id adds nothing). Thread-safe.
+  std::vector<int32_t> Tokenize(std::string_view text, bool add_special, bool parse_special) const;
 
   // The bytes a token stands for (not necessarily complete UTF-8: byte-level tokens can hold a
   // part of a character). Control and unknown tokens give "" unless `render_special`.
@@ -60,13 +83,29 @@ class Tokenizer {
   absl::StatusOr<std::string> Decode(std::span<const int32_t> ids,
                                      bool render_special = false) const;
 
+  // llama.cpp's llama_detokenize: Decode, except that with add_space_prefix() the first piece
+  // loses one leading space; `remove_special` drops a leading BOS (then no space is removed)
+  // when add_bos() and a trailing EOS when add_eos(); and pre-tokenizers with llama.cpp's
+  // clean_spaces (gpt-2, llama3, default, ...) remove the spaces it removes before ?!., and
+  // contractions. For SentencePiece with a space prefix this is what inverts Encode.
+  absl::StatusOr<std::string> Detokenize(std::span<const int32_t> ids, bool remove_special,
+                                         bool unparse_special) const;
+
   int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
   int32_t bos_id() const { return bos_id_; }  // kNoToken when the model has none
   int32_t eos_id() const { return eos_id_; }
   int32_t eot_id() const { return eot_id_; }
-  // Whether a prompt should start with BOS (tokenizer.ggml.add_bos_token, else the
-  // pre-tokenizer's default). Encode never adds it; callers prepend bos_id().
+  int32_t unk_id() const { return unk_id_; }
+  // Whether a prompt should start with BOS (tokenizer.ggml.add_bos_token, else the default of
+  // the pre-tokenizer (BPE) or true (SentencePiece)). Encode never adds it; Tokenize does, or
+  // callers prepend bos_id().
   bool add_bos() const { return add_bos_; }
+  // Whether a prompt should end with EOS (tokenizer.ggml.add_eos_token, default false).
+  bool add_eos() const { return add_eos_; }
+  // tokenizer.ggml.add_space_prefix; absent, true for SentencePiece and false for BPE.
+  bool add_space_prefix() const { return add_space_prefix_; }
+  TokenizerModel model() const { return model_; }
+  // tokenizer.ggml.pre as stored ("default" when absent).
   const std::string& pre_tokenizer_name() const { return pre_name_; }
 
   // End of generation: EOS, EOT, and the tokens llama.cpp treats as such by their text
@@ -78,7 +117,8 @@ class Tokenizer {
   // True for control/unknown tokens (the ones TokenToPiece hides unless render_special).
   bool IsControl(int32_t id) const;
   absl::StatusOr<TokenType> GetTokenType(int32_t id) const;
-  // The vocabulary entry for `id` as stored in the GGUF (byte-level encoded, e.g. "Ġthe").
+  // The vocabulary entry for `id` as stored in the GGUF (BPE: byte-level encoded, e.g. "Ġthe";
+  // SentencePiece: spaces as U+2581, e.g. "▁the").
   absl::StatusOr<std::string_view> GetTokenText(int32_t id) const;
   // The id whose vocabulary text is exactly `text`, or kNoToken.
   int32_t FindToken(std::string_view text) const;
@@ -97,33 +137,44 @@ class Tokenizer {
 
   Tokenizer();
   absl::Status Load(const gguf::File& file);
+  absl::Status LoadBpe(const gguf::File& file);
+  absl::Status LoadSpm(const gguf::File& file);
   absl::Status LoadSpecialTokens(const gguf::File& file);
   void BuildPieces();
   // Splits `text` around special tokens (llama.cpp's tokenizer_st_partition).
   std::vector<Fragment> PartitionSpecial(std::string_view text, bool parse_special) const;
   void EncodeFragment(std::string_view fragment, std::vector<int32_t>& out) const;
+  // SentencePiece merges of one fragment whose spaces are already escaped.
+  void EncodeSpm(std::string_view escaped, std::vector<int32_t>& out) const;
   // BPE of one pre-tokenized word (UTF-8), memoized.
   void EncodeWord(std::string_view word, std::vector<int32_t>& out) const;
   std::vector<int32_t> BytePairMerge(const std::string& encoded_word) const;
   int MergeRank(std::string_view left, std::string_view right) const;
 
+  TokenizerModel model_ = TokenizerModel::kBytePairEncoding;
   std::string pre_name_;
-  std::unique_ptr<PreTokenizer> pre_tokenizer_;
+  std::unique_ptr<PreTokenizer> pre_tokenizer_;  // BPE only
   bool ignore_merges_ = false;  // llama3-style: a word that is a whole token skips the merges
+  bool clean_spaces_ = false;   // Detokenize's space clean-up (llama.cpp's clean_spaces)
   bool add_bos_ = false;
+  bool add_eos_ = false;
+  bool add_space_prefix_ = false;
 
   std::vector<std::string> tokens_;  // vocabulary text, byte-level encoded
   std::vector<uint32_t> attrs_;
   std::vector<std::string> pieces_;                          // decoded bytes of each token
   std::unordered_map<std::string_view, int32_t> token_ids_;  // views into tokens_
-  std::unordered_map<std::string, int> merge_ranks_;         // "left right" -> rank
-  std::vector<int32_t> special_ids_;  // control/user-defined/unknown, longest text first
+  std::unordered_map<std::string, int> merge_ranks_;         // BPE: "left right" -> rank
+  std::vector<float> scores_;                                // SentencePiece merge priorities
+  std::array<int32_t, 256> byte_tokens_{};  // SentencePiece byte fallback (<0xNN>) per byte
+  std::vector<int32_t> special_ids_;        // control/user-defined/unknown, longest text first
   std::vector<int32_t> eog_ids_;
   std::unordered_set<int32_t> eog_set_;
 
   int32_t bos_id_ = kNoToken;
   int32_t eos_id_ = kNoToken;
   int32_t eot_id_ = kNoToken;
+  int32_t unk_id_ = kNoToken;
 
   // Word -> ids memo: natural text repeats words constantly, and BPE of a word is the
   // expensive part of Encode.
