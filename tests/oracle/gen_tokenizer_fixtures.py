@@ -1,21 +1,38 @@
 #!/usr/bin/env python3
-"""Generates the llama.cpp tokenizer fixture for tests/text_tokenizer_test.cc.
+"""Generates the llama.cpp tokenizer fixtures for tests/text_tokenizer_test.cc and
+tests/text_tokenize_command_test.cc, one per vocabulary:
+
+  smollm2              SmolLM2-135M-Instruct (byte-level BPE, pre "smollm")
+  gemma3               gemma-3-270m (SentencePiece, 262144 tokens, add_space_prefix false)
+  gemma3_space_prefix  the same vocabulary with tokenizer.ggml.add_space_prefix set to true
+                       (a metadata-only copy patched here; the C++ test patches the same byte)
+  qwen2                DeepSeek-R1-Distill-Qwen-7B (byte-level BPE, pre "deepseek-r1-qwen"),
+                       from the metadata-only GGUF scripts/setup.sh derives
 
 For every string of tests/oracle/tokenizer_strings.json, llama.cpp (through llama-cpp-python,
-vocab only) tokenizes the text with parse_special off and on (never adding BOS), and every id
-list is turned back into bytes with llama_token_to_piece, with control tokens hidden and
-rendered. For every conversation, the GGUF's own chat template is rendered with jinja2 (as
-Hugging Face does) and the prompt is tokenized with parse_special on. The fixture also records
-which ids llama.cpp treats as end-of-generation and its BOS/EOS ids.
+vocab only) tokenizes the text with parse_special off and on, without BOS/EOS (ids_*) and with
+them (ids_*_added: llama_tokenize's add_special); every id list is turned back into bytes with
+llama_token_to_piece (decoded_*: control tokens hidden and rendered) and with llama_detokenize
+(detokenized_*: remove_special off; detokenized_*_added: remove_special on). The fixture also
+records BOS/EOS/EOT ids, add_bos/add_eos, which ids llama.cpp treats as end-of-generation and as
+control, and the attribute of every token that is not plain normal.
+
+Chats: for SmolLM2 the GGUF's own chat template rendered with jinja2 (as Hugging Face does); for
+gemma3 (its GGUF has no template) llama.cpp's built-in "gemma" template through
+llama_chat_apply_template. Both prompts are tokenized with parse_special on.
 
 Rerun (needs the oracle environment, see scripts/oracle-env.sh; pinned versions in
-tests/oracle/requirements.txt: llama-cpp-python 0.3.36, gguf 0.19.0, jinja2 3.1.6):
-    $(scripts/oracle-env.sh) tests/oracle/gen_tokenizer_fixtures.py
-Writes tests/fixtures/tokenizer/smollm2_tokens.json.
+tests/oracle/requirements.txt: llama-cpp-python 0.3.36, gguf 0.19.0, jinja2 3.1.6; the models
+from scripts/setup.sh --models):
+    $(scripts/oracle-env.sh) tests/oracle/gen_tokenizer_fixtures.py [VOCAB ...]
+Writes tests/fixtures/tokenizer/<vocab>_tokens.json.
 """
 import ctypes
 import hashlib
 import json
+import struct
+import sys
+import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
@@ -26,9 +43,49 @@ import llama_cpp
 from llama_cpp import Llama
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODELS = ROOT / "models"
 STRINGS = ROOT / "tests" / "oracle" / "tokenizer_strings.json"
-OUT = ROOT / "tests" / "fixtures" / "tokenizer" / "smollm2_tokens.json"
+OUT_DIR = ROOT / "tests" / "fixtures" / "tokenizer"
+
+SMOLLM2 = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3 = MODELS / "gemma-3-270m-q4_k_m.gguf"
+QWEN2 = MODELS / "DeepSeek-R1-Distill-Qwen-7B.vocab.gguf"
+
+SPACE_PREFIX_KEY = b"tokenizer.ggml.add_space_prefix"
+GGUF_TYPE_BOOL = 7
+
+
+def metadata_end(path: Path) -> int:
+    """Offset just past the last metadata entry (where the tensor infos begin)."""
+    reader = gguf.GGUFReader(path)
+    end = 0
+    for field in reader.fields.values():
+        last = field.parts[-1]
+        end = max(end, int(last.ctypes.data - reader.data.ctypes.data) + last.nbytes)
+    return end
+
+
+def space_prefix_variant(source: Path, target: Path) -> None:
+    """A metadata-only copy of `source` (tensor count 0) with add_space_prefix set to true."""
+    image = bytearray(source.read_bytes()[:metadata_end(source)])
+    image[8:16] = struct.pack("<Q", 0)
+    key = struct.pack("<Q", len(SPACE_PREFIX_KEY)) + SPACE_PREFIX_KEY
+    at = image.find(key)
+    assert at > 0 and image.find(key, at + 1) < 0, "add_space_prefix key not found exactly once"
+    type_at = at + len(key)
+    assert struct.unpack_from("<I", image, type_at)[0] == GGUF_TYPE_BOOL
+    assert image[type_at + 4] == 0, "expected add_space_prefix = false in the source"
+    image[type_at + 4] = 1
+    target.write_bytes(bytes(image))
+
+
+def tokenize(vocab, data: bytes, add_special: bool, parse_special: bool):
+    capacity = 2 * len(data) + 16
+    tokens = (llama_cpp.llama_token * capacity)()
+    n = llama_cpp.llama_tokenize(vocab, data, len(data), tokens, capacity, add_special,
+                                 parse_special)
+    assert n >= 0, n
+    return list(tokens[:n])
 
 
 def pieces_to_bytes(vocab, ids, special):
@@ -43,11 +100,12 @@ def pieces_to_bytes(vocab, ids, special):
     return out
 
 
-def llama_detokenize(vocab, ids, unparse_special):
+def llama_detokenize(vocab, ids, remove_special, unparse_special):
     arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
     size = 256 * len(ids) + 16  # far above the longest piece
     buf = ctypes.create_string_buffer(size)
-    n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, size, False, unparse_special)
+    n = llama_cpp.llama_detokenize(vocab, arr, len(ids), buf, size, remove_special,
+                                   unparse_special)
     assert n >= 0, n
     return buf.raw[:n]
 
@@ -56,63 +114,127 @@ def as_text(data: bytes) -> str:
     return data.decode("utf-8")  # every corpus string is valid UTF-8, so its pieces are too
 
 
-def main():
-    corpus = json.loads(STRINGS.read_text(encoding="utf-8"))
-    llm = Llama(model_path=str(MODEL), vocab_only=True, verbose=False)
+def llama_chat_template(template_name: str, messages, add_generation_prompt: bool) -> str:
+    chat = (llama_cpp.llama_chat_message * max(1, len(messages)))()
+    keep = []
+    for i, message in enumerate(messages):
+        role = message["role"].encode("utf-8")
+        content = message["content"].encode("utf-8")
+        keep += [role, content]
+        chat[i].role = role
+        chat[i].content = content
+    size = 4096
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_chat_apply_template(template_name.encode(), chat, len(messages),
+                                                add_generation_prompt, buf, size)
+        assert n >= 0, n
+        if n <= size:
+            return buf.raw[:n].decode("utf-8")
+        size = n
+
+
+def jinja_chats(model: Path, conversations):
+    reader = gguf.GGUFReader(model)
+    source = reader.fields["tokenizer.chat_template"].contents()
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    template = env.from_string(source)
+    prompts = [template.render(messages=c["messages"],
+                               add_generation_prompt=c["add_generation_prompt"])
+               for c in conversations]
+    return source, prompts
+
+
+def fixture_for(name: str, model: Path, corpus, chats: str):
+    llm = Llama(model_path=str(model), vocab_only=True, verbose=False)
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
 
     cases = []
     for entry in corpus["strings"]:
         text = entry["text"]
+        data = text.encode("utf-8")
         case = {"category": entry["category"], "text": text}
         for mode, special in (("plain", False), ("special", True)):
-            ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=special)
-            hidden = pieces_to_bytes(vocab, ids, False)
-            rendered = pieces_to_bytes(vocab, ids, True)
-            # SmolLM2's pre-tokenizer has clean_spaces off, so llama_detokenize is the same
-            # plain concatenation; check it so the fixture documents llama.cpp's Decode.
-            assert llama_detokenize(vocab, ids, True) == rendered, text
-            assert llama_detokenize(vocab, ids, False) == hidden, text
+            ids = tokenize(vocab, data, False, special)
             case[f"ids_{mode}"] = ids
-            case[f"decoded_{mode}_hidden"] = as_text(hidden)
-            case[f"decoded_{mode}_rendered"] = as_text(rendered)
+            case[f"decoded_{mode}_hidden"] = as_text(pieces_to_bytes(vocab, ids, False))
+            case[f"decoded_{mode}_rendered"] = as_text(pieces_to_bytes(vocab, ids, True))
+            case[f"detokenized_{mode}_hidden"] = as_text(
+                llama_detokenize(vocab, ids, False, False))
+            case[f"detokenized_{mode}_rendered"] = as_text(
+                llama_detokenize(vocab, ids, False, True))
+            added = tokenize(vocab, data, True, special)
+            case[f"ids_{mode}_added"] = added
+            case[f"detokenized_{mode}_added"] = as_text(
+                llama_detokenize(vocab, added, True, special))
         cases.append(case)
 
-    reader = gguf.GGUFReader(MODEL)
-    template_source = reader.fields["tokenizer.chat_template"].contents()
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    template = env.from_string(template_source)
-    chats = []
-    for conversation in corpus["conversations"]:
-        prompt = template.render(messages=conversation["messages"],
-                                 add_generation_prompt=conversation["add_generation_prompt"])
-        ids = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
-        chats.append({**conversation, "prompt": prompt, "ids": ids})
+    chat_template = None
+    rendered = []
+    conversations = corpus["conversations"]
+    if chats == "jinja":
+        chat_template, prompts = jinja_chats(model, conversations)
+    elif chats == "gemma":
+        prompts = [llama_chat_template("gemma", c["messages"], c["add_generation_prompt"])
+                   for c in conversations]
+    else:
+        prompts = []
+    for conversation, prompt in zip(conversations, prompts):
+        ids = tokenize(vocab, prompt.encode("utf-8"), False, True)
+        rendered.append({**conversation, "prompt": prompt, "ids": ids})
 
-    eog = [i for i in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, i)]
-    control = [i for i in range(n_vocab) if llama_cpp.llama_vocab_is_control(vocab, i)]
+    attrs = {}
+    for i in range(n_vocab):
+        attr = llama_cpp.llama_vocab_get_attr(vocab, i)
+        if attr != llama_cpp.LLAMA_TOKEN_ATTR_NORMAL:
+            attrs[str(i)] = attr
     fixture = {
         "generator": "tests/oracle/gen_tokenizer_fixtures.py",
         "oracle": f"llama-cpp-python {version('llama_cpp_python')} (llama.cpp built from "
                   f"source), gguf {version('gguf')}, jinja2 {version('jinja2')}",
-        "model": MODEL.name,
-        "model_sha256": hashlib.sha256(MODEL.read_bytes()).hexdigest(),
+        "vocabulary": name,
+        "model": model.name,
+        "model_sha256": hashlib.sha256(model.read_bytes()).hexdigest(),
         "vocab_size": n_vocab,
         "bos_id": llama_cpp.llama_vocab_bos(vocab),
         "eos_id": llama_cpp.llama_vocab_eos(vocab),
         "eot_id": llama_cpp.llama_vocab_eot(vocab),
-        "eog_ids": eog,
-        "control_ids": control,
-        "chat_template": template_source,
+        "add_bos": bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+        "add_eos": bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
+        "eog_ids": [i for i in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, i)],
+        "control_ids": [i for i in range(n_vocab) if llama_cpp.llama_vocab_is_control(vocab, i)],
+        "attrs": attrs,
+        "chat_format": chats,
+        "chat_template": chat_template,
         "cases": cases,
-        "chats": chats,
+        "chats": rendered,
     }
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    with open(OUT, "w", encoding="utf-8") as f:
+    out = OUT_DIR / f"{name}_tokens.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
         json.dump(fixture, f, ensure_ascii=False, indent=None, separators=(",", ":"))
         f.write("\n")
-    print(f"wrote {OUT}: {len(cases)} strings, {len(chats)} conversations, EOG ids {eog}")
+    print(f"wrote {out}: {len(cases)} strings, {len(rendered)} conversations, "
+          f"EOG ids {fixture['eog_ids']}")
+
+
+def main():
+    corpus = json.loads(STRINGS.read_text(encoding="utf-8"))
+    wanted = set(sys.argv[1:])
+    with tempfile.TemporaryDirectory() as tmp:
+        variant = Path(tmp) / "gemma-3-270m.space-prefix.vocab.gguf"
+        vocabularies = [
+            ("smollm2", lambda: SMOLLM2, "jinja"),
+            ("gemma3", lambda: GEMMA3, "gemma"),
+            ("gemma3_space_prefix", lambda: (space_prefix_variant(GEMMA3, variant), variant)[1],
+             None),
+            ("qwen2", lambda: QWEN2, None),
+        ]
+        for name, model, chats in vocabularies:
+            if wanted and name not in wanted:
+                continue
+            fixture_for(name, model(), corpus, chats)
 
 
 if __name__ == "__main__":
