@@ -37,6 +37,9 @@ Command AddQuantizeCommand(CLI::App& app);
 Command AddEvalCommand(CLI::App& app);
 // `bitsplit chat --server ADDR MESSAGE`: one chat turn against a running coordinator.
 Command AddChatCommand(CLI::App& app);
+// `bitsplit tokenize --model FILE [--text T] [--special] [--json] [--no-bos]`: token ids of a text
+// (standard input without --text), printed like llama.cpp's llama-tokenize.
+Command AddTokenizeCommand(CLI::App& app);
 
 // A generation served by bitsplit-coordinator (client_command.cc): `bitsplit chat` and
 // `bitsplit generate --server`.

@@ -13,10 +13,9 @@ int main(int argc, char** argv) {
   bool verbose = false;
   app.add_flag("--verbose", verbose, "log details to stderr");
   std::vector<bitsplit::cli::Command> commands = {
-      bitsplit::cli::AddGenerateCommand(app),
-      bitsplit::cli::AddQuantizeCommand(app),
-      bitsplit::cli::AddEvalCommand(app),
-      bitsplit::cli::AddChatCommand(app),
+      bitsplit::cli::AddGenerateCommand(app), bitsplit::cli::AddQuantizeCommand(app),
+      bitsplit::cli::AddEvalCommand(app),     bitsplit::cli::AddChatCommand(app),
+      bitsplit::cli::AddTokenizeCommand(app),
   };
   try {
     app.parse(argc, argv);
