@@ -224,11 +224,15 @@ def main():
     wanted = set(sys.argv[1:])
     with tempfile.TemporaryDirectory() as tmp:
         variant = Path(tmp) / "gemma-3-270m.space-prefix.vocab.gguf"
+
+        def make_variant():
+            space_prefix_variant(GEMMA3, variant)
+            return variant
+
         vocabularies = [
             ("smollm2", lambda: SMOLLM2, "jinja"),
             ("gemma3", lambda: GEMMA3, "gemma"),
-            ("gemma3_space_prefix", lambda: (space_prefix_variant(GEMMA3, variant), variant)[1],
-             None),
+            ("gemma3_space_prefix", make_variant, None),
             ("qwen2", lambda: QWEN2, None),
         ]
         for name, model, chats in vocabularies:
