@@ -31,5 +31,46 @@ TEST(SiluMulTest, InPlaceOverGate) {
   EXPECT_EQ(gate, expected);
 }
 
+// The definition in double, for the GELU tests.
+double GeluTanhReference(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * x * (1.0 + 0.044715 * x * x)));
+}
+
+TEST(GeluTanhTest, MatchesDefinition) {
+  for (double x = -12.0; x <= 12.0; x += 0.0137) {
+    EXPECT_NEAR(GeluTanh(static_cast<float>(x)), GeluTanhReference(static_cast<float>(x)),
+                1e-6 * (1.0 + std::abs(x)))
+        << x;
+  }
+}
+
+// llama.cpp's fp16 lookup: within fp16 rounding (2^-11 relative, applied to the input and the
+// output) of the exact product; exact outside (-10, 10).
+TEST(GeluTanhMulTest, MatchesDefinitionWithinFp16Rounding) {
+  std::vector<float> gate, up;
+  for (double x = -11.0; x <= 11.0; x += 0.00731) {
+    gate.push_back(static_cast<float>(x));
+    up.push_back(static_cast<float>(0.5 + std::sin(x)));
+  }
+  std::vector<float> out(gate.size());
+  GeluTanhMul(gate.data(), up.data(), static_cast<int64_t>(gate.size()), out.data());
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const double g = gate[i];
+    if (g <= -10.0) {
+      EXPECT_EQ(out[i], 0.0f);
+    } else if (g >= 10.0) {
+      EXPECT_EQ(out[i], gate[i] * up[i]);
+    } else {
+      // d gelu / dx <= 1.13, so an input error of |g| 2^-11 moves gelu by at most 1.13 |g| 2^-11.
+      const double bound =
+          (1.13 * std::abs(g) + std::abs(GeluTanhReference(g))) * std::ldexp(1.0, -11) + 1e-7;
+      EXPECT_NEAR(out[i], GeluTanhReference(g) * up[i], bound * std::abs(up[i]) + 1e-7) << g;
+    }
+  }
+  std::vector<float> in_place = gate;
+  GeluTanhMul(in_place.data(), up.data(), static_cast<int64_t>(gate.size()), in_place.data());
+  EXPECT_EQ(in_place, out);
+}
+
 }  // namespace
 }  // namespace bitsplit::ops

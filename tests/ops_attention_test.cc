@@ -130,5 +130,41 @@ TEST_F(AttentionTest, TreeNodeMatchesItsPathRunAlone) {
   }
 }
 
+// A sliding window drops the slots more than window - 1 positions behind the query: a windowed
+// tree node equals, bit for bit, its path's last `window` slots run alone without a window. The
+// slot positions are not the slot numbers, as after a tree commit would leave them.
+TEST_F(AttentionTest, SlidingWindowKeepsTheLastWindowPositionsOfThePath) {
+  // Prefix slots at positions 0..4; batch token t at position 5 + depth(t) in kTreeMask.
+  const std::vector<int32_t> slot_positions = {0, 1, 2, 3, 4, 5, 6, 6, 7};
+  const std::vector<int32_t> query_positions(slot_positions.begin() + kPrefix,
+                                             slot_positions.end());
+  ThreadPool pool(2);
+  for (int64_t window : {1, 2, 3, 6, 100}) {
+    std::vector<float> windowed(kTokens * kQDim);
+    AttentionWithContext(q_.data(), kTokens, keys_.data(), values_.data(), kPrefix, 0,
+                         kTreeMask.data(), kShape, windowed.data(), pool,
+                         {.size = window,
+                          .query_positions = query_positions.data(),
+                          .slot_positions = slot_positions.data()});
+    for (int64_t t = 0; t < kTokens; ++t) {
+      std::vector<float> keys, values;
+      for (int64_t slot = 0; slot < kPrefix + kTokens; ++slot) {
+        const bool on_path = slot < kPrefix || kTreeMask[t * kTokens + (slot - kPrefix)];
+        if (!on_path || query_positions[t] - slot_positions[slot] >= window) continue;
+        keys.insert(keys.end(), keys_.begin() + slot * kKvDim, keys_.begin() + (slot + 1) * kKvDim);
+        values.insert(values.end(), values_.begin() + slot * kKvDim,
+                      values_.begin() + (slot + 1) * kKvDim);
+      }
+      const int64_t path_prefix = static_cast<int64_t>(keys.size()) / kKvDim - 1;
+      const uint8_t self = 1;
+      std::vector<float> alone(kQDim);
+      Attention(q_.data() + t * kQDim, 1, keys.data(), values.data(), path_prefix, &self, kShape,
+                alone.data(), pool);
+      EXPECT_EQ(std::memcmp(alone.data(), windowed.data() + t * kQDim, kQDim * sizeof(float)), 0)
+          << "window " << window << " token " << t;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace bitsplit::ops

@@ -132,5 +132,33 @@ TEST(RopeTest, EachTokenUsesItsOwnPosition) {
   }
 }
 
+// NEOX pairing is the adjacent-pair rotation of the same head with its halves interleaved:
+// (x[i], x[i + d/2]) sit at (2i, 2i + 1) after the permutation, so the bits must agree exactly.
+TEST(RopeTest, HalvesStyleIsAdjacentPairsOfTheInterleavedHead) {
+  const int64_t rotary = 48;  // 16 trailing dims pass through unchanged
+  RopeConfig adjacent{.head_dim = kHeadDim, .rotary_dims = rotary, .freq_base = 10000.0f};
+  RopeConfig halves = adjacent;
+  halves.style = RopeStyle::kHalves;
+  const std::vector<float> x = Random(kHeads * kHeadDim, 7);
+  std::vector<float> interleaved = x;
+  for (int64_t h = 0; h < kHeads; ++h) {
+    for (int64_t i = 0; i < rotary / 2; ++i) {
+      interleaved[h * kHeadDim + 2 * i] = x[h * kHeadDim + i];
+      interleaved[h * kHeadDim + 2 * i + 1] = x[h * kHeadDim + i + rotary / 2];
+    }
+  }
+  const int32_t position = 1234;
+  std::vector<float> y = x;
+  ApplyRope(y.data(), 1, kHeads, &position, halves);
+  ApplyRope(interleaved.data(), 1, kHeads, &position, adjacent);
+  for (int64_t h = 0; h < kHeads; ++h) {
+    for (int64_t i = 0; i < rotary / 2; ++i) {
+      EXPECT_EQ(y[h * kHeadDim + i], interleaved[h * kHeadDim + 2 * i]);
+      EXPECT_EQ(y[h * kHeadDim + i + rotary / 2], interleaved[h * kHeadDim + 2 * i + 1]);
+    }
+    for (int64_t d = rotary; d < kHeadDim; ++d) EXPECT_EQ(y[h * kHeadDim + d], x[h * kHeadDim + d]);
+  }
+}
+
 }  // namespace
 }  // namespace bitsplit::ops

@@ -50,7 +50,9 @@ void Attention(const float* q, int64_t num_tokens, const float* keys, const floa
 void AttentionWithContext(const float* q, int64_t num_tokens, const float* keys,
                           const float* values, int64_t prefix_length, int64_t context,
                           const uint8_t* mask, const AttentionShape& shape, float* out,
-                          ThreadPool& pool) {
+                          ThreadPool& pool, const SlidingWindow& window) {
+  BITSPLIT_CHECK(window.size == 0 ||
+                 (window.query_positions != nullptr && window.slot_positions != nullptr));
   const int64_t mask_width = context + num_tokens;
   BITSPLIT_CHECK(shape.num_kv_heads > 0 && shape.num_heads % shape.num_kv_heads == 0);
   const int64_t heads_per_kv = shape.num_heads / shape.num_kv_heads;
@@ -65,9 +67,18 @@ void AttentionWithContext(const float* q, int64_t num_tokens, const float* keys,
       const int64_t head = task % shape.num_heads;
       if (token != slots_token) {
         slots.clear();
-        for (int64_t s = 0; s < prefix_length; ++s) slots.push_back(s);
+        const auto in_window = [&](int64_t slot) {
+          return window.size == 0 ||
+                 static_cast<int64_t>(window.query_positions[token]) - window.slot_positions[slot] <
+                     window.size;
+        };
+        for (int64_t s = 0; s < prefix_length; ++s) {
+          if (in_window(s)) slots.push_back(s);
+        }
         for (int64_t j = 0; j < mask_width; ++j) {
-          if (mask[token * mask_width + j] != 0) slots.push_back(prefix_length + j);
+          if (mask[token * mask_width + j] != 0 && in_window(prefix_length + j)) {
+            slots.push_back(prefix_length + j);
+          }
         }
         BITSPLIT_CHECK(!slots.empty());
         slots_token = token;

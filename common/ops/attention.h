@@ -14,6 +14,15 @@ struct AttentionShape {
   float scale = 1.0f;  // multiplies q·k, normally 1 / sqrt(head_dim)
 };
 
+// Sliding-window attention (llama.cpp's LLAMA_SWA_TYPE_STANDARD): a query at position p sees
+// only the slots whose position q satisfies p - q < size, on top of the mask.
+struct SlidingWindow {
+  int64_t size = 0;                          // 0: no window
+  const int32_t* query_positions = nullptr;  // [num_tokens]
+  // The position of every slot the call can see, [prefix_length + context + num_tokens].
+  const int32_t* slot_positions = nullptr;
+};
+
 // q and out are [num_tokens, num_heads * head_dim]. keys and values are one layer of the cache,
 // [slots, num_kv_heads * head_dim], already holding the batch's own keys/values at slots
 // [prefix_length, prefix_length + num_tokens). Batch token i attends to every prefix slot
@@ -32,9 +41,12 @@ void Attention(const float* q, int64_t num_tokens, const float* keys, const floa
 // forwards of a draft tree, still pending): mask is [num_tokens, context + num_tokens], column j
 // is slot prefix_length + j, and the batch's own keys/values sit at slots
 // [prefix_length + context, prefix_length + context + num_tokens). Attention() is context 0.
+// With a `window` of nonzero size, a slot outside a query's window is dropped from its visible
+// list, which keeps the invariance: a tree node and the same token decoded alone see the same
+// slots.
 void AttentionWithContext(const float* q, int64_t num_tokens, const float* keys,
                           const float* values, int64_t prefix_length, int64_t context,
                           const uint8_t* mask, const AttentionShape& shape, float* out,
-                          ThreadPool& pool);
+                          ThreadPool& pool, const SlidingWindow& window = {});
 
 }  // namespace bitsplit::ops

@@ -24,13 +24,18 @@ void ApplyRope(float* x, int64_t num_tokens, int64_t num_heads, const int32_t* p
       sin_theta[i] = std::sin(angle);
       theta *= theta_scale;
     }
+    // Pair i is (head[first(i)], head[first(i) + partner_offset]).
+    const bool halves = config.style == RopeStyle::kHalves;
+    const int64_t partner_offset = halves ? num_pairs : 1;
+    const int64_t first_stride = halves ? 1 : 2;
     for (int64_t h = 0; h < num_heads; ++h) {
       float* head = x + (t * num_heads + h) * config.head_dim;
       for (int64_t i = 0; i < num_pairs; ++i) {
-        const float x0 = head[2 * i];
-        const float x1 = head[2 * i + 1];
-        head[2 * i] = x0 * cos_theta[i] - x1 * sin_theta[i];
-        head[2 * i + 1] = x0 * sin_theta[i] + x1 * cos_theta[i];
+        float* first = head + i * first_stride;
+        const float x0 = first[0];
+        const float x1 = first[partner_offset];
+        first[0] = x0 * cos_theta[i] - x1 * sin_theta[i];
+        first[partner_offset] = x0 * sin_theta[i] + x1 * cos_theta[i];
       }
     }
   }

@@ -1,10 +1,17 @@
 #pragma once
-// Rotary position embedding, "normal" style (llama.cpp's LLAMA_ROPE_TYPE_NORM, used by the llama
-// architecture): adjacent pairs (x[2i], x[2i+1]) of each head are rotated. GGUF llama files
-// store Q/K weights permuted for exactly this pairing (the converter undoes the HF half-split).
+// Rotary position embedding in llama.cpp's two pairings: "normal" (LLAMA_ROPE_TYPE_NORM, the llama
+// architecture) rotates adjacent pairs (x[2i], x[2i+1]) of each head — GGUF llama files store
+// Q/K weights permuted for exactly this pairing (the converter undoes the HF half-split); "neox"
+// (LLAMA_ROPE_TYPE_NEOX: gemma3, qwen2, qwen3) rotates (x[i], x[i + rotary_dims / 2]).
 #include <cstdint>
 
 namespace bitsplit::ops {
+
+// Which dimensions of a head turn together.
+enum class RopeStyle {
+  kAdjacentPairs,  // LLAMA_ROPE_TYPE_NORM: (x[2i], x[2i+1])
+  kHalves,         // LLAMA_ROPE_TYPE_NEOX: (x[i], x[i + rotary_dims/2])
+};
 
 struct RopeConfig {
   int64_t head_dim = 0;
@@ -12,6 +19,7 @@ struct RopeConfig {
   float freq_base = 10000.0f;
   float freq_scale = 1.0f;              // linear position scaling (1 / scaling factor)
   const float* freq_factors = nullptr;  // optional [rotary_dims / 2] divisors (llama 3 style)
+  RopeStyle style = RopeStyle::kAdjacentPairs;
 };
 
 // x is [num_tokens, num_heads, head_dim]; token t is rotated for positions[t]. Pair i turns by
