@@ -1,3 +1,4 @@
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -37,13 +38,49 @@ TEST(ModelConfigTest, ReadsSmolLm2) {
   EXPECT_FLOAT_EQ(config->rms_norm_eps, 1e-5f);
 }
 
-TEST(ModelConfigTest, RejectsGemma3NamingTheArchitecture) {
+// The expected values are llama.cpp's gemma3 rules (src/models/gemma3.cpp, llama-hparams.cpp)
+// applied to the file's keys: window 512 with pattern 6 (every sixth layer global), local RoPE
+// base 10000, queries scaled by 1/sqrt(key_length 256), embeddings by sqrt(640).
+TEST(ModelConfigTest, ReadsGemma3) {
   auto file = gguf::File::Open(testing::ModelPath(testing::kGemma3File));
   ASSERT_TRUE(file.ok()) << file.status();
   auto config = ModelConfigFromGguf(**file);
-  ASSERT_FALSE(config.ok());
-  EXPECT_EQ(config.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(config.status().message().find("\"gemma3\""), std::string::npos) << config.status();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->architecture, "gemma3");
+  EXPECT_EQ(config->num_layers, 18);
+  EXPECT_EQ(config->d_model, 640);
+  EXPECT_EQ(config->d_ff, 2048);
+  EXPECT_EQ(config->num_heads, 4);
+  EXPECT_EQ(config->num_kv_heads, 1);
+  EXPECT_EQ(config->head_dim, 256);
+  EXPECT_EQ(config->q_dim(), 1024);
+  EXPECT_EQ(config->vocab_size, 262144);
+  EXPECT_EQ(config->rope_style, RopeStyle::kHalves);
+  EXPECT_EQ(config->ffn_activation, FfnActivation::kGeluTanh);
+  EXPECT_TRUE(config->qk_norm);
+  EXPECT_TRUE(config->post_norms);
+  EXPECT_FALSE(config->qkv_bias);
+  EXPECT_EQ(config->attention_scale, 1.0f / 16.0f);
+  EXPECT_EQ(config->embedding_scale, std::sqrt(640.0f));
+  EXPECT_EQ(config->sliding_window, 512);
+  for (int64_t layer = 0; layer < 18; ++layer) {
+    const bool global = layer % 6 == 5;
+    EXPECT_EQ(config->IsLocalLayer(layer), !global) << layer;
+    EXPECT_EQ(config->AttentionWindow(layer), global ? 0 : 512) << layer;
+    EXPECT_EQ(config->RopeFreqBase(layer), global ? 1e6f : 1e4f) << layer;
+  }
+  EXPECT_FLOAT_EQ(config->rms_norm_eps, 1e-6f);
+
+  auto weights = ModelWeightsFromGguf(**file, *config);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_TRUE(weights->output_tied_to_embedding);
+  for (const LayerWeights& layer : weights->layers) {
+    EXPECT_NE(layer.vectors.attn_post_norm, nullptr);
+    EXPECT_NE(layer.vectors.ffn_post_norm, nullptr);
+    EXPECT_NE(layer.vectors.attn_q_norm, nullptr);
+    EXPECT_NE(layer.vectors.attn_k_norm, nullptr);
+    EXPECT_EQ(layer.vectors.q_bias, nullptr);
+  }
 }
 
 TEST(ModelWeightsTest, SmolLm2TiesTheOutputHeadToTheEmbedding) {
@@ -67,8 +104,9 @@ TEST(ModelWeightsTest, SmolLm2TiesTheOutputHeadToTheEmbedding) {
   EXPECT_EQ(last.w_down.rows, 576);
   EXPECT_EQ(last.w_down.cols, 1536);
   EXPECT_EQ(last.w_gate.rows, 1536);
-  EXPECT_NE(last.attn_norm, nullptr);
-  EXPECT_NE(last.ffn_norm, nullptr);
+  EXPECT_NE(last.vectors.attn_norm, nullptr);
+  EXPECT_NE(last.vectors.ffn_norm, nullptr);
+  EXPECT_EQ(last.vectors.attn_post_norm, nullptr);
 }
 
 // A tiny synthetic llama (2 layers, d_model 64, 4 heads over 2 kv heads, d_ff 96, vocab 40)
@@ -91,15 +129,16 @@ struct TinyLlama {
 
   static void AddMetadata(GgufBuilder& b, const std::string& architecture = "llama",
                           uint32_t head_count = 4) {
+    const std::string p = architecture + ".";
     b.AddString("general.architecture", architecture);
-    b.AddUint32("llama.block_count", 2);
-    b.AddUint32("llama.context_length", 128);
-    b.AddUint32("llama.embedding_length", 64);
-    b.AddUint32("llama.feed_forward_length", 96);
-    b.AddUint32("llama.attention.head_count", head_count);
-    b.AddUint32("llama.attention.head_count_kv", 2);
-    b.AddFloat32("llama.rope.freq_base", 10000.0f);
-    b.AddFloat32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    b.AddUint32(p + "block_count", 2);
+    b.AddUint32(p + "context_length", 128);
+    b.AddUint32(p + "embedding_length", 64);
+    b.AddUint32(p + "feed_forward_length", 96);
+    b.AddUint32(p + "attention.head_count", head_count);
+    b.AddUint32(p + "attention.head_count_kv", 2);
+    b.AddFloat32(p + "rope.freq_base", 10000.0f);
+    b.AddFloat32(p + "attention.layer_norm_rms_epsilon", 1e-5f);
   }
 
   static void AddTensors(GgufBuilder& b) {
@@ -170,9 +209,74 @@ TEST(TinyLlamaTest, SeparateOutputHeadIsUsed) {
   EXPECT_NE(weights->output.data, weights->token_embd.data);
 }
 
-TEST(TinyLlamaTest, RejectsOtherArchitecture) {
-  TinyLlama tiny([](GgufBuilder& b) { TinyLlama::AddMetadata(b, "qwen2"); });
-  ExpectErrorMentions(tiny.Config().status(), "\"qwen2\"");
+TEST(TinyLlamaTest, RejectsOtherArchitectureNamingTheSupportedOnes) {
+  TinyLlama tiny([](GgufBuilder& b) { TinyLlama::AddMetadata(b, "mamba"); });
+  const absl::Status status = tiny.Config().status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
+  ExpectErrorMentions(status, "\"mamba\"");
+  ExpectErrorMentions(status, "llama, gemma3, qwen2, qwen3");
+}
+
+// qwen2 reads the same tensors plus q/k/v biases; without them the file is incomplete.
+TEST(TinyLlamaTest, Qwen2NeedsItsBiases) {
+  TinyLlama missing([](GgufBuilder& b) { TinyLlama::AddMetadata(b, "qwen2"); });
+  ExpectErrorMentions(missing.Weights().status(), "blk.0.attn_q.bias");
+  TinyLlama complete([](GgufBuilder& b) { TinyLlama::AddMetadata(b, "qwen2"); },
+                     [](GgufBuilder& b) {
+                       for (int i = 0; i < 2; ++i) {
+                         const std::string p = "blk." + std::to_string(i) + ".";
+                         b.AddF32Tensor(p + "attn_q.bias", {64}, kOnes);
+                         b.AddF32Tensor(p + "attn_k.bias", {32}, std::vector<float>(32, 1.0f));
+                         b.AddF32Tensor(p + "attn_v.bias", {32}, std::vector<float>(32, 1.0f));
+                       }
+                     });
+  auto weights = complete.Weights();
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_NE(weights->layers[1].vectors.v_bias, nullptr);
+  EXPECT_EQ(complete.Config()->rope_style, RopeStyle::kHalves);
+}
+
+TEST(TinyLlamaTest, RejectsTensorsOfAnExtraLayer) {
+  TinyLlama tiny(nullptr,
+                 [](GgufBuilder& b) { b.AddF32Tensor("blk.2.attn_norm.weight", {64}, kOnes); });
+  ExpectErrorMentions(tiny.Weights().status(), "blk.2.attn_norm.weight");
+}
+
+// A sliding-window family reads its layer pattern as a period or as one flag per layer.
+TEST(TinyLlamaTest, Gemma3SlidingWindowPattern) {
+  const auto gemma = [](const std::function<void(GgufBuilder&)>& extra) {
+    return [extra](GgufBuilder& b) {
+      TinyLlama::AddMetadata(b, "gemma3");
+      b.AddUint32("gemma3.attention.sliding_window", 8);
+      if (extra) extra(b);
+    };
+  };
+  TinyLlama by_default(gemma(nullptr));
+  auto config = by_default.Config();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->IsLocalLayer(0));  // period 6: layers 0-4 local
+  EXPECT_TRUE(config->IsLocalLayer(1));
+  TinyLlama by_period(
+      gemma([](GgufBuilder& b) { b.AddUint32("gemma3.attention.sliding_window_pattern", 2); }));
+  config = by_period.Config();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->IsLocalLayer(0));
+  EXPECT_FALSE(config->IsLocalLayer(1));
+  EXPECT_EQ(config->AttentionWindow(0), 8);
+  EXPECT_EQ(config->RopeFreqBase(0), 10000.0f);
+  TinyLlama by_flags(gemma([](GgufBuilder& b) {
+    b.AddArray("gemma3.attention.sliding_window_pattern", gguf::ValueType::kBool,
+               std::vector<uint8_t>{0, 1});
+  }));
+  config = by_flags.Config();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->IsLocalLayer(0));
+  EXPECT_TRUE(config->IsLocalLayer(1));
+  TinyLlama wrong_length(gemma([](GgufBuilder& b) {
+    b.AddArray("gemma3.attention.sliding_window_pattern", gguf::ValueType::kBool,
+               std::vector<uint8_t>{1});
+  }));
+  ExpectErrorMentions(wrong_length.Config().status(), "sliding_window_pattern");
 }
 
 TEST(TinyLlamaTest, RejectsHeadsThatDoNotDivideTheWidth) {

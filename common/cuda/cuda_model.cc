@@ -147,6 +147,17 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(
     const model::ModelConfig& config, const model::EmbeddingAndNorms& embedding_and_norms,
     const model::SplitLinearWeights& base, const model::SplitQuantization& quantization,
     const CudaModelOptions& options) {
+  // The device forward implements the llama family's layer; the others (post-norms, QK-norm,
+  // biases, GeGLU, sliding windows, NEOX RoPE) run on the CPU backend.
+  const bool llama_layer = config.rope_style == model::RopeStyle::kAdjacentPairs &&
+                           config.ffn_activation == model::FfnActivation::kSilu &&
+                           config.embedding_scale == 1.0f && !config.qk_norm &&
+                           !config.post_norms && !config.qkv_bias && config.sliding_window == 0;
+  if (!llama_layer) {
+    return absl::UnimplementedError(
+        absl::StrCat("the CUDA backend runs llama-family models only; this model is \"",
+                     config.architecture, "\" (use --backend cpu)"));
+  }
   std::unique_ptr<CudaModel> model(new CudaModel());
   BITSPLIT_RETURN_IF_ERROR(model->Init(config, embedding_and_norms, base, quantization, options));
   return model;

@@ -1,15 +1,30 @@
 #pragma once
-// Hyperparameters of a llama-architecture model, read from GGUF metadata (llama.* keys).
+// Hyperparameters of a decoder-only transformer, read from GGUF metadata (`<arch>.*` keys), and
+// what each supported family does differently (a FamilyTraits entry per general.architecture:
+// the forward pass reads flags from the config, never the architecture name).
+//
+// Families: llama (SmolLM2, Llama 2/3, Mistral, TinyLlama), gemma3, qwen2, qwen3. Their rules
+// follow llama.cpp's loaders (src/models/<arch>.cpp of the pinned llama.cpp).
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/io/gguf.h"
+#include "common/ops/rope.h"
 
 namespace bitsplit::model {
 
+using ops::RopeStyle;  // which dimensions of a head RoPE rotates together
+
+// The gated feed-forward activation: act(gate) * up.
+enum class FfnActivation {
+  kSilu,      // SwiGLU: llama, qwen2, qwen3
+  kGeluTanh,  // GeGLU with the tanh-approximated GELU: gemma3
+};
+
 struct ModelConfig {
-  std::string architecture;  // always "llama" for now
+  std::string architecture;  // general.architecture: "llama", "gemma3", "qwen2" or "qwen3"
   int64_t num_layers = 0;
   int64_t d_model = 0;       // embedding width
   int64_t d_ff = 0;          // feed-forward hidden width
@@ -23,13 +38,37 @@ struct ModelConfig {
   int64_t context_length = 0;  // training context; the KV cache may be smaller
   int64_t vocab_size = 0;
 
+  // Family behaviour (FamilyTraits of `architecture`, completed from the file).
+  RopeStyle rope_style = RopeStyle::kAdjacentPairs;
+  FfnActivation ffn_activation = FfnActivation::kSilu;
+  float embedding_scale = 1.0f;  // multiplies the embedding rows (gemma: sqrt(d_model))
+  float attention_scale = 0.0f;  // multiplies q·k (normally 1 / sqrt(head_dim))
+  bool qk_norm = false;          // per-head RMSNorm of q and k before RoPE (gemma3, qwen3)
+  bool post_norms = false;       // RMSNorm of the attention and FFN outputs before the residual add
+  bool qkv_bias = false;         // q, k and v projections carry biases (qwen2)
+  // Sliding-window attention: a query at position p of a local layer sees the keys at positions
+  // (p - sliding_window, p]. 0: every layer attends to the whole context.
+  int64_t sliding_window = 0;
+  std::vector<uint8_t> layer_is_local;    // [num_layers]; empty when sliding_window == 0
+  float rope_freq_base_local = 10000.0f;  // RoPE of the local layers (no scaling there)
+
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  bool IsLocalLayer(int64_t layer) const {
+    return sliding_window > 0 && layer_is_local[static_cast<size_t>(layer)] != 0;
+  }
+  // The attention window of `layer`: sliding_window for a local layer, 0 (none) otherwise.
+  int64_t AttentionWindow(int64_t layer) const { return IsLocalLayer(layer) ? sliding_window : 0; }
+  float RopeFreqBase(int64_t layer) const {
+    return IsLocalLayer(layer) ? rope_freq_base_local : rope_freq_base;
+  }
+  float RopeFreqScale(int64_t layer) const { return IsLocalLayer(layer) ? 1.0f : rope_freq_scale; }
 };
 
-// Reads and validates the config. Rejects architectures other than "llama" (naming the one
-// found), missing or non-positive hyperparameters, inconsistent head shapes, and features this
-// implementation does not have (mixture of experts, non-linear RoPE scaling).
+// Reads and validates the config. Rejects architectures other than the supported families
+// (naming the one found and the supported ones), missing or non-positive hyperparameters,
+// inconsistent head shapes, and features this implementation does not have (mixture of experts,
+// non-linear RoPE scaling, logit soft-capping).
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const gguf::File& file);
 
 // The same checks for metadata whose embedding table is stored elsewhere (a split model's base
@@ -37,6 +76,9 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const gguf::File& file);
 // that table, i.e. the vocabulary size.
 absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
                                                         int64_t embedding_rows);
+
+// "llama, gemma3, qwen2, qwen3": the architectures ModelConfigFromGguf accepts.
+std::string SupportedArchitectures();
 
 // Llama-3-8B's shape: 32 layers, d 4096, d_ff 14336, 32 heads over 8 KV heads of 128, vocab
 // 128256, context 8192, RoPE base 500000 (for sizing and benchmarks of a realistic model).

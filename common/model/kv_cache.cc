@@ -30,7 +30,8 @@ KvCache::KvCache(int64_t num_layers, int64_t kv_dim, int64_t capacity, KvRoundin
       rounding_(rounding),
       slots_(capacity),
       keys_(static_cast<size_t>(num_layers * capacity * kv_dim)),
-      values_(static_cast<size_t>(num_layers * capacity * kv_dim)) {}
+      values_(static_cast<size_t>(num_layers * capacity * kv_dim)),
+      positions_(static_cast<size_t>(capacity), 0) {}
 
 void KvCache::RoundStored(int64_t layer, int64_t first_slot, int64_t count) {
   if (rounding_ == KvRounding::kNone) return;
@@ -113,6 +114,7 @@ void KvCache::MoveSlot(int64_t from, int64_t to) {
     std::copy_n(keys_.begin() + source, kv_dim_, keys_.begin() + target);
     std::copy_n(values_.begin() + source, kv_dim_, values_.begin() + target);
   }
+  positions_[static_cast<size_t>(to)] = positions_[static_cast<size_t>(from)];
 }
 
 }  // namespace bitsplit::model

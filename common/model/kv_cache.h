@@ -84,6 +84,11 @@ class KvCache {
   const float* keys(int64_t layer) const { return keys_.data() + LayerOffset(layer); }
   const float* values(int64_t layer) const { return values_.data() + LayerOffset(layer); }
 
+  // The RoPE position of every slot, [capacity]: what a forward wrote with the slot's keys
+  // (sliding-window attention reads it). Commits move it with the slot.
+  int32_t* positions() { return positions_.data(); }
+  const int32_t* positions() const { return positions_.data(); }
+
   // Declares slots [committed_length, committed_length + count) pending, replacing any earlier
   // pending slots. RESOURCE_EXHAUSTED when they do not fit in the capacity.
   absl::Status BeginPending(int64_t count) { return slots_.BeginPending(count); }
@@ -114,8 +119,9 @@ class KvCache {
   int64_t kv_dim_;
   KvRounding rounding_;
   KvSlotLedger slots_;
-  std::vector<float> keys_;    // [num_layers, capacity, kv_dim]
-  std::vector<float> values_;  // [num_layers, capacity, kv_dim]
+  std::vector<float> keys_;         // [num_layers, capacity, kv_dim]
+  std::vector<float> values_;       // [num_layers, capacity, kv_dim]
+  std::vector<int32_t> positions_;  // [capacity]
 };
 
 }  // namespace bitsplit::model

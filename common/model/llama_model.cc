@@ -1,5 +1,6 @@
 #include "common/model/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,11 @@ namespace {
 // x += delta, elementwise.
 void AddInPlace(float* x, const float* delta, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += delta[i];
+}
+
+// rows x [n] += bias [n].
+void AddBias(float* x, const float* bias, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) AddInPlace(x + r * n, bias, n);
 }
 
 std::vector<float> Buffer(int64_t rows, int64_t cols) {
@@ -245,53 +251,90 @@ absl::Status LlamaModel::ForwardWith(LinearBackend& linear, const Batch& batch, 
   std::vector<float> projected = Buffer(num_tokens, c.d_model);  // wo / w_down output
 
   for (int64_t t = 0; t < num_tokens; ++t) {
-    ops::DequantizeWeightRow(w.token_embd, batch.tokens[t], x.data() + t * c.d_model);
+    float* row = x.data() + t * c.d_model;
+    ops::DequantizeWeightRow(w.token_embd, batch.tokens[t], row);
+    if (c.embedding_scale != 1.0f) {
+      for (int64_t i = 0; i < c.d_model; ++i) row[i] *= c.embedding_scale;
+    }
   }
+  // The batch's positions go with its keys: sliding-window layers compare them.
+  std::copy(batch.positions.begin(), batch.positions.end(), cache.positions() + first_slot);
 
-  const ops::RopeConfig rope{.head_dim = c.head_dim,
-                             .rotary_dims = c.rope_dims,
-                             .freq_base = c.rope_freq_base,
-                             .freq_scale = c.rope_freq_scale,
-                             .freq_factors = w.rope_freq_factors};
-  const ops::AttentionShape attention_shape{
-      .num_heads = c.num_heads,
-      .num_kv_heads = c.num_kv_heads,
-      .head_dim = c.head_dim,
-      .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+  const ops::AttentionShape attention_shape{.num_heads = c.num_heads,
+                                            .num_kv_heads = c.num_kv_heads,
+                                            .head_dim = c.head_dim,
+                                            .scale = c.attention_scale};
 
   for (int32_t layer = 0; layer < c.num_layers; ++layer) {
-    const LayerNorms& norms = w.layers[static_cast<size_t>(layer)];
+    const LayerNorms& vectors = w.layers[static_cast<size_t>(layer)];
 
     // Attention block. The batch's keys and values go straight into their pending cache slots.
-    ops::RmsNorm(x.data(), num_tokens, c.d_model, norms.attn_norm, c.rms_norm_eps, normed.data());
+    ops::RmsNorm(x.data(), num_tokens, c.d_model, vectors.attn_norm, c.rms_norm_eps, normed.data());
     float* keys = cache.keys(layer) + first_slot * c.kv_dim();
     float* values = cache.values(layer) + first_slot * c.kv_dim();
     float* const qkv_outputs[] = {q.data(), keys, values};
     BITSPLIT_RETURN_IF_ERROR(
         linear.Apply({layer, LinearGroup::kQkv}, normed.data(), num_tokens, qkv_outputs, pool));
+    if (c.qkv_bias) {
+      AddBias(q.data(), vectors.q_bias, num_tokens, c.q_dim());
+      AddBias(keys, vectors.k_bias, num_tokens, c.kv_dim());
+      AddBias(values, vectors.v_bias, num_tokens, c.kv_dim());
+    }
+    if (c.qk_norm) {  // each head normalized on its own
+      ops::RmsNorm(q.data(), num_tokens * c.num_heads, c.head_dim, vectors.attn_q_norm,
+                   c.rms_norm_eps, q.data());
+      ops::RmsNorm(keys, num_tokens * c.num_kv_heads, c.head_dim, vectors.attn_k_norm,
+                   c.rms_norm_eps, keys);
+    }
+    const ops::RopeConfig rope{.head_dim = c.head_dim,
+                               .rotary_dims = c.rope_dims,
+                               .freq_base = c.RopeFreqBase(layer),
+                               .freq_scale = c.RopeFreqScale(layer),
+                               .freq_factors = w.rope_freq_factors,
+                               .style = c.rope_style};
     ops::ApplyRope(q.data(), num_tokens, c.num_heads, batch.positions.data(), rope);
     ops::ApplyRope(keys, num_tokens, c.num_kv_heads, batch.positions.data(), rope);
     cache.RoundStored(layer, first_slot, num_tokens);
+    const ops::SlidingWindow window{.size = c.AttentionWindow(layer),
+                                    .query_positions = batch.positions.data(),
+                                    .slot_positions = cache.positions()};
     ops::AttentionWithContext(q.data(), num_tokens, cache.keys(layer), cache.values(layer),
                               prefix_length, batch.context, batch.attention_mask.data(),
-                              attention_shape, attention.data(), pool);
+                              attention_shape, attention.data(), pool, window);
     float* const attention_outputs[] = {projected.data()};
     BITSPLIT_RETURN_IF_ERROR(linear.Apply({layer, LinearGroup::kAttnOutput}, attention.data(),
                                           num_tokens, attention_outputs, pool));
+    if (c.post_norms) {
+      ops::RmsNorm(projected.data(), num_tokens, c.d_model, vectors.attn_post_norm, c.rms_norm_eps,
+                   projected.data());
+    }
     AddInPlace(x.data(), projected.data(), num_tokens * c.d_model);
 
-    // Feed-forward block: w_down(silu(w_gate x) * w_up x).
-    ops::RmsNorm(x.data(), num_tokens, c.d_model, norms.ffn_norm, c.rms_norm_eps, normed.data());
+    // Feed-forward block: w_down(act(w_gate x) * w_up x).
+    ops::RmsNorm(x.data(), num_tokens, c.d_model, vectors.ffn_norm, c.rms_norm_eps, normed.data());
     float* const gate_up_outputs[] = {gate.data(), up.data()};
     BITSPLIT_RETURN_IF_ERROR(linear.Apply({layer, LinearGroup::kGateUp}, normed.data(), num_tokens,
                                           gate_up_outputs, pool));
     pool.ParallelFor(num_tokens, [&](int64_t begin, int64_t end, int) {
-      ops::SiluMul(gate.data() + begin * c.d_ff, up.data() + begin * c.d_ff, (end - begin) * c.d_ff,
-                   gate.data() + begin * c.d_ff);
+      float* g = gate.data() + begin * c.d_ff;
+      const float* u = up.data() + begin * c.d_ff;
+      const int64_t n = (end - begin) * c.d_ff;
+      switch (c.ffn_activation) {
+        case FfnActivation::kSilu:
+          ops::SiluMul(g, u, n, g);
+          break;
+        case FfnActivation::kGeluTanh:
+          ops::GeluTanhMul(g, u, n, g);
+          break;
+      }
     });
     float* const down_outputs[] = {projected.data()};
     BITSPLIT_RETURN_IF_ERROR(
         linear.Apply({layer, LinearGroup::kDown}, gate.data(), num_tokens, down_outputs, pool));
+    if (c.post_norms) {
+      ops::RmsNorm(projected.data(), num_tokens, c.d_model, vectors.ffn_post_norm, c.rms_norm_eps,
+                   projected.data());
+    }
     AddInPlace(x.data(), projected.data(), num_tokens * c.d_model);
   }
 

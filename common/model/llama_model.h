@@ -1,7 +1,8 @@
 #pragma once
-// CPU forward pass of a llama-architecture model (SmolLM2, Llama 2/3, Mistral, TinyLlama),
-// reading the weights in place from memory-mapped files: a GGUF file (the reference), or a split
-// model written by `bitsplit quantize` (base file, optionally with its residual file).
+// CPU forward pass of the supported decoder families (config.h: llama — SmolLM2, Llama 2/3,
+// Mistral, TinyLlama — gemma3, qwen2, qwen3), reading the weights in place from memory-mapped
+// files: a GGUF file (the reference), or a split model written by `bitsplit quantize` (base
+// file, optionally with its residual file).
 //
 // One Forward call runs a batch of T tokens through every layer. The batch carries its own RoPE
 // positions and an explicit T×T attention mask, so the same call serves prefill and decode
@@ -11,8 +12,9 @@
 // the batch and whatever the thread count.
 //
 // The linear layers go through a LinearBackend (linear_backend.h), chosen per call by the
-// ForwardMode; everything else (embedding, norms, RoPE, attention, SiLU) is the same code for
-// every mode. Draft and verify forwards of a split model use the same KV cache layout, so a
+// ForwardMode; everything else (embedding, norms, biases, RoPE, attention with its sliding
+// window, the gated activation) is the same code for every mode, steered by the config's family
+// flags. Draft and verify forwards of a split model use the same KV cache layout, so a
 // verifier's cache can serve the draft (DESIGN.md §1, §3).
 #include <cstdint>
 #include <memory>

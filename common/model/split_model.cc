@@ -348,14 +348,14 @@ absl::StatusOr<std::unique_ptr<SplitModelFiles>> SplitModelFiles::Open(
                               F32Vector(base, "rope_freqs.weight", config.rope_dims / 2));
   }
   direct.layers.resize(static_cast<size_t>(config.num_layers));
+  const std::vector<LayerVectorSpec> vector_specs = LayerVectorSpecs(config);
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
-    LayerNorms& norms = direct.layers[static_cast<size_t>(layer)];
-    BITSPLIT_ASSIGN_OR_RETURN(
-        norms.attn_norm,
-        F32Vector(base, absl::StrCat("blk.", layer, ".attn_norm.weight"), config.d_model));
-    BITSPLIT_ASSIGN_OR_RETURN(
-        norms.ffn_norm,
-        F32Vector(base, absl::StrCat("blk.", layer, ".ffn_norm.weight"), config.d_model));
+    LayerNorms& vectors = direct.layers[static_cast<size_t>(layer)];
+    for (const LayerVectorSpec& spec : vector_specs) {
+      BITSPLIT_ASSIGN_OR_RETURN(
+          vectors.*spec.field,
+          F32Vector(base, absl::StrCat("blk.", layer, ".", spec.tensor), spec.length));
+    }
   }
 
   // Linear weights.

@@ -187,8 +187,8 @@ absl::StatusOr<const gguf::TensorInfo*> SourceTensor(const gguf::File& file,
 }
 
 // What goes into the files, in base-file order: the metadata blob, the tensors copied before the
-// first layer (embedding table, output norm, RoPE factors), then per linear group the norm that
-// precedes it (attn_norm before q|k|v, ffn_norm before gate|up) and its matrices; the head last.
+// first layer (embedding table, output norm, RoPE factors), then per layer its vectors (norms and
+// biases, LayerVectorSpecs) before its q|k|v, then per linear group its matrices; the head last.
 struct PlanStep {
   std::vector<const gguf::TensorInfo*> norms;
   std::vector<SplitJob> jobs;
@@ -227,11 +227,13 @@ absl::StatusOr<FilePlan> PlanFiles(const gguf::File& source, const ModelConfig& 
   }
   for (const LinearGroupId id : AllLinearGroups(config)) {
     PlanStep& step = plan.steps.emplace_back();
-    if (id.group == LinearGroup::kQkv || id.group == LinearGroup::kGateUp) {
-      const std::string norm = absl::StrCat(
-          "blk.", id.layer, id.group == LinearGroup::kQkv ? ".attn_norm" : ".ffn_norm", ".weight");
-      BITSPLIT_ASSIGN_OR_RETURN(const gguf::TensorInfo* tensor, SourceTensor(source, norm));
-      step.norms.push_back(tensor);
+    if (id.group == LinearGroup::kQkv) {
+      for (const LayerVectorSpec& spec : LayerVectorSpecs(config)) {
+        BITSPLIT_ASSIGN_OR_RETURN(
+            const gguf::TensorInfo* tensor,
+            SourceTensor(source, absl::StrCat("blk.", id.layer, ".", spec.tensor)));
+        step.norms.push_back(tensor);
+      }
     }
     const std::vector<std::string> names = LinearGroupTensorNames(id);
     const GgufGroupMatrices matrices = GroupMatricesOf(weights, id);

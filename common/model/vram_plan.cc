@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/model/linear_backend.h"
+#include "common/model/weights.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::model {
@@ -73,7 +74,9 @@ VramPlan Compute(const VramRequest& r, uint64_t base_bytes) {
   plan.max_batch_rows = r.max_batch_rows;
   plan.base_weights_bytes = RoundVramSlab(base_bytes);
   plan.embedding_bytes = AlignVram(r.embedding_bytes);
-  plan.norms_bytes = AlignVram(4 * U(c.d_model) * U(2 * c.num_layers + 1));
+  uint64_t layer_vector_floats = 0;  // norms and biases of one layer (LayerVectorSpecs)
+  for (const LayerVectorSpec& spec : LayerVectorSpecs(c)) layer_vector_floats += U(spec.length);
+  plan.norms_bytes = AlignVram(4 * (layer_vector_floats * U(c.num_layers) + U(c.d_model)));
   plan.rope_table_bytes = AlignVram(U(r.context) * U(c.rope_dims / 2) * 2 * 4);
   plan.hadamard_bytes = AlignVram(4 * U(WidestInput(c)));
   plan.constants_slab_bytes = RoundVramSlab(plan.embedding_bytes + plan.norms_bytes +

@@ -1,6 +1,7 @@
 #include "common/model/weights.h"
 
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -66,24 +67,50 @@ std::string LayerTensor(int64_t layer, const std::string& what) {
 
 }  // namespace
 
+std::vector<LayerVectorSpec> LayerVectorSpecs(const ModelConfig& config) {
+  std::vector<LayerVectorSpec> specs = {
+      {"attn_norm.weight", config.d_model, &LayerNorms::attn_norm},
+      {"ffn_norm.weight", config.d_model, &LayerNorms::ffn_norm}};
+  if (config.post_norms) {
+    specs.push_back({"post_attention_norm.weight", config.d_model, &LayerNorms::attn_post_norm});
+    specs.push_back({"post_ffw_norm.weight", config.d_model, &LayerNorms::ffn_post_norm});
+  }
+  if (config.qk_norm) {
+    specs.push_back({"attn_q_norm.weight", config.head_dim, &LayerNorms::attn_q_norm});
+    specs.push_back({"attn_k_norm.weight", config.head_dim, &LayerNorms::attn_k_norm});
+  }
+  if (config.qkv_bias) {
+    specs.push_back({"attn_q.bias", config.q_dim(), &LayerNorms::q_bias});
+    specs.push_back({"attn_k.bias", config.kv_dim(), &LayerNorms::k_bias});
+    specs.push_back({"attn_v.bias", config.kv_dim(), &LayerNorms::v_bias});
+  }
+  return specs;
+}
+
 EmbeddingAndNorms EmbeddingAndNormsOf(const ModelWeights& weights) {
   EmbeddingAndNorms result;
   result.token_embd = weights.token_embd;
   result.output_norm = weights.output_norm;
   result.rope_freq_factors = weights.rope_freq_factors;
-  for (const LayerWeights& layer : weights.layers) {
-    result.layers.push_back({layer.attn_norm, layer.ffn_norm});
-  }
+  for (const LayerWeights& layer : weights.layers) result.layers.push_back(layer.vectors);
   return result;
 }
 
 absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
                                                   const ModelConfig& config) {
-  for (const gguf::TensorInfo& tensor : file.tensors()) {
-    if (absl::EndsWith(tensor.name, ".bias")) {
-      return absl::UnimplementedError(
-          absl::StrFormat("%s: tensor %s: llama models with bias terms are not supported",
-                          file.name(), tensor.name));
+  // Every tensor must be one the forward pass reads (checked after the expected ones were found,
+  // so a missing tensor is named first): a stray bias, an extra layer or a tensor of another
+  // family would otherwise be ignored silently.
+  std::set<std::string> expected = {"token_embd.weight", "output_norm.weight", "output.weight",
+                                    "rope_freqs.weight"};
+  const std::vector<LayerVectorSpec> vector_specs = LayerVectorSpecs(config);
+  for (int64_t i = 0; i < config.num_layers; ++i) {
+    for (const LayerVectorSpec& spec : vector_specs) {
+      expected.insert(absl::StrCat("blk.", i, ".", spec.tensor));
+    }
+    for (const char* matrix :
+         {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) {
+      expected.insert(LayerTensor(i, matrix));
     }
   }
   const int64_t d_model = config.d_model;
@@ -106,7 +133,11 @@ absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
   weights.layers.resize(static_cast<size_t>(config.num_layers));
   for (int64_t i = 0; i < config.num_layers; ++i) {
     LayerWeights& layer = weights.layers[static_cast<size_t>(i)];
-    BITSPLIT_ASSIGN_OR_RETURN(layer.attn_norm, Vector(file, LayerTensor(i, "attn_norm"), d_model));
+    for (const LayerVectorSpec& spec : vector_specs) {
+      BITSPLIT_ASSIGN_OR_RETURN(
+          layer.vectors.*spec.field,
+          Vector(file, absl::StrCat("blk.", i, ".", spec.tensor), spec.length));
+    }
     BITSPLIT_ASSIGN_OR_RETURN(layer.wq,
                               Matrix(file, LayerTensor(i, "attn_q"), config.q_dim(), d_model));
     BITSPLIT_ASSIGN_OR_RETURN(layer.wk,
@@ -115,13 +146,19 @@ absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
                               Matrix(file, LayerTensor(i, "attn_v"), config.kv_dim(), d_model));
     BITSPLIT_ASSIGN_OR_RETURN(layer.wo,
                               Matrix(file, LayerTensor(i, "attn_output"), d_model, config.q_dim()));
-    BITSPLIT_ASSIGN_OR_RETURN(layer.ffn_norm, Vector(file, LayerTensor(i, "ffn_norm"), d_model));
     BITSPLIT_ASSIGN_OR_RETURN(layer.w_gate,
                               Matrix(file, LayerTensor(i, "ffn_gate"), config.d_ff, d_model));
     BITSPLIT_ASSIGN_OR_RETURN(layer.w_up,
                               Matrix(file, LayerTensor(i, "ffn_up"), config.d_ff, d_model));
     BITSPLIT_ASSIGN_OR_RETURN(layer.w_down,
                               Matrix(file, LayerTensor(i, "ffn_down"), d_model, config.d_ff));
+  }
+  for (const gguf::TensorInfo& tensor : file.tensors()) {
+    if (expected.count(tensor.name) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: tensor %s is not part of a %d-layer %s model", file.name(),
+                          tensor.name, config.num_layers, config.architecture));
+    }
   }
   return weights;
 }

@@ -15,16 +15,38 @@
 
 namespace bitsplit::model {
 
+// The per-layer vectors the forward pass reads itself (f32, at source precision). Null when the
+// family has none (see LayerVectorSpecs).
+struct LayerNorms {
+  const float* attn_norm = nullptr;       // [d_model]
+  const float* ffn_norm = nullptr;        // [d_model]
+  const float* attn_post_norm = nullptr;  // [d_model], post_norms
+  const float* ffn_post_norm = nullptr;   // [d_model], post_norms
+  const float* attn_q_norm = nullptr;     // [head_dim], qk_norm
+  const float* attn_k_norm = nullptr;     // [head_dim], qk_norm
+  const float* q_bias = nullptr;          // [q_dim], qkv_bias
+  const float* k_bias = nullptr;          // [kv_dim], qkv_bias
+  const float* v_bias = nullptr;          // [kv_dim], qkv_bias
+};
+
+// One per-layer vector of a family: its GGUF tensor name after "blk.N.", its length and the
+// LayerNorms field it fills. The forward pass reads exactly these; the quantizer copies them.
+struct LayerVectorSpec {
+  const char* tensor;  // e.g. "post_attention_norm.weight"
+  int64_t length;
+  const float* LayerNorms::*field;
+};
+std::vector<LayerVectorSpec> LayerVectorSpecs(const ModelConfig& config);
+
 struct LayerWeights {
-  const float* attn_norm = nullptr;  // [d_model]
-  ops::WeightMatrix wq;              // [q_dim, d_model]
-  ops::WeightMatrix wk;              // [kv_dim, d_model]
-  ops::WeightMatrix wv;              // [kv_dim, d_model]
-  ops::WeightMatrix wo;              // [d_model, q_dim]
-  const float* ffn_norm = nullptr;   // [d_model]
-  ops::WeightMatrix w_gate;          // [d_ff, d_model]
-  ops::WeightMatrix w_up;            // [d_ff, d_model]
-  ops::WeightMatrix w_down;          // [d_model, d_ff]
+  LayerNorms vectors;
+  ops::WeightMatrix wq;      // [q_dim, d_model]
+  ops::WeightMatrix wk;      // [kv_dim, d_model]
+  ops::WeightMatrix wv;      // [kv_dim, d_model]
+  ops::WeightMatrix wo;      // [d_model, q_dim]
+  ops::WeightMatrix w_gate;  // [d_ff, d_model]
+  ops::WeightMatrix w_up;    // [d_ff, d_model]
+  ops::WeightMatrix w_down;  // [d_model, d_ff]
 };
 
 struct ModelWeights {
@@ -39,10 +61,6 @@ struct ModelWeights {
 // What the forward pass reads itself, whatever computes its linear layers (a LinearBackend owns
 // those): the embedding table, the norms and the RoPE frequency factors. The same views come from
 // a GGUF file (EmbeddingAndNormsOf) or from a split model's base file.
-struct LayerNorms {
-  const float* attn_norm = nullptr;  // [d_model]
-  const float* ffn_norm = nullptr;   // [d_model]
-};
 struct EmbeddingAndNorms {
   ops::WeightMatrix token_embd;              // [vocab, d_model], any dequantizable type
   const float* output_norm = nullptr;        // [d_model]
@@ -52,8 +70,9 @@ struct EmbeddingAndNorms {
 EmbeddingAndNorms EmbeddingAndNormsOf(const ModelWeights& weights);
 
 // Finds and validates every tensor the llama forward pass reads: presence, dims, a type this
-// build can dequantize (norms must be F32), and row lengths that are whole blocks. Errors name
-// the tensor. Tensors the forward pass would silently ignore (biases) are rejected.
+// build can dequantize (norms and biases must be F32), and row lengths that are whole blocks.
+// Errors name the tensor. Tensors the forward pass would silently ignore (e.g. biases of a family
+// that has none) are rejected.
 absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
                                                   const ModelConfig& config);
 
