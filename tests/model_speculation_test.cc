@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/paths.h"
+#include "tests/testing/speculation_runs.h"
 #include "tests/testing/split_fixture.h"
 
 namespace bitsplit::model {
@@ -111,71 +112,16 @@ class SpeculationTest : public ::testing::Test {
     model_ = nullptr;
   }
 
-  // The reference: the verifier one token at a time, the token at index i sampled with the
-  // logits of index i - 1 (what `bitsplit generate` does).
   static std::vector<int32_t> PlainDecode(const std::vector<int32_t>& prompt,
                                           const SamplingParams& sampling, int count) {
-    KvCache cache = *model_->NewKvCache(256);
-    const int64_t vocab = model_->config().vocab_size;
-    std::vector<float> logits(static_cast<size_t>(vocab));
-    Batch batch = Batch::Causal(prompt, 0);
-    batch.logit_rows = {static_cast<int32_t>(prompt.size() - 1)};
-    EXPECT_TRUE(model_->Forward(batch, cache, logits, ForwardMode::kVerify).ok());
-    EXPECT_TRUE(cache.Commit(static_cast<int64_t>(prompt.size())).ok());
-    Sampler sampler;
-    std::vector<int32_t> out;
-    for (int i = 0; i < count; ++i) {
-      const int64_t index = static_cast<int64_t>(prompt.size()) + i;
-      out.push_back(sampler.Choose(logits, sampling, index));
-      if (i + 1 == count) break;
-      const int32_t token[1] = {out.back()};
-      EXPECT_TRUE(model_
-                      ->Forward(Batch::Causal(token, static_cast<int32_t>(index)), cache, logits,
-                                ForwardMode::kVerify)
-                      .ok());
-      EXPECT_TRUE(cache.Commit(1).ok());
-    }
-    return out;
+    return testing::PlainDecode(*model_, prompt, sampling, count);
   }
-
-  struct SpecRun {
-    std::vector<int32_t> tokens;
-    int verify_steps = 0;
-  };
-
-  // The speculation loop of DESIGN.md §3 with `draft_mode` drafting (kVerify: a perfect drafter).
-  static SpecRun SpeculativeDecode(const std::vector<int32_t>& prompt,
-                                   const SamplingParams& sampling, int count,
-                                   const TreeShape& shape, ForwardMode draft_mode,
-                                   DraftKv draft_kv = DraftKv::kShared) {
-    SpecRun run;
-    auto session =
-        SpeculativeSession::Create(*model_, ForwardMode::kVerify, *model_, draft_mode,
-                                   {.capacity = 256, .prefill_chunk = 16, .draft_kv = draft_kv});
-    EXPECT_TRUE(session.ok()) << session.status();
-    if (!session.ok()) return run;
-    SpeculativeSession& s = **session;
-    const std::span<const int32_t> all(prompt);
-    EXPECT_TRUE(s.Prefill(all.first(all.size() - 1)).ok());
-    int32_t root = prompt.back();
-    while (static_cast<int>(run.tokens.size()) < count) {
-      auto tree = s.Draft(root, shape);
-      EXPECT_TRUE(tree.ok()) << tree.status();
-      if (!tree.ok()) break;
-      EXPECT_EQ(tree->size(), shape.nodes + 1);
-      auto choices = s.Verify(tree->tokens, tree->parents, sampling, 0, false);
-      EXPECT_TRUE(choices.ok()) << choices.status();
-      if (!choices.ok()) break;
-      std::vector<int32_t> targets;
-      for (const TargetChoice& c : *choices) targets.push_back(c.token);
-      const WalkResult walk = WalkTree(tree->tokens, tree->parents, targets);
-      EXPECT_TRUE(s.Commit(walk.path).ok());
-      ++run.verify_steps;
-      run.tokens.insert(run.tokens.end(), walk.tokens.begin(), walk.tokens.end());
-      root = walk.tokens.back();
-    }
-    run.tokens.resize(static_cast<size_t>(count));
-    return run;
+  static testing::SpecRun SpeculativeDecode(const std::vector<int32_t>& prompt,
+                                            const SamplingParams& sampling, int count,
+                                            const TreeShape& shape, ForwardMode draft_mode,
+                                            DraftKv draft_kv = DraftKv::kShared) {
+    return testing::SpeculativeDecode(*model_, prompt, sampling, count, shape, draft_mode,
+                                      draft_kv);
   }
 
   static LlamaModel* model_;
@@ -226,7 +172,7 @@ TEST_F(SpeculationTest, DraftGrowsTheRequestedTreeShape) {
 // forward and the commit keeps the right KV.
 TEST_F(SpeculationTest, APerfectDrafterHasItsChainsAcceptedWhole) {
   for (const std::vector<int32_t>& prompt : OraclePrompts(32)) {
-    const SpecRun run = SpeculativeDecode(prompt, {}, 27, kChain8, ForwardMode::kVerify);
+    const testing::SpecRun run = SpeculativeDecode(prompt, {}, 27, kChain8, ForwardMode::kVerify);
     EXPECT_EQ(run.verify_steps, 3);
     EXPECT_EQ(run.tokens, PlainDecode(prompt, {}, 27));
   }
@@ -248,7 +194,8 @@ TEST_F(SpeculationTest, SpeculativeOutputEqualsPlainDecoding) {
       for (const TreeShape& shape : {kTree16, kChain8, kOff}) {
         for (ForwardMode draft : {ForwardMode::kDraft, ForwardMode::kVerify}) {
           if (shape.nodes == 0 && draft == ForwardMode::kVerify) continue;
-          const SpecRun run = SpeculativeDecode(prompts[p], sampling, kTokens, shape, draft);
+          const testing::SpecRun run =
+              SpeculativeDecode(prompts[p], sampling, kTokens, shape, draft);
           EXPECT_EQ(run.tokens, expected)
               << "prompt " << p << " T=" << sampling.temperature << " seed " << sampling.seed
               << " nodes " << shape.nodes << " k " << shape.expansions << " draft "
@@ -270,7 +217,7 @@ TEST_F(SpeculationTest, OwnDraftKvIsLosslessToo) {
     EXPECT_EQ(
         SpeculativeDecode(prompt, sampling, 20, kTree16, ForwardMode::kDraft, DraftKv::kOwn).tokens,
         expected);
-    const SpecRun perfect =
+    const testing::SpecRun perfect =
         SpeculativeDecode(prompt, sampling, 20, kChain8, ForwardMode::kVerify, DraftKv::kOwn);
     EXPECT_EQ(perfect.tokens, expected);
   }

@@ -1,11 +1,11 @@
 #pragma once
-// The SmolLM2 split model the split-engine tests read.
+// The SmolLM2 and gemma-3-270m split models the split-engine tests read.
 //
-// Under CTest it is quantized once per run by `bitsplit quantize` (the fixture test
-// split_fixture.quantize_smollm2 in tests/CMakeLists.txt, which is also the command's end-to-end
-// test) and found through BITSPLIT_SPLIT_FIXTURE. A test binary run by hand quantizes its own copy
-// into a temporary directory instead (once per process, the same knobs), so it never reads files
-// left over from an older build.
+// Under CTest they are quantized once per run by `bitsplit quantize` (the fixture tests
+// split_fixture.quantize_* in tests/CMakeLists.txt, which are also the command's end-to-end
+// tests) into the directory BITSPLIT_SPLIT_FIXTURES names. A test binary run by hand quantizes
+// its own copy into a temporary directory instead (once per process, the same knobs), so it never
+// reads files left over from an older build.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -52,20 +52,29 @@ inline const std::filesystem::path& TestTempDir() {
   return *dir;
 }
 
+// The split model `name` (the CTest fixture's prefix) of `source_file` under models/.
+inline SplitModelPaths SplitModelOf(const std::string& name, const std::string& source_file) {
+  const char* dir = std::getenv("BITSPLIT_SPLIT_FIXTURES");
+  if (dir != nullptr && *dir != '\0') {
+    const std::string prefix = (std::filesystem::path(dir) / name).string();
+    return SplitModelPaths{model::SplitBasePath(prefix), model::SplitResidualPath(prefix)};
+  }
+  const std::string own = (TestTempDir() / name).string();
+  SplitModelPaths own_paths{model::SplitBasePath(own), model::SplitResidualPath(own)};
+  const auto summary =
+      model::QuantizeSplitModel(ModelPath(source_file), own_paths.base, own_paths.residual,
+                                {.quantization = SplitFixtureQuantization(), .num_threads = 2});
+  EXPECT_TRUE(summary.ok()) << summary.status();
+  return own_paths;
+}
+
 inline const SplitModelPaths& SmolLm2SplitModel() {
-  static const SplitModelPaths paths = [] {
-    const char* prefix = std::getenv("BITSPLIT_SPLIT_FIXTURE");
-    if (prefix != nullptr && *prefix != '\0') {
-      return SplitModelPaths{model::SplitBasePath(prefix), model::SplitResidualPath(prefix)};
-    }
-    const std::string own = (TestTempDir() / "smollm2").string();
-    SplitModelPaths own_paths{model::SplitBasePath(own), model::SplitResidualPath(own)};
-    const auto summary =
-        model::QuantizeSplitModel(ModelPath(kSmolLm2File), own_paths.base, own_paths.residual,
-                                  {.quantization = SplitFixtureQuantization(), .num_threads = 2});
-    EXPECT_TRUE(summary.ok()) << summary.status();
-    return own_paths;
-  }();
+  static const SplitModelPaths paths = SplitModelOf("smollm2_split", kSmolLm2File);
+  return paths;
+}
+
+inline const SplitModelPaths& Gemma3SplitModel() {
+  static const SplitModelPaths paths = SplitModelOf("gemma3_split", kGemma3File);
   return paths;
 }
 
