@@ -2,14 +2,15 @@
 # Runs the three bitsplit services without systemd, with the flags of the systemd units
 # (deploy/*.service) and the settings of deploy/bitsplit.env, as the current user:
 #
-#   scripts/start-services.sh [start] [--env FILE] [--model PREFIX]   start (or reuse) all three
+#   scripts/start-services.sh [start] [--env FILE] [--model NAME|PREFIX]   start (or reuse) all three
 #   scripts/start-services.sh stop                                     SIGTERM, SIGKILL after a grace
 #   scripts/start-services.sh status                                   exit 0 iff all three run
 #
 # Sockets, logs and pid files live in $BITSPLIT_RUN_DIR (default ${XDG_RUNTIME_DIR:-/tmp}/bitsplit-$UID)
-# instead of /run/bitsplit. The model: PREFIX.{base,residual}.bsplit from --model, else the
-# env file's BITSPLIT_BASE_MODEL/BITSPLIT_RESIDUAL_MODEL when both exist, else the SmolLM2 split
-# in ~/.cache/bitsplit/split/ (quantized from models/ with the default knobs the first time).
+# instead of /run/bitsplit. The model: --model smollm2 or gemma3 (a bundled model, quantized from
+# models/ into ~/.cache/bitsplit/split/ with the default knobs the first time), --model PREFIX
+# (PREFIX.{base,residual}.bsplit), else the env file's BITSPLIT_BASE_MODEL/BITSPLIT_RESIDUAL_MODEL
+# when both exist, else smollm2.
 # Environment: BITSPLIT_BUILD_DIR (default build/), BITSPLIT_LISTEN (overrides the env file),
 # BITSPLIT_START_TIMEOUT_S (per service, default 300), BITSPLIT_STOP_GRACE_S (default 10).
 set -euo pipefail
@@ -82,27 +83,33 @@ load_env() {
   return 0
 }
 
-# Sets BASE_MODEL and RESIDUAL_MODEL.
+# Sets BASE_MODEL and RESIDUAL_MODEL from --model: a bundled model's name (smollm2, gemma3), a
+# split PREFIX, or nothing (the env file's model when both files exist, else smollm2).
 resolve_model() {
   local prefix=$1
-  if [[ -n $prefix ]]; then
+  if [[ -n $prefix && $prefix != smollm2 && $prefix != gemma3 ]]; then
     BASE_MODEL="$prefix.base.bsplit" RESIDUAL_MODEL="$prefix.residual.bsplit"
     [[ -f $BASE_MODEL && -f $RESIDUAL_MODEL ]] || die "--model $prefix: $BASE_MODEL or $RESIDUAL_MODEL is missing"
     return
   fi
-  if [[ -f ${BITSPLIT_BASE_MODEL:-} && -f ${BITSPLIT_RESIDUAL_MODEL:-} ]]; then
+  if [[ -z $prefix && -f ${BITSPLIT_BASE_MODEL:-} && -f ${BITSPLIT_RESIDUAL_MODEL:-} ]]; then
     BASE_MODEL=$BITSPLIT_BASE_MODEL RESIDUAL_MODEL=$BITSPLIT_RESIDUAL_MODEL
     return
   fi
+  local name=${prefix:-smollm2} gguf
+  case "$name" in
+    smollm2) gguf="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf" ;;
+    gemma3) gguf="$ROOT/models/gemma-3-270m-q4_k_m.gguf" ;;
+  esac
   local dir="$CACHE/split"
-  BASE_MODEL="$dir/smollm2.base.bsplit" RESIDUAL_MODEL="$dir/smollm2.residual.bsplit"
+  BASE_MODEL="$dir/$name.base.bsplit" RESIDUAL_MODEL="$dir/$name.residual.bsplit"
   [[ -f $BASE_MODEL && -f $RESIDUAL_MODEL ]] && return
-  local gguf="$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf" cli="$BUILD/tools/bitsplit/bitsplit"
+  local cli="$BUILD/tools/bitsplit/bitsplit"
   [[ -f $gguf ]] || die "$gguf is missing (run scripts/setup.sh --models)"
   [[ -x $cli ]] || die "$cli is missing (run scripts/build.sh)"
-  say "quantizing $gguf once into $dir/smollm2.* (default knobs; about a minute)"
+  say "quantizing $gguf once into $dir/$name.* (default knobs; one to two minutes)"
   mkdir -p "$dir"
-  local tmp="$dir/smollm2.tmp.$$"
+  local tmp="$dir/$name.tmp.$$"
   if ! "$cli" quantize "$gguf" -o "$tmp" >"$dir/quantize.log" 2>&1; then
     rm -f "$tmp".*.bsplit
     tail -n 20 "$dir/quantize.log" >&2
@@ -250,7 +257,7 @@ main() {
     case "$1" in
       --env) env_file=${2:?--env needs a file}; shift 2 ;;
       --model) model_prefix=${2:?--model needs a prefix}; shift 2 ;;
-      *) die "unknown argument '$1' (usage: start-services.sh [start|stop|status] [--env FILE] [--model PREFIX])" ;;
+      *) die "unknown argument '$1' (usage: start-services.sh [start|stop|status] [--env FILE] [--model NAME|PREFIX])" ;;
     esac
   done
   case "$action" in

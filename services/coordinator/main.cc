@@ -132,8 +132,10 @@ int Run(int argc, char** argv) {
   if (!tokenizer.ok()) return Fail(tokenizer.status());
   std::optional<text::ChatTemplate> chat_template;
   std::string chat_template_source;
-  if (auto parsed = text::ChatTemplate::FromGguf((*files)->gguf_metadata()); parsed.ok()) {
-    chat_template = *parsed;
+  if (auto parsed = text::ChatTemplate::FromGgufOrArchitecture((*files)->gguf_metadata());
+      parsed.ok()) {
+    chat_template = parsed->chat_template;
+    if (parsed->from_architecture) spdlog::info("{}", parsed->note);
     chat_template_source =
         (*files)->gguf_metadata().GetString("tokenizer.chat_template").value_or("");
   } else {

@@ -93,12 +93,13 @@ int RunGenerate(const GenerateOptions& options) {
 
   std::string prompt_text;
   if (options.chat) {
-    auto chat_template = text::ChatTemplate::FromGguf((*model)->gguf_metadata());
+    auto chat_template = text::ChatTemplate::FromGgufOrArchitecture((*model)->gguf_metadata());
     if (!chat_template.ok()) {
       return Fail(kExitBadInput, std::string(chat_template.status().message()));
     }
+    if (chat_template->from_architecture) std::fprintf(stderr, "%s\n", chat_template->note.c_str());
     std::vector<text::ChatMessage> messages = {{"user", *options.chat}};
-    prompt_text = chat_template->Render(messages, /*add_generation_prompt=*/true);
+    prompt_text = chat_template->chat_template.Render(messages, /*add_generation_prompt=*/true);
   } else {
     prompt_text = *options.prompt;
   }
