@@ -237,10 +237,17 @@ int Run(int argc, char** argv) {
                                              .sessions = service_options.max_sessions,
                                              .max_tree_nodes = service_options.max_tree_nodes,
                                              .vram_budget = *vram_budget});
-    if (!cuda_backend.ok()) return Fail(cuda_backend.status());
-    backend = *std::move(cuda_backend);
+    if (cuda_backend.ok()) {
+      backend = *std::move(cuda_backend);
+    } else if (backend_name == "auto" && absl::IsUnimplemented(cuda_backend.status())) {
+      // A model family the device forward does not implement runs on the CPU backend.
+      spdlog::warn("{}; using the cpu backend", std::string(cuda_backend.status().message()));
+    } else {
+      return Fail(cuda_backend.status());
+    }
 #endif
-  } else {
+  }
+  if (backend == nullptr) {
     auto cpu_backend = CpuBackend::Create({.base_path = base_path,
                                            .residual_path = residual_file,
                                            .draft_model_path = draft_model,
