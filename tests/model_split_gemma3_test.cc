@@ -76,7 +76,8 @@ TEST_F(Gemma3SplitTest, FilesCarryTheFamilyConfigAndVectors) {
   }
 }
 
-// Greedy and sampled, tree / chain / no speculation, on a prompt past the 512-token window: the
+// Greedy and sampled (seeds 1 and 2 on the short prompt, seed 1 on the long one), tree / chain /
+// no speculation, on a prompt past the 512-token window and a short chat prompt: the
 // prefix is prefilled in chunks of 16 in the speculative session and in one batch in plain
 // decoding, so the window is applied both across forwards and inside one.
 TEST_F(Gemma3SplitTest, SpeculationIsLosslessPastTheSlidingWindow) {
@@ -92,6 +93,8 @@ TEST_F(Gemma3SplitTest, SpeculationIsLosslessPastTheSlidingWindow) {
   int accepted_beyond_root = 0;
   for (size_t p = 0; p < prompts.size(); ++p) {
     for (const SamplingParams& sampling : samplings) {
+      // The long prompt's prefills dominate the cost: greedy and one sampled seed there.
+      if (p == 0 && sampling.seed == 2) continue;
       const std::vector<int32_t> expected =
           testing::PlainDecode(*model_, prompts[p], sampling, kTokens);
       for (const TreeShape& shape : shapes) {
