@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Generates the llama.cpp logits fixtures of small random-weight qwen2 and qwen3 models.
+
+No small trained Qwen model is available here, so these fixtures prove the arithmetic of the two
+families' forward passes (q/k/v biases; QK-norm; NEOX RoPE; GQA; tied head), not the quality of
+any model: the weights are random.
+
+Each model is written with the `gguf` package's writer: the architecture's metadata, the real
+qwen2 tokenizer metadata (every tokenizer.* key of models/DeepSeek-R1-Distill-Qwen-7B.vocab.gguf,
+so llama.cpp loads a real 152,064-token vocabulary), and F32 tensors whose values follow a
+counter-based rule that the C++ test reproduces without Python (tests/testing/synthetic_weights.h):
+
+    seed  = FNV-1a-64(architecture + "/" + tensor name)
+    k_i   = (splitmix64(seed + i) >> 40) - 2^23                      (an integer in [-2^23, 2^23))
+    w_i   = float32(offset) + float32(k_i) * float32(scale * 2^-23)  (float32 arithmetic)
+
+i counts elements in storage order (ggml's: the contiguous dimension first). The fixture stores
+the recipe (metadata, tensor names, shapes, scale, offset) and the sha256 of each tensor's bytes,
+so the C++ side proves it rebuilt exactly the tensors llama.cpp ran before comparing logits.
+
+llama.cpp runs each model with an f32 KV cache on token ids from the real tokenizer (several
+texts of tests/oracle/logit_prompts.json, BOS first as the GGUF asks). Per prompt: the tokens,
+llama.cpp's 16-token greedy continuation, and at every position the top-K logits, the
+log-sum-exp and TAIL_SAMPLES tail samples (gen_logits_fixtures.top_k_record).
+
+Rerun (needs the oracle environment, see scripts/oracle-env.sh):
+    $(scripts/oracle-env.sh) tests/oracle/gen_qwen_logits_fixtures.py
+"""
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+from llama_cpp import Llama
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gen_logits_fixtures import CACHE, ROOT, top_k_record  # noqa: E402
+
+VOCAB = ROOT / "models" / "DeepSeek-R1-Distill-Qwen-7B.vocab.gguf"
+TOP_K = 64
+TAIL_SAMPLES = 32
+CONTINUATION = 16
+PROMPTS = ["plain_long_apache", "plain_long_mpl", "chat_explain", "chat_system_code",
+           "plain_short_capital"]
+
+D_MODEL, D_FF, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 4, 2, 64
+MODELS = {
+    "qwen2": {"layers": 2, "bias": True, "qk_norm": False, "rope_base": 1e6},
+    "qwen3": {"layers": 3, "bias": False, "qk_norm": True, "rope_base": 1e6},
+}
+
+M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def fnv1a64(text: str) -> int:
+    h = 0xCBF29CE484222325
+    for b in text.encode():
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def synthetic_values(arch: str, name: str, count: int, scale: float, offset: float) -> np.ndarray:
+    seed = np.uint64(fnv1a64(f"{arch}/{name}"))
+    with np.errstate(over="ignore"):
+        counters = seed + np.arange(count, dtype=np.uint64)
+    k = (splitmix64(counters) >> np.uint64(40)).astype(np.int64) - (1 << 23)
+    values = k.astype(np.float32) * np.float32(scale * 2.0 ** -23)
+    if offset != 0.0:
+        values = np.float32(offset) + values
+    return values.astype(np.float32)
+
+
+def tensor_specs(arch: str, vocab: int):
+    """(name, ggml dims, scale, offset) per tensor; dims[0] is the contiguous dimension."""
+    cfg = MODELS[arch]
+    q_dim, kv_dim = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    norm = (1.0 / 4, 1.0)  # weights in [0.75, 1.25)
+    specs = [("token_embd.weight", [D_MODEL, vocab], 0.5, 0.0),
+             ("output_norm.weight", [D_MODEL], *norm)]
+    for layer in range(cfg["layers"]):
+        b = f"blk.{layer}."
+        specs += [(b + "attn_norm.weight", [D_MODEL], *norm),
+                  (b + "attn_q.weight", [D_MODEL, q_dim], (3 / D_MODEL) ** 0.5, 0.0),
+                  (b + "attn_k.weight", [D_MODEL, kv_dim], (3 / D_MODEL) ** 0.5, 0.0),
+                  (b + "attn_v.weight", [D_MODEL, kv_dim], (3 / D_MODEL) ** 0.5, 0.0),
+                  (b + "attn_output.weight", [q_dim, D_MODEL], (3 / q_dim) ** 0.5, 0.0),
+                  (b + "ffn_norm.weight", [D_MODEL], *norm),
+                  (b + "ffn_gate.weight", [D_MODEL, D_FF], (3 / D_MODEL) ** 0.5, 0.0),
+                  (b + "ffn_up.weight", [D_MODEL, D_FF], (3 / D_MODEL) ** 0.5, 0.0),
+                  (b + "ffn_down.weight", [D_FF, D_MODEL], (3 / D_FF) ** 0.5, 0.0)]
+        if cfg["bias"]:
+            specs += [(b + "attn_q.bias", [q_dim], 0.5, 0.0),
+                      (b + "attn_k.bias", [kv_dim], 0.5, 0.0),
+                      (b + "attn_v.bias", [kv_dim], 0.5, 0.0)]
+        if cfg["qk_norm"]:
+            specs += [(b + "attn_q_norm.weight", [HEAD_DIM], *norm),
+                      (b + "attn_k_norm.weight", [HEAD_DIM], *norm)]
+    return specs
+
+
+def arch_metadata(arch: str):
+    """(key, gguf value type name, value): what the C++ test writes too."""
+    cfg = MODELS[arch]
+    md = [("general.architecture", "STRING", arch),
+          (f"{arch}.block_count", "UINT32", cfg["layers"]),
+          (f"{arch}.context_length", "UINT32", 4096),
+          (f"{arch}.embedding_length", "UINT32", D_MODEL),
+          (f"{arch}.feed_forward_length", "UINT32", D_FF),
+          (f"{arch}.attention.head_count", "UINT32", HEADS),
+          (f"{arch}.attention.head_count_kv", "UINT32", KV_HEADS),
+          (f"{arch}.rope.freq_base", "FLOAT32", cfg["rope_base"]),
+          (f"{arch}.attention.layer_norm_rms_epsilon", "FLOAT32", 1e-6)]
+    if cfg["qk_norm"]:
+        md += [(f"{arch}.attention.key_length", "UINT32", HEAD_DIM),
+               (f"{arch}.attention.value_length", "UINT32", HEAD_DIM)]
+    return md
+
+
+def write_model(arch: str, path: Path):
+    reader = gguf.GGUFReader(str(VOCAB))
+    vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
+    writer = gguf.GGUFWriter(str(path), arch)  # writes general.architecture itself
+    for key, vtype, value in arch_metadata(arch)[1:]:
+        writer.add_key_value(key, value, gguf.GGUFValueType[vtype])
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
+    records = []
+    for name, dims, scale, offset in tensor_specs(arch, vocab):
+        values = synthetic_values(arch, name, int(np.prod(dims)), scale, offset)
+        writer.add_tensor(name, values.reshape(list(reversed(dims))))
+        records.append({"name": name, "dims": dims, "scale": scale, "offset": offset,
+                        "sha256": hashlib.sha256(values.tobytes()).hexdigest()})
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return vocab, records
+
+
+def run(llm: Llama, tokens):
+    llm.reset()
+    llm.eval(tokens)
+    generated = []
+    for step in range(CONTINUATION):
+        next_id = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        generated.append(next_id)
+        if step + 1 < CONTINUATION:
+            llm.eval([next_id])
+    rng = np.random.default_rng(20261201)
+    n = len(tokens) + CONTINUATION - 1
+    return generated, [top_k_record(llm.scores[p], TOP_K, TAIL_SAMPLES, rng) for p in range(n)]
+
+
+def prompt_text(prompt) -> str:
+    if prompt["kind"] == "chat":
+        return "\n".join(m["content"] for m in prompt["messages"])
+    return prompt["text"]
+
+
+def main() -> int:
+    prompts = {p["name"]: p for p in json.loads((ROOT / "tests/oracle/logit_prompts.json")
+                                                .read_text())}
+    for arch in MODELS:
+        path = CACHE / "oracle" / f"{arch}-synthetic.F32.gguf"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        vocab, tensors = write_model(arch, path)
+        llm = Llama(model_path=str(path), n_ctx=1024, n_batch=512, n_threads=2, logits_all=True,
+                    verbose=False, type_k=0, type_v=0, flash_attn=False)
+        cases, tails = [], []
+        for name in PROMPTS:
+            text = prompt_text(prompts[name])
+            tokens = [llm.token_bos()] + llm.tokenize(text.encode("utf-8"), add_bos=False,
+                                                      special=False)
+            tokens = tokens[:400]
+            continuation, records = run(llm, tokens)
+            tails += [r["tail_mass"] for r in records]
+            cases.append({"name": name, "tokens": [int(t) for t in tokens],
+                          "continuation": continuation, "logits": records})
+            print(f"{arch} {name}: {len(tokens)} prompt tokens")
+        tails = np.array(tails)
+        print(f"{arch}: positions {len(tails)}; mass outside top-{TOP_K}: mean {tails.mean():.2e}, "
+              f"max {tails.max():.2e}")
+        metadata = [{"key": k, "type": t, "value": v} for k, t, v in arch_metadata(arch)]
+        out = ROOT / f"tests/fixtures/oracle/{arch}_synthetic_logits.json"
+        out.write_text(json.dumps({
+            "model": f"{arch} random weights (see tests/oracle/gen_qwen_logits_fixtures.py)",
+            "tokenizer": VOCAB.name, "vocab_size": vocab, "llama_cpp_python": "0.3.36",
+            "kv_cache": "f32", "n_threads": 2, "top_k": TOP_K, "tail_samples": TAIL_SAMPLES,
+            "metadata": metadata, "tensors": tensors, "cases": cases}))
+        del llm
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
