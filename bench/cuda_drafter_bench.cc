@@ -15,6 +15,7 @@
 // Random weights: shapes and speed only (DESIGN.md §8). Usage: docs/cuda.md.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -166,6 +167,7 @@ int Run(const Options& o) {
   config.num_kv_heads = o.kv_heads;
   config.head_dim = o.head_dim;
   config.rope_dims = o.head_dim;
+  config.attention_scale = 1.0f / std::sqrt(static_cast<float>(o.head_dim));
   config.vocab_size = o.vocab;
   config.context_length = std::max<int64_t>(config.context_length, o.context);
   model::SplitQuantization quantization;

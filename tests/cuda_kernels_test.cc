@@ -1,13 +1,17 @@
 // The CUDA kernels against the CPU implementations they mirror, on random inputs: bit for bit
 // where the kernel reproduces the CPU's arithmetic (rotation, activation quantization, split
-// matmul for all nine formats, embedding gather, RoPE, attention scores order, argmax, top-k,
-// the RNG), by NMSE where it cannot (RMSNorm's and softmax's double sums in a tree, expf), and
-// batch invariance (a row alone equals the same row inside a batch). Skips without a GPU.
+// matmul for all nine formats, embedding gather, RoPE in both pairings, bias adds and scaling,
+// GeGLU, the sliding window's slot lists and positions, attention scores order, argmax, top-k,
+// the RNG), by NMSE where it cannot (RMSNorm's, also per head, and softmax's double sums in a
+// tree, expf), and batch invariance (a row alone equals the same row inside a batch; a tree node
+// its causal path, with and without a window). Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #ifdef BITSPLIT_HAVE_CUDA
@@ -359,6 +363,8 @@ TEST_F(CudaKernelsTest, RmsNormIsCloseToCpuAndBatchInvariant) {
                   "row 6");
 }
 
+// Both pairings (adjacent, NEOX halves), a global base with linear scaling and frequency
+// factors and a local layer's base, whole and partial rotation: bit for bit.
 TEST_F(CudaKernelsTest, RopeMatchesCpuBitForBit) {
   model::ModelConfig config;
   config.head_dim = 64;
@@ -369,21 +375,77 @@ TEST_F(CudaKernelsTest, RopeMatchesCpuBitForBit) {
   std::vector<float> positive_factors(32);
   for (int i = 0; i < 32; ++i) positive_factors[i] = 1.0f + std::fabs(factors[i]);
   const int64_t table_positions = 5000;
-  const std::vector<float> table = RopeTable(config, positive_factors.data(), table_positions);
   const int64_t rows = 6, heads = 3;
   const std::vector<int32_t> positions = {0, 1, 17, 4095, 4999, 17};
-  std::vector<float> x = RandomFloats(rows * heads * 64, 31);
-  DeviceVector<float> dx(x), dtable(table);
   DeviceVector<int32_t> dpositions(positions);
-  ASSERT_CUDA(kernels::ApplyRope(dx.get(), rows, heads, 64, 64, dpositions.get(), dtable.get(),
-                                 dtable.get() + table_positions * 32, nullptr));
-  const ops::RopeConfig rope{.head_dim = 64,
-                             .rotary_dims = 64,
-                             .freq_base = config.rope_freq_base,
-                             .freq_scale = config.rope_freq_scale,
-                             .freq_factors = positive_factors.data()};
-  ops::ApplyRope(x.data(), rows, heads, positions.data(), rope);
-  ExpectBitsEqual(dx.ToHost(), x, "rope");
+  struct Case {
+    ops::RopeStyle style;
+    int64_t rotary_dims;
+    float base, scale;
+    const float* factors;
+  };
+  const Case cases[] = {
+      {ops::RopeStyle::kAdjacentPairs, 64, 500000.0f, 0.5f, positive_factors.data()},
+      {ops::RopeStyle::kHalves, 64, 500000.0f, 0.5f, positive_factors.data()},
+      {ops::RopeStyle::kHalves, 64, 10000.0f, 1.0f, nullptr},  // a local layer's table
+      {ops::RopeStyle::kHalves, 32, 1000000.0f, 1.0f, nullptr},
+      {ops::RopeStyle::kAdjacentPairs, 32, 10000.0f, 1.0f, nullptr},
+  };
+  for (const Case& c : cases) {
+    config.rope_dims = c.rotary_dims;
+    const int64_t pairs = c.rotary_dims / 2;
+    const std::vector<float> table =
+        c.base == config.rope_freq_base && c.scale == config.rope_freq_scale
+            ? RopeTable(config, c.factors, table_positions)
+            : RopeTable(config, c.factors, table_positions, c.base, c.scale);
+    std::vector<float> x = RandomFloats(rows * heads * 64, 31);
+    DeviceVector<float> dx(x), dtable(table);
+    ASSERT_CUDA(kernels::ApplyRope(dx.get(), rows, heads, 64, c.rotary_dims, dpositions.get(),
+                                   dtable.get(), dtable.get() + table_positions * pairs,
+                                   c.style == ops::RopeStyle::kHalves, nullptr));
+    const ops::RopeConfig rope{.head_dim = 64,
+                               .rotary_dims = c.rotary_dims,
+                               .freq_base = c.base,
+                               .freq_scale = c.scale,
+                               .freq_factors = c.factors,
+                               .style = c.style};
+    ops::ApplyRope(x.data(), rows, heads, positions.data(), rope);
+    ExpectBitsEqual(dx.ToHost(), x,
+                    "rope " + std::string(c.style == ops::RopeStyle::kHalves ? "halves" : "pairs") +
+                        " dims " + std::to_string(c.rotary_dims) + " base " +
+                        std::to_string(c.base));
+  }
+}
+
+TEST_F(CudaKernelsTest, BiasAddAndScaleMatchCpuBitForBit) {
+  const int64_t rows = 5, n = 320;
+  const std::vector<float> x = RandomFloats(rows * n, 21, 2.0f), bias = RandomFloats(n, 22);
+  std::vector<float> expected = x;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < n; ++i) expected[r * n + i] += bias[i];
+  }
+  DeviceVector<float> dx(x), db(bias);
+  ASSERT_CUDA(kernels::AddRowVector(dx.get(), db.get(), rows, n, nullptr));
+  ExpectBitsEqual(dx.ToHost(), expected, "bias");
+  const float scale = std::sqrt(640.0f);  // gemma's embedding scale
+  for (float& v : expected) v *= scale;
+  ASSERT_CUDA(kernels::ScaleInPlace(dx.get(), rows * n, scale, nullptr));
+  ExpectBitsEqual(dx.ToHost(), expected, "scale");
+}
+
+// QK-norm is RMSNorm over each head (rows = tokens x heads, n = head_dim), in place.
+TEST_F(CudaKernelsTest, PerHeadRmsNormInPlaceIsCloseToCpu) {
+  for (const int64_t head_dim : {32, 128, 256}) {
+    const int64_t tokens = 7, heads = 8, rows = tokens * heads;
+    const std::vector<float> x = RandomFloats(rows * head_dim, 14, 5.0f);
+    const std::vector<float> weight = RandomFloats(head_dim, 15);
+    std::vector<float> expected(x.size());
+    ops::RmsNorm(x.data(), rows, head_dim, weight.data(), 1e-6f, expected.data());
+    DeviceVector<float> dx(x), dw(weight);
+    ASSERT_CUDA(
+        kernels::RmsNorm(dx.get(), nullptr, rows, head_dim, dw.get(), 1e-6f, dx.get(), nullptr));
+    EXPECT_LT(Nmse(dx.ToHost(), expected), 1e-13) << "head_dim " << head_dim;
+  }
 }
 
 // Keys and values as the device stores them (fp16), back in f32 for the CPU op.
@@ -485,6 +547,199 @@ TEST_F(CudaKernelsTest, SiluMulIsCloseToCpu) {
   }
 }
 
+// The fp16 GELU table of the host and the kernel's lookup: ops::GeluTanhMul bit for bit, on every
+// fp16 value in (-10, 10), random gates of several scales, and the two clamped ranges.
+TEST_F(CudaKernelsTest, GeluTanhMulMatchesCpuBitForBit) {
+  std::vector<float> gate;
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    const float x = Fp16ToFp32(static_cast<uint16_t>(bits));
+    if (std::isfinite(x) && std::fabs(x) < 12.0f) gate.push_back(x);
+  }
+  for (const float scale : {0.5f, 3.0f, 8.0f}) {
+    const std::vector<float> more = RandomFloats(50000, 53 + static_cast<uint32_t>(scale), scale);
+    gate.insert(gate.end(), more.begin(), more.end());
+  }
+  for (const float edge : {-10.0f, 10.0f, std::nextafter(-10.0f, 0.0f), std::nextafter(10.0f, 0.0f),
+                           -1e4f, 1e4f, 0.0f, -0.0f}) {
+    gate.push_back(edge);
+  }
+  const int64_t n = static_cast<int64_t>(gate.size());
+  const std::vector<float> up = RandomFloats(gate.size(), 57);
+  std::vector<float> expected(gate.size());
+  ops::GeluTanhMul(gate.data(), up.data(), n, expected.data());
+  DeviceVector<float> dg(gate), du(up);
+  DeviceVector<uint16_t> table(GeluTanhTable());
+  ASSERT_CUDA(kernels::GeluTanhMul(dg.get(), du.get(), n, table.get(), dg.get(), nullptr));
+  ExpectBitsEqual(dg.ToHost(), expected, "geglu");
+}
+
+// The slots ops::AttentionWithContext visits for one token under a window (for the test).
+std::vector<int32_t> CpuVisibleSlots(int64_t token, int64_t prefix, int64_t width,
+                                     const std::vector<uint8_t>& mask, int64_t window,
+                                     const std::vector<int32_t>& query_positions,
+                                     const std::vector<int32_t>& slot_positions) {
+  std::vector<int32_t> slots;
+  const auto in_window = [&](int64_t slot) {
+    return window == 0 || query_positions[token] - slot_positions[slot] < window;
+  };
+  for (int64_t s = 0; s < prefix; ++s) {
+    if (in_window(s)) slots.push_back(static_cast<int32_t>(s));
+  }
+  for (int64_t j = 0; j < width; ++j) {
+    if (mask[token * width + j] != 0 && in_window(prefix + j)) {
+      slots.push_back(static_cast<int32_t>(prefix + j));
+    }
+  }
+  return slots;
+}
+
+// Sliding-window attention: the positions stored into the cache's slots, each row's visible
+// list (= the CPU's, exactly), attention over it (= ops::AttentionWithContext with the window up
+// to the softmax sum's order), and a tree node = its causal path, bit for bit, past the window.
+TEST_F(CudaKernelsTest, SlidingWindowAttentionMatchesCpuAndTreeNodesEqualTheirPaths) {
+  const int64_t heads = 4, kv_heads = 2, head_dim = 64, slots = 700;
+  const int64_t q_dim = heads * head_dim, kv_dim = kv_heads * head_dim;
+  const int64_t prefix = 600, context = 3, tokens = 4, width = context + tokens;
+  const std::vector<float> keys = RandomFloats(slots * kv_dim, 141);
+  const std::vector<float> values = RandomFloats(slots * kv_dim, 142);
+  const std::vector<float> q = RandomFloats(tokens * q_dim, 143);
+  // The tree of the attention test above: pending slots 0..2 a chain at positions 600..602,
+  // batch tokens 0, 1 extend it (603), token 2 extends token 0 (604), token 3 extends slot 0
+  // (601).
+  const std::vector<uint8_t> mask = {
+      1, 1, 1, 1, 0, 0, 0,  //
+      1, 1, 1, 0, 1, 0, 0,  //
+      1, 1, 1, 1, 0, 1, 0,  //
+      1, 0, 0, 0, 0, 0, 1,  //
+  };
+  const std::vector<int32_t> batch_positions = {603, 603, 604, 601};
+  std::vector<int32_t> slot_positions(slots, 0);
+  for (int64_t s = 0; s < prefix + context; ++s) slot_positions[s] = static_cast<int32_t>(s);
+  const ops::AttentionShape shape{heads, kv_heads, head_dim, 1.0f / 8.0f};
+  const std::vector<float> keys16 = RoundedToHalf(keys), values16 = RoundedToHalf(values);
+  ThreadPool pool(1);
+
+  DeviceVector<float> dq(q), out(tokens * q_dim), scores(tokens * heads * slots);
+  DeviceVector<uint16_t> dk(Halves(keys)), dv(Halves(values));
+  DeviceVector<uint8_t> dmask(mask);
+  DeviceVector<int32_t> dbatch_positions(batch_positions), dslot_positions(slot_positions);
+  DeviceVector<int32_t> list(tokens * slots), counts(tokens);
+  DeviceVector<int64_t> first_slot(std::vector<int64_t>{prefix + context});
+  ASSERT_CUDA(kernels::StorePositions(dbatch_positions.get(), tokens, dslot_positions.get(),
+                                      first_slot.get(), nullptr));
+  std::vector<int32_t> cpu_slot_positions = slot_positions;
+  std::copy(batch_positions.begin(), batch_positions.end(),
+            cpu_slot_positions.begin() + prefix + context);
+  EXPECT_EQ(dslot_positions.ToHost(), cpu_slot_positions);
+
+  // Window 1 (only the token itself), a window inside the pending chain, one reaching into the
+  // prefix, one covering everything, and none.
+  for (const int64_t window : {1, 3, 300, 4096, 0}) {
+    kernels::VisibleSlotsArgs visible;
+    visible.mask = dmask.get();
+    visible.rows = tokens;
+    visible.prefix_length = prefix;
+    visible.mask_width = width;
+    visible.window = window;
+    visible.query_positions = dbatch_positions.get();
+    visible.slot_positions = dslot_positions.get();
+    visible.slots = list.get();
+    visible.counts = counts.get();
+    visible.slot_stride = slots;
+    ASSERT_CUDA(kernels::VisibleSlots(visible, nullptr));
+    const std::vector<int32_t> device_list = list.ToHost(), device_counts = counts.ToHost();
+    for (int64_t t = 0; t < tokens; ++t) {
+      const std::vector<int32_t> expected =
+          CpuVisibleSlots(t, prefix, width, mask, window, batch_positions, cpu_slot_positions);
+      ASSERT_EQ(device_counts[t], static_cast<int32_t>(expected.size()))
+          << "window " << window << " token " << t;
+      EXPECT_EQ(std::vector<int32_t>(device_list.begin() + t * slots,
+                                     device_list.begin() + t * slots + device_counts[t]),
+                expected)
+          << "window " << window << " token " << t;
+    }
+
+    std::vector<float> expected(tokens * q_dim);
+    const ops::SlidingWindow cpu_window{.size = window,
+                                        .query_positions = batch_positions.data(),
+                                        .slot_positions = cpu_slot_positions.data()};
+    ops::AttentionWithContext(q.data(), tokens, keys16.data(), values16.data(), prefix, context,
+                              mask.data(), shape, expected.data(), pool, cpu_window);
+    kernels::AttentionArgs args;
+    args.q = dq.get();
+    args.keys = dk.get();
+    args.values = dv.get();
+    args.mask = dmask.get();
+    args.out = out.get();
+    args.scores = scores.get();
+    args.rows = tokens;
+    args.prefix_length = prefix;
+    args.mask_width = width;
+    args.score_stride = slots;
+    args.num_heads = heads;
+    args.num_kv_heads = kv_heads;
+    args.head_dim = head_dim;
+    args.scale = shape.scale;
+    args.visible_slots = list.get();
+    args.visible_counts = counts.get();
+    args.visible_stride = slots;
+    ASSERT_CUDA(kernels::Attention(args, nullptr));
+    const std::vector<float> actual = out.ToHost();
+    EXPECT_LT(Nmse(actual, expected), 1e-12) << "window " << window;
+    if (window == 0) {  // the list path = the mask path, bit for bit
+      args.visible_slots = nullptr;
+      args.visible_counts = nullptr;
+      DeviceVector<float> mask_out(tokens * q_dim);
+      args.out = mask_out.get();
+      ASSERT_CUDA(kernels::Attention(args, nullptr));
+      ExpectBitsEqual(mask_out.ToHost(), actual, "listed vs masked");
+      continue;
+    }
+
+    // Token 2 (position 604) alone as a causal chain: its path (pending 0-2, token 0, itself)
+    // copied to slots prefix..prefix+4 with the same positions, the earlier prefix unchanged.
+    std::vector<float> chain_keys = keys, chain_values = values;
+    std::vector<int32_t> chain_positions = slot_positions;
+    const int64_t path[] = {prefix + 0, prefix + 1, prefix + 2, prefix + 3, prefix + 5};
+    for (int i = 0; i < 5; ++i) {
+      std::copy_n(keys.begin() + path[i] * kv_dim, kv_dim,
+                  chain_keys.begin() + (prefix + i) * kv_dim);
+      std::copy_n(values.begin() + path[i] * kv_dim, kv_dim,
+                  chain_values.begin() + (prefix + i) * kv_dim);
+      chain_positions[prefix + i] = cpu_slot_positions[path[i]];
+    }
+    DeviceVector<uint16_t> ck(Halves(chain_keys)), cv(Halves(chain_values));
+    DeviceVector<float> cq(std::vector<float>(q.begin() + 2 * q_dim, q.begin() + 3 * q_dim));
+    DeviceVector<uint8_t> cmask(std::vector<uint8_t>{1});
+    DeviceVector<int32_t> cpos(std::vector<int32_t>{604}), cslots(chain_positions);
+    DeviceVector<int32_t> clist(slots), ccount(1);
+    DeviceVector<float> cout(q_dim);
+    visible.mask = cmask.get();
+    visible.rows = 1;
+    visible.prefix_length = prefix + 4;
+    visible.mask_width = 1;
+    visible.query_positions = cpos.get();
+    visible.slot_positions = cslots.get();
+    visible.slots = clist.get();
+    visible.counts = ccount.get();
+    ASSERT_CUDA(kernels::VisibleSlots(visible, nullptr));
+    args.q = cq.get();
+    args.keys = ck.get();
+    args.values = cv.get();
+    args.mask = cmask.get();
+    args.out = cout.get();
+    args.rows = 1;
+    args.prefix_length = prefix + 4;
+    args.mask_width = 1;
+    args.visible_slots = clist.get();
+    args.visible_counts = ccount.get();
+    ASSERT_CUDA(kernels::Attention(args, nullptr));
+    ExpectBitsEqual(cout.ToHost(),
+                    std::vector<float>(actual.begin() + 2 * q_dim, actual.begin() + 3 * q_dim),
+                    "window " + std::to_string(window) + ": tree node vs its causal path");
+  }
+}
+
 TEST_F(CudaKernelsTest, CommitSlotsMovesLikeKvCache) {
   const int64_t layers = 3, capacity = 12, kv_dim = 8, committed = 2;
   auto cache = model::KvCache::Create(layers, kv_dim, capacity);
@@ -501,16 +756,26 @@ TEST_F(CudaKernelsTest, CommitSlotsMovesLikeKvCache) {
       }
     }
   }
+  std::vector<int32_t> positions(capacity);
+  for (int64_t s = 0; s < capacity; ++s) {
+    positions[s] = static_cast<int32_t>(1000 + 7 * s);
+    cache->positions()[s] = positions[s];
+  }
   ASSERT_TRUE(cache->BeginPending(committed).ok());
   ASSERT_TRUE(cache->Commit(committed).ok());
   ASSERT_TRUE(cache->BeginPending(9).ok());
   const std::vector<int32_t> path = {0, 2, 3, 7};  // slot 2+2 is both a source and a target
   ASSERT_TRUE(cache->CommitSlots(path).ok());
   DeviceVector<uint16_t> dk(keys), dv(values);
-  DeviceVector<int32_t> dpath(path);
-  ASSERT_CUDA(kernels::CommitSlots(dk.get(), dv.get(), layers, capacity * kv_dim, kv_dim, committed,
-                                   dpath.get(), 4, nullptr));
+  DeviceVector<int32_t> dpath(path), dpositions(positions);
+  ASSERT_CUDA(kernels::CommitSlots(dk.get(), dv.get(), dpositions.get(), layers, capacity * kv_dim,
+                                   kv_dim, committed, dpath.get(), 4, nullptr));
   const std::vector<uint16_t> k = dk.ToHost(), v = dv.ToHost();
+  const std::vector<int32_t> moved = dpositions.ToHost();
+  for (int64_t s = 0; s < committed + 4; ++s) EXPECT_EQ(moved[s], cache->positions()[s]) << s;
+  // Without positions (a model without a window) only keys and values move.
+  ASSERT_CUDA(kernels::CommitSlots(dk.get(), dv.get(), nullptr, layers, capacity * kv_dim, kv_dim,
+                                   committed, dpath.get(), 4, nullptr));
   for (int64_t l = 0; l < layers; ++l) {
     for (int64_t s = 0; s < committed + 4; ++s) {
       EXPECT_EQ(Fp16ToFp32(k[(l * capacity + s) * kv_dim]), cache->keys(l)[s * kv_dim]) << l << s;
@@ -657,6 +922,13 @@ TEST_F(CudaKernelsTest, LaunchersRejectBadArguments) {
   EXPECT_EQ(kernels::SampleRows(args, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(kernels::EmbeddingGather(nullptr, 2, 0, 32, nullptr, 1, nullptr, nullptr),
             cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::ApplyRope(nullptr, 1, 1, 64, 65, nullptr, nullptr, nullptr, true, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::GeluTanhMul(nullptr, nullptr, 4, nullptr, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  kernels::VisibleSlotsArgs visible;
+  visible.rows = 1;
+  EXPECT_EQ(kernels::VisibleSlots(visible, nullptr), cudaErrorInvalidValue);
 }
 
 #endif  // BITSPLIT_HAVE_CUDA

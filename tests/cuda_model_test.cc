@@ -1,10 +1,12 @@
 // The CUDA forward and speculation engine (common/cuda/cuda_model.h, cuda_session.h) against
-// the CPU engine on a small random-weight llama quantized by `bitsplit quantize`'s code path:
-// logits close to the CPU's (the device keeps K/V in fp16), batch invariance bit for bit (a
-// token alone = in a batch; a tree node = its causal path), the losslessness invariant on the
-// device (speculative output == plain decoding, greedy and sampled), the VRAM plan's refusal,
-// and every bad-input path. RealModel* tests compare greedy tokens with the CPU on SmolLM2.
-// Skips without a GPU.
+// the CPU engine on small random-weight models quantized by `bitsplit quantize`'s code path (a
+// llama, and gemma3-, qwen2- and qwen3-shaped ones): logits close to the CPU's (the device keeps
+// K/V in fp16), batch invariance bit for bit (a token alone = in a batch; a tree node = its
+// causal path, also past gemma3's sliding window), the losslessness invariant on the device
+// (speculative output == plain decoding, greedy and sampled), the VRAM plan's refusal, and every
+// bad-input path. RealModel* tests compare greedy tokens with the CPU on SmolLM2. Skips without
+// a GPU (the CudaModelFixtureTest cases, which check the random models on the CPU, run
+// everywhere).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -105,6 +108,97 @@ const testing::SplitModelPaths& TinySplitModel() {
   return paths;
 }
 
+// The other families' layers, on random weights of the same small size (2 layers, d 128, d_ff
+// 256, vocab 320, 4 heads over 2 KV heads), split the same way:
+//   gemma3: heads of 64 (q_dim 256 != d_model), GeGLU, embedding x sqrt(128), QK-norm,
+//           post-norms, NEOX RoPE with base 1e6 on the global layer 1 and 10000 on the local
+//           layer 0, whose sliding window is kFamilyWindow tokens;
+//   qwen2:  heads of 32, q/k/v biases, NEOX RoPE;
+//   qwen3:  heads of 32, QK-norm, NEOX RoPE.
+constexpr int64_t kFamilyWindow = 8;
+const char* const kFamilies[] = {"gemma3", "qwen2", "qwen3"};
+
+const testing::SplitModelPaths& FamilySplitModel(const std::string& architecture) {
+  static auto* models = new std::map<std::string, testing::SplitModelPaths>();
+  if (auto found = models->find(architecture); found != models->end()) return found->second;
+  const bool gemma = architecture == "gemma3";
+  const int64_t head_dim = gemma ? 64 : 32;
+  const std::string a = architecture + ".";
+  testing::GgufBuilder b;
+  b.AddString("general.architecture", architecture);
+  b.AddString("general.name", "tiny-random-" + architecture);
+  b.AddUint32(a + "block_count", kLayers);
+  b.AddUint32(a + "context_length", kContext);
+  b.AddUint32(a + "embedding_length", kDModel);
+  b.AddUint32(a + "feed_forward_length", kDff);
+  b.AddUint32(a + "attention.head_count", kHeads);
+  b.AddUint32(a + "attention.head_count_kv", kKvHeads);
+  b.AddUint32(a + "attention.key_length", static_cast<uint32_t>(head_dim));
+  b.AddUint32(a + "attention.value_length", static_cast<uint32_t>(head_dim));
+  b.AddFloat32(a + "rope.freq_base", gemma ? 1000000.0f : 10000.0f);
+  b.AddFloat32(a + "attention.layer_norm_rms_epsilon", 1e-6f);
+  if (gemma) {
+    b.AddUint32(a + "attention.sliding_window", kFamilyWindow);
+    b.AddUint32(a + "attention.sliding_window_pattern", 2);  // layer 0 local, layer 1 global
+    b.AddFloat32(a + "rope.freq_base_swa", 10000.0f);
+  }
+  uint32_t seed = 101;
+  auto matrix = [&](const std::string& name, uint64_t cols, uint64_t rows) {
+    b.AddF32Tensor(name, {cols, rows}, Gaussian(cols * rows, seed++, 1.0f / std::sqrt(cols)));
+  };
+  auto norm = [&](const std::string& name, int64_t n) {
+    std::vector<float> w = Gaussian(n, seed++, 0.1f);
+    for (float& x : w) x += 1.0f;
+    b.AddF32Tensor(name, {static_cast<uint64_t>(n)}, w);
+  };
+  auto bias = [&](const std::string& name, int64_t n) {
+    b.AddF32Tensor(name, {static_cast<uint64_t>(n)}, Gaussian(n, seed++, 0.5f));
+  };
+  const int64_t q_dim = kHeads * head_dim, kv_dim = kKvHeads * head_dim;
+  b.AddF32Tensor("token_embd.weight", {kDModel, kVocab},
+                 Gaussian(kDModel * kVocab, seed++, gemma ? 0.1f : 1.0f));
+  norm("output_norm.weight", kDModel);
+  for (int i = 0; i < kLayers; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    norm(p + "attn_norm.weight", kDModel);
+    matrix(p + "attn_q.weight", kDModel, q_dim);
+    matrix(p + "attn_k.weight", kDModel, kv_dim);
+    matrix(p + "attn_v.weight", kDModel, kv_dim);
+    matrix(p + "attn_output.weight", q_dim, kDModel);
+    norm(p + "ffn_norm.weight", kDModel);
+    matrix(p + "ffn_gate.weight", kDModel, kDff);
+    matrix(p + "ffn_up.weight", kDModel, kDff);
+    matrix(p + "ffn_down.weight", kDff, kDModel);
+    if (architecture != "qwen2") {
+      norm(p + "attn_q_norm.weight", head_dim);
+      norm(p + "attn_k_norm.weight", head_dim);
+    }
+    if (gemma) {
+      norm(p + "post_attention_norm.weight", kDModel);
+      norm(p + "post_ffw_norm.weight", kDModel);
+    }
+    if (architecture == "qwen2") {
+      bias(p + "attn_q.bias", q_dim);
+      bias(p + "attn_k.bias", kv_dim);
+      bias(p + "attn_v.bias", kv_dim);
+    }
+  }
+  const std::string name = "tiny-" + architecture;
+  const std::string gguf = (testing::TestTempDir() / (name + ".gguf")).string();
+  EXPECT_TRUE(testing::WriteFileBytes(gguf, b.Build()));
+  const std::string prefix = (testing::TestTempDir() / name).string();
+  model::SplitQuantizeOptions options;
+  options.quantization = testing::SplitFixtureQuantization();
+  options.num_threads = 2;
+  auto summary = model::QuantizeSplitModel(gguf, model::SplitBasePath(prefix),
+                                           model::SplitResidualPath(prefix), options);
+  EXPECT_TRUE(summary.ok()) << architecture << ": " << summary.status();
+  return models
+      ->emplace(architecture, testing::SplitModelPaths{model::SplitBasePath(prefix),
+                                                       model::SplitResidualPath(prefix)})
+      .first->second;
+}
+
 // The CPU engine and the CUDA engine of one split model; the CUDA verifier's residual is the
 // residual file mapped in process.
 struct Engines {
@@ -166,6 +260,44 @@ TEST(CudaModelFixtureTest, TinyRandomModelLoadsAndRunsOnTheCpu) {
   const auto [low, high] = std::minmax_element(logits.begin(), logits.end());
   EXPECT_GT(*high - *low, 1.0f);
   EXPECT_TRUE(std::isfinite(*high) && std::isfinite(*low));
+}
+
+// The other families' random models on the CPU (runs everywhere): the flags the device forward
+// reads are the families', and past the window the logits stay spread and finite.
+TEST(CudaModelFixtureTest, FamilyRandomModelsLoadAndRunOnTheCpu) {
+  for (const char* architecture : kFamilies) {
+    SCOPED_TRACE(architecture);
+    const testing::SplitModelPaths& paths = FamilySplitModel(architecture);
+    auto cpu = model::LlamaModel::LoadSplit(paths.base, paths.residual, 2);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    const model::ModelConfig& c = (*cpu)->config();
+    const std::string arch = architecture;
+    EXPECT_EQ(c.rope_style, model::RopeStyle::kHalves);
+    EXPECT_EQ(c.ffn_activation,
+              arch == "gemma3" ? model::FfnActivation::kGeluTanh : model::FfnActivation::kSilu);
+    EXPECT_EQ(c.qk_norm, arch != "qwen2");
+    EXPECT_EQ(c.post_norms, arch == "gemma3");
+    EXPECT_EQ(c.qkv_bias, arch == "qwen2");
+    EXPECT_EQ(c.embedding_scale, arch == "gemma3" ? std::sqrt(128.0f) : 1.0f);
+    EXPECT_EQ(c.head_dim, arch == "gemma3" ? 64 : 32);
+    if (arch == "gemma3") {
+      EXPECT_EQ(c.sliding_window, kFamilyWindow);
+      EXPECT_EQ(c.layer_is_local, (std::vector<uint8_t>{1, 0}));
+      EXPECT_EQ(c.RopeFreqBase(0), 10000.0f);
+      EXPECT_EQ(c.RopeFreqBase(1), 1000000.0f);
+    } else {
+      EXPECT_EQ(c.sliding_window, 0);
+    }
+    auto cache = (*cpu)->NewKvCache(kContext);
+    ASSERT_TRUE(cache.ok());
+    std::vector<float> logits(kVocab);
+    Batch batch = Batch::Causal(Prompt(3 * kFamilyWindow, 1), 0);
+    batch.logit_rows = {static_cast<int32_t>(batch.size()) - 1};
+    ASSERT_TRUE((*cpu)->Forward(batch, *cache, logits, ForwardMode::kVerify).ok());
+    const auto [low, high] = std::minmax_element(logits.begin(), logits.end());
+    EXPECT_GT(*high - *low, 1.0f);
+    EXPECT_TRUE(std::isfinite(*high) && std::isfinite(*low));
+  }
 }
 
 // The bench's synthetic model (CPU only): every matrix present in its format, finite values of
@@ -352,6 +484,181 @@ TEST_F(CudaModelTest, SpeculativeOutputEqualsPlainDecoding) {
       EXPECT_EQ(Generate(*e.cuda, prompt, shape, sampling, 24), plain)
           << "nodes " << shape.nodes << " expansions " << shape.expansions << " temperature "
           << sampling.temperature;
+    }
+  }
+}
+
+// The greedy choice of logit row r.
+int64_t ArgMaxRow(const std::vector<float>& logits, size_t r) {
+  return std::max_element(logits.begin() + r * kVocab, logits.begin() + (r + 1) * kVocab) -
+         (logits.begin() + r * kVocab);
+}
+
+// gemma3, qwen2 and qwen3 on the device against the CPU with fp16-rounded K/V, in draft and
+// verify mode: a prefill three windows long, a tree past the window, the tree's path committed
+// (keys and slot positions as the CPU's), and the next decode step. The remaining differences
+// are RMSNorm's (four per layer in gemma3, plus one per head for QK-norm) and softmax's sums, as
+// for llama above.
+TEST_F(CudaModelTest, FamilyForwardIsCloseToTheCpuPastTheWindow) {
+  for (const char* architecture : kFamilies) {
+    Engines e = Load(FamilySplitModel(architecture), SmallOptions());
+    ASSERT_NE(e.cuda, nullptr) << architecture;
+    const bool windowed = e.cuda->config().sliding_window > 0;
+    const std::vector<int32_t> prompt = Prompt(3 * kFamilyWindow - 4, 3);  // 20 tokens
+    for (const ForwardMode mode : {ForwardMode::kDraft, ForwardMode::kVerify}) {
+      const std::string what =
+          std::string(architecture) + " " + std::string(model::ForwardModeName(mode));
+      auto cpu_cache = e.cpu->NewKvCache(kContext, model::KvRounding::kFp16);
+      auto cuda_cache = e.cuda->NewKvCache();
+      ASSERT_TRUE(cpu_cache.ok() && cuda_cache.ok()) << what;
+      const auto compare = [&](const Batch& batch, const std::string& step, size_t min_agree) {
+        const size_t rows = batch.tokens.size();
+        std::vector<float> expected(rows * kVocab), actual(rows * kVocab);
+        ASSERT_TRUE(e.cpu->Forward(batch, *cpu_cache, expected, mode).ok()) << what << step;
+        const absl::Status status = e.cuda->Forward(batch, **cuda_cache, actual, mode);
+        ASSERT_TRUE(status.ok()) << what << step << ": " << status;
+        const double nmse = Nmse(actual, expected);
+        size_t agree = 0;
+        for (size_t r = 0; r < rows; ++r) agree += ArgMaxRow(actual, r) == ArgMaxRow(expected, r);
+        std::printf("%s %s: logits NMSE %.3g, argmax %zu of %zu\n", what.c_str(), step.c_str(),
+                    nmse, agree, rows);
+        EXPECT_LT(nmse, 1e-4) << what << step;
+        EXPECT_GE(agree, min_agree) << what << step;
+      };
+      compare(Batch::Causal(prompt, 0), " prefill", prompt.size() - 2);
+      ASSERT_TRUE(cpu_cache->Commit(static_cast<int64_t>(prompt.size())).ok());
+      ASSERT_TRUE((*cuda_cache)->Commit(static_cast<int64_t>(prompt.size())).ok());
+      for (int64_t layer = 0; layer < kLayers; ++layer) {  // layer 0 is gemma3's local one
+        std::vector<float> keys, values;
+        ASSERT_TRUE((*cuda_cache)->CopyToHost(layer, 0, 20, &keys, &values).ok());
+        const std::vector<float> cpu_keys(cpu_cache->keys(layer),
+                                          cpu_cache->keys(layer) + keys.size());
+        const std::vector<float> cpu_values(cpu_cache->values(layer),
+                                            cpu_cache->values(layer) + values.size());
+        EXPECT_LT(Nmse(keys, cpu_keys), 1e-5) << what << " layer " << layer;
+        EXPECT_LT(Nmse(values, cpu_values), 1e-5) << what << " layer " << layer;
+      }
+      // A tree at positions 20-23: a chain 0-1-2, a second child 3 of 0, another root 4.
+      auto tree =
+          Batch::Tree(std::vector<int32_t>{7, 8, 9, 10, 11}, std::vector<int32_t>{-1, 0, 1, 0, -1},
+                      static_cast<int32_t>(prompt.size()));
+      ASSERT_TRUE(tree.ok());
+      compare(*tree, " tree", 4);
+      const std::vector<int32_t> path = {0, 1, 2};
+      ASSERT_TRUE(cpu_cache->CommitSlots(path).ok());
+      ASSERT_TRUE((*cuda_cache)->CommitSlots(path).ok());
+      const int64_t length = cpu_cache->committed_length();
+      ASSERT_EQ((*cuda_cache)->committed_length(), length);
+      std::vector<int32_t> positions;
+      const absl::Status copied = (*cuda_cache)->CopyPositionsToHost(0, length, &positions);
+      if (windowed) {
+        ASSERT_TRUE(copied.ok()) << copied;
+        EXPECT_EQ(positions,
+                  std::vector<int32_t>(cpu_cache->positions(), cpu_cache->positions() + length))
+            << what;
+      } else {
+        EXPECT_EQ(copied.code(), absl::StatusCode::kFailedPrecondition) << what;
+      }
+      compare(Batch::Causal(std::vector<int32_t>{12}, static_cast<int32_t>(length)), " decode", 1);
+    }
+  }
+}
+
+// Past the window, on the device, bit for bit: a token alone = in a batch, a tree node = its
+// causal path (draft and verify mode), and draft forwards from CUDA graphs = kernel by kernel.
+TEST_F(CudaModelTest, FamilyBatchInvarianceAndGraphsPastTheWindow) {
+  for (const char* architecture : kFamilies) {
+    Engines e = Load(FamilySplitModel(architecture), SmallOptions());
+    ASSERT_NE(e.cuda, nullptr) << architecture;
+    const std::vector<int32_t> prompt = Prompt(2 * kFamilyWindow - 4, 5);  // 12 tokens
+    for (const ForwardMode mode : {ForwardMode::kDraft, ForwardMode::kVerify}) {
+      const std::string what =
+          std::string(architecture) + " " + std::string(model::ForwardModeName(mode));
+      auto batch_cache = e.cuda->NewKvCache();
+      ASSERT_TRUE(batch_cache.ok());
+      std::vector<float> batched(prompt.size() * kVocab);
+      ASSERT_TRUE(e.cuda->Forward(Batch::Causal(prompt, 0), **batch_cache, batched, mode).ok());
+      batch_cache->reset();
+      auto one_cache = e.cuda->NewKvCache();
+      ASSERT_TRUE(one_cache.ok());
+      std::vector<float> one(kVocab);
+      for (size_t i = 0; i < prompt.size(); ++i) {
+        const Batch batch =
+            Batch::Causal(std::span<const int32_t>(&prompt[i], 1), static_cast<int32_t>(i));
+        ASSERT_TRUE(e.cuda->Forward(batch, **one_cache, one, mode).ok());
+        ASSERT_TRUE((*one_cache)->Commit(1).ok());
+        ASSERT_EQ(
+            std::vector<float>(batched.begin() + i * kVocab, batched.begin() + (i + 1) * kVocab),
+            one)
+            << what << " token " << i;
+      }
+      const int32_t length = static_cast<int32_t>(prompt.size());
+      auto tree =
+          Batch::Tree(std::vector<int32_t>{7, 8, 9}, std::vector<int32_t>{-1, 0, -1}, length);
+      ASSERT_TRUE(tree.ok());
+      std::vector<float> tree_logits(3 * kVocab), chain(2 * kVocab);
+      ASSERT_TRUE(e.cuda->Forward(*tree, **one_cache, tree_logits, mode).ok());
+      (*one_cache)->DiscardPending();
+      ASSERT_TRUE(
+          e.cuda
+              ->Forward(Batch::Causal(std::vector<int32_t>{7, 8}, length), **one_cache, chain, mode)
+              .ok());
+      (*one_cache)->DiscardPending();
+      EXPECT_EQ(std::vector<float>(tree_logits.begin(), tree_logits.begin() + 2 * kVocab), chain)
+          << what;
+      ASSERT_TRUE(
+          e.cuda->Forward(Batch::Causal(std::vector<int32_t>{9}, length), **one_cache, one, mode)
+              .ok());
+      (*one_cache)->DiscardPending();
+      EXPECT_EQ(std::vector<float>(tree_logits.begin() + 2 * kVocab, tree_logits.end()), one)
+          << what;
+    }
+    // Draft forwards of 1 and 3 tokens in turn, eager and from graphs, into two caches.
+    auto eager = e.cuda->NewKvCache();
+    auto graphed = e.cuda->NewKvCache();
+    ASSERT_TRUE(eager.ok() && graphed.ok());
+    const std::vector<int32_t> tokens = Prompt(3 * kFamilyWindow, 11);
+    std::vector<float> a, b;
+    const auto forward = [&](bool graphs, DeviceKvCache& cache, const Batch& batch,
+                             std::vector<float>& logits) {
+      e.cuda->set_cuda_graphs(graphs);
+      logits.assign(batch.num_logit_rows() * kVocab, 0.0f);
+      return e.cuda->Forward(batch, cache, logits, ForwardMode::kDraft);
+    };
+    int32_t length = 0;
+    for (int step = 0; step < 12; ++step) {
+      const int32_t rows = step % 2 == 0 ? 1 : 3;
+      const Batch batch = Batch::Causal(std::span(tokens).subspan(length, rows), length);
+      ASSERT_TRUE(forward(false, **eager, batch, a).ok());
+      ASSERT_TRUE(forward(true, **graphed, batch, b).ok());
+      EXPECT_EQ(a, b) << architecture << " step " << step;
+      ASSERT_TRUE((*eager)->Commit(rows).ok());
+      ASSERT_TRUE((*graphed)->Commit(rows).ok());
+      length += rows;
+    }
+    EXPECT_GT(e.cuda->graph_launches(), e.cuda->graphs_captured()) << architecture;
+    e.cuda->set_cuda_graphs(true);
+  }
+}
+
+// The losslessness invariant past the window: speculation = plain decoding on the device.
+TEST_F(CudaModelTest, FamilySpeculativeOutputEqualsPlainDecoding) {
+  for (const char* architecture : kFamilies) {
+    Engines e = Load(FamilySplitModel(architecture), SmallOptions());
+    ASSERT_NE(e.cuda, nullptr) << architecture;
+    const std::vector<int32_t> prompt = Prompt(9, 7);
+    const model::SamplingParams greedy;
+    const model::SamplingParams sampled{
+        .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 11};
+    for (const model::SamplingParams& sampling : {greedy, sampled}) {
+      const std::vector<int32_t> plain = Generate(*e.cuda, prompt, {.nodes = 0}, sampling, 24);
+      ASSERT_EQ(plain.size(), 24u) << architecture;
+      for (const model::TreeShape shape :
+           {model::TreeShape{.nodes = 8, .expansions = 2, .max_depth = 4},
+            model::TreeShape{.nodes = 5, .expansions = 1, .max_depth = 5}}) {
+        EXPECT_EQ(Generate(*e.cuda, prompt, shape, sampling, 24), plain)
+            << architecture << " nodes " << shape.nodes << " temperature " << sampling.temperature;
+      }
     }
   }
 }

@@ -1,5 +1,6 @@
-// The VRAM planner: byte arithmetic against hand computation (the real SmolLM2 config and an
-// 8B-class llama config), the refusal and its "what fits" suggestions, and bad requests.
+// The VRAM planner: byte arithmetic against hand computation (the real SmolLM2 config, an
+// 8B-class llama config and a gemma3-1B-shaped one), the refusal and its "what fits"
+// suggestions, and bad requests.
 #include <string>
 
 #include "common/io/gguf.h"
@@ -139,6 +140,54 @@ TEST(VramPlanTest, EightBKvCacheAndScratch) {
   EXPECT_EQ(plan->constants_slab_bytes, 564'133'888u);
   EXPECT_EQ(plan->scratch.total_bytes, 54'102'016u);
   EXPECT_EQ(plan->total_bytes, 1119 * 2 * kMiB + 564'133'888u + 4 * kGiB + 26 * 2 * kMiB);
+}
+
+// A gemma3-1B-shaped config: what the device holds beyond the llama layer (every per-layer
+// vector, the local layers' RoPE table, the GELU table, each slot's position, the windowed
+// layers' slot lists), and none of it for llama.
+TEST(VramPlanTest, WindowedGeGluModelPlansItsExtraBuffers) {
+  ModelConfig c = EightBClassConfig();
+  c.architecture = "gemma3";
+  c.num_layers = 26;
+  c.d_model = 1152;
+  c.d_ff = 6912;
+  c.num_heads = 4;
+  c.num_kv_heads = 1;
+  c.head_dim = 256;
+  c.rope_dims = 256;
+  c.vocab_size = 262144;
+  c.context_length = 32768;
+  c.rope_style = RopeStyle::kHalves;
+  c.ffn_activation = FfnActivation::kGeluTanh;
+  c.qk_norm = true;
+  c.post_norms = true;
+  c.sliding_window = 512;
+  c.layer_is_local.assign(26, 1);
+  VramRequest request;
+  request.config = c;
+  request.context = 4096;
+  request.sessions = 1;
+  request.max_batch_rows = 64;
+  auto plan = PlanVram(request, 80 * kGiB);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // Per layer 4 x 1152 (attention, FFN, two post-norms) + 2 x 256 (QK-norms) = 5120 floats;
+  // 26 layers + the output norm 1152 = 134,272 floats = 537,088 bytes.
+  EXPECT_EQ(plan->norms_bytes, 537'088u);
+  // Two tables (global and local base) of 4096 positions x 128 pairs x cos, sin.
+  EXPECT_EQ(plan->rope_table_bytes, 2u * 4096 * 128 * 8);
+  EXPECT_EQ(plan->activation_table_bytes, 65536u * 2);
+  // Keys and values 2 x 26 x 4096 x 256 x 2 = 109,051,904 (52 pages) + positions 4 x 4096.
+  EXPECT_EQ(plan->kv_positions_bytes, 16'384u);
+  EXPECT_EQ(plan->kv_bytes_per_session, 53 * 2 * kMiB);
+  EXPECT_EQ(plan->scratch.visible_slots_bytes, 4u * 64 * 4096 + 256);
+
+  request.config = EightBClassConfig();
+  auto llama = PlanVram(request, 80 * kGiB);
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->activation_table_bytes, 0u);
+  EXPECT_EQ(llama->kv_positions_bytes, 0u);
+  EXPECT_EQ(llama->scratch.visible_slots_bytes, 0u);
+  EXPECT_EQ(llama->rope_table_bytes, 4096u * 64 * 8);
 }
 
 TEST(VramPlanTest, RefusesAndSaysWhatFits) {

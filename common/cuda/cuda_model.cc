@@ -4,12 +4,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/cuda/cuda_status.h"
 #include "common/cuda/device_info.h"
 #include "common/io/ggml_type.h"
+#include "common/ops/activation.h"
 #include "common/ops/matmul.h"
 #include "common/quant/hadamard.h"
 #include "common/util/elapsed.h"
@@ -43,6 +45,38 @@ class Carver {
   uint64_t used_ = 0;
 };
 
+// The device forward reads the same config flags as LlamaModel::ForwardWith; a value it has no
+// kernel for is UNIMPLEMENTED (the drafter's --backend auto then runs the CPU backend).
+absl::Status CheckImplemented(const model::ModelConfig& config) {
+  const auto refuse = [&](const std::string& what) {
+    return absl::UnimplementedError(absl::StrCat("the CUDA backend has no kernel for ", what,
+                                                 " of this \"", config.architecture,
+                                                 "\" model (use --backend cpu)"));
+  };
+  switch (config.rope_style) {
+    case model::RopeStyle::kAdjacentPairs:
+    case model::RopeStyle::kHalves:
+      break;
+    default:
+      return refuse(absl::StrCat("RoPE style ", static_cast<int>(config.rope_style)));
+  }
+  switch (config.ffn_activation) {
+    case model::FfnActivation::kSilu:
+    case model::FfnActivation::kGeluTanh:
+      break;
+    default:
+      return refuse(absl::StrCat("FFN activation ", static_cast<int>(config.ffn_activation)));
+  }
+  if (config.sliding_window < 0 ||
+      (config.sliding_window > 0 &&
+       static_cast<int64_t>(config.layer_is_local.size()) != config.num_layers)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sliding window %d with %d local/global flags for %d layers",
+                        config.sliding_window, config.layer_is_local.size(), config.num_layers));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 kernels::DeviceMatrix DeviceMatrixOf(const quant::MatrixView& view, const uint8_t* data,
@@ -72,19 +106,31 @@ kernels::DeviceMatrix DeviceMatrixOf(const quant::MatrixView& view, const uint8_
 
 std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq_factors,
                              int64_t positions) {
+  return RopeTable(config, freq_factors, positions, config.rope_freq_base, config.rope_freq_scale);
+}
+
+std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq_factors,
+                             int64_t positions, float freq_base, float freq_scale) {
   const int64_t pairs = config.rope_dims / 2;
   std::vector<float> table(static_cast<size_t>(2 * positions * pairs));
-  const float theta_scale =
-      std::pow(config.rope_freq_base, -2.0f / static_cast<float>(config.rope_dims));
+  const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(config.rope_dims));
   for (int64_t position = 0; position < positions; ++position) {
     float theta = static_cast<float>(position);
     for (int64_t i = 0; i < pairs; ++i) {
       const float factor = freq_factors != nullptr ? freq_factors[i] : 1.0f;
-      const float angle = config.rope_freq_scale * (theta / factor);
+      const float angle = freq_scale * (theta / factor);
       table[static_cast<size_t>(position * pairs + i)] = std::cos(angle);
       table[static_cast<size_t>((positions + position) * pairs + i)] = std::sin(angle);
       theta *= theta_scale;
     }
+  }
+  return table;
+}
+
+std::vector<uint16_t> GeluTanhTable() {
+  std::vector<uint16_t> table(65536);
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    table[bits] = Fp32ToFp16(ops::GeluTanh(Fp16ToFp32(static_cast<uint16_t>(bits))));
   }
   return table;
 }
@@ -108,7 +154,7 @@ absl::Status DeviceKvCache::CommitSlots(std::span<const int32_t> pending_indices
                                                   count * sizeof(int32_t), cudaMemcpyHostToDevice,
                                                   model_->stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(
-        kernels::CommitSlots(keys_, values_, num_layers_, capacity_ * kv_dim_, kv_dim_,
+        kernels::CommitSlots(keys_, values_, positions_, num_layers_, capacity_ * kv_dim_, kv_dim_,
                              slots_.committed_length(), indices, count, model_->stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->stream_));
   }
@@ -135,6 +181,21 @@ absl::Status DeviceKvCache::CopyToHost(int64_t layer, int64_t first, int64_t cou
   return absl::OkStatus();
 }
 
+absl::Status DeviceKvCache::CopyPositionsToHost(int64_t first, int64_t count,
+                                                std::vector<int32_t>* positions) const {
+  if (positions_ == nullptr) {
+    return absl::FailedPreconditionError("this KV cache keeps no slot positions (no window)");
+  }
+  if (first < 0 || count < 0 || first + count > capacity_) {
+    return absl::InvalidArgumentError("KV slots out of range");
+  }
+  positions->resize(static_cast<size_t>(count));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpy(positions->data(), positions_ + first,
+                                           count * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
+}
+
 // ---- CudaModel: loading ----------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const model::SplitModelFiles& files,
@@ -147,17 +208,7 @@ absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(
     const model::ModelConfig& config, const model::EmbeddingAndNorms& embedding_and_norms,
     const model::SplitLinearWeights& base, const model::SplitQuantization& quantization,
     const CudaModelOptions& options) {
-  // The device forward implements the llama family's layer; the others (post-norms, QK-norm,
-  // biases, GeGLU, sliding windows, NEOX RoPE) run on the CPU backend.
-  const bool llama_layer = config.rope_style == model::RopeStyle::kAdjacentPairs &&
-                           config.ffn_activation == model::FfnActivation::kSilu &&
-                           config.embedding_scale == 1.0f && !config.qk_norm &&
-                           !config.post_norms && !config.qkv_bias && config.sliding_window == 0;
-  if (!llama_layer) {
-    return absl::UnimplementedError(
-        absl::StrCat("the CUDA backend runs llama-family models only; this model is \"",
-                     config.architecture, "\" (use --backend cpu)"));
-  }
+  BITSPLIT_RETURN_IF_ERROR(CheckImplemented(config));
   std::unique_ptr<CudaModel> model(new CudaModel());
   BITSPLIT_RETURN_IF_ERROR(model->Init(config, embedding_and_norms, base, quantization, options));
   return model;
@@ -311,27 +362,62 @@ absl::Status CudaModel::Init(const model::ModelConfig& config,
         table, embedding.data, embedding.rows * embedding.row_bytes, cudaMemcpyHostToDevice));
     embedding_ = table;
   }
+  // The per-layer vectors the family reads (LayerVectorSpecs: norms, post-norms, QK-norms,
+  // biases), one after another per layer, then the output norm.
   norms_ = constants.Take<float>(plan_.norms_bytes);
-  std::vector<float> norms(static_cast<size_t>(d * (2 * config.num_layers + 1)));
-  for (int64_t layer = 0; layer < config.num_layers; ++layer) {
-    const model::LayerNorms& layer_norms = embedding_and_norms.layers[static_cast<size_t>(layer)];
-    std::memcpy(norms.data() + (2 * layer) * d, layer_norms.attn_norm, d * sizeof(float));
-    std::memcpy(norms.data() + (2 * layer + 1) * d, layer_norms.ffn_norm, d * sizeof(float));
-  }
-  std::memcpy(norms.data() + 2 * config.num_layers * d, embedding_and_norms.output_norm,
-              d * sizeof(float));
-  BITSPLIT_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(norms_, norms.data(), norms.size() * sizeof(float), cudaMemcpyHostToDevice));
-  // RoPE: cos/sin for every position a session can hold, computed with ops::ApplyRope's own
-  // arithmetic (theta *= theta_scale in f32, std::cos/std::sin), so the device rotates exactly.
-  float* rope = constants.Take<float>(plan_.rope_table_bytes);
-  rope_cos_ = rope;
-  rope_sin_ = rope + options.context * pairs;
   {
-    const std::vector<float> table =
-        RopeTable(config, embedding_and_norms.rope_freq_factors, options.context);
+    const std::vector<model::LayerVectorSpec> specs = model::LayerVectorSpecs(config);
+    if (static_cast<int64_t>(embedding_and_norms.layers.size()) != config.num_layers ||
+        embedding_and_norms.output_norm == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the model has vectors for %d layers (and %s output norm); the config "
+          "has %d layers",
+          embedding_and_norms.layers.size(),
+          embedding_and_norms.output_norm == nullptr ? "no" : "an", config.num_layers));
+    }
+    std::vector<float> norms;
+    layer_vectors_.assign(static_cast<size_t>(config.num_layers), model::LayerNorms{});
+    for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+      const model::LayerNorms& host = embedding_and_norms.layers[static_cast<size_t>(layer)];
+      model::LayerNorms& device = layer_vectors_[static_cast<size_t>(layer)];
+      for (const model::LayerVectorSpec& spec : specs) {
+        const float* source = host.*spec.field;
+        if (source == nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("blk.", layer, ".", spec.tensor, " is missing"));
+        }
+        device.*spec.field = norms_ + norms.size();
+        norms.insert(norms.end(), source, source + spec.length);
+      }
+    }
+    output_norm_ = norms_ + norms.size();
+    norms.insert(norms.end(), embedding_and_norms.output_norm, embedding_and_norms.output_norm + d);
+    BITSPLIT_CHECK(norms.size() * sizeof(float) <= plan_.norms_bytes);
     BITSPLIT_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(rope, table.data(), table.size() * sizeof(float), cudaMemcpyHostToDevice));
+        cudaMemcpy(norms_, norms.data(), norms.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  // RoPE: cos/sin for every position a session can hold, computed with ops::ApplyRope's own
+  // arithmetic (theta *= theta_scale in f32, std::cos/std::sin), so the device rotates exactly:
+  // the global layers' base and scale, and with a sliding window also the local layers'.
+  {
+    const uint64_t table_bytes = AlignVram(options.context * pairs * 2 * sizeof(float));
+    const auto upload = [&](float freq_base, float freq_scale, float** cos_table,
+                            float** sin_table) -> absl::Status {
+      float* rope = constants.Take<float>(table_bytes);
+      *cos_table = rope;
+      *sin_table = rope + options.context * pairs;
+      const std::vector<float> table = RopeTable(config, embedding_and_norms.rope_freq_factors,
+                                                 options.context, freq_base, freq_scale);
+      BITSPLIT_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(rope, table.data(), table.size() * sizeof(float), cudaMemcpyHostToDevice));
+      return absl::OkStatus();
+    };
+    BITSPLIT_RETURN_IF_ERROR(
+        upload(config.rope_freq_base, config.rope_freq_scale, &rope_cos_, &rope_sin_));
+    if (config.sliding_window > 0) {
+      BITSPLIT_RETURN_IF_ERROR(
+          upload(config.rope_freq_base_local, 1.0f, &rope_local_cos_, &rope_local_sin_));
+    }
   }
   hadamard_masks_ = constants.Take<uint32_t>(plan_.hadamard_bytes);
   {
@@ -344,6 +430,12 @@ absl::Status CudaModel::Init(const model::ModelConfig& config,
     }
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpy(
         hadamard_masks_, masks.data(), masks.size() * sizeof(uint32_t), cudaMemcpyHostToDevice));
+  }
+  if (config.ffn_activation == model::FfnActivation::kGeluTanh) {
+    gelu_table_ = constants.Take<uint16_t>(plan_.activation_table_bytes);
+    const std::vector<uint16_t> table = GeluTanhTable();
+    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpy(
+        gelu_table_, table.data(), table.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
   }
   BITSPLIT_CHECK(constants.used() <= plan_.constants_slab_bytes);
 
@@ -374,6 +466,10 @@ absl::Status CudaModel::Init(const model::ModelConfig& config,
   d_.residual_output = scratch.Take<float>(s.residual_output_bytes);
   d_.logits = scratch.Take<float>(s.logits_bytes);
   d_.scores = scratch.Take<float>(s.scores_bytes);
+  if (s.visible_slots_bytes > 0) {
+    d_.visible_slots = scratch.Take<int32_t>(4 * t * static_cast<uint64_t>(options.context));
+    d_.visible_counts = scratch.Take<int32_t>(4 * t);
+  }
   d_.sampling = scratch.Take<double>(s.sampling_bytes);
   d_.top_ids = scratch.Take<int32_t>(t * 64 * 4);
   d_.top_logits = scratch.Take<float>(t * 64 * 4);
@@ -420,10 +516,14 @@ absl::StatusOr<std::unique_ptr<DeviceKvCache>> CudaModel::NewKvCache() {
   cache->capacity_ = options_.context;
   cache->slots_ = model::KvSlotLedger(options_.context);
   cache->keys_ = static_cast<uint16_t*>(cache->slab_);
-  cache->values_ =
-      cache->keys_ + AlignVram(static_cast<uint64_t>(config_.num_layers * options_.context *
-                                                     config_.kv_dim() * 2)) /
-                         2;
+  const uint64_t one_side = AlignVram(
+      static_cast<uint64_t>(config_.num_layers * options_.context * config_.kv_dim() * 2));
+  cache->values_ = cache->keys_ + one_side / 2;
+  if (plan_.kv_positions_bytes > 0) {
+    cache->positions_ =
+        reinterpret_cast<int32_t*>(static_cast<uint8_t*>(cache->slab_) + 2 * one_side);
+    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemset(cache->positions_, 0, plan_.kv_positions_bytes));
+  }
   return cache;
 }
 
@@ -730,6 +830,28 @@ absl::Status CudaModel::EnqueueForward(const model::Batch& batch, const ForwardS
                                                   n * c.d_model * sizeof(float),
                                                   cudaMemcpyHostToDevice, stream_));
   }
+  if (c.embedding_scale != 1.0f) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        kernels::ScaleInPlace(d_.x, n * c.d_model, c.embedding_scale, stream_));
+  }
+  if (c.sliding_window > 0) {
+    // The batch's positions go with its keys, and every row's window is listed once: the local
+    // layers all have the same window over the same slots.
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        kernels::StorePositions(d_.positions, n, cache.positions(), d_.step + 1, stream_));
+    kernels::VisibleSlotsArgs visible;
+    visible.mask = d_.mask;
+    visible.rows = n;
+    visible.prefix_length_on_device = d_.step;
+    visible.mask_width = width;
+    visible.window = c.sliding_window;
+    visible.query_positions = d_.positions;
+    visible.slot_positions = cache.positions();
+    visible.slots = d_.visible_slots;
+    visible.counts = d_.visible_counts;
+    visible.slot_stride = options_.context;
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::VisibleSlots(visible, stream_));
+  }
 
   kernels::AttentionArgs attention;
   attention.q = d_.q;
@@ -743,45 +865,89 @@ absl::Status CudaModel::EnqueueForward(const model::Batch& batch, const ForwardS
   attention.num_heads = c.num_heads;
   attention.num_kv_heads = c.num_kv_heads;
   attention.head_dim = c.head_dim;
-  attention.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  attention.scale = c.attention_scale;
+  const bool halves = c.rope_style == model::RopeStyle::kHalves;
 
+  // Each step as LlamaModel::ForwardWith takes it, in the same order.
   for (int32_t layer = 0; layer < c.num_layers; ++layer) {
-    const float* attn_norm = norms_ + (2 * layer) * c.d_model;
-    const float* ffn_norm = norms_ + (2 * layer + 1) * c.d_model;
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, nullptr, n, c.d_model, attn_norm,
+    const model::LayerNorms& vectors = layer_vectors_[static_cast<size_t>(layer)];
+    const bool local = c.IsLocalLayer(layer);
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, nullptr, n, c.d_model, vectors.attn_norm,
                                                    c.rms_norm_eps, d_.normed, stream_));
     float* const qkv[] = {d_.q, d_.k_new, d_.v_new};
     BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kQkv}, d_.normed, n, qkv, verify));
+    if (c.qkv_bias) {
+      BITSPLIT_CUDA_RETURN_IF_ERROR(
+          kernels::AddRowVector(d_.q, vectors.q_bias, n, c.q_dim(), stream_));
+      BITSPLIT_CUDA_RETURN_IF_ERROR(
+          kernels::AddRowVector(d_.k_new, vectors.k_bias, n, c.kv_dim(), stream_));
+      BITSPLIT_CUDA_RETURN_IF_ERROR(
+          kernels::AddRowVector(d_.v_new, vectors.v_bias, n, c.kv_dim(), stream_));
+    }
+    if (c.qk_norm) {  // each head normalized on its own, in place
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.q, nullptr, n * c.num_heads, c.head_dim,
+                                                     vectors.attn_q_norm, c.rms_norm_eps, d_.q,
+                                                     stream_));
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.k_new, nullptr, n * c.num_kv_heads,
+                                                     c.head_dim, vectors.attn_k_norm,
+                                                     c.rms_norm_eps, d_.k_new, stream_));
+    }
+    const float* rope_cos = local ? rope_local_cos_ : rope_cos_;
+    const float* rope_sin = local ? rope_local_sin_ : rope_sin_;
     BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(d_.q, n, c.num_heads, c.head_dim, c.rope_dims,
-                                                     d_.positions, rope_cos_, rope_sin_, stream_));
+                                                     d_.positions, rope_cos, rope_sin, halves,
+                                                     stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(d_.k_new, n, c.num_kv_heads, c.head_dim,
-                                                     c.rope_dims, d_.positions, rope_cos_,
-                                                     rope_sin_, stream_));
+                                                     c.rope_dims, d_.positions, rope_cos, rope_sin,
+                                                     halves, stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(
         kernels::StoreHalf(d_.k_new, n, c.kv_dim(), cache.keys(layer), d_.step + 1, stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(
         kernels::StoreHalf(d_.v_new, n, c.kv_dim(), cache.values(layer), d_.step + 1, stream_));
     attention.keys = cache.keys(layer);
     attention.values = cache.values(layer);
+    // A local layer sees the window's slots (listed above), a global one the mask's.
+    attention.visible_slots = local ? d_.visible_slots : nullptr;
+    attention.visible_counts = local ? d_.visible_counts : nullptr;
+    attention.visible_stride = local ? options_.context : 0;
     BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::Attention(attention, stream_));
     float* const projected[] = {d_.projected};
     BITSPLIT_RETURN_IF_ERROR(
         Linear({layer, LinearGroup::kAttnOutput}, d_.attention, n, projected, verify));
+    if (c.post_norms) {
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.projected, nullptr, n, c.d_model,
+                                                     vectors.attn_post_norm, c.rms_norm_eps,
+                                                     d_.projected, stream_));
+    }
     BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::AddInPlace(d_.x, d_.projected, n * c.d_model, stream_));
 
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, nullptr, n, c.d_model, ffn_norm,
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, nullptr, n, c.d_model, vectors.ffn_norm,
                                                    c.rms_norm_eps, d_.normed, stream_));
     float* const gate_up[] = {d_.gate, d_.up};
     BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kGateUp}, d_.normed, n, gate_up, verify));
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::SiluMul(d_.gate, d_.up, n * c.d_ff, d_.gate, stream_));
+    switch (c.ffn_activation) {
+      case model::FfnActivation::kSilu:
+        BITSPLIT_CUDA_RETURN_IF_ERROR(
+            kernels::SiluMul(d_.gate, d_.up, n * c.d_ff, d_.gate, stream_));
+        break;
+      case model::FfnActivation::kGeluTanh:
+        BITSPLIT_CUDA_RETURN_IF_ERROR(
+            kernels::GeluTanhMul(d_.gate, d_.up, n * c.d_ff, gelu_table_, d_.gate, stream_));
+        break;
+    }
     BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kDown}, d_.gate, n, projected, verify));
+    if (c.post_norms) {
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.projected, nullptr, n, c.d_model,
+                                                     vectors.ffn_post_norm, c.rms_norm_eps,
+                                                     d_.projected, stream_));
+    }
     BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::AddInPlace(d_.x, d_.projected, n * c.d_model, stream_));
   }
 
   // Output head, for the selected rows (in the order asked, repeats allowed).
-  BITSPLIT_CUDA_RETURN_IF_ERROR(
-      kernels::RmsNorm(d_.x, shape.selects_rows ? d_.logit_rows : nullptr, logit_rows, c.d_model,
-                       norms_ + 2 * c.num_layers * c.d_model, c.rms_norm_eps, d_.normed, stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, shape.selects_rows ? d_.logit_rows : nullptr,
+                                                 logit_rows, c.d_model, output_norm_,
+                                                 c.rms_norm_eps, d_.normed, stream_));
   float* const head[] = {d_.logits};
   BITSPLIT_RETURN_IF_ERROR(Linear(LinearGroupId::Head(), d_.normed, logit_rows, head, verify));
 

@@ -68,12 +68,21 @@ kernels::DeviceMatrix DeviceMatrixOf(const quant::MatrixView& view, const uint8_
 
 // cos and sin of every RoPE pair for positions [0, positions): [positions][rope_dims / 2] cos,
 // then the same for sin, computed with ops::ApplyRope's own arithmetic (theta *= theta_scale in
-// f32, std::cos / std::sin), so the device rotates exactly as the CPU does.
+// f32, std::cos / std::sin), so the device rotates exactly as the CPU does. With `freq_base` and
+// `freq_scale` (a layer's RopeFreqBase / RopeFreqScale), else the config's global ones.
+std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq_factors,
+                             int64_t positions, float freq_base, float freq_scale);
 std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq_factors,
                              int64_t positions);
 
+// fp16(ops::GeluTanh(x)) at every fp16 value x (index = x's bits), as fp16 bits: the table
+// ops::GeluTanhMul looks up, for kernels::GeluTanhMul.
+std::vector<uint16_t> GeluTanhTable();
+
 // One session's KV cache in device memory, fp16, [layer][slot][kv_dim] for keys and values, with
-// model::KvCache's committed / pending bookkeeping and errors. Must not outlive its CudaModel.
+// model::KvCache's committed / pending bookkeeping and errors; for a sliding-window model also
+// each slot's position (int32 [capacity], as KvCache::positions: what the window compares).
+// Must not outlive its CudaModel.
 class DeviceKvCache {
  public:
   ~DeviceKvCache();
@@ -87,6 +96,8 @@ class DeviceKvCache {
   int64_t pending_length() const { return slots_.pending_length(); }
   uint16_t* keys(int64_t layer) const { return keys_ + layer * capacity_ * kv_dim_; }
   uint16_t* values(int64_t layer) const { return values_ + layer * capacity_ * kv_dim_; }
+  // Device memory; null unless the model has a sliding window.
+  int32_t* positions() const { return positions_; }
 
   absl::Status BeginPending(int64_t count) { return slots_.BeginPending(count); }
   absl::Status Commit(int64_t count) { return slots_.Commit(count); }
@@ -101,6 +112,9 @@ class DeviceKvCache {
   // tests).
   absl::Status CopyToHost(int64_t layer, int64_t first, int64_t count, std::vector<float>* keys,
                           std::vector<float>* values) const;
+  // The positions of slots [first, first + count) (for tests; FAILED_PRECONDITION without).
+  absl::Status CopyPositionsToHost(int64_t first, int64_t count,
+                                   std::vector<int32_t>* positions) const;
 
  private:
   friend class CudaModel;
@@ -110,6 +124,7 @@ class DeviceKvCache {
   void* slab_ = nullptr;
   uint16_t* keys_ = nullptr;
   uint16_t* values_ = nullptr;
+  int32_t* positions_ = nullptr;
   int64_t num_layers_ = 0;
   int64_t kv_dim_ = 0;
   int64_t capacity_ = 0;
@@ -264,10 +279,16 @@ class CudaModel {
   model::EmbeddingAndNorms host_embedding_;  // for the host gather of other types
   int32_t embedding_type_ = 0;
   int64_t embedding_row_bytes_ = 0;
-  float* norms_ = nullptr;  // [layer][attn, ffn][d_model], then the output norm
-  float* rope_cos_ = nullptr;
+  // The per-layer vectors (LayerVectorSpecs, one after another per layer) and the output norm.
+  float* norms_ = nullptr;
+  std::vector<model::LayerNorms> layer_vectors_;  // device addresses inside norms_
+  const float* output_norm_ = nullptr;
+  float* rope_cos_ = nullptr;  // the global layers' table
   float* rope_sin_ = nullptr;
+  float* rope_local_cos_ = nullptr;  // the local layers' (sliding-window models only)
+  float* rope_local_sin_ = nullptr;
   uint32_t* hadamard_masks_ = nullptr;
+  uint16_t* gelu_table_ = nullptr;  // GeGLU models only
 
   struct Scratch {
     int32_t* tokens;
@@ -290,6 +311,8 @@ class CudaModel {
     float* residual_output;
     float* logits;
     float* scores;
+    int32_t* visible_slots;   // sliding-window models only
+    int32_t* visible_counts;  // sliding-window models only
     double* sampling;
     int32_t* top_ids;
     float* top_logits;

@@ -10,10 +10,12 @@
 // where a kernel says so (__fmaf_rn), as on the CPU. Where a kernel mirrors a CPU operation's
 // arithmetic exactly it says so, and the tests check those bit for bit:
 //   exact:   Hadamard rotation, activation quantization, split matmul (MatMulReference's
-//            sequence), embedding gather, RoPE (from a host-computed table), residual adds,
-//            attention scores (simd::Dot's lane order), argmax, top-k ids
-//   close:   RMSNorm and the attention softmax sum (double sums in a fixed tree instead of
-//            index order), expf in SiLU / softmax (CUDA's expf vs glibc's: <= 2 ulp apart)
+//            sequence), embedding gather and scale, RoPE (both pairings, from a host-computed
+//            table), residual and bias adds, GeGLU (from a host-computed fp16 table), attention
+//            scores (simd::Dot's lane order), the sliding window's slot lists, argmax, top-k ids
+//   close:   RMSNorm (also per head for QK-norm, and the post-norms) and the attention softmax
+//            sum (double sums in a fixed tree instead of index order), expf in SiLU / softmax
+//            (CUDA's expf vs glibc's: <= 2 ulp apart)
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -100,10 +102,19 @@ cudaError_t RmsNorm(const float* x, const int32_t* source_rows, int64_t rows, in
                     const float* weight, float eps, float* out, cudaStream_t stream);
 
 // ops::ApplyRope with cos/sin from a table [positions][rotary_dims / 2] that the host computed
-// with ApplyRope's own arithmetic: x is [rows][heads][head_dim], row t at positions[t].
+// with ApplyRope's own arithmetic: x is [rows][heads][head_dim], row t at positions[t]. Pair i is
+// (x[2i], x[2i + 1]) (RopeStyle::kAdjacentPairs), or (x[i], x[i + rotary_dims / 2]) when
+// `halves` (RopeStyle::kHalves, NEOX).
 cudaError_t ApplyRope(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t rotary_dims,
                       const int32_t* positions, const float* cos_table, const float* sin_table,
-                      cudaStream_t stream);
+                      bool halves, cudaStream_t stream);
+
+// x[r * n + i] = x[r * n + i] + vector[i] for rows r < rows (one f32 addition: the q/k/v biases).
+cudaError_t AddRowVector(float* x, const float* vector, int64_t rows, int64_t n,
+                         cudaStream_t stream);
+
+// x[i] = x[i] * scale (one f32 multiply: the embedding scale).
+cudaError_t ScaleInPlace(float* x, int64_t n, float scale, cudaStream_t stream);
 
 // cache[(*first_slot + t) * kv_dim + i] = half(x[t * kv_dim + i]) (round to nearest even). The
 // slot is read from device memory when the kernel runs, so a captured CUDA graph serves every
@@ -111,10 +122,36 @@ cudaError_t ApplyRope(float* x, int64_t rows, int64_t heads, int64_t head_dim, i
 cudaError_t StoreHalf(const float* x, int64_t rows, int64_t kv_dim, uint16_t* cache,
                       const int64_t* first_slot, cudaStream_t stream);
 
+// slot_positions[*first_slot + t] = positions[t] (the KV cache's per-slot positions, which
+// sliding-window layers compare; the slot is read when the kernel runs, as in StoreHalf).
+cudaError_t StorePositions(const int32_t* positions, int64_t rows, int32_t* slot_positions,
+                           const int64_t* first_slot, cudaStream_t stream);
+
+// The slots a row of a sliding-window layer sees, as ops::AttentionWithContext lists them: the
+// prefix slots [0, prefix_length), then slot prefix_length + j for every j < mask_width with
+// mask[i * mask_width + j] != 0, in ascending order, keeping those whose position p satisfies
+// query_positions[i] - p < window (window 0: all). slots[i * slot_stride + v] is row i's v-th
+// visible slot, counts[i] how many there are.
+struct VisibleSlotsArgs {
+  const uint8_t* mask = nullptr;  // [rows][mask_width]
+  int64_t rows = 0;
+  int64_t prefix_length = 0;
+  const int64_t* prefix_length_on_device = nullptr;  // as in AttentionArgs
+  int64_t mask_width = 0;
+  int64_t window = 0;
+  const int32_t* query_positions = nullptr;  // [rows]
+  const int32_t* slot_positions = nullptr;   // [prefix_length + mask_width]: the cache's
+  int32_t* slots = nullptr;                  // [rows][slot_stride]
+  int32_t* counts = nullptr;                 // [rows]
+  int64_t slot_stride = 0;                   // >= prefix_length + mask_width
+};
+cudaError_t VisibleSlots(const VisibleSlotsArgs& args, cudaStream_t stream);
+
 // The attention of ops::AttentionWithContext over an fp16 cache: token i sees slots
 // [0, prefix_length) and slot prefix_length + j for every j < mask_width with
-// mask[i * mask_width + j] != 0, in ascending order. `scores` is scratch of
-// [rows][num_heads][score_stride] floats (score_stride >= the visible count of every row).
+// mask[i * mask_width + j] != 0, in ascending order; or, when visible_slots is set, the slots
+// VisibleSlots listed (a sliding window). `scores` is scratch of [rows][num_heads][score_stride]
+// floats (score_stride >= the visible count of every row).
 struct AttentionArgs {
   const float* q = nullptr;        // [rows][num_heads * head_dim]
   const uint16_t* keys = nullptr;  // one layer: [slots][num_kv_heads * head_dim] fp16
@@ -133,18 +170,29 @@ struct AttentionArgs {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   float scale = 1.0f;
+  // VisibleSlots' output (slots, counts, slot_stride); null: the mask and prefix above.
+  const int32_t* visible_slots = nullptr;
+  const int32_t* visible_counts = nullptr;
+  int64_t visible_stride = 0;
 };
 cudaError_t Attention(const AttentionArgs& args, cudaStream_t stream);
 
 // out[i] = gate[i] / (1 + expf(-gate[i])) * up[i] (ops::SiluMul's formula); out may alias gate.
 cudaError_t SiluMul(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
 
+// ops::GeluTanhMul: out[i] = gelu(gate[i]) * up[i] with gelu(g) = 0 for g <= -10, g for g >= 10,
+// else the fp16 value gelu_table[fp16(g)] (round to nearest even), gelu_table being the host's
+// fp16(ops::GeluTanh(x)) at every fp16 x (GeluTanhTable). out may alias gate.
+cudaError_t GeluTanhMul(const float* gate, const float* up, int64_t n, const uint16_t* gelu_table,
+                        float* out, cudaStream_t stream);
+
 // KvCache::CommitSlots on the device: for i in order, slot committed + i = slot committed +
-// pending_indices[i] in keys and values of every layer (`layer_stride` elements apart). The
-// indices are strictly ascending, so the in-order copies never read an overwritten slot.
-cudaError_t CommitSlots(uint16_t* keys, uint16_t* values, int64_t layers, int64_t layer_stride,
-                        int64_t kv_dim, int64_t committed, const int32_t* pending_indices,
-                        int64_t count, cudaStream_t stream);
+// pending_indices[i] in keys and values of every layer (`layer_stride` elements apart), and in
+// `positions` ([slots], may be null). The indices are strictly ascending, so the in-order copies
+// never read an overwritten slot.
+cudaError_t CommitSlots(uint16_t* keys, uint16_t* values, int32_t* positions, int64_t layers,
+                        int64_t layer_stride, int64_t kv_dim, int64_t committed,
+                        const int32_t* pending_indices, int64_t count, cudaStream_t stream);
 
 // ---- Target choice ---------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
-// The non-linear parts of a llama layer on the device: embedding gather, RMSNorm, RoPE, the
-// fp16 KV store, tree-masked attention, SiLU·mul and the KV commit (see kernels.h for which
-// are bit-exact with the CPU ops).
+// The non-linear parts of a layer on the device: embedding gather and scale, RMSNorm, RoPE (both
+// pairings), bias adds, the fp16 KV store and slot positions, sliding-window slot lists,
+// tree-masked attention, SiLU·mul, GeGLU and the KV commit (see kernels.h for which are
+// bit-exact with the CPU ops).
 #include <cuda_fp16.h>
 
 #include "common/cuda/kernels.h"
@@ -82,9 +83,11 @@ __global__ void __launch_bounds__(kNormThreads)
   }
 }
 
+// Pair i is (head[first(i)], head[first(i) + partner]): first = 2i, partner 1 for adjacent
+// pairs; first = i, partner = pairs for halves (ops::ApplyRope's indexing).
 __global__ void RopeKernel(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t pairs,
-                           const int32_t* positions, const float* cos_table,
-                           const float* sin_table) {
+                           const int32_t* positions, const float* cos_table, const float* sin_table,
+                           bool halves) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * heads * pairs) return;
   const int64_t pair = i % pairs;
@@ -92,16 +95,71 @@ __global__ void RopeKernel(float* x, int64_t rows, int64_t heads, int64_t head_d
   const int64_t t = i / (pairs * heads);
   const int64_t table = static_cast<int64_t>(positions[t]) * pairs + pair;
   const float c = cos_table[table], s = sin_table[table];
-  float* v = x + (t * heads + head) * head_dim + 2 * pair;
-  const float x0 = v[0], x1 = v[1];
+  const int64_t partner = halves ? pairs : 1;
+  float* v = x + (t * heads + head) * head_dim + (halves ? pair : 2 * pair);
+  const float x0 = v[0], x1 = v[partner];
   v[0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-  v[1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+  v[partner] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+__global__ void AddRowVectorKernel(float* x, const float* vector, int64_t rows, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < rows * n) x[i] = __fadd_rn(x[i], vector[i % n]);
+}
+
+__global__ void ScaleKernel(float* x, int64_t n, float scale) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = __fmul_rn(x[i], scale);
 }
 
 __global__ void StoreHalfKernel(const float* x, int64_t n, int64_t kv_dim, uint16_t* cache,
                                 const int64_t* first_slot) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) cache[*first_slot * kv_dim + i] = __half_as_ushort(__float2half_rn(x[i]));
+}
+
+__global__ void StorePositionsKernel(const int32_t* positions, int64_t rows,
+                                     int32_t* slot_positions, const int64_t* first_slot) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < rows) slot_positions[*first_slot + i] = positions[i];
+}
+
+// One CUDA block per row: the candidates (prefix slots, then the masked-in batch columns) in
+// chunks of kSlotThreads, each chunk's visible ones appended in order (warp ballots, then the
+// warps' counts in warp order), so the list is ascending and independent of the grid.
+constexpr int kSlotThreads = 256;
+__global__ void __launch_bounds__(kSlotThreads) VisibleSlotsKernel(VisibleSlotsArgs a) {
+  __shared__ int warp_counts[kSlotThreads / 32];
+  __shared__ int chunk_base;
+  const int64_t row = blockIdx.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t prefix_length =
+      a.prefix_length_on_device != nullptr ? *a.prefix_length_on_device : a.prefix_length;
+  const int64_t candidates = prefix_length + a.mask_width;
+  const int64_t query_position = a.window > 0 ? a.query_positions[row] : 0;
+  int32_t* slots = a.slots + row * a.slot_stride;
+  if (threadIdx.x == 0) chunk_base = 0;
+  __syncthreads();
+  for (int64_t start = 0; start < candidates; start += kSlotThreads) {
+    const int64_t c = start + threadIdx.x;
+    bool visible = false;
+    if (c < candidates) {
+      visible = c < prefix_length || a.mask[row * a.mask_width + (c - prefix_length)] != 0;
+      visible = visible && (a.window == 0 ||
+                            query_position - static_cast<int64_t>(a.slot_positions[c]) < a.window);
+    }
+    const unsigned ballot = __ballot_sync(0xFFFFFFFFu, visible);
+    if (lane == 0) warp_counts[warp] = __popc(ballot);
+    __syncthreads();
+    int offset = chunk_base;
+    for (int w = 0; w < warp; ++w) offset += warp_counts[w];
+    offset += __popc(ballot & ((1u << lane) - 1u));
+    if (visible) slots[offset] = static_cast<int32_t>(c);
+    __syncthreads();
+    if (threadIdx.x == kSlotThreads - 1) chunk_base = offset + (visible ? 1 : 0);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) a.counts[row] = chunk_base;
 }
 
 // simd::Dot's order: lane l accumulates k = l, l + 8, ... with one fma each (missing tail lanes
@@ -139,7 +197,8 @@ __global__ void __launch_bounds__(kAttentionThreads) AttentionKernel(AttentionAr
   for (int64_t d = threadIdx.x; d < a.head_dim; d += kAttentionThreads) {
     query[d] = a.q[row * q_dim + head * a.head_dim + d];
   }
-  if (threadIdx.x == 0) {
+  const bool listed = a.visible_slots != nullptr;
+  if (threadIdx.x == 0 && !listed) {
     int count = 0;
     for (int64_t j = 0; j < a.mask_width; ++j) {
       if (a.mask[row * a.mask_width + j] != 0) columns[count++] = static_cast<int>(j);
@@ -149,9 +208,11 @@ __global__ void __launch_bounds__(kAttentionThreads) AttentionKernel(AttentionAr
   __syncthreads();
   const int64_t prefix_length =
       a.prefix_length_on_device != nullptr ? *a.prefix_length_on_device : a.prefix_length;
-  const int64_t visible = prefix_length + masked_count;
+  const int32_t* list = listed ? a.visible_slots + row * a.visible_stride : nullptr;
+  const int64_t visible = listed ? a.visible_counts[row] : prefix_length + masked_count;
   float* scores = a.scores + (row * a.num_heads + head) * a.score_stride;
-  auto slot_of = [&](int64_t v) {
+  auto slot_of = [&](int64_t v) -> int64_t {
+    if (listed) return list[v];
     return v < prefix_length ? v : prefix_length + columns[v - prefix_length];
   };
 
@@ -190,12 +251,39 @@ __global__ void SiluMulKernel(const float* gate, const float* up, int64_t n, flo
   out[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
 }
 
-// One thread per (layer, keys or values, element): the slot copies in order.
-__global__ void CommitSlotsKernel(uint16_t* keys, uint16_t* values, int64_t layers,
-                                  int64_t layer_stride, int64_t kv_dim, int64_t committed,
-                                  const int32_t* pending_indices, int64_t count) {
+// gelu_table holds fp16 bits; ops::GeluTanhMul's branches and lookup, then one f32 multiply.
+__global__ void GeluTanhMulKernel(const float* gate, const float* up, int64_t n,
+                                  const uint16_t* gelu_table, float* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= layers * 2 * kv_dim) return;
+  if (i >= n) return;
+  const float g = gate[i];
+  float gelu;
+  if (g <= -10.0f) {
+    gelu = 0.0f;
+  } else if (g >= 10.0f) {
+    gelu = g;
+  } else {
+    gelu = HalfBitsToFloat(gelu_table[__half_as_ushort(__float2half_rn(g))]);
+  }
+  out[i] = __fmul_rn(gelu, up[i]);
+}
+
+// One thread per (layer, keys or values, element), plus one for the positions: the slot copies
+// in order.
+__global__ void CommitSlotsKernel(uint16_t* keys, uint16_t* values, int32_t* positions,
+                                  int64_t layers, int64_t layer_stride, int64_t kv_dim,
+                                  int64_t committed, const int32_t* pending_indices,
+                                  int64_t count) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i == layers * 2 * kv_dim) {
+    if (positions != nullptr) {
+      for (int64_t j = 0; j < count; ++j) {
+        positions[committed + j] = positions[committed + pending_indices[j]];
+      }
+    }
+    return;
+  }
+  if (i > layers * 2 * kv_dim) return;
   const int64_t element = i % kv_dim;
   const int64_t side = (i / kv_dim) % 2;
   const int64_t layer = i / (2 * kv_dim);
@@ -232,11 +320,25 @@ cudaError_t RmsNorm(const float* x, const int32_t* source_rows, int64_t rows, in
 
 cudaError_t ApplyRope(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t rotary_dims,
                       const int32_t* positions, const float* cos_table, const float* sin_table,
-                      cudaStream_t stream) {
+                      bool halves, cudaStream_t stream) {
   const int64_t pairs = rotary_dims / 2;
+  if (rotary_dims % 2 != 0 || rotary_dims > head_dim) return cudaErrorInvalidValue;
   if (rows * heads * pairs == 0) return cudaSuccess;
   RopeKernel<<<Blocks(rows * heads * pairs, 256), 256, 0, stream>>>(
-      x, rows, heads, head_dim, pairs, positions, cos_table, sin_table);
+      x, rows, heads, head_dim, pairs, positions, cos_table, sin_table, halves);
+  return cudaGetLastError();
+}
+
+cudaError_t AddRowVector(float* x, const float* vector, int64_t rows, int64_t n,
+                         cudaStream_t stream) {
+  if (rows * n == 0) return cudaSuccess;
+  AddRowVectorKernel<<<Blocks(rows * n, 256), 256, 0, stream>>>(x, vector, rows, n);
+  return cudaGetLastError();
+}
+
+cudaError_t ScaleInPlace(float* x, int64_t n, float scale, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  ScaleKernel<<<Blocks(n, 256), 256, 0, stream>>>(x, n, scale);
   return cudaGetLastError();
 }
 
@@ -245,6 +347,24 @@ cudaError_t StoreHalf(const float* x, int64_t rows, int64_t kv_dim, uint16_t* ca
   if (rows * kv_dim == 0) return cudaSuccess;
   StoreHalfKernel<<<Blocks(rows * kv_dim, 256), 256, 0, stream>>>(x, rows * kv_dim, kv_dim, cache,
                                                                   first_slot);
+  return cudaGetLastError();
+}
+
+cudaError_t StorePositions(const int32_t* positions, int64_t rows, int32_t* slot_positions,
+                           const int64_t* first_slot, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  StorePositionsKernel<<<Blocks(rows, 256), 256, 0, stream>>>(positions, rows, slot_positions,
+                                                              first_slot);
+  return cudaGetLastError();
+}
+
+cudaError_t VisibleSlots(const VisibleSlotsArgs& args, cudaStream_t stream) {
+  if (args.rows == 0) return cudaSuccess;
+  if (args.window < 0 || args.slots == nullptr || args.counts == nullptr ||
+      (args.window > 0 && (args.query_positions == nullptr || args.slot_positions == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  VisibleSlotsKernel<<<static_cast<unsigned>(args.rows), kSlotThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 
@@ -267,12 +387,20 @@ cudaError_t SiluMul(const float* gate, const float* up, int64_t n, float* out,
   return cudaGetLastError();
 }
 
-cudaError_t CommitSlots(uint16_t* keys, uint16_t* values, int64_t layers, int64_t layer_stride,
-                        int64_t kv_dim, int64_t committed, const int32_t* pending_indices,
-                        int64_t count, cudaStream_t stream) {
+cudaError_t GeluTanhMul(const float* gate, const float* up, int64_t n, const uint16_t* gelu_table,
+                        float* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (gelu_table == nullptr) return cudaErrorInvalidValue;
+  GeluTanhMulKernel<<<Blocks(n, 256), 256, 0, stream>>>(gate, up, n, gelu_table, out);
+  return cudaGetLastError();
+}
+
+cudaError_t CommitSlots(uint16_t* keys, uint16_t* values, int32_t* positions, int64_t layers,
+                        int64_t layer_stride, int64_t kv_dim, int64_t committed,
+                        const int32_t* pending_indices, int64_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  CommitSlotsKernel<<<Blocks(layers * 2 * kv_dim, 256), 256, 0, stream>>>(
-      keys, values, layers, layer_stride, kv_dim, committed, pending_indices, count);
+  CommitSlotsKernel<<<Blocks(layers * 2 * kv_dim + 1, 256), 256, 0, stream>>>(
+      keys, values, positions, layers, layer_stride, kv_dim, committed, pending_indices, count);
   return cudaGetLastError();
 }
 

@@ -77,14 +77,21 @@ VramPlan Compute(const VramRequest& r, uint64_t base_bytes) {
   uint64_t layer_vector_floats = 0;  // norms and biases of one layer (LayerVectorSpecs)
   for (const LayerVectorSpec& spec : LayerVectorSpecs(c)) layer_vector_floats += U(spec.length);
   plan.norms_bytes = AlignVram(4 * (layer_vector_floats * U(c.num_layers) + U(c.d_model)));
-  plan.rope_table_bytes = AlignVram(U(r.context) * U(c.rope_dims / 2) * 2 * 4);
+  // One cos/sin table per RoPE base: the global layers', and the local layers' when windowed.
+  const uint64_t rope_tables = c.sliding_window > 0 ? 2 : 1;
+  plan.rope_table_bytes = rope_tables * AlignVram(U(r.context) * U(c.rope_dims / 2) * 2 * 4);
   plan.hadamard_bytes = AlignVram(4 * U(WidestInput(c)));
-  plan.constants_slab_bytes = RoundVramSlab(plan.embedding_bytes + plan.norms_bytes +
-                                            plan.rope_table_bytes + plan.hadamard_bytes);
+  if (c.ffn_activation == FfnActivation::kGeluTanh) {
+    plan.activation_table_bytes = AlignVram(65536 * 2);
+  }
+  plan.constants_slab_bytes =
+      RoundVramSlab(plan.embedding_bytes + plan.norms_bytes + plan.rope_table_bytes +
+                    plan.hadamard_bytes + plan.activation_table_bytes);
   plan.kv_bytes_per_token = 2 * U(c.num_layers) * U(c.kv_dim()) * U(r.kv_element_bytes);
   const uint64_t one_side =
       AlignVram(U(c.num_layers) * U(r.context) * U(c.kv_dim()) * U(r.kv_element_bytes));
-  plan.kv_bytes_per_session = RoundVramSlab(2 * one_side);
+  if (c.sliding_window > 0) plan.kv_positions_bytes = AlignVram(4 * U(r.context));
+  plan.kv_bytes_per_session = RoundVramSlab(2 * one_side + plan.kv_positions_bytes);
   plan.kv_cache_bytes = plan.kv_bytes_per_session * U(r.sessions);
   plan.scratch = ForwardScratchLayout::For(c, r.max_batch_rows, r.context);
   plan.scratch_slab_bytes = RoundVramSlab(plan.scratch.total_bytes);
@@ -171,13 +178,15 @@ ForwardScratchLayout ForwardScratchLayout::For(const ModelConfig& c, int64_t max
   s.residual_output_bytes = AlignVram(4 * t * U(WidestOutput(c)));
   s.logits_bytes = AlignVram(4 * t * U(c.vocab_size));
   s.scores_bytes = AlignVram(4 * t * U(c.num_heads) * U(max_context));
+  if (c.sliding_window > 0)
+    s.visible_slots_bytes = AlignVram(4 * t * U(max_context)) + AlignVram(4 * t);
   s.sampling_bytes = AlignVram(8 * t * U(c.vocab_size));
   s.choice_bytes =
       2 * AlignVram(t * 64 * 4) + AlignVram(8 * t) + AlignVram(4 * t) + AlignVram(8 * t);
   s.total_bytes = s.batch_bytes + s.residual_stream_bytes + s.normed_bytes + s.q_bytes +
                   s.kv_new_bytes + s.attention_bytes + s.gate_up_bytes + s.projected_bytes +
                   s.rotated_bytes + s.activation_bytes + s.residual_output_bytes + s.logits_bytes +
-                  s.scores_bytes + s.sampling_bytes + s.choice_bytes;
+                  s.scores_bytes + s.visible_slots_bytes + s.sampling_bytes + s.choice_bytes;
   return s;
 }
 

@@ -58,7 +58,10 @@ struct ForwardScratchLayout {
   uint64_t residual_output_bytes = 0;  // f32 [T, widest group output]: the residual's result
   uint64_t logits_bytes = 0;           // f32 [T, vocab]
   uint64_t scores_bytes = 0;           // attention scores f32 [T, heads, max_context]
-  uint64_t sampling_bytes = 0;         // f64 [T, vocab]: target-choice weights
+  // Sliding-window models only (0 otherwise): each row's visible slots of a windowed layer,
+  // i32 [T, max_context], and their counts, i32 [T].
+  uint64_t visible_slots_bytes = 0;
+  uint64_t sampling_bytes = 0;  // f64 [T, vocab]: target-choice weights
   // Per-row results: top-k ids i32 [T, 64], their logits f32 [T, 64], log-normalizers f64 [T],
   // choices i32 [T], sampling positions i64 [T].
   uint64_t choice_bytes = 0;
@@ -91,11 +94,14 @@ struct VramPlan {
   uint64_t base_weights_bytes = 0;  // one slab
   // Embedding table, norms, RoPE table and Hadamard signs: one slab.
   uint64_t embedding_bytes = 0;
-  uint64_t norms_bytes = 0;
-  uint64_t rope_table_bytes = 0;
+  uint64_t norms_bytes = 0;       // every per-layer vector (LayerVectorSpecs) and the output norm
+  uint64_t rope_table_bytes = 0;  // cos/sin per position; twice that with local (windowed) layers
   uint64_t hadamard_bytes = 0;
+  uint64_t activation_table_bytes = 0;  // GeGLU: the fp16 GELU of every fp16 value (else 0)
   uint64_t constants_slab_bytes = 0;
-  uint64_t kv_bytes_per_token = 0;    // one session, all layers, keys and values
+  uint64_t kv_bytes_per_token = 0;  // one session, all layers, keys and values
+  // Sliding-window models: each slot's position, i32 [context] per session (else 0).
+  uint64_t kv_positions_bytes = 0;
   uint64_t kv_bytes_per_session = 0;  // one slab per session
   uint64_t kv_cache_bytes = 0;        // all sessions
   ForwardScratchLayout scratch;       // one slab
