@@ -200,8 +200,8 @@ TEST(GenerateCommandTest, RejectsBadArgumentsAndFilesWithOneLine) {
   ExpectOneLineBadInput(Bitsplit({"generate", "--model", not_gguf, "-p", "hi"}), "bad magic");
   // A vocabulary-only GGUF (the qwen2 tokenizer file setup.sh derives) has no weights to run.
   ExpectOneLineBadInput(
-      Bitsplit({"generate", "--model",
-                testing::ModelPath("DeepSeek-R1-Distill-Qwen-7B.vocab.gguf"), "-p", "hi"}),
+      Bitsplit({"generate", "--model", testing::ModelPath("DeepSeek-R1-Distill-Qwen-7B.vocab.gguf"),
+                "-p", "hi"}),
       "token_embd.weight");
   ExpectOneLineBadInput(Bitsplit({"frobnicate"}), "bitsplit: error");
 }
