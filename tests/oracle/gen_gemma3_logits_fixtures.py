@@ -26,7 +26,7 @@ import numpy as np
 from llama_cpp import Llama
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_logits_fixtures import CACHE, ROOT, make_f32_copy, top_k_record  # noqa: E402
+from gen_logits_fixtures import CACHE, ROOT, make_f32_copy, run  # noqa: E402
 
 MODEL = ROOT / "models" / "gemma-3-270m-q4_k_m.gguf"
 F32_COPY = CACHE / "oracle" / "gemma-3-270m.F32.gguf"
@@ -50,20 +50,6 @@ def render_gemma_chat(llm: Llama, messages) -> str:
     return buf.raw[:n].decode("utf-8")
 
 
-def run(llm: Llama, tokens):
-    llm.reset()
-    llm.eval(tokens)
-    generated = []
-    for step in range(CONTINUATION):
-        next_id = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        generated.append(next_id)
-        if step + 1 < CONTINUATION:
-            llm.eval([next_id])
-    rng = np.random.default_rng(20261201)
-    n = len(tokens) + CONTINUATION - 1
-    return generated, [top_k_record(llm.scores[p], TOP_K, TAIL_SAMPLES, rng) for p in range(n)]
-
-
 def main() -> int:
     make_f32_copy(MODEL, F32_COPY)
     prompts = json.loads((ROOT / "tests/oracle/gemma3_logit_prompts.json").read_text())
@@ -77,7 +63,8 @@ def main() -> int:
             text = prompt["text"]
         tokens = [llm.token_bos()] + llm.tokenize(text.encode("utf-8"), add_bos=False,
                                                   special=True)
-        continuation, records = run(llm, tokens)
+        continuation, records = run(llm, tokens, TOP_K, TAIL_SAMPLES, steps=CONTINUATION,
+                                        seed=20261201)
         tails += [r["tail_mass"] for r in records]
         cases.append({"name": prompt["name"], "kind": prompt["kind"], "text": text,
                       "tokens": [int(t) for t in tokens], "continuation": continuation,

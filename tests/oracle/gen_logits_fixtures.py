@@ -93,19 +93,21 @@ def top_k_record(logits: np.ndarray, k: int, tail_samples: int, rng) -> dict:
     return record
 
 
-def run(llm: Llama, tokens, k, tail_samples, continuation=None):
-    """Evaluates tokens; greedy-extends (or replays `continuation`); returns (cont, records)."""
+def run(llm: Llama, tokens, k, tail_samples, continuation=None, steps=None, seed=20261129):
+    """Evaluates tokens; greedy-extends `steps` tokens (default CONTINUATION), or replays
+    `continuation`; returns (continuation, records of every evaluated position)."""
+    steps = CONTINUATION if steps is None else steps
     llm.reset()
     llm.eval(tokens)
     generated = []
-    for step in range(CONTINUATION):
+    for step in range(steps):
         last = llm.scores[llm.n_tokens - 1]
         next_id = int(np.argmax(last)) if continuation is None else continuation[step]
         generated.append(next_id)
-        if step + 1 < CONTINUATION:
+        if step + 1 < steps:
             llm.eval([next_id])
-    n = len(tokens) + CONTINUATION - 1
-    rng = np.random.default_rng(20261129)
+    n = len(tokens) + steps - 1
+    rng = np.random.default_rng(seed)
     records = [top_k_record(llm.scores[p], k, tail_samples, rng) for p in range(n)]
     return generated, records
 

@@ -36,7 +36,7 @@ import numpy as np
 from llama_cpp import Llama
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_logits_fixtures import CACHE, ROOT, top_k_record  # noqa: E402
+from gen_logits_fixtures import CACHE, ROOT, run  # noqa: E402
 
 VOCAB = ROOT / "models" / "DeepSeek-R1-Distill-Qwen-7B.vocab.gguf"
 TOP_K = 64
@@ -151,20 +151,6 @@ def write_model(arch: str, path: Path):
     return vocab, records
 
 
-def run(llm: Llama, tokens):
-    llm.reset()
-    llm.eval(tokens)
-    generated = []
-    for step in range(CONTINUATION):
-        next_id = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        generated.append(next_id)
-        if step + 1 < CONTINUATION:
-            llm.eval([next_id])
-    rng = np.random.default_rng(20261201)
-    n = len(tokens) + CONTINUATION - 1
-    return generated, [top_k_record(llm.scores[p], TOP_K, TAIL_SAMPLES, rng) for p in range(n)]
-
-
 def prompt_text(prompt) -> str:
     if prompt["kind"] == "chat":
         return "\n".join(m["content"] for m in prompt["messages"])
@@ -186,7 +172,8 @@ def main() -> int:
             tokens = [llm.token_bos()] + llm.tokenize(text.encode("utf-8"), add_bos=False,
                                                       special=False)
             tokens = tokens[:400]
-            continuation, records = run(llm, tokens)
+            continuation, records = run(llm, tokens, TOP_K, TAIL_SAMPLES, steps=CONTINUATION,
+                                        seed=20261201)
             tails += [r["tail_mass"] for r in records]
             cases.append({"name": name, "tokens": [int(t) for t in tokens],
                           "continuation": continuation, "logits": records})
