@@ -133,7 +133,12 @@ struct Prompt {
 
 std::vector<Prompt> LoadPrompts(const std::string& path, const LlamaModel& model) {
   const auto tokenizer = OrDie(text::Tokenizer::FromGguf(model.gguf_metadata()));
-  const text::ChatTemplate chat = OrDie(text::ChatTemplate::FromGguf(model.gguf_metadata()));
+  // A pretrained GGUF without a template (gemma-3-270m) gets its family's format, as the
+  // coordinator does.
+  const text::ChatTemplate::Choice choice =
+      OrDie(text::ChatTemplate::FromGgufOrArchitecture(model.gguf_metadata()));
+  if (choice.from_architecture) std::fprintf(stderr, "%s\n", choice.note.c_str());
+  const text::ChatTemplate& chat = choice.chat_template;
   std::ifstream in(path);
   if (!in) Die("cannot read " + path);
   std::vector<Prompt> prompts;
