@@ -67,7 +67,7 @@ TEST(E2eGemma3Test, SpeculationIsLosslessPastTheSlidingWindow) {
                                     {{"tree", testing::Tree(16, 4, 8), "tree N=16 k=4 depth<=8"},
                                      {"chain", testing::Tree(8, 1, 8), "tree N=8 k=1 depth<=8"},
                                      {"off", testing::Off(), "off"}},
-                                    /*max_tokens=*/12);
+                                    /*max_tokens=*/8);
   std::printf("gemma3 losslessness matrix: %s\n", summary.c_str());
   RecordProperty("matrix", summary);
 }
