@@ -31,31 +31,14 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using Result = testing::CommandResult;
 
 // Runs the bitsplit binary with `args` and captures its output.
 Result Bitsplit(const std::vector<std::string>& args) {
   static int calls = 0;
   const std::string err_path = (testing::TestTempDir() / absl::StrCat("stderr.", calls++)).string();
-  std::string command =
-      testing::ShellQuote(std::string(BITSPLIT_BINARY_DIR) + "/tools/bitsplit/bitsplit");
-  for (const std::string& arg : args) absl::StrAppend(&command, " ", testing::ShellQuote(arg));
-  absl::StrAppend(&command, " 2>", testing::ShellQuote(err_path));
-  Result result;
-  std::FILE* pipe = popen(command.c_str(), "r");
-  EXPECT_NE(pipe, nullptr) << command;
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.out.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.err = testing::ReadFile(err_path);
-  return result;
+  return testing::RunCapturing(std::string(BITSPLIT_BINARY_DIR) + "/tools/bitsplit/bitsplit", args,
+                               err_path);
 }
 
 // A bad-input failure: exit status 2 and exactly one line on stderr.

@@ -47,40 +47,22 @@ const std::filesystem::path& TempDir() {
   return *dir;
 }
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using Result = testing::CommandResult;
 
-// Runs the bitsplit binary with `args`, `stdin_text` on its standard input when given.
+// Runs the bitsplit binary with `args`, `stdin_text` on its standard input when given (else
+// /dev/null).
 Result Bitsplit(const std::vector<std::string>& args,
                 const std::optional<std::string>& stdin_text = std::nullopt) {
   static int calls = 0;
   const int call = calls++;
   const std::string err_path = (TempDir() / absl::StrCat("stderr.", call)).string();
-  std::string command =
-      testing::ShellQuote(std::string(BITSPLIT_BINARY_DIR) + "/tools/bitsplit/bitsplit");
-  for (const std::string& arg : args) absl::StrAppend(&command, " ", testing::ShellQuote(arg));
+  std::string in_path = "/dev/null";
   if (stdin_text) {
-    const std::string in_path = (TempDir() / absl::StrCat("stdin.", call)).string();
+    in_path = (TempDir() / absl::StrCat("stdin.", call)).string();
     std::ofstream(in_path, std::ios::binary) << *stdin_text;
-    absl::StrAppend(&command, " <", testing::ShellQuote(in_path));
-  } else {
-    absl::StrAppend(&command, " </dev/null");
   }
-  absl::StrAppend(&command, " 2>", testing::ShellQuote(err_path));
-  Result result;
-  std::FILE* pipe = popen(command.c_str(), "r");
-  EXPECT_NE(pipe, nullptr) << command;
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.out.append(buffer, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.err = testing::ReadFile(err_path);
-  return result;
+  return testing::RunCapturing(std::string(BITSPLIT_BINARY_DIR) + "/tools/bitsplit/bitsplit", args,
+                               err_path, in_path);
 }
 
 void ExpectOneLineBadInput(const Result& result, const std::string& expected) {
