@@ -1,6 +1,7 @@
 #include "common/rpc/drafter_client.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/channel_options.h"
 #include "grpcpp/grpcpp.h"
 
 namespace bitsplit::rpc {
@@ -21,10 +22,8 @@ absl::StatusOr<std::unique_ptr<DrafterClient>> DrafterClient::Connect(
   std::unique_ptr<DrafterClient> client(new DrafterClient());
   client->target_ = target;
   client->rpc_timeout_ = rpc_timeout;
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  args.SetMaxSendMessageSize(64 << 20);
-  client->channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  client->channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
+                                               PeerChannelArguments(64 << 20));
   if (!client->channel_->WaitForConnected(std::chrono::system_clock::now() + connect_timeout)) {
     return absl::UnavailableError(absl::StrCat("drafter at ", target, " is not reachable within ",
                                                connect_timeout.count(), " ms"));

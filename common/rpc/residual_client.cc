@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/channel_options.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 #include "grpcpp/grpcpp.h"
@@ -59,10 +60,8 @@ absl::StatusOr<std::unique_ptr<ResidualClient>> ResidualClient::Connect(
     std::chrono::milliseconds connect_timeout) {
   std::unique_ptr<ResidualClient> client(new ResidualClient());
   client->options_ = options;
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(256 << 20);
-  args.SetMaxSendMessageSize(256 << 20);
-  client->channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  client->channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
+                                               PeerChannelArguments(256 << 20));
   if (!client->channel_->WaitForConnected(std::chrono::system_clock::now() + connect_timeout)) {
     return absl::UnavailableError(absl::StrCat("residual service at ", target,
                                                " is not reachable within ", connect_timeout.count(),
