@@ -9,9 +9,14 @@
 //
 // Every RPC carries the client's rpc_timeout as its deadline; a gRPC error comes back as the
 // absl::Status of the same code, its message prefixed with "drafter: ".
+//
+// The client holds a lease (the Drafter.Lease stream) and opens every session under it, so that
+// the drafter closes this process's sessions the moment the process dies. A lease that ended
+// (the drafter restarted) is replaced by the next OpenSession.
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
@@ -31,7 +36,7 @@ class DrafterClient {
       std::chrono::milliseconds rpc_timeout);
 
   absl::StatusOr<internal::v1::DrafterInfo> GetInfo();
-  // context 0: the server's max_context.
+  // context 0: the server's max_context. Takes a lease first when none is live.
   absl::StatusOr<internal::v1::OpenSessionResponse> OpenSession(int32_t context);
   absl::Status CloseSession(uint64_t session_id);
   absl::StatusOr<internal::v1::PrefillResponse> Prefill(
@@ -43,14 +48,23 @@ class DrafterClient {
   const std::string& target() const { return target_; }
   std::chrono::milliseconds rpc_timeout() const { return rpc_timeout_; }
 
+ ~DrafterClient();
+
  private:
+  class Lease;
   DrafterClient() = default;
   std::unique_ptr<grpc::ClientContext> Context() const;
+  // The owner id of a live lease, taking a new one when there is none.
+  absl::StatusOr<uint64_t> LiveLease();
+  void DropLease(uint64_t owner_id);
 
   std::string target_;
   std::chrono::milliseconds rpc_timeout_{0};
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<internal::v1::Drafter::Stub> stub_;
+
+  std::mutex lease_mutex_;
+  std::unique_ptr<Lease> lease_;  // guarded by lease_mutex_
 };
 
 }  // namespace bitsplit::rpc

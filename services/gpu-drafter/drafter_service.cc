@@ -1,5 +1,6 @@
 #include "services/gpu-drafter/drafter_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <span>
 #include <utility>
@@ -37,11 +38,18 @@ DrafterService::DrafterService(DrafterBackend& backend, ResidualLink* residual_l
       vocab_size_(backend.info().config.vocab_size),
       sessions_(options.max_sessions) {
   for (int i = 0; i < options_.workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  reaper_ = std::thread([this] { ReaperLoop(); });
 }
 
 DrafterService::~DrafterService() { StopWorkers(); }
 
 void DrafterService::StopWorkers() {
+  {
+    std::lock_guard<std::mutex> lock(reaper_mutex_);
+    reaper_stopping_ = true;
+  }
+  reaper_wake_.notify_all();
+  if (reaper_.joinable()) reaper_.join();
   {
     std::lock_guard<std::mutex> lock(queue_mutex_);
     stopping_ = true;
@@ -89,6 +97,89 @@ grpc::ServerUnaryReactor* DrafterService::Defer(grpc::CallbackServerContext* con
   return reactor;
 }
 
+void DrafterService::ReaperLoop() {
+  // A tenth of the timeout, at most a second: a session is closed within 1.1 timeouts.
+  const auto period = std::min<std::chrono::milliseconds>(
+      std::chrono::seconds(1),
+      std::max<std::chrono::milliseconds>(std::chrono::milliseconds(10),
+                                          options_.session_idle_timeout / 10));
+  std::unique_lock<std::mutex> lock(reaper_mutex_);
+  while (!reaper_wake_.wait_for(lock, period, [this] { return reaper_stopping_; })) {
+    const int closed = sessions_.RemoveIdle(options_.session_idle_timeout);
+    if (closed > 0) {
+      spdlog::warn("closed {} session(s) unused for {} s (--session-idle-timeout)", closed,
+                   options_.session_idle_timeout.count());
+    }
+  }
+}
+
+// ---- Leases --------------------------------------------------------------------------------
+
+// One owner's Lease stream: one grant written, then open until the client goes away (OnCancel)
+// or the server ends it (EndLeases). Owned by gRPC: deleted in OnDone. Finish is called once, by
+// whoever removed the lease from leases_ (EndLease's caller or EndLeases).
+class DrafterService::LeaseReactor final
+    : public grpc::ServerWriteReactor<internal::v1::LeaseGrant> {
+ public:
+  LeaseReactor(DrafterService* service, uint64_t owner_id) : service_(service) {
+    grant_.set_owner_id(owner_id);
+  }
+  uint64_t owner_id() const { return grant_.owner_id(); }
+  void Begin() { StartWrite(&grant_); }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) End();
+  }
+  void OnCancel() override { End(); }
+  void OnDone() override { delete this; }
+
+ private:
+  void End() {
+    if (service_->EndLease(owner_id())) Finish(grpc::Status::CANCELLED);
+  }
+
+  DrafterService* const service_;
+  internal::v1::LeaseGrant grant_;
+};
+
+bool DrafterService::EndLease(uint64_t owner_id) {
+  std::lock_guard<std::mutex> lock(lease_mutex_);
+  if (leases_.erase(owner_id) == 0) return false;
+  const int closed = sessions_.RemoveOwnedBy(owner_id);
+  spdlog::info("lease {} ended: closed its {} session(s)", owner_id, closed);
+  return true;
+}
+
+void DrafterService::EndLeases() {
+  std::map<uint64_t, LeaseReactor*> ending;
+  {
+    std::lock_guard<std::mutex> lock(lease_mutex_);
+    ending.swap(leases_);
+    for (const auto& [owner_id, reactor] : ending) sessions_.RemoveOwnedBy(owner_id);
+  }
+  for (const auto& [owner_id, reactor] : ending) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the drafter is shutting down"));
+  }
+}
+
+int DrafterService::open_leases() const {
+  std::lock_guard<std::mutex> lock(lease_mutex_);
+  return static_cast<int>(leases_.size());
+}
+
+grpc::ServerWriteReactor<internal::v1::LeaseGrant>* DrafterService::Lease(
+    grpc::CallbackServerContext* /*context*/, const internal::v1::LeaseRequest* /*request*/) {
+  LeaseReactor* reactor = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(lease_mutex_);
+    reactor = new LeaseReactor(this, next_owner_id_++);
+    leases_.emplace(reactor->owner_id(), reactor);
+  }
+  spdlog::debug("lease {} granted", reactor->owner_id());
+  reactor->Begin();
+  return reactor;
+}
+
 // ---- Work ----------------------------------------------------------------------------------
 
 absl::Status DrafterService::CheckToken(int32_t token, const std::string& what) const {
@@ -132,6 +223,9 @@ absl::Status DrafterService::DoGetInfo(v1::DrafterInfo* response) const {
   response->set_base_bytes(info.base_bytes);
   response->set_vram_plan(info.vram_plan);
   response->set_vram_budget_bytes(info.vram_budget_bytes);
+  response->set_open_leases(open_leases());
+  response->set_session_idle_timeout_s(
+      static_cast<int32_t>(options_.session_idle_timeout.count()));
   if (residual_link_ == nullptr) {
     response->set_residual("in-process");
     response->set_residual_format(info.residual_format);
@@ -160,8 +254,17 @@ absl::Status DrafterService::DoOpenSession(const v1::OpenSessionRequest& request
     BITSPLIT_RETURN_IF_ERROR(EnsureResidualLocked());
     BITSPLIT_ASSIGN_OR_RETURN(session, backend_.NewSession(context));
   }
-  BITSPLIT_ASSIGN_OR_RETURN(const uint64_t id, sessions_.Add(std::move(session)));
-  spdlog::debug("session {} opened (context {})", id, context);
+  uint64_t id = 0;
+  {
+    // Under the lease lock: a lease that ends after this check finds the session and closes it.
+    std::lock_guard<std::mutex> lock(lease_mutex_);
+    if (request.owner_id() != 0 && !leases_.contains(request.owner_id())) {
+      return absl::NotFoundError(
+          absl::StrCat("owner ", request.owner_id(), " holds no lease (it has ended)"));
+    }
+    BITSPLIT_ASSIGN_OR_RETURN(id, sessions_.Add(std::move(session), request.owner_id()));
+  }
+  spdlog::debug("session {} opened (context {}, owner {})", id, context, request.owner_id());
   response->set_session_id(id);
   response->set_context(context);
   return absl::OkStatus();

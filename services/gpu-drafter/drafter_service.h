@@ -5,10 +5,17 @@
 // The engine runs one forward at a time: every backend call holds engine_mutex_, so sessions
 // interleave at RPC granularity. Handlers hand their work to a small pool of worker threads
 // (gRPC's callback threads never block on a forward); GetInfo and CloseSession answer inline.
+//
+// Sessions belong to an owner's lease (a Lease stream held open by the coordinator): when the
+// stream ends, because the owner cancelled it or its process died and its connection closed,
+// the owner's sessions are closed at once. A reaper thread also closes any session that no RPC
+// has used for session_idle_timeout (an owner that is alive but stuck).
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,6 +38,7 @@ struct DrafterServiceOptions {
   int32_t max_tree_nodes = 64;  // root included
   int32_t max_logprobs = 20;    // top alternatives per node
   int workers = 8;              // threads running the RPCs' work
+  std::chrono::seconds session_idle_timeout{300};
 };
 
 // Maps a status to gRPC (the one place of this service).
@@ -43,8 +51,13 @@ class DrafterService final : public internal::v1::Drafter::CallbackService {
                  const DrafterServiceOptions& options);
   ~DrafterService() override;
 
-  // Finishes the queued work and stops the workers (after the server has shut down).
+  // Finishes the queued work and stops the workers and the reaper (after the server has shut
+  // down).
   void StopWorkers();
+  // Ends every lease stream (UNAVAILABLE: shutting down), so that the server's shutdown does not
+  // wait on them. Before the server shuts down.
+  void EndLeases();
+  int open_leases() const;
 
   // The RPCs' work, also callable without gRPC (tests, tools).
   absl::Status DoGetInfo(internal::v1::DrafterInfo* response) const;
@@ -61,6 +74,8 @@ class DrafterService final : public internal::v1::Drafter::CallbackService {
                         internal::v1::CommitResponse* response);
 
   // gRPC handlers.
+  grpc::ServerWriteReactor<internal::v1::LeaseGrant>* Lease(
+      grpc::CallbackServerContext* context, const internal::v1::LeaseRequest* request) override;
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
                                     const internal::v1::DrafterInfoRequest* request,
                                     internal::v1::DrafterInfo* response) override;
@@ -84,6 +99,10 @@ class DrafterService final : public internal::v1::Drafter::CallbackService {
                                    internal::v1::CommitResponse* response) override;
 
  private:
+  class LeaseReactor;
+  // A lease stream ended: closes its owner's sessions. False when it had ended already.
+  bool EndLease(uint64_t owner_id);
+  void ReaperLoop();
   // Runs `work` on a worker and finishes the call with its status.
   grpc::ServerUnaryReactor* Defer(grpc::CallbackServerContext* context,
                                   std::function<absl::Status()> work);
@@ -111,6 +130,16 @@ class DrafterService final : public internal::v1::Drafter::CallbackService {
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
+
+  // Live leases by owner id. Lock order: lease_mutex_ before the session table's.
+  mutable std::mutex lease_mutex_;
+  std::map<uint64_t, LeaseReactor*> leases_;
+  uint64_t next_owner_id_ = 1;
+
+  std::mutex reaper_mutex_;
+  std::condition_variable reaper_wake_;
+  bool reaper_stopping_ = false;
+  std::thread reaper_;
 };
 
 }  // namespace bitsplit::drafter

@@ -139,6 +139,11 @@ int Run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-context", service_options.max_context, "largest context of a session")
       ->capture_default_str();
+  int idle_timeout_s = static_cast<int>(service_options.session_idle_timeout.count());
+  app.add_option("--session-idle-timeout", idle_timeout_s,
+                 "seconds after which a session no RPC has used is closed (its owner is stuck); "
+                 "sessions of an owner that went away are closed at once")
+      ->capture_default_str();
   app.add_option("--max-tree-nodes", service_options.max_tree_nodes,
                  "largest tree (root included) Verify accepts")
       ->capture_default_str();
@@ -188,6 +193,10 @@ int Run(int argc, char** argv) {
         "--draft-model and --draft-kv own need --backend cpu (the cuda backend "
         "drafts with the base weights over the shared KV)");
   }
+  if (idle_timeout_s < 1) {
+    return UsageError(absl::StrCat("--session-idle-timeout ", idle_timeout_s, " must be at least 1"));
+  }
+  service_options.session_idle_timeout = std::chrono::seconds(idle_timeout_s);
   if (service_options.max_sessions < 1) {
     return UsageError(
         absl::StrCat("--max-sessions ", service_options.max_sessions, " must be at least 1"));
@@ -299,7 +308,8 @@ int Run(int argc, char** argv) {
       info.draft_model, model::DraftKvName(info.draft_kv), service_options.max_sessions,
       service_options.max_context);
   grpc::Service* services[] = {&service};
-  const absl::Status status = rpc::RunServer(server_options, services, description, {});
+  const absl::Status status =
+      rpc::RunServer(server_options, services, description, [&service] { service.EndLeases(); });
   service.StopWorkers();
   if (!status.ok()) return Fail(status);
   return 0;
