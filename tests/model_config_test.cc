@@ -1,9 +1,19 @@
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/model/config.h"
+#include "common/model/llama_model.h"
 #include "common/model/weights.h"
 #include "gtest/gtest.h"
 #include "tests/testing/gguf_builder.h"
@@ -326,6 +336,147 @@ TEST(TinyLlamaTest, RejectsUndequantizableType) {
 TEST(TinyLlamaTest, RejectsBiasTensors) {
   TinyLlama tiny(nullptr, [](GgufBuilder& b) { b.AddF32Tensor("blk.0.attn_q.bias", {64}, kOnes); });
   ExpectErrorMentions(tiny.Weights().status(), "blk.0.attn_q.bias");
+}
+
+TEST(TinyLlamaTest, RejectsAnEmbeddingLengthTheEmbeddingTableDoesNotHave) {
+  TinyLlama tiny([](GgufBuilder& b) {
+    TinyLlama::AddMetadata(b);
+    b.AddUint32("llama.embedding_length", 128);  // a second key would be a duplicate: replace
+  });
+  // The builder keeps both entries; drop the first embedding_length so the file parses.
+  auto& kvs = tiny.builder.kvs();
+  kvs.erase(std::find_if(kvs.begin(), kvs.end(), [](const GgufBuilder::Kv& kv) {
+    return kv.key == "llama.embedding_length";
+  }));
+  const absl::Status status = tiny.Config().status();
+  ExpectErrorMentions(status, "llama.embedding_length = 128");
+  ExpectErrorMentions(status, "token_embd.weight is 64 wide");
+}
+
+TEST(TinyLlamaTest, RejectsAGapInTheLayerIndices) {
+  TinyLlama tiny;
+  for (auto& tensor : tiny.builder.tensors()) {
+    if (tensor.name.rfind("blk.1.", 0) == 0) tensor.name.replace(0, 6, "blk.2.");
+  }
+  const absl::Status status = tiny.Config().status();
+  ExpectErrorMentions(status, "'blk.2.attn_norm.weight' belongs to layer 2");
+}
+
+// The weights are held to their own file's tensor table, whatever config they are given.
+TEST(TinyLlamaTest, WeightsRefuseAForgedLayerCountQuickly) {
+  TinyLlama tiny;
+  ModelConfig config = *tiny.Config();
+  for (const int64_t layers : {int64_t{0x7fffffff}, int64_t{0x80000000}, int64_t{3}}) {
+    config.num_layers = layers;
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status status = ModelWeightsFromGguf(*tiny.file, config).status();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << layers;
+    ExpectErrorMentions(status, absl::StrCat("llama.block_count = ", layers));
+  }
+}
+
+// A copy of the real SmolLM2 file in a temporary directory, with bytes patched in place.
+class PatchedSmolLm2 {
+ public:
+  PatchedSmolLm2() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "bitsplit-config-XXXXXX");
+    EXPECT_NE(mkdtemp(pattern.data()), nullptr) << std::strerror(errno);
+    dir_ = pattern;
+    path_ = dir_ + "/model.gguf";
+    std::filesystem::copy_file(testing::ModelPath(testing::kSmolLm2File), path_);
+    std::ifstream in(path_, std::ios::binary);
+    header_.resize(1 << 16);
+    in.read(reinterpret_cast<char*>(header_.data()), static_cast<std::streamsize>(header_.size()));
+  }
+  ~PatchedSmolLm2() { std::filesystem::remove_all(dir_); }
+
+  const std::string& path() const { return path_; }
+  // Offset of the value of the first metadata entry `key` whose type is UINT32.
+  size_t Uint32ValueOffset(const std::string& key) const {
+    const std::string needle = key + std::string("\x04\0\0\0", 4);
+    auto it = std::search(header_.begin(), header_.end(), needle.begin(), needle.end());
+    EXPECT_NE(it, header_.end()) << key;
+    return static_cast<size_t>(it - header_.begin()) + needle.size();
+  }
+  void PatchUint32(size_t offset, uint32_t value) {
+    std::memcpy(header_.data() + offset, &value, 4);
+    std::fstream out(path_, std::ios::binary | std::ios::in | std::ios::out);
+    out.seekp(static_cast<std::streamoff>(offset));
+    out.write(reinterpret_cast<const char*>(&value), 4);
+  }
+
+ private:
+  std::string dir_;
+  std::string path_;
+  std::vector<uint8_t> header_;  // the first 64 KiB: all of the metadata but the tokenizer's
+};
+
+// `bitsplit generate`, the drafter and the coordinator load through LlamaModel::Load or the
+// split loader (ModelConfigFromGgufMetadata, below); a forged block_count must come back as an
+// error naming the key and its bound, at once, never as an allocation of 2^31 layers.
+TEST(ForgedBlockCountTest, RealFileLoadFailsFastNamingTheBound) {
+  PatchedSmolLm2 model;
+  const size_t at = model.Uint32ValueOffset("llama.block_count");
+  EXPECT_EQ(at, 486u);  // where the file format puts it in this file (the 30 is there)
+  for (const uint32_t forged : {0x7fffffffu, 0x80000000u}) {
+    model.PatchUint32(at, forged);
+    const auto start = std::chrono::steady_clock::now();
+    auto loaded = LlamaModel::Load(model.path(), 1);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << forged;
+    ASSERT_FALSE(loaded.ok()) << forged;
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+    ExpectErrorMentions(loaded.status(), absl::StrCat("llama.block_count = ", forged,
+                                                      " is out of range [1, ", kMaxLayers, "]"));
+  }
+}
+
+TEST(ForgedBlockCountTest, RealFileNamesTheStrayOrMissingLayer) {
+  PatchedSmolLm2 model;
+  const size_t at = model.Uint32ValueOffset("llama.block_count");
+  const struct {
+    uint32_t block_count;
+    std::string expected;
+  } cases[] = {
+      {1, "llama.block_count = 1, but tensor 'blk.1.attn_norm.weight' belongs to layer 1"},
+      {29, "llama.block_count = 29, but tensor 'blk.29.attn_norm.weight' belongs to layer 29"},
+      {31,
+       "llama.block_count = 31, but the tensor table has no blk.30.* tensors (it has blk.N "
+       "tensors for 30 layers)"},
+  };
+  for (const auto& c : cases) {
+    model.PatchUint32(at, c.block_count);
+    auto loaded = LlamaModel::Load(model.path(), 1);
+    ASSERT_FALSE(loaded.ok()) << c.block_count;
+    ExpectErrorMentions(loaded.status(), c.expected);
+  }
+  model.PatchUint32(at, 30);
+  EXPECT_TRUE(LlamaModel::Load(model.path(), 1).ok());
+}
+
+// A split model's base file embeds the source metadata without tensors (the GGUF prefix up to
+// the tensor infos, tensor count 0); its config is read before the split tensor table is.
+TEST(ForgedBlockCountTest, TensorLessMetadataImageBoundsTheLayerCount) {
+  PatchedSmolLm2 model;
+  auto source = gguf::File::Open(model.path());
+  ASSERT_TRUE(source.ok()) << source.status();
+  std::vector<uint8_t> image((*source)->image_data(),
+                             (*source)->image_data() + (*source)->metadata_end_offset());
+  std::memset(image.data() + 8, 0, 8);  // tensor count
+  const size_t at = model.Uint32ValueOffset("llama.block_count");
+  for (const uint32_t forged : {0x7fffffffu, 0x80000000u, 1025u}) {
+    std::memcpy(image.data() + at, &forged, 4);
+    auto metadata = gguf::File::Parse(image.data(), image.size(), "base.bsplit:gguf_metadata");
+    ASSERT_TRUE(metadata.ok()) << metadata.status();
+    const absl::Status status = ModelConfigFromGgufMetadata(**metadata, 49152).status();
+    ExpectErrorMentions(status, absl::StrCat("llama.block_count = ", forged, " is out of range"));
+  }
+  const uint32_t deepest = kMaxLayers;
+  std::memcpy(image.data() + at, &deepest, 4);
+  auto metadata = gguf::File::Parse(image.data(), image.size(), "base.bsplit:gguf_metadata");
+  ASSERT_TRUE(metadata.ok()) << metadata.status();
+  auto config = ModelConfigFromGgufMetadata(**metadata, 49152);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->num_layers, kMaxLayers);
 }
 
 }  // namespace

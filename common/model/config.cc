@@ -1,10 +1,14 @@
 #include "common/model/config.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <string_view>
 #include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/io/byte_reader.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::model {
@@ -47,12 +51,13 @@ class Keys {
   std::string Key(const std::string& suffix) const { return absl::StrCat(prefix_, ".", suffix); }
   bool Has(const std::string& suffix) const { return file_.Find(Key(suffix)) != nullptr; }
 
-  // A required positive integer hyperparameter.
-  absl::StatusOr<int64_t> RequiredCount(const std::string& suffix) const {
+  // A required positive integer hyperparameter, at most `max`.
+  absl::StatusOr<int64_t> RequiredCount(const std::string& suffix,
+                                        int64_t max = int64_t{1} << 31) const {
     BITSPLIT_ASSIGN_OR_RETURN(uint64_t value, file_.GetUint(Key(suffix)));
-    if (value == 0 || value > (uint64_t{1} << 31)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: %s = %d is out of range", file_.name(), Key(suffix), value));
+    if (value == 0 || value > static_cast<uint64_t>(max)) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s: %s = %d is out of range [1, %d]",
+                                                        file_.name(), Key(suffix), value, max));
     }
     return static_cast<int64_t>(value);
   }
@@ -112,7 +117,58 @@ absl::Status ReadLayerPattern(const gguf::File& file, const Keys& keys, int defa
   return absl::OkStatus();
 }
 
+// The N of a "blk.N.<rest>" tensor name; -1 for names of another form. Indices too long to be a
+// layer come back as INT64_MAX, which is beyond any block_count.
+int64_t LayerOfTensor(std::string_view name) {
+  constexpr std::string_view kPrefix = "blk.";
+  if (name.substr(0, kPrefix.size()) != kPrefix) return -1;
+  size_t i = kPrefix.size();
+  int64_t layer = 0;
+  size_t digits = 0;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i, ++digits) {
+    if (digits < 18) layer = layer * 10 + (name[i] - '0');
+  }
+  if (digits == 0 || i == name.size() || name[i] != '.') return -1;
+  return digits > 18 ? INT64_MAX : layer;
+}
+
 }  // namespace
+
+absl::Status CheckLayerTensors(const gguf::File& file, const ModelConfig& config) {
+  const std::string key = absl::StrCat(config.architecture, ".block_count");
+  if (config.num_layers <= 0 || config.num_layers > kMaxLayers) {
+    return Invalid(file, absl::StrFormat("%s = %d is out of range [1, %d]", key, config.num_layers,
+                                         kMaxLayers));
+  }
+  // Layers present, and how many the tensor table implies (the highest index + 1), for messages.
+  std::vector<uint8_t> present(static_cast<size_t>(config.num_layers), 0);
+  int64_t table_layers = 0;
+  const gguf::TensorInfo* stray = nullptr;
+  for (const gguf::TensorInfo& tensor : file.tensors()) {
+    const int64_t layer = LayerOfTensor(tensor.name);
+    if (layer < 0) continue;
+    table_layers = std::max(table_layers, layer == INT64_MAX ? layer : layer + 1);
+    if (layer >= config.num_layers) {
+      if (stray == nullptr) stray = &tensor;
+      continue;
+    }
+    present[static_cast<size_t>(layer)] = 1;
+  }
+  if (stray != nullptr) {
+    return Invalid(file, absl::StrFormat("%s = %d, but tensor %s belongs to layer %d (the tensor "
+                                         "table has blk.N tensors up to layer %d)",
+                                         key, config.num_layers, io::Quote(stray->name),
+                                         LayerOfTensor(stray->name), table_layers - 1));
+  }
+  for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+    if (present[static_cast<size_t>(layer)] == 0) {
+      return Invalid(file, absl::StrFormat("%s = %d, but the tensor table has no blk.%d.* tensors "
+                                           "(it has blk.N tensors for %d layers)",
+                                           key, config.num_layers, layer, table_layers));
+    }
+  }
+  return absl::OkStatus();
+}
 
 std::string SupportedArchitectures() {
   std::string names;
@@ -128,7 +184,15 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const gguf::File& file) {
   if (embedding == nullptr || embedding->dims.size() != 2) {
     return Invalid(file, "tensor token_embd.weight is missing or not 2-dimensional");
   }
-  return ModelConfigFromGgufMetadata(file, embedding->dims[1]);
+  BITSPLIT_ASSIGN_OR_RETURN(ModelConfig config,
+                            ModelConfigFromGgufMetadata(file, embedding->dims[1]));
+  if (embedding->dims[0] != config.d_model) {
+    return Invalid(file, absl::StrFormat("%s.embedding_length = %d, but token_embd.weight is %d "
+                                         "wide",
+                                         config.architecture, config.d_model, embedding->dims[0]));
+  }
+  BITSPLIT_RETURN_IF_ERROR(CheckLayerTensors(file, config));
+  return config;
 }
 
 absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
@@ -148,7 +212,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
   config.qkv_bias = family->qkv_bias;
 
   const Keys keys(file, config.architecture);
-  BITSPLIT_ASSIGN_OR_RETURN(config.num_layers, keys.RequiredCount("block_count"));
+  BITSPLIT_ASSIGN_OR_RETURN(config.num_layers, keys.RequiredCount("block_count", kMaxLayers));
   BITSPLIT_ASSIGN_OR_RETURN(config.d_model, keys.RequiredCount("embedding_length"));
   BITSPLIT_ASSIGN_OR_RETURN(config.d_ff, keys.RequiredCount("feed_forward_length"));
   BITSPLIT_ASSIGN_OR_RETURN(config.num_heads, keys.RequiredCount("attention.head_count"));

@@ -65,11 +65,24 @@ struct ModelConfig {
   float RopeFreqScale(int64_t layer) const { return IsLocalLayer(layer) ? 1.0f : rope_freq_scale; }
 };
 
+// Most layers a config may declare. The deepest published decoders have ~130; the bound exists so
+// that a forged block_count cannot size per-layer arrays before the tensors are looked at (the
+// metadata of a split model is read before, and apart from, its tensor table).
+inline constexpr int64_t kMaxLayers = 1024;
+
 // Reads and validates the config. Rejects architectures other than the supported families
 // (naming the one found and the supported ones), missing or non-positive hyperparameters,
 // inconsistent head shapes, and features this implementation does not have (mixture of experts,
-// non-linear RoPE scaling, logit soft-capping).
+// non-linear RoPE scaling, logit soft-capping). block_count and embedding_length are checked
+// against the tensor table: the blk.N tensors must cover exactly layers [0, block_count), and
+// token_embd.weight must be embedding_length wide.
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const gguf::File& file);
+
+// OK when the blk.N tensors of `file` cover exactly the layers [0, config.num_layers) (and
+// num_layers is within [1, kMaxLayers]); otherwise INVALID_ARGUMENT naming block_count and the
+// first stray tensor or the first layer without tensors. Loops over the tensor table only, so a
+// forged block_count costs nothing.
+absl::Status CheckLayerTensors(const gguf::File& file, const ModelConfig& config);
 
 // The same checks for metadata whose embedding table is stored elsewhere (a split model's base
 // file embeds the source GGUF's metadata without tensors): `embedding_rows` is the row count of

@@ -98,6 +98,9 @@ EmbeddingAndNorms EmbeddingAndNormsOf(const ModelWeights& weights) {
 
 absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
                                                   const ModelConfig& config) {
+  // The config may come from another file than the tensors (eval compares files): everything
+  // below is sized by num_layers, so it is held to this file's tensor table first.
+  BITSPLIT_RETURN_IF_ERROR(CheckLayerTensors(file, config));
   // Every tensor must be one the forward pass reads (checked after the expected ones were found,
   // so a missing tensor is named first): a stray bias, an extra layer or a tensor of another
   // family would otherwise be ignored silently.
