@@ -25,10 +25,6 @@ namespace {
 constexpr uint64_t kAlign = 64;
 constexpr uint64_t kPage = 4096;
 
-uint64_t AlignUp(uint64_t value, uint64_t alignment) {
-  return (value + alignment - 1) / alignment * alignment;
-}
-
 std::string ErrnoText(int error) { return std::strerror(error); }
 
 int PidfdOpen(pid_t pid) {
@@ -54,14 +50,28 @@ absl::StatusOr<ShmLayout> ComputeShmLayout(uint32_t max_rows, uint32_t max_cols,
   layout.max_cols = max_cols;
   layout.max_outputs = max_outputs;
   layout.max_block_stride = static_cast<uint32_t>(BlockStride(max_cols));
-  const uint64_t rows = max_rows;
-  layout.codes_offset = kShmHeaderBytes;
-  layout.scales_offset = AlignUp(layout.codes_offset + rows * max_cols, kAlign);
-  layout.sums_offset =
-      AlignUp(layout.scales_offset + rows * layout.max_block_stride * sizeof(float), kAlign);
-  layout.outputs_offset =
-      AlignUp(layout.sums_offset + rows * layout.max_block_stride * sizeof(float), kAlign);
-  layout.segment_bytes = AlignUp(layout.outputs_offset + rows * max_outputs * sizeof(float), kPage);
+  // In 128 bits: with 32-bit capacities the sums of the area sizes overflow 64 bits, and a
+  // wrapped layout would pass the size check below (the client checks a header it maps this way).
+  const unsigned __int128 rows = max_rows;
+  const unsigned __int128 stride_bytes = rows * layout.max_block_stride * sizeof(float);
+  const auto align_up = [](unsigned __int128 value, uint64_t alignment) {
+    return (value + alignment - 1) / alignment * alignment;
+  };
+  const unsigned __int128 codes = kShmHeaderBytes;
+  const unsigned __int128 scales = align_up(codes + rows * max_cols, kAlign);
+  const unsigned __int128 sums = align_up(scales + stride_bytes, kAlign);
+  const unsigned __int128 outputs = align_up(sums + stride_bytes, kAlign);
+  const unsigned __int128 segment = align_up(outputs + rows * max_outputs * sizeof(float), kPage);
+  if (segment > (uint64_t{4} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory segment of more than 4 GiB is too large (max_rows ", max_rows,
+                     ", max_cols ", max_cols, ", max_outputs ", max_outputs, ")"));
+  }
+  layout.codes_offset = static_cast<uint64_t>(codes);
+  layout.scales_offset = static_cast<uint64_t>(scales);
+  layout.sums_offset = static_cast<uint64_t>(sums);
+  layout.outputs_offset = static_cast<uint64_t>(outputs);
+  layout.segment_bytes = static_cast<uint64_t>(segment);
   if (layout.segment_bytes > (uint64_t{4} << 30)) {
     return absl::InvalidArgumentError(
         absl::StrCat("shared-memory segment of ", layout.segment_bytes,
@@ -174,19 +184,99 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& 
   segment->name_ = name;
   segment->base_ = static_cast<uint8_t*>(base);
   segment->size_ = size;
+  segment->device_ = st.st_dev;
+  segment->inode_ = st.st_ino;
   ShmHeader& h = segment->header_;
   std::memcpy(&h, base, sizeof(h));
-  absl::StatusOr<ShmLayout> layout = ComputeShmLayout(h.max_rows, h.max_cols, h.max_outputs);
-  if (std::memcmp(h.magic, kShmMagic, sizeof(kShmMagic)) != 0 || h.version != kShmVersion ||
-      h.header_bytes != kShmHeaderBytes || h.segment_bytes != size || !layout.ok() ||
-      layout->segment_bytes != size || layout->codes_offset != h.codes_offset ||
-      layout->scales_offset != h.scales_offset || layout->sums_offset != h.sums_offset ||
-      layout->outputs_offset != h.outputs_offset ||
-      layout->max_block_stride != h.max_block_stride) {
+  if (!CheckShmHeader(h, size).ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shared memory ", name, " is not a residual channel of layout version ", kShmVersion));
   }
   return segment;
+}
+
+absl::Status CheckShmHeader(const ShmHeader& h, uint64_t segment_bytes) {
+  absl::StatusOr<ShmLayout> layout = ComputeShmLayout(h.max_rows, h.max_cols, h.max_outputs);
+  if (std::memcmp(h.magic, kShmMagic, sizeof(kShmMagic)) != 0 || h.version != kShmVersion ||
+      h.header_bytes != kShmHeaderBytes || h.segment_bytes != segment_bytes || !layout.ok() ||
+      layout->segment_bytes != segment_bytes || layout->codes_offset != h.codes_offset ||
+      layout->scales_offset != h.scales_offset || layout->sums_offset != h.sums_offset ||
+      layout->outputs_offset != h.outputs_offset ||
+      layout->max_block_stride != h.max_block_stride) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("not a residual channel header of layout version ", kShmVersion));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Checks that area [offset, offset + count * element_bytes) starts at or after `floor`, ends at
+// or before `ceiling` and is aligned for its elements; returns its end.
+absl::StatusOr<uint64_t> CheckArea(const char* what, uint64_t offset, uint64_t count,
+                                   uint64_t element_bytes, uint64_t floor, uint64_t ceiling) {
+  uint64_t bytes = 0;
+  uint64_t end = 0;
+  if (__builtin_mul_overflow(count, element_bytes, &bytes) ||
+      __builtin_add_overflow(offset, bytes, &end) || offset < floor || end > ceiling ||
+      offset % element_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " area [", offset, ", +", count, " x ",
+                                                   element_bytes, " bytes) is outside [", floor,
+                                                   ", ", ceiling, ") or misaligned"));
+  }
+  return end;
+}
+
+}  // namespace
+
+absl::StatusOr<ShmRequestView> DecodeRequest(const ShmHeader& header, uint8_t* base,
+                                             uint64_t segment_bytes, const ShmRequestCopy& request,
+                                             uint32_t max_rows) {
+  const uint32_t row_limit = std::min(max_rows, header.max_rows);
+  if (request.rows < 1 || request.rows > row_limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rows (T) ", request.rows, " is out of range [1, ", row_limit, "]"));
+  }
+  if (request.cols == 0 || request.cols % 32 != 0 || request.cols > header.max_cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cols ", request.cols, " is not a positive multiple of 32 at most ", header.max_cols));
+  }
+  ShmRequestView view;
+  view.seq = request.seq;
+  view.layer = request.layer;
+  view.group = request.group;
+  view.rows = request.rows;
+  view.cols = request.cols;
+  view.block_stride = BlockStride(request.cols);
+  const uint64_t rows = request.rows;
+  if (view.block_stride > header.max_block_stride) {
+    return absl::InvalidArgumentError(absl::StrCat("block stride ", view.block_stride, " of cols ",
+                                                   request.cols, " exceeds the segment's ",
+                                                   header.max_block_stride));
+  }
+  // Each area must fit before the next one starts (the capacities fix those starts), so the
+  // views can neither overlap nor leave the segment, whatever the header says.
+  BITSPLIT_ASSIGN_OR_RETURN(
+      const uint64_t codes_end,
+      CheckArea("codes", header.codes_offset, rows * request.cols, 1, kShmHeaderBytes,
+                std::min(header.scales_offset, segment_bytes)));
+  BITSPLIT_ASSIGN_OR_RETURN(
+      const uint64_t scales_end,
+      CheckArea("scales", header.scales_offset, rows * view.block_stride, sizeof(float), codes_end,
+                std::min(header.sums_offset, segment_bytes)));
+  BITSPLIT_ASSIGN_OR_RETURN(
+      const uint64_t sums_end,
+      CheckArea("sums", header.sums_offset, rows * view.block_stride, sizeof(float), scales_end,
+                std::min(header.outputs_offset, segment_bytes)));
+  view.output_capacity = rows * header.max_outputs;
+  BITSPLIT_RETURN_IF_ERROR(CheckArea("outputs", header.outputs_offset, view.output_capacity,
+                                     sizeof(float), sums_end, segment_bytes)
+                               .status());
+  view.codes = reinterpret_cast<const int8_t*>(base + header.codes_offset);
+  view.scales = reinterpret_cast<const float*>(base + header.scales_offset);
+  view.sums = reinterpret_cast<const float*>(base + header.sums_offset);
+  view.outputs = reinterpret_cast<float*>(base + header.outputs_offset);
+  return view;
 }
 
 ShmSegment::~ShmSegment() {
@@ -198,6 +288,16 @@ void ShmSegment::Unlink() {
   if (unlinked_) return;
   unlinked_ = true;
   shm_unlink(name_.c_str());
+}
+
+bool ShmSegment::UnlinkIfSame() const {
+  const int fd = shm_open(name_.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;  // already gone
+  struct stat st;
+  // While this segment is mapped its inode cannot be reused, so an equal one is this object.
+  const bool same = fstat(fd, &st) == 0 && st.st_dev == device_ && st.st_ino == inode_;
+  close(fd);
+  return same && shm_unlink(name_.c_str()) == 0;
 }
 
 // ---- Client end --------------------------------------------------------------------------------
@@ -223,6 +323,16 @@ absl::StatusOr<std::unique_ptr<ShmChannelClient>> ShmChannelClient::Open(
 
 ShmChannelClient::~ShmChannelClient() {
   if (server_pidfd_ >= 0) close(server_pidfd_);
+}
+
+bool ShmChannelClient::ServiceExited() const {
+  if (server_pidfd_ < 0) return false;
+  pollfd pfd{server_pidfd_, POLLIN, 0};
+  return poll(&pfd, 1, 0) > 0;  // readable: the process exited
+}
+
+bool ShmChannelClient::UnlinkIfServiceExited() const {
+  return ServiceExited() && segment_->UnlinkIfSame();
 }
 
 absl::Status ShmChannelClient::CheckService() const {

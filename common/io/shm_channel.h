@@ -44,6 +44,9 @@ inline constexpr uint32_t kShmVersion = 1;
 inline constexpr uint64_t kShmHeaderBytes = 4096;
 inline constexpr uint32_t kShmMaxOutputs = 3;  // matrices per group
 inline constexpr size_t kShmMessageBytes = 256;
+// An attaching client proves its pid by holding open a memfd named this prefix + 32 random hex
+// digits while it sends the name in its Attach request (services/cpu-residual, channel_manager.h).
+inline constexpr char kAttachProofPrefix[] = "bitsplit-attach-";
 
 // ShmResponse.server_state.
 inline constexpr uint32_t kServerServing = 1;
@@ -167,6 +170,9 @@ class ShmSegment {
 
   // Removes the name now (the mapping stays); idempotent.
   void Unlink();
+  // Removes the name if it still names this segment (not an object created since under the same
+  // name); for a non-owner, which Unlink does not serve. Returns whether it removed it.
+  bool UnlinkIfSame() const;
 
  private:
   ShmSegment() = default;
@@ -176,6 +182,8 @@ class ShmSegment {
   ShmHeader header_{};
   bool owner_ = false;
   bool unlinked_ = false;
+  dev_t device_ = 0;  // of the object when it was opened (Open only)
+  ino_t inode_ = 0;
 };
 
 // Atomic views of the shared words (std::atomic_ref: the layout stays plain data).
@@ -239,7 +247,16 @@ class ShmChannelClient {
   bool in_flight() const { return in_flight_; }
 
   // False once the service is known to be gone (or the channel broken).
-  bool Healthy() const { return !broken_; }
+  bool Healthy() const { return !broken_ && !ServiceExited(); }
+  // True once the service's process has exited (its pidfd says so; false where there is none).
+  // May be called from any thread, like the two below.
+  bool ServiceExited() const;
+  // The service's pidfd (readable once it exits), or -1 where pidfd_open is unavailable.
+  int service_pidfd() const { return server_pidfd_; }
+  // A killed service leaves its segment in /dev/shm: once the service has exited (pidfd, so not
+  // a process that reused its pid), removes the segment's name if it still names this segment.
+  // Returns whether it removed it.
+  bool UnlinkIfServiceExited() const;
 
  private:
   ShmChannelClient() = default;
@@ -271,6 +288,35 @@ struct ShmRequestCopy {
   uint32_t rows = 0;
   uint32_t cols = 0;
 };
+
+// A request whose sizes DecodeRequest checked against the segment: views of its T x cols codes,
+// T x block_stride scales and sums, and the T x max_outputs floats of room for its outputs.
+struct ShmRequestView {
+  uint32_t seq = 0;
+  int32_t layer = 0;   // opaque here: the service checks it against its model
+  uint32_t group = 0;  // likewise
+  uint32_t rows = 0;
+  uint32_t cols = 0;
+  uint64_t block_stride = 0;  // BlockStride(cols)
+  const int8_t* codes = nullptr;
+  const float* scales = nullptr;
+  const float* sums = nullptr;
+  float* outputs = nullptr;
+  uint64_t output_capacity = 0;  // floats at `outputs`: rows * header.max_outputs
+};
+
+// Checks a request copied out of the segment at `base` (`segment_bytes` long, laid out by
+// `header`, the service's own copy) and returns its views: rows in [1, min(max_rows,
+// header.max_rows)], cols a positive multiple of 32 at most header.max_cols, and every area
+// inside the segment and inside its own capacity. INVALID_ARGUMENT naming the field and its bound
+// otherwise. Pure: it reads nothing but its arguments.
+absl::StatusOr<ShmRequestView> DecodeRequest(const ShmHeader& header, uint8_t* base,
+                                             uint64_t segment_bytes, const ShmRequestCopy& request,
+                                             uint32_t max_rows);
+
+// OK when `header` describes a segment of exactly `segment_bytes` with the layout
+// ComputeShmLayout gives its capacities (what ShmSegment::Open requires of a mapped header).
+absl::Status CheckShmHeader(const ShmHeader& header, uint64_t segment_bytes);
 
 // Waits for the next request after `last_seq`: spins for `spin`, then sleeps on the futex in
 // slices of at most `slice`. Returns the request, or nullopt-like false when `slice` expired

@@ -207,23 +207,23 @@ void ChannelManager::Serve(Channel* channel) {
     }
     last = request.seq;
     const uint64_t start = shm::MonotonicNanos();
-    // Every field was copied once out of shared memory; validate the copies.
+    // Every field was copied once out of shared memory; validate the copies: layer, group and
+    // width against the model, their sizes and views against this segment (DecodeRequest).
     auto group = store_.Validate(request.layer, request.group, request.rows, request.cols,
                                  channel->max_rows);
-    if (!group.ok()) {
+    auto view = shm::DecodeRequest(header, segment.base(), segment.size(), request,
+                                   channel->max_rows);
+    if (!group.ok() || !view.ok()) {
+      const absl::Status refused = group.ok() ? view.status() : group.status();
       spdlog::debug("channel {:016x}: refused request: {}", channel->id,
-                    std::string(group.status().message()));
-      shm::PublishResponse(segment, request.seq, group.status(), 0, nullptr, 0,
+                    std::string(refused.message()));
+      shm::PublishResponse(segment, request.seq, refused, 0, nullptr, 0,
                            shm::MonotonicNanos() - start);
       continue;
     }
-    // Validate() bounds rows by max_rows and cols by the group width (<= max_cols), so every
-    // copy below stays inside the capacities of this segment.
-    const int64_t rows = request.rows, cols = request.cols;
-    const int64_t stride = static_cast<int64_t>(shm::BlockStride(static_cast<uint64_t>(cols)));
-    CopyActivations(rows, cols, stride, segment.base() + header.codes_offset,
-                    segment.base() + header.scales_offset, segment.base() + header.sums_offset, &x);
-    float* y = reinterpret_cast<float*>(segment.base() + header.outputs_offset);
+    CopyActivations(view->rows, view->cols, static_cast<int64_t>(view->block_stride), view->codes,
+                    view->scales, view->sums, &x);
+    float* y = view->outputs;
     const uint64_t compute_ns = store_.Compute(**group, x, y);
     uint32_t output_rows[shm::kShmMaxOutputs] = {0, 0, 0};
     const auto& matrices = (*group)->matrices;
