@@ -11,3 +11,4 @@ else
 fi
 "$ROOT/scripts/build.sh"
 ctest --test-dir "$BUILD" --output-on-failure -j"$(nproc)" --timeout 900
+"$ROOT/scripts/fuzz.sh" --seconds 30  # each libFuzzer target of tests/fuzz, ASan + UBSan
