@@ -197,6 +197,29 @@ struct GroupOutputs {
   }
 };
 
+// A memfd named like the client library's attach proof (shm::kAttachProofPrefix + 32 hex
+// digits), open while this object lives: what a raw Attach request must present.
+class HeldProof {
+ public:
+  explicit HeldProof(uint32_t seed) {
+    std::mt19937 rng(seed);
+    name_ = shm::kAttachProofPrefix;
+    for (int i = 0; i < 32; ++i) name_ += "0123456789abcdef"[rng() % 16];
+    fd_ = memfd_create(name_.c_str(), MFD_CLOEXEC);
+    EXPECT_GE(fd_, 0) << std::strerror(errno);
+  }
+  ~HeldProof() { Close(); }
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  int fd_ = -1;
+};
+
 // ---- Fixture -----------------------------------------------------------------------------------
 
 class ResidualServiceTest : public ::testing::Test {
@@ -239,6 +262,43 @@ class ResidualServiceTest : public ::testing::Test {
   }
 
   static std::string FingerprintHex() { return SplitFingerprintToHex(MakeFingerprint(7)); }
+
+  // Starts a copy of this test binary that attaches a channel (ResidualServiceChild.AttachAndLoop)
+  // and loops requests on it until killed. Returns its pid once attached (its segment's name in
+  // `shm_name`), or -1 (a test failure) when it did not attach within 20 s.
+  pid_t SpawnAttachedChild(std::string* shm_name) {
+    const std::string marker = *dir_ + "/child.marker";
+    std::filesystem::remove(marker);
+    std::vector<std::string> env_strings = {
+        std::string(kChildSocketEnv) + "=" + socket_,
+        std::string(kChildFingerprintEnv) + "=" + FingerprintHex(),
+        std::string(kChildMarkerEnv) + "=" + marker};
+    std::vector<char*> env;
+    for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+    for (std::string& e : env_strings) env.push_back(e.data());
+    env.push_back(nullptr);
+    std::string self = std::filesystem::read_symlink("/proc/self/exe");
+    std::string filter = "--gtest_filter=ResidualServiceChild.AttachAndLoop";
+    char* argv[] = {self.data(), filter.data(), nullptr};
+    pid_t child = 0;
+    EXPECT_EQ(posix_spawn(&child, self.c_str(), nullptr, nullptr, argv, env.data()), 0);
+    const auto deadline = Clock::now() + std::chrono::seconds(20);
+    while (!std::filesystem::exists(marker) && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!std::filesystem::exists(marker)) {
+      ADD_FAILURE() << "the child process did not attach";
+      kill(child, SIGKILL);
+      waitpid(child, nullptr, 0);
+      return -1;
+    }
+    // The marker is written in one go after the attach; wait until it has its content.
+    while (shm_name->empty() && Clock::now() < deadline) {
+      std::ifstream(marker) >> *shm_name;
+      if (shm_name->empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return child;
+  }
 
   // Starts the service, connects and attaches one channel of the tiny model's shapes into
   // service_, client_ and session_ (failures are recorded; session_ stays null then).
@@ -387,9 +447,11 @@ TEST_F(ResidualServiceTest, BadRequestsAreRejectedAndTheServiceKeepsServing) {
   // A raw channel, so that requests bypass the client library's own checks.
   auto channel = grpc::CreateChannel(target_, grpc::InsecureChannelCredentials());
   auto stub = v1::Residual::NewStub(channel);
+  const HeldProof proof(1);
   v1::AttachRequest attach;
   attach.set_fingerprint(FingerprintHex());
   attach.set_client_pid(getpid());
+  attach.set_pid_proof(proof.name());
   v1::AttachResponse attached;
   {
     grpc::ClientContext context;
@@ -473,6 +535,7 @@ TEST_F(ResidualServiceTest, BadRequestsAreRejectedAndTheServiceKeepsServing) {
     request.set_fingerprint(fingerprint);
     request.set_client_pid(pid);
     request.set_max_rows(max_rows);
+    request.set_pid_proof(proof.name());
     v1::AttachResponse response;
     grpc::ClientContext context;
     return stub->Attach(&context, request, &response).error_code();
@@ -514,6 +577,228 @@ TEST_F(ResidualServiceTest, WrongFingerprintIsRefused) {
   EXPECT_EQ(client->Info()->attached_clients(), 0u);
 }
 
+// A raw Attach for `pid` presenting `proof` (the client library always sends its own pid and a
+// proof it holds).
+grpc::Status RawAttach(const std::string& target, const std::string& fingerprint, int32_t pid,
+                       const std::string& proof, v1::AttachResponse* response) {
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  auto stub = v1::Residual::NewStub(channel);
+  v1::AttachRequest request;
+  request.set_fingerprint(fingerprint);
+  request.set_client_pid(pid);
+  request.set_pid_proof(proof);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  return stub->Attach(&context, request, response);
+}
+
+TEST_F(ResidualServiceTest, AttachIsOnlyForTheCallersOwnProcess) {
+  ServiceProcess service(kServiceBinary);
+  StartService(service);
+  auto client = Connect();
+  const HeldProof proof(2);
+  v1::AttachResponse response;
+  // Process 1 and another live process of this user (a child) do not hold this process's proof.
+  grpc::Status status = RawAttach(target_, FingerprintHex(), 1, proof.name(), &response);
+  EXPECT_EQ(status.error_code(), grpc::PERMISSION_DENIED) << status.error_message();
+  EXPECT_NE(status.error_message().find("own process"), std::string::npos)
+      << status.error_message();
+  pid_t sleeper = 0;
+  std::string sleep_path = "/bin/sleep", seconds = "30";
+  char* argv[] = {sleep_path.data(), seconds.data(), nullptr};
+  ASSERT_EQ(posix_spawn(&sleeper, sleep_path.c_str(), nullptr, nullptr, argv, environ), 0);
+  status = RawAttach(target_, FingerprintHex(), sleeper, proof.name(), &response);
+  EXPECT_EQ(status.error_code(), grpc::PERMISSION_DENIED) << status.error_message();
+  kill(sleeper, SIGKILL);
+  waitpid(sleeper, nullptr, 0);
+  // No proof, or not one of the expected form.
+  const std::string prefix = shm::kAttachProofPrefix;
+  for (const std::string& bad :
+       {std::string(), prefix + "0123", prefix + std::string(32, 'g'),
+        std::string("bitsplit-attachX") + std::string(32, '0'), prefix + std::string(33, '0')}) {
+    EXPECT_EQ(RawAttach(target_, FingerprintHex(), getpid(), bad, &response).error_code(),
+              grpc::INVALID_ARGUMENT)
+        << bad;
+  }
+  // A well-formed proof this process no longer holds.
+  HeldProof closed(3);
+  closed.Close();
+  status = RawAttach(target_, FingerprintHex(), getpid(), closed.name(), &response);
+  EXPECT_EQ(status.error_code(), grpc::PERMISSION_DENIED) << status.error_message();
+  EXPECT_EQ(client->Info()->attached_clients(), 0u);
+  // Its own pid with the proof it holds: attached.
+  status = RawAttach(target_, FingerprintHex(), getpid(), proof.name(), &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(std::filesystem::exists("/dev/shm" + response.shm_name()));
+  EXPECT_EQ(client->Info()->attached_clients(), 1u);
+}
+
+TEST_F(ResidualServiceTest, AttachOfAnotherUsersProcessCannotBeVerified) {
+  // The service runs as nobody, so it may not read this (root) process's fd table.
+  if (geteuid() != 0) GTEST_SKIP() << "needs root, to run the service as another user";
+  if (!std::filesystem::exists("/usr/bin/setpriv")) GTEST_SKIP() << "no setpriv";
+  const std::string dir = *dir_ + "/nobody";
+  std::filesystem::create_directories(dir);
+  std::filesystem::permissions(*dir_, std::filesystem::perms::others_exec,
+                               std::filesystem::perm_options::add);
+  std::filesystem::permissions(dir, std::filesystem::perms::all);
+  const std::string residual = dir + "/tiny.residual.bsplit";
+  std::filesystem::copy_file(*residual_path_, residual);
+  std::filesystem::permissions(residual, std::filesystem::perms::others_read,
+                               std::filesystem::perm_options::add);
+  const std::string socket = dir + "/residual.sock";
+  ServiceProcess service("/usr/bin/setpriv");
+  ASSERT_TRUE(service.Start({"--reuid=65534", "--regid=65534", "--clear-groups", kServiceBinary,
+                             residual, "--socket", socket, "--threads", "1"}));
+  ASSERT_TRUE(WaitServing("unix:" + socket, service)) << service.Stderr();
+  const HeldProof proof(4);
+  v1::AttachResponse response;
+  const grpc::Status status =
+      RawAttach("unix:" + socket, FingerprintHex(), getpid(), proof.name(), &response);
+  EXPECT_EQ(status.error_code(), grpc::PERMISSION_DENIED) << status.error_message();
+  EXPECT_NE(status.error_message().find("cannot be verified"), std::string::npos)
+      << status.error_message();
+}
+
+TEST_F(ResidualServiceTest, ChannelLimitsRefuseBeyondWithResourceExhausted) {
+  {
+    ServiceProcess service(kServiceBinary);
+    StartService(service, {"--max-channels", "4", "--max-channels-per-client", "2"});
+    auto client = Connect();
+    auto first = client->Attach(FingerprintHex(), 0, &tiny_shapes_);
+    auto second = client->Attach(FingerprintHex(), 0, &tiny_shapes_);
+    ASSERT_TRUE(first.ok() && second.ok()) << first.status() << " " << second.status();
+    auto third = client->Attach(FingerprintHex(), 0, &tiny_shapes_);
+    EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+    EXPECT_NE(third.status().message().find("per-client limit"), std::string::npos)
+        << third.status();
+    // Another process still gets a channel: the limit is per client process.
+    std::string shm_name;
+    const pid_t child = SpawnAttachedChild(&shm_name);
+    ASSERT_GT(child, 0);
+    EXPECT_EQ(client->Info()->attached_clients(), 3u);
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    // A detached channel frees its place.
+    ASSERT_TRUE((*first)->Detach().ok());
+    third = client->Attach(FingerprintHex(), 0, &tiny_shapes_);
+    EXPECT_TRUE(third.ok()) << third.status();
+  }
+  {
+    ServiceProcess service(kServiceBinary);
+    StartService(service, {"--max-channels", "2", "--max-channels-per-client", "4"});
+    auto client = Connect();
+    auto first = client->Attach(FingerprintHex(), 0, &tiny_shapes_);
+    auto second = client->Attach(FingerprintHex(), 0, &tiny_shapes_);
+    ASSERT_TRUE(first.ok() && second.ok()) << first.status() << " " << second.status();
+    auto third = client->Attach(FingerprintHex(), 0, &tiny_shapes_);
+    EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+    EXPECT_NE(third.status().message().find("already has 2 attached channels, its limit"),
+              std::string::npos)
+        << third.status();
+    EXPECT_EQ(client->Info()->attached_clients(), 2u);
+  }
+  for (const std::string flag : {"--max-channels", "--max-channels-per-client"}) {
+    ServiceProcess bad(kServiceBinary);
+    ASSERT_TRUE(bad.Start({*residual_path_, "--socket", socket_, flag, "0"}));
+    EXPECT_NE(bad.Wait(std::chrono::seconds(10)), 0) << flag;
+    EXPECT_NE(bad.Stderr().find(flag), std::string::npos) << bad.Stderr();
+  }
+}
+
+TEST_F(ResidualServiceTest, KilledServiceSegmentIsRemovedByItsClientAndOnlyThen) {
+  rpc::ResidualClientOptions options;
+  options.rpc_timeout = std::chrono::milliseconds(1000);
+  options.shm.liveness_timeout = std::chrono::milliseconds(500);
+  {
+    // A stopped service lives: its client gives up on it, but leaves the segment alone.
+    ServiceProcess service(kServiceBinary);
+    StartService(service);
+    auto client = Connect(options);
+    auto session = client->Attach(FingerprintHex(), 0, &tiny_shapes_);
+    ASSERT_TRUE(session.ok()) << session.status();
+    const std::string path = "/dev/shm" + (*session)->attach_response().shm_name();
+    service.Stop();
+    ThreadPool pool(1);
+    const quant::QuantizedActivations x = RandomActivations(2, 128, 5);
+    GroupOutputs out(*tiny_shapes_.Find({0, LinearGroup::kQkv}), 2, 5);
+    EXPECT_EQ(
+        (*session)->residual().Accumulate({0, LinearGroup::kQkv}, x, out.pointers, pool).code(),
+        absl::StatusCode::kUnavailable);
+    session->reset();  // the Detach call times out
+    EXPECT_TRUE(std::filesystem::exists(path));
+    service.Kill(SIGKILL);
+    shm_unlink(path.substr(8).c_str());  // no client left to see the death
+  }
+  // Killed: the watcher of the idle session removes the segment at once.
+  ServiceProcess service(kServiceBinary);
+  StartService(service);
+  auto client = Connect(options);
+  auto session = client->Attach(FingerprintHex(), 0, &tiny_shapes_);
+  ASSERT_TRUE(session.ok()) << session.status();
+  const std::string path = "/dev/shm" + (*session)->attach_response().shm_name();
+  ASSERT_TRUE(std::filesystem::exists(path));
+  service.Kill(SIGKILL);
+  const auto killed = Clock::now();
+  while (std::filesystem::exists(path) && Clock::now() - killed < std::chrono::seconds(2)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_LT(Clock::now() - killed, std::chrono::milliseconds(500));
+  EXPECT_TRUE((*session)->unlinked_dead_segment());
+  EXPECT_FALSE((*session)->residual().healthy());
+  // Nothing is left to detach from: OK at once.
+  const auto start = Clock::now();
+  EXPECT_TRUE((*session)->Detach().ok());
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(200));
+}
+
+TEST(ShmChannelClientTest, RemovesAnExitedServicesSegmentOnlyWhileTheNameIsThatSegment) {
+  // The "service" is a child that only waits; the test creates its segments for it.
+  const pid_t server = fork();
+  ASSERT_GE(server, 0);
+  if (server == 0) {
+    pause();
+    _exit(0);
+  }
+  auto layout = shm::ComputeShmLayout(4, 128, 384);
+  ASSERT_TRUE(layout.ok());
+  const SplitFingerprint fingerprint = MakeFingerprint(9);
+  const std::string base = "/bitsplit-unlink-test-" + std::to_string(getpid());
+  const std::string replaced = base + "-a", removed = base + "-b";
+  auto segment_a =
+      shm::ShmSegment::Create(replaced, *layout, 1, server, getpid(), fingerprint.data());
+  auto segment_b =
+      shm::ShmSegment::Create(removed, *layout, 2, server, getpid(), fingerprint.data());
+  ASSERT_TRUE(segment_a.ok() && segment_b.ok());
+  auto a = shm::ShmChannelClient::Open(replaced, layout->segment_bytes, server, {});
+  auto b = shm::ShmChannelClient::Open(removed, layout->segment_bytes, server, {});
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
+  // Alive, and alive but stopped: nothing is removed.
+  EXPECT_FALSE((*a)->ServiceExited());
+  EXPECT_FALSE((*a)->UnlinkIfServiceExited());
+  kill(server, SIGSTOP);
+  EXPECT_FALSE((*b)->UnlinkIfServiceExited());
+  EXPECT_TRUE(std::filesystem::exists("/dev/shm" + removed));
+  kill(server, SIGKILL);
+  ASSERT_EQ(waitpid(server, nullptr, 0), server);
+  EXPECT_TRUE((*a)->ServiceExited());
+  EXPECT_FALSE((*a)->Healthy());
+  // Another object took the first name since: it stays.
+  (*segment_a)->Unlink();
+  const int fd = shm_open(replaced.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  close(fd);
+  EXPECT_FALSE((*a)->UnlinkIfServiceExited());
+  EXPECT_TRUE(std::filesystem::exists("/dev/shm" + replaced));
+  shm_unlink(replaced.c_str());
+  // The second name is still the segment: removed (once).
+  EXPECT_TRUE((*b)->UnlinkIfServiceExited());
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm" + removed));
+  EXPECT_FALSE((*b)->UnlinkIfServiceExited());
+}
+
 // The body of the child process of ClientKilledMidRequestIsReclaimed (skipped otherwise): attach,
 // then issue requests until killed.
 TEST(ResidualServiceChild, AttachAndLoop) {
@@ -538,28 +823,9 @@ TEST(ResidualServiceChild, AttachAndLoop) {
 TEST_F(ResidualServiceTest, ClientKilledMidRequestIsReclaimed) {
   ServiceProcess service(kServiceBinary);
   StartService(service);
-  const std::string marker = *dir_ + "/child.marker";
-  std::filesystem::remove(marker);
-  std::vector<std::string> env_strings = {
-      std::string(kChildSocketEnv) + "=" + socket_,
-      std::string(kChildFingerprintEnv) + "=" + FingerprintHex(),
-      std::string(kChildMarkerEnv) + "=" + marker};
-  std::vector<char*> env;
-  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
-  for (std::string& s : env_strings) env.push_back(s.data());
-  env.push_back(nullptr);
-  std::string self = std::filesystem::read_symlink("/proc/self/exe");
-  std::string filter = "--gtest_filter=ResidualServiceChild.AttachAndLoop";
-  char* argv[] = {self.data(), filter.data(), nullptr};
-  pid_t child = 0;
-  ASSERT_EQ(posix_spawn(&child, self.c_str(), nullptr, nullptr, argv, env.data()), 0);
-  const auto deadline = Clock::now() + std::chrono::seconds(20);
-  while (!std::filesystem::exists(marker) && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_TRUE(std::filesystem::exists(marker));
   std::string shm_name;
-  std::ifstream(marker) >> shm_name;
+  const pid_t child = SpawnAttachedChild(&shm_name);
+  ASSERT_GT(child, 0);
   auto client = Connect();
   EXPECT_EQ(client->Info()->attached_clients(), 1u);
   // Freeze the service so that the child is certainly waiting on a request, kill the child,

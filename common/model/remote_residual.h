@@ -83,6 +83,7 @@ class RemoteResidual final : public ResidualSource {
   const RemoteResidualStats& stats() const { return stats_; }
   int64_t max_rows() const { return channel_->header().max_rows; }
   bool healthy() const { return channel_->Healthy(); }
+  shm::ShmChannelClient& channel() { return *channel_; }
 
  private:
   absl::Status CheckFits(LinearGroupId id, int64_t rows, int64_t cols, int64_t block_stride) const;

@@ -1,10 +1,17 @@
 #include "common/rpc/residual_client.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/random.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/rpc/channel_options.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
@@ -14,6 +21,42 @@ namespace bitsplit::rpc {
 namespace v1 = bitsplit::internal::v1;
 using model::LinearGroup;
 using model::LinearGroupId;
+
+namespace {
+
+// The proof that an Attach comes from this process (shm::kAttachProofPrefix): a memfd with a
+// random name, held open until the call returns.
+class AttachProof {
+ public:
+  static absl::StatusOr<AttachProof> Create() {
+    uint8_t random[16];
+    if (getrandom(random, sizeof(random), 0) != static_cast<ssize_t>(sizeof(random))) {
+      return absl::InternalError(absl::StrCat("getrandom failed: ", std::strerror(errno)));
+    }
+    AttachProof proof;
+    proof.name_ = shm::kAttachProofPrefix;
+    for (uint8_t byte : random) proof.name_ += absl::StrFormat("%02x", byte);
+    proof.fd_ = memfd_create(proof.name_.c_str(), MFD_CLOEXEC);
+    if (proof.fd_ < 0) {
+      return absl::InternalError(absl::StrCat("memfd_create failed: ", std::strerror(errno)));
+    }
+    return proof;
+  }
+  AttachProof(AttachProof&& other) noexcept
+      : name_(std::move(other.name_)), fd_(std::exchange(other.fd_, -1)) {}
+  AttachProof& operator=(AttachProof&&) = delete;
+  ~AttachProof() {
+    if (fd_ >= 0) close(fd_);
+  }
+  const std::string& name() const { return name_; }
+
+ private:
+  AttachProof() = default;
+  std::string name_;
+  int fd_ = -1;
+};
+
+}  // namespace
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
@@ -99,6 +142,8 @@ absl::StatusOr<std::unique_ptr<ResidualSession>> ResidualClient::Attach(
   request.set_fingerprint(fingerprint_hex);
   request.set_client_pid(static_cast<int32_t>(getpid()));
   request.set_max_rows(max_rows);
+  BITSPLIT_ASSIGN_OR_RETURN(AttachProof proof, AttachProof::Create());
+  request.set_pid_proof(proof.name());
   std::unique_ptr<ResidualSession> session(new ResidualSession());
   session->stub_ = stub_;
   session->rpc_timeout_ = options_.rpc_timeout;
@@ -121,6 +166,7 @@ absl::StatusOr<std::unique_ptr<ResidualSession>> ResidualClient::Attach(
   if (!channel.ok()) return channel.status();  // the session's destructor detaches
   session->residual_ = std::make_unique<model::RemoteResidual>(*std::move(channel),
                                                                std::move(shapes), info.threads());
+  session->StartWatcher();
   return session;
 }
 
@@ -137,12 +183,46 @@ absl::StatusOr<v1::MatMulResponse> ResidualClient::MatMul(const v1::MatMulReques
   return response;
 }
 
-ResidualSession::~ResidualSession() { (void)Detach(); }
+ResidualSession::~ResidualSession() {
+  (void)Detach();
+  StopWatcher();
+}
+
+void ResidualSession::StartWatcher() {
+  const int pidfd = residual_->channel().service_pidfd();
+  if (pidfd < 0) return;  // no pidfd: nothing tells a dead service from a reused pid
+  stop_fd_ = eventfd(0, EFD_CLOEXEC);
+  if (stop_fd_ < 0) return;
+  const shm::ShmChannelClient* channel = &residual_->channel();
+  watcher_ = std::thread([this, channel, pidfd] {
+    pollfd fds[2] = {{pidfd, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    while (poll(fds, 2, -1) < 0 && errno == EINTR) {
+    }
+    if ((fds[0].revents & POLLIN) != 0)
+      unlinked_dead_segment_.store(channel->UnlinkIfServiceExited());
+  });
+}
+
+void ResidualSession::StopWatcher() {
+  if (watcher_.joinable()) {
+    const uint64_t one = 1;
+    (void)!write(stop_fd_, &one, sizeof(one));
+    watcher_.join();
+  }
+  if (stop_fd_ >= 0) close(stop_fd_);
+  stop_fd_ = -1;
+}
 
 absl::Status ResidualSession::Detach() {
   if (detached_ || channel_id_ == 0) return absl::OkStatus();
   detached_ = true;
+  StopWatcher();  // before the channel it watches goes
+  const bool service_gone = residual_ != nullptr && residual_->channel().ServiceExited();
+  if (service_gone) (void)residual_->channel().UnlinkIfServiceExited();
   residual_.reset();  // unmaps
+  // A service that has exited has nothing left to detach (and cannot reclaim its segment
+  // itself: the name was removed above).
+  if (service_gone) return absl::OkStatus();
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + rpc_timeout_);
   v1::DetachRequest request;

@@ -9,10 +9,12 @@
 //   session->reset();  // detaches
 //
 // GrpcResidual is the same ResidualSource over the MatMul RPC (the slow path).
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -69,19 +71,28 @@ class ResidualClient {
 };
 
 // An attached channel. Destroying it detaches (best effort: a service that is gone reclaims the
-// channel itself). Thread safety: like RemoteResidual, one request at a time.
+// channel itself). A service killed without detaching leaves its segment in /dev/shm: a watcher
+// thread, blocked on the service's pidfd, removes the name as soon as the process has exited
+// (only then, and only while the name still names this segment: ShmChannelClient::
+// UnlinkIfServiceExited). Thread safety: like RemoteResidual, one request at a time; the watcher
+// touches only the channel's immutable state.
 class ResidualSession {
  public:
   ~ResidualSession();
   model::RemoteResidual& residual() { return *residual_; }
   uint64_t channel_id() const { return channel_id_; }
   const internal::v1::AttachResponse& attach_response() const { return attach_; }
-  // Detaches now; later calls (and the destructor) do nothing.
+  // Detaches now; later calls (and the destructor) do nothing. OK without a call when the
+  // service has exited (its segment's name is removed then).
   absl::Status Detach();
+  // Whether the watcher removed the segment of a service that exited.
+  bool unlinked_dead_segment() const { return unlinked_dead_segment_.load(); }
 
  private:
   friend class ResidualClient;
   ResidualSession() = default;
+  void StartWatcher();
+  void StopWatcher();
 
   std::shared_ptr<internal::v1::Residual::Stub> stub_;
   std::chrono::milliseconds rpc_timeout_{0};
@@ -89,6 +100,9 @@ class ResidualSession {
   uint64_t channel_id_ = 0;
   bool detached_ = false;
   std::unique_ptr<model::RemoteResidual> residual_;
+  int stop_fd_ = -1;  // eventfd that ends the watcher
+  std::thread watcher_;
+  std::atomic<bool> unlinked_dead_segment_{false};
 };
 
 // The residual over the MatMul RPC. Bit-identical to RemoteResidual (same kernels, same add).

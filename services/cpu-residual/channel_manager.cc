@@ -7,7 +7,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/quant/split_matmul.h"
+#include "common/util/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace bitsplit::residual {
@@ -27,6 +30,17 @@ int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 
 bool PidfdExited(int pidfd) {
   pollfd pfd{pidfd, POLLIN, 0};
   return poll(&pfd, 1, 0) > 0;
+}
+
+bool IsProofName(const std::string& proof) {
+  const size_t prefix = sizeof(shm::kAttachProofPrefix) - 1;
+  if (proof.size() != prefix + 32 || proof.compare(0, prefix, shm::kAttachProofPrefix) != 0) {
+    return false;
+  }
+  for (size_t i = prefix; i < proof.size(); ++i) {
+    if (!std::isxdigit(static_cast<unsigned char>(proof[i]))) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -69,7 +83,49 @@ void ChannelManager::RemoveStaleSegments() {
   }
 }
 
-absl::StatusOr<AttachResult> ChannelManager::Attach(pid_t client_pid, uint32_t max_rows) {
+absl::Status ChannelManager::VerifyClientPid(pid_t pid, int pidfd, const std::string& proof) {
+  const std::string dir_path = absl::StrCat("/proc/", pid, "/fd");
+  DIR* dir = opendir(dir_path.c_str());
+  if (dir == nullptr) {
+    const int error = errno;
+    if (error == EACCES || error == EPERM) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("client_pid ", pid, " cannot be verified: the service (uid ", getuid(),
+                       ") may not read ", dir_path, "; clients must run as the service's user"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("client_pid ", pid,
+                                                   " is not a live process visible to the "
+                                                   "service: ",
+                                                   std::strerror(error)));
+  }
+  // A memfd's link reads "/memfd:NAME (deleted)" (it never has a file-system name).
+  const std::string expected = absl::StrCat("/memfd:", proof, " (deleted)");
+  bool found = false;
+  char target[PATH_MAX];
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    const ssize_t n = readlinkat(dirfd(dir), entry->d_name, target, sizeof(target));
+    if (n == static_cast<ssize_t>(expected.size()) &&
+        expected.compare(0, expected.size(), target, expected.size()) == 0) {
+      found = true;
+      break;
+    }
+  }
+  closedir(dir);
+  if (PidfdExited(pidfd)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("client_pid ", pid, " exited while its attach was verified"));
+  }
+  if (!found) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("client_pid ", pid, " does not hold the attach proof ", proof,
+                     " open: a client attaches channels for its own process only"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AttachResult> ChannelManager::Attach(pid_t client_pid, const std::string& pid_proof,
+                                                    uint32_t max_rows) {
   if (stopping_.load()) return absl::UnavailableError("the residual service is shutting down");
   if (client_pid <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("client_pid ", client_pid, " is not a pid"));
@@ -77,6 +133,11 @@ absl::StatusOr<AttachResult> ChannelManager::Attach(pid_t client_pid, uint32_t m
   if (max_rows > options_.max_rows) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_rows ", max_rows, " exceeds the service maximum ", options_.max_rows));
+  }
+  if (!IsProofName(pid_proof)) {
+    return absl::InvalidArgumentError(absl::StrCat("pid_proof \"", pid_proof.substr(0, 64),
+                                                   "\" is not ", shm::kAttachProofPrefix,
+                                                   " followed by 32 hex digits"));
   }
   if (max_rows == 0) max_rows = options_.max_rows;
   const int pidfd = PidfdOpen(client_pid);
@@ -87,23 +148,36 @@ absl::StatusOr<AttachResult> ChannelManager::Attach(pid_t client_pid, uint32_t m
                                                    std::strerror(errno)));
   }
   auto channel = std::make_unique<Channel>();
-  channel->pidfd = pidfd;
+  channel->pidfd = pidfd;  // closed with the channel, on every path
   channel->client_pid = client_pid;
   channel->max_rows = max_rows;
+  BITSPLIT_RETURN_IF_ERROR(VerifyClientPid(client_pid, pidfd, pid_proof));
   const model::ResidualShapes& shapes = store_.shapes();
   auto layout = shm::ComputeShmLayout(max_rows, static_cast<uint32_t>(shapes.max_cols()),
                                       static_cast<uint32_t>(shapes.max_outputs()));
   if (!layout.ok()) return layout.status();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (channels_.size() >= options_.max_channels) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the service already has ", channels_.size(), " attached channels"));
-    }
-    // Ids are hard to guess, so that a client cannot detach another's channel by accident.
-    std::random_device random;
-    channel->id = (uint64_t{random()} << 32 ^ random()) << 16 | (next_id_++ & 0xffff);
+  // The limits are checked and the channel inserted under one hold of the lock, so that
+  // concurrent attaches cannot together exceed them (creating a segment takes milliseconds).
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stopping_.load()) return absl::UnavailableError("the residual service is shutting down");
+  if (channels_.size() >= options_.max_channels) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the service already has ", channels_.size(),
+                     " attached channels, its limit (--max-channels)"));
   }
+  size_t own = 0;
+  for (const auto& [id, other] : channels_) {
+    // A channel of an exited process with a reused pid is about to be reclaimed: not counted.
+    if (other->client_pid == client_pid && !PidfdExited(other->pidfd)) ++own;
+  }
+  if (own >= options_.max_channels_per_client) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("client pid ", client_pid, " already has ", own,
+                     " attached channels, the per-client limit (--max-channels-per-client)"));
+  }
+  // Ids are hard to guess, so that a client cannot detach another's channel by accident.
+  std::random_device random;
+  channel->id = (uint64_t{random()} << 32 ^ random()) << 16 | (next_id_++ & 0xffff);
   const std::string name =
       absl::StrFormat("/%s%d-%016x", kShmPrefix, static_cast<int>(pid_), channel->id);
   auto segment = shm::ShmSegment::Create(name, *layout, channel->id, pid_, client_pid,
@@ -112,12 +186,8 @@ absl::StatusOr<AttachResult> ChannelManager::Attach(pid_t client_pid, uint32_t m
   channel->segment = *std::move(segment);
   AttachResult result{channel->id, name, layout->segment_bytes, max_rows};
   Channel* raw = channel.get();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_.load()) return absl::UnavailableError("the residual service is shutting down");
-    channels_[raw->id] = std::move(channel);
-    raw->thread = std::thread([this, raw] { Serve(raw); });
-  }
+  channels_[raw->id] = std::move(channel);
+  raw->thread = std::thread([this, raw] { Serve(raw); });
   spdlog::info("attached channel {:016x} for pid {} ({}, {} bytes, T <= {})", result.channel_id,
                client_pid, name, result.shm_bytes, max_rows);
   return result;
@@ -211,8 +281,8 @@ void ChannelManager::Serve(Channel* channel) {
     // width against the model, their sizes and views against this segment (DecodeRequest).
     auto group = store_.Validate(request.layer, request.group, request.rows, request.cols,
                                  channel->max_rows);
-    auto view = shm::DecodeRequest(header, segment.base(), segment.size(), request,
-                                   channel->max_rows);
+    auto view =
+        shm::DecodeRequest(header, segment.base(), segment.size(), request, channel->max_rows);
     if (!group.ok() || !view.ok()) {
       const absl::Status refused = group.ok() ? view.status() : group.status();
       spdlog::debug("channel {:016x}: refused request: {}", channel->id,

@@ -23,7 +23,11 @@ namespace bitsplit::residual {
 struct ChannelOptions {
   uint32_t max_rows = 256;                                        // the service maximum of T
   std::chrono::nanoseconds spin = std::chrono::microseconds(50);  // serving threads
-  size_t max_channels = 64;
+  // Every channel is a segment in /dev/shm (RAM; ~48 MB for SmolLM2 at T = 256) that lives as
+  // long as its client, so both counts are bounded. A client needs one channel per link, and
+  // briefly one more while it reattaches.
+  size_t max_channels = 16;
+  size_t max_channels_per_client = 4;
 };
 
 struct AttachResult {
@@ -38,9 +42,13 @@ class ChannelManager {
   ChannelManager(ResidualStore& store, const ChannelOptions& options);
   ~ChannelManager();  // Shutdown()
 
-  // Creates a channel for process `client_pid`. INVALID_ARGUMENT for a pid that is not a live
-  // process or a bad max_rows (0: the service maximum), RESOURCE_EXHAUSTED past max_channels.
-  absl::StatusOr<AttachResult> Attach(pid_t client_pid, uint32_t max_rows);
+  // Creates a channel for process `client_pid`, which must hold open the memfd named `pid_proof`
+  // (shm::kAttachProofPrefix + 32 hex digits; see VerifyClientPid). INVALID_ARGUMENT for a pid
+  // that is not a live process, a malformed proof or a bad max_rows (0: the service maximum);
+  // PERMISSION_DENIED when the process does not hold the proof or its fds cannot be read;
+  // RESOURCE_EXHAUSTED past max_channels or max_channels_per_client.
+  absl::StatusOr<AttachResult> Attach(pid_t client_pid, const std::string& pid_proof,
+                                      uint32_t max_rows);
   // NOT_FOUND for an unknown id.
   absl::Status Detach(uint64_t channel_id);
   size_t size() const;
@@ -51,6 +59,14 @@ class ChannelManager {
 
   // Removes /dev/shm segments of earlier service processes that no longer exist.
   static void RemoveStaleSegments();
+
+  // OK when process `pid` (whose pidfd is `pidfd`) holds an open memfd named `proof`: found
+  // among the links of /proc/<pid>/fd. The name is random and travels only in the Attach
+  // request, so a caller can present it only for a process that it is (or that took its fd).
+  // Reading another process's fd table needs ptrace read access (the same uid, or privilege),
+  // so clients of another user are refused too. The pidfd, opened before the scan, catches a pid
+  // reused during it.
+  static absl::Status VerifyClientPid(pid_t pid, int pidfd, const std::string& proof);
 
  private:
   struct Channel;

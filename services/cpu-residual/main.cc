@@ -2,7 +2,7 @@
 //
 //   bitsplit-residual MODEL.residual.bsplit [--socket PATH | --tcp HOST:PORT] [--threads N]
 //                     [--pin] [--mlock] [--no-huge-pages] [--no-prefault] [--max-rows T]
-//                     [--verbose]
+//                     [--max-channels N] [--max-channels-per-client N] [--verbose]
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -55,6 +55,14 @@ int Run(int argc, char** argv) {
   app.add_flag("--no-huge-pages", no_huge_pages, "do not madvise(MADV_HUGEPAGE) the mapping");
   app.add_flag("--no-prefault", no_prefault, "do not touch every page at startup");
   app.add_option("--max-rows", max_rows, "largest T of one request")->capture_default_str();
+  app.add_option("--max-channels", channel_options.max_channels,
+                 "shared-memory channels attached at once, in total")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--max-channels-per-client", channel_options.max_channels_per_client,
+                 "shared-memory channels one client process may hold")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   app.add_option("--spin-us", spin_us,
                  "busy-wait this long before sleeping (channels; workers where a CPU is left over)")
       ->check(CLI::Range(0, 1000000))
@@ -95,11 +103,15 @@ int Run(int argc, char** argv) {
   ResidualServiceImpl service(**store, channels);
 
   const SplitFile& file = (*store)->file();
-  rpc::ServerOptions server_options{.name = "bitsplit-residual",
-                                    .socket_path = socket_path,
-                                    .tcp_address = tcp,
-                                    .health_services = {kServiceName},
-                                    .shutdown_grace_ms = shutdown_grace_ms};
+  // Field by field: the defaults of fields not set here stay (readiness: ready whenever serving;
+  // with every channel taken, attached clients are still served and an Attach gets
+  // RESOURCE_EXHAUSTED).
+  rpc::ServerOptions server_options;
+  server_options.name = "bitsplit-residual";
+  server_options.socket_path = socket_path;
+  server_options.tcp_address = tcp;
+  server_options.health_services = {kServiceName};
+  server_options.shutdown_grace_ms = shutdown_grace_ms;
   const std::string description =
       absl::StrFormat("%s (fingerprint %s, %d layers, %llu bytes, %d threads, %s kernels%s%s)",
                       file.name(), file.fingerprint_hex(), (*store)->num_layers(),

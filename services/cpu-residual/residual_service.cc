@@ -107,9 +107,9 @@ absl::Status ResidualServiceImpl::DoAttach(const v1::AttachRequest& request,
   if (request.max_rows() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_rows ", request.max_rows(), " < 0"));
   }
-  BITSPLIT_ASSIGN_OR_RETURN(
-      AttachResult result,
-      channels_.Attach(request.client_pid(), static_cast<uint32_t>(request.max_rows())));
+  BITSPLIT_ASSIGN_OR_RETURN(AttachResult result,
+                            channels_.Attach(request.client_pid(), request.pid_proof(),
+                                             static_cast<uint32_t>(request.max_rows())));
   response->set_channel_id(result.channel_id);
   response->set_shm_name(result.shm_name);
   response->set_shm_bytes(result.shm_bytes);
