@@ -5,45 +5,65 @@
 
 namespace bitsplit::drafter {
 
-ResidualLink::~ResidualLink() { Drop(); }
+ResidualLink::~ResidualLink() { DropSession(); }
 
-void ResidualLink::Drop() {
+void ResidualLink::DropSession() {
   // The backend lets go of the source before the channel it reads is destroyed.
   if (session_ != nullptr) (void)backend_.SetResidualSource(nullptr);
-  session_.reset();  // detaches (best effort: a service that is gone reclaims the channel)
-  client_.reset();
+  // Detaches; for a service that has exited it removes the segment the service left instead.
+  session_.reset();
 }
 
 absl::Status ResidualLink::Unavailable(const absl::Status& cause) const {
-  return absl::UnavailableError(
-      absl::StrCat("cpu-residual at ", options_.target, " is unavailable: ", cause.message()));
+  spdlog::warn("cpu-residual at {} is unavailable: {}", options_.target, cause.ToString());
+  return absl::UnavailableError("the residual service is unavailable; retry shortly");
+}
+
+absl::Status ResidualLink::Refused(const absl::Status& cause) const {
+  spdlog::warn("cpu-residual at {} refused the base file (fingerprint {}): {}", options_.target,
+               options_.fingerprint, cause.ToString());
+  switch (cause.code()) {
+    case absl::StatusCode::kResourceExhausted:
+      return absl::ResourceExhaustedError("the residual service is at capacity; retry later");
+    case absl::StatusCode::kFailedPrecondition:
+      return absl::FailedPreconditionError(
+          "the residual service holds another model than the drafter (the server log has the "
+          "detail)");
+    default:
+      return absl::InternalError(
+          "the residual service refused the drafter (the server log has the detail)");
+  }
 }
 
 absl::Status ResidualLink::Ensure() {
   if (session_ != nullptr && session_->residual().healthy()) return absl::OkStatus();
-  Drop();
-  rpc::ResidualClientOptions client_options;
-  client_options.rpc_timeout = options_.timeout;
-  client_options.shm.timeout = options_.timeout;
-  auto client = rpc::ResidualClient::Connect(options_.target, client_options, options_.timeout);
-  if (!client.ok()) return Unavailable(client.status());
-  auto info = (*client)->Info();
+  if (session_ != nullptr) {
+    spdlog::warn("cpu-residual at {} (pid {}) is gone; reattaching", options_.target,
+                 session_->attach_response().server_pid());
+  }
+  DropSession();
+  if (client_ == nullptr) {
+    rpc::ResidualClientOptions client_options;
+    client_options.rpc_timeout = options_.timeout;
+    client_options.shm.timeout = options_.timeout;
+    auto client = rpc::ResidualClient::Connect(options_.target, client_options, options_.timeout);
+    if (!client.ok()) return Unavailable(client.status());
+    client_ = *std::move(client);
+  }
+  auto info = client_->Info();
   if (!info.ok()) return Unavailable(info.status());
-  auto session = (*client)->Attach(options_.fingerprint, options_.max_rows, &options_.shapes);
+  auto session = client_->Attach(options_.fingerprint, options_.max_rows, &options_.shapes);
   if (!session.ok()) {
     const absl::Status& status = session.status();
     if (status.code() == absl::StatusCode::kUnavailable ||
         status.code() == absl::StatusCode::kDeadlineExceeded) {
       return Unavailable(status);
     }
-    return absl::Status(status.code(), absl::StrCat("cpu-residual at ", options_.target,
-                                                    " refused the base file (fingerprint ",
-                                                    options_.fingerprint, "): ", status.message()));
+    return Refused(status);
   }
   if (absl::Status status = backend_.SetResidualSource(&(*session)->residual()); !status.ok()) {
     return status;
   }
-  client_ = *std::move(client);
   session_ = *std::move(session);
   residual_format_ = info->quantization();
   residual_bytes_ = info->file_bytes();
@@ -58,8 +78,7 @@ absl::Status ResidualLink::OnForwardError(const absl::Status& status) {
       status.code() != absl::StatusCode::kDeadlineExceeded) {
     return status;
   }
-  spdlog::warn("cpu-residual at {} failed: {}", options_.target, std::string(status.message()));
-  Drop();
+  DropSession();
   return Unavailable(status);
 }
 

@@ -1,10 +1,17 @@
 #pragma once
 // The drafter's attachment to cpu-residual: a shared-memory channel whose RemoteResidual the
 // backend's verifier forwards use. When the service goes away the link breaks (the forward
-// returns UNAVAILABLE); the next Ensure() reconnects and reattaches, so that once cpu-residual
-// is back (systemd restarts it) the next request succeeds.
+// returns UNAVAILABLE, or the next Ensure sees the service's process gone); the next Ensure()
+// reattaches over the same gRPC channel, so that once cpu-residual is back (systemd restarts
+// it) the next request succeeds. While it is down that channel fails calls at once (it retries
+// the connection in the background, backoff <= 500 ms: common/rpc/channel_options.h), so
+// requests fail fast instead of each waiting out the timeout.
 //
-// Thread safety: none; the drafter calls it under its engine lock, like the backend.
+// Errors name no socket, flag or fingerprint: they reach the public client through the
+// coordinator. The detail goes to the log (warn).
+//
+// Thread safety: none; the drafter calls it under its engine lock, like the backend. (The
+// session's watcher thread removes a dead service's segment on its own: residual_client.h.)
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -32,13 +39,15 @@ class ResidualLink {
       : backend_(backend), options_(std::move(options)) {}
   ~ResidualLink();
 
-  // Attaches unless attached and healthy. UNAVAILABLE ("cpu-residual at T is unavailable: ...")
-  // when the service does not answer in time; FAILED_PRECONDITION when it holds the residual of
-  // another model (the message names both fingerprints).
+  // Attaches unless attached and healthy. UNAVAILABLE when the service is down or does not
+  // answer in time; FAILED_PRECONDITION when it holds the residual of another model;
+  // RESOURCE_EXHAUSTED when it has no channel to spare; INTERNAL when it refuses otherwise.
+  // The first call (no gRPC channel yet: startup) waits up to the timeout for the service to
+  // come up; later ones fail at once while it is down.
   absl::Status Ensure();
   // After a verifier forward failed with `status`: when the residual caused it, drops the
-  // attachment (the next Ensure reattaches) and returns UNAVAILABLE naming cpu-residual;
-  // otherwise returns `status`.
+  // attachment (the next Ensure reattaches) and returns UNAVAILABLE; otherwise returns
+  // `status`.
   absl::Status OnForwardError(const absl::Status& status);
 
   bool attached() const { return session_ != nullptr; }
@@ -51,8 +60,9 @@ class ResidualLink {
   uint64_t residual_bytes() const { return residual_bytes_; }
 
  private:
-  void Drop();
+  void DropSession();
   absl::Status Unavailable(const absl::Status& cause) const;
+  absl::Status Refused(const absl::Status& cause) const;
 
   DrafterBackend& backend_;
   const ResidualLinkOptions options_;
