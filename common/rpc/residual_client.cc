@@ -100,15 +100,24 @@ absl::StatusOr<model::ResidualShapes> ShapesFromInfo(const v1::InfoResponse& inf
 
 absl::StatusOr<std::unique_ptr<ResidualClient>> ResidualClient::Connect(
     const std::string& target, const ResidualClientOptions& options,
-    std::chrono::milliseconds connect_timeout) {
+    std::chrono::milliseconds connect_timeout, bool fail_fast) {
   std::unique_ptr<ResidualClient> client(new ResidualClient());
   client->options_ = options;
   client->channel_ = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
                                                PeerChannelArguments(256 << 20));
-  if (!client->channel_->WaitForConnected(std::chrono::system_clock::now() + connect_timeout)) {
-    return absl::UnavailableError(absl::StrCat("residual service at ", target,
-                                               " is not reachable within ", connect_timeout.count(),
-                                               " ms"));
+  const auto deadline = std::chrono::system_clock::now() + connect_timeout;
+  grpc_connectivity_state state = client->channel_->GetState(/*try_to_connect=*/true);
+  while (state != GRPC_CHANNEL_READY) {
+    if (fail_fast && state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      return absl::UnavailableError(
+          absl::StrCat("residual service at ", target, " refused the connection"));
+    }
+    if (!client->channel_->WaitForStateChange(state, deadline)) {
+      return absl::UnavailableError(absl::StrCat("residual service at ", target,
+                                                 " is not reachable within ",
+                                                 connect_timeout.count(), " ms"));
+    }
+    state = client->channel_->GetState(/*try_to_connect=*/true);
   }
   client->stub_ = v1::Residual::NewStub(client->channel_);
   return client;

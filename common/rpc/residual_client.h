@@ -42,10 +42,13 @@ class ResidualSession;
 class ResidualClient {
  public:
   // `target` is a gRPC target ("unix:/path", "localhost:port"). Waits up to `connect_timeout`
-  // for the connection: UNAVAILABLE when the service does not answer.
+  // for the connection: UNAVAILABLE when the service does not answer. With `fail_fast`,
+  // UNAVAILABLE as soon as the first connection attempt fails (nothing listens: a service that
+  // is down) instead of retrying until the timeout.
   static absl::StatusOr<std::unique_ptr<ResidualClient>> Connect(
       const std::string& target, const ResidualClientOptions& options,
-      std::chrono::milliseconds connect_timeout = std::chrono::milliseconds(5000));
+      std::chrono::milliseconds connect_timeout = std::chrono::milliseconds(5000),
+      bool fail_fast = false);
 
   absl::StatusOr<internal::v1::InfoResponse> Info();
   // Attaches a shared-memory channel for this process. The service refuses a fingerprint other

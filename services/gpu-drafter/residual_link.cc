@@ -42,14 +42,20 @@ absl::Status ResidualLink::Ensure() {
                  session_->attach_response().server_pid());
   }
   DropSession();
-  if (client_ == nullptr) {
-    rpc::ResidualClientOptions client_options;
-    client_options.rpc_timeout = options_.timeout;
-    client_options.shm.timeout = options_.timeout;
-    auto client = rpc::ResidualClient::Connect(options_.target, client_options, options_.timeout);
-    if (!client.ok()) return Unavailable(client.status());
-    client_ = *std::move(client);
-  }
+  // A fresh channel each time: it tries to connect at once (a channel that failed waits out its
+  // reconnect backoff first), so a service that is back is found on the first request, and one
+  // that is still down fails that request at once. Only the first attach (startup) waits for
+  // the service to come up.
+  const bool fail_fast = tried_;
+  tried_ = true;
+  client_.reset();
+  rpc::ResidualClientOptions client_options;
+  client_options.rpc_timeout = options_.timeout;
+  client_options.shm.timeout = options_.timeout;
+  auto client =
+      rpc::ResidualClient::Connect(options_.target, client_options, options_.timeout, fail_fast);
+  if (!client.ok()) return Unavailable(client.status());
+  client_ = *std::move(client);
   auto info = client_->Info();
   if (!info.ok()) return Unavailable(info.status());
   auto session = client_->Attach(options_.fingerprint, options_.max_rows, &options_.shapes);

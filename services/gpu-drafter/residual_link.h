@@ -2,10 +2,9 @@
 // The drafter's attachment to cpu-residual: a shared-memory channel whose RemoteResidual the
 // backend's verifier forwards use. When the service goes away the link breaks (the forward
 // returns UNAVAILABLE, or the next Ensure sees the service's process gone); the next Ensure()
-// reattaches over the same gRPC channel, so that once cpu-residual is back (systemd restarts
-// it) the next request succeeds. While it is down that channel fails calls at once (it retries
-// the connection in the background, backoff <= 500 ms: common/rpc/channel_options.h), so
-// requests fail fast instead of each waiting out the timeout.
+// reattaches over a fresh gRPC channel, so that once cpu-residual is back (systemd restarts it)
+// the next request succeeds. While it is down the connection is refused at once, and so is the
+// request (UNAVAILABLE in milliseconds, not after the timeout).
 //
 // Errors name no socket, flag or fingerprint: they reach the public client through the
 // coordinator. The detail goes to the log (warn).
@@ -66,6 +65,7 @@ class ResidualLink {
 
   DrafterBackend& backend_;
   const ResidualLinkOptions options_;
+  bool tried_ = false;  // an attach was attempted (startup is over)
   std::unique_ptr<rpc::ResidualClient> client_;
   std::unique_ptr<rpc::ResidualSession> session_;
   std::string residual_format_;
