@@ -61,8 +61,8 @@ class DrafterClient::Lease final : public grpc::ClientReadReactor<v1::LeaseGrant
     {
       std::lock_guard lock(mutex_);
       done_ = true;
-      ended_ = status.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the lease ended")
-                           : status;
+      ended_ =
+          status.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the lease ended") : status;
     }
     changed_.notify_all();
   }
@@ -90,8 +90,8 @@ absl::StatusOr<uint64_t> DrafterClient::LiveLease() {
 
 void DrafterClient::DropLease(uint64_t owner_id) {
   std::lock_guard lock(lease_mutex_);
-  if (lease_ != nullptr && lease_->WaitGranted(std::chrono::milliseconds(0)).value_or(0) ==
-                               owner_id) {
+  if (lease_ != nullptr &&
+      lease_->WaitGranted(std::chrono::milliseconds(0)).value_or(0) == owner_id) {
     lease_.reset();
   }
 }
@@ -118,10 +118,14 @@ std::unique_ptr<grpc::ClientContext> DrafterClient::Context() const {
   return context;
 }
 
-absl::StatusOr<v1::DrafterInfo> DrafterClient::GetInfo() {
+absl::StatusOr<v1::DrafterInfo> DrafterClient::GetInfo() { return GetInfo(rpc_timeout_); }
+
+absl::StatusOr<v1::DrafterInfo> DrafterClient::GetInfo(std::chrono::milliseconds timeout) {
   v1::DrafterInfoRequest request;
   v1::DrafterInfo response;
-  const grpc::Status status = stub_->GetInfo(Context().get(), request, &response);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  const grpc::Status status = stub_->GetInfo(&context, request, &response);
   if (!status.ok()) return FromDrafterStatus(status);
   return response;
 }

@@ -36,6 +36,8 @@ class DrafterClient {
       std::chrono::milliseconds rpc_timeout);
 
   absl::StatusOr<internal::v1::DrafterInfo> GetInfo();
+  // With its own deadline (readiness probes).
+  absl::StatusOr<internal::v1::DrafterInfo> GetInfo(std::chrono::milliseconds timeout);
   // context 0: the server's max_context. Takes a lease first when none is live.
   absl::StatusOr<internal::v1::OpenSessionResponse> OpenSession(int32_t context);
   absl::Status CloseSession(uint64_t session_id);
@@ -48,7 +50,7 @@ class DrafterClient {
   const std::string& target() const { return target_; }
   std::chrono::milliseconds rpc_timeout() const { return rpc_timeout_; }
 
- ~DrafterClient();
+  ~DrafterClient();
 
  private:
   class Lease;

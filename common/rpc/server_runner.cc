@@ -5,12 +5,16 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/reflection_v1.h"
+#include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "spdlog/spdlog.h"
@@ -28,13 +32,69 @@ sigset_t TerminationSignals() {
   return signals;
 }
 
-void SetHealth(grpc::HealthCheckServiceInterface* health, const ServerOptions& options,
-               bool serving) {
+void SetLiveness(grpc::HealthCheckServiceInterface* health, bool serving) {
   health->SetServingStatus("", serving);
+  health->SetServingStatus(kLivenessService, serving);
+}
+
+void SetReadiness(grpc::HealthCheckServiceInterface* health, const ServerOptions& options,
+                  bool ready) {
+  health->SetServingStatus(kReadinessService, ready);
   for (const std::string& service : options.health_services) {
-    health->SetServingStatus(service, serving);
+    health->SetServingStatus(service, ready);
   }
 }
+
+// Polls options.readiness until `stop` and mirrors it into the health service.
+class ReadinessWatcher {
+ public:
+  ReadinessWatcher(grpc::HealthCheckServiceInterface* health, const ServerOptions& options)
+      : health_(health), options_(options) {
+    Poll();  // the first answer before the "serving" line
+    if (options_.readiness) thread_ = std::thread([this] { Loop(); });
+  }
+  ~ReadinessWatcher() { Stop(); }
+  void Stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock lock(mutex_);
+    while (!wake_.wait_for(lock, options_.readiness_period, [this] { return stopping_; })) {
+      lock.unlock();
+      Poll();
+      lock.lock();
+    }
+  }
+  void Poll() {
+    const absl::Status ready = options_.readiness ? options_.readiness() : absl::OkStatus();
+    if (first_ || ready.ok() != was_ready_) {
+      if (ready.ok()) {
+        spdlog::info("ready");
+      } else {
+        spdlog::warn("not ready: {}", std::string(ready.message()));
+      }
+    }
+    first_ = false;
+    was_ready_ = ready.ok();
+    SetReadiness(health_, options_, ready.ok());
+  }
+
+  grpc::HealthCheckServiceInterface* const health_;
+  const ServerOptions& options_;
+  bool first_ = true;
+  bool was_ready_ = false;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -81,13 +141,28 @@ absl::Status RunServer(const ServerOptions& options, std::span<grpc::Service* co
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // gRPC's built-in health service carries no protobuf descriptor; linking the generated one puts
+  // grpc.health.v1.Health in the pool that reflection answers from.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
                            unix_socket ? nullptr : &port);
-  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   builder.SetMaxSendMessageSize(256 << 20);
+  // Clients ping every 10 s (rpc::PeerChannelArguments); the server's default policy would
+  // answer pings that frequent with GOAWAY. The server pings too, to find dead peers.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5'000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
   for (grpc::Service* service : services) builder.RegisterService(service);
+  std::vector<std::string> service_names = options.health_services;
+  service_names.insert(service_names.end(),
+                       {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+                        "grpc.reflection.v1.ServerReflection"});
+  ReflectionV1Service reflection_v1(std::move(service_names));
+  builder.RegisterService(&reflection_v1);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || (!unix_socket && port == 0)) {
     if (server != nullptr) server->Shutdown();
@@ -95,7 +170,8 @@ absl::Status RunServer(const ServerOptions& options, std::span<grpc::Service* co
   }
   if (unix_socket) chmod(options.socket_path.c_str(), 0660);
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  SetHealth(health, options, true);
+  SetLiveness(health, true);
+  auto readiness = std::make_unique<ReadinessWatcher>(health, options);
   const std::string port_note = unix_socket ? "" : absl::StrCat(" (port ", port, ")");
   std::fprintf(stderr, "%s: serving %s on %s%s\n", options.name.c_str(), description.c_str(),
                address.c_str(), port_note.c_str());
@@ -107,7 +183,9 @@ absl::Status RunServer(const ServerOptions& options, std::span<grpc::Service* co
   spdlog::warn("signal {}: shutting down", signal_number);
   // Health first, so that clients and supervisors stop sending work; then stop accepting and
   // let in-flight RPCs finish (bounded).
-  SetHealth(health, options, false);
+  readiness.reset();
+  SetLiveness(health, false);
+  SetReadiness(health, options, false);
   std::this_thread::sleep_for(std::chrono::milliseconds(options.shutdown_grace_ms));
   if (before_shutdown) before_shutdown();
   spdlog::debug("stopping the server (in-flight calls get {} s)", kShutdownDeadline.count());

@@ -3,6 +3,14 @@
 // coordinator): listen on a unix socket (owner/group only) or TCP, health + reflection, one
 // "serving" line on stderr, graceful shutdown on SIGTERM/SIGINT.
 //
+// Health (grpc.health.v1.Health), as Kubernetes' gRPC probes and load balancers read it:
+//   ""            liveness: SERVING while the process serves, NOT_SERVING once it shuts down;
+//   "liveness"    the same;
+//   "readiness"   and every name in health_services: SERVING only while the readiness probe
+//                 says the service can take a request now (its peers reachable, capacity left).
+// Reflection, v1alpha (gRPC's plugin) and v1 (common/rpc/reflection_v1.h), describes every
+// service, the health service included. health_services must name every service registered.
+//
 //   int main(int argc, char** argv) {
 //     ... parse flags ...
 //     BlockTerminationSignals();          // before any thread exists
@@ -10,6 +18,7 @@
 //     grpc::Service* services[] = {&service};
 //     absl::Status status = RunServer(options, services, "model.base.bsplit (...)", {});
 //   }
+#include <chrono>
 #include <functional>
 #include <span>
 #include <string>
@@ -24,9 +33,17 @@ struct ServerOptions {
   std::string name;                          // "bitsplit-drafter": prefix of messages
   std::string socket_path;                   // unix socket (mode 0660) unless tcp_address is set
   std::string tcp_address;                   // "host:port"; port 0 picks one (printed)
-  std::vector<std::string> health_services;  // fully-qualified names set SERVING
+  std::vector<std::string> health_services;  // fully-qualified names that report readiness
   int shutdown_grace_ms = 200;
+  int max_receive_message_bytes = 256 << 20;  // larger requests: RESOURCE_EXHAUSTED
+  // Ready to take a request now? On failure, the reason (logged when readiness changes). Called
+  // every readiness_period on a thread of RunServer's; empty: ready whenever serving.
+  std::function<absl::Status()> readiness;
+  std::chrono::milliseconds readiness_period{500};
 };
+
+inline constexpr char kLivenessService[] = "liveness";
+inline constexpr char kReadinessService[] = "readiness";
 
 // Blocks SIGTERM/SIGINT in the calling thread, so that threads created later inherit the mask
 // and RunServer's sigwait takes them. Call first thing in main, before threads exist.

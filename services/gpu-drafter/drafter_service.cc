@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model/sampler.h"
 #include "common/model/speculation.h"
+#include "common/rpc/server_runner.h"
 #include "common/util/elapsed.h"
 #include "common/util/status_macros.h"
 #include "spdlog/spdlog.h"
@@ -37,6 +38,9 @@ DrafterService::DrafterService(DrafterBackend& backend, ResidualLink* residual_l
       options_(options),
       vocab_size_(backend.info().config.vocab_size),
       sessions_(options.max_sessions) {
+  if (residual_link_ != nullptr) {
+    residual_health_ = std::make_unique<rpc::HealthProbe>(residual_link_->target());
+  }
   for (int i = 0; i < options_.workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
   reaper_ = std::thread([this] { ReaperLoop(); });
 }
@@ -162,6 +166,19 @@ void DrafterService::EndLeases() {
   }
 }
 
+absl::Status DrafterService::Readiness() const {
+  BITSPLIT_RETURN_IF_ERROR(sessions_.CheckRoom());
+  if (residual_health_ != nullptr) {
+    if (absl::Status status =
+            residual_health_->Check(rpc::kReadinessService, std::chrono::milliseconds(1000));
+        !status.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("cpu-residual at ", residual_link_->target(), ": ", status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 int DrafterService::open_leases() const {
   std::lock_guard<std::mutex> lock(lease_mutex_);
   return static_cast<int>(leases_.size());
@@ -224,8 +241,7 @@ absl::Status DrafterService::DoGetInfo(v1::DrafterInfo* response) const {
   response->set_vram_plan(info.vram_plan);
   response->set_vram_budget_bytes(info.vram_budget_bytes);
   response->set_open_leases(open_leases());
-  response->set_session_idle_timeout_s(
-      static_cast<int32_t>(options_.session_idle_timeout.count()));
+  response->set_session_idle_timeout_s(static_cast<int32_t>(options_.session_idle_timeout.count()));
   if (residual_link_ == nullptr) {
     response->set_residual("in-process");
     response->set_residual_format(info.residual_format);

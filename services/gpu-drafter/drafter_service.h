@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "bitsplit/internal/v1/drafter.grpc.pb.h"
+#include "common/rpc/health_probe.h"
 #include "services/gpu-drafter/drafter_backend.h"
 #include "services/gpu-drafter/residual_link.h"
 #include "services/gpu-drafter/session_table.h"
@@ -58,6 +59,9 @@ class DrafterService final : public internal::v1::Drafter::CallbackService {
   // wait on them. Before the server shuts down.
   void EndLeases();
   int open_leases() const;
+  // OK when a session can be opened now: one is free and cpu-residual (when remote) reports
+  // ready. For the readiness health status.
+  absl::Status Readiness() const;
 
   // The RPCs' work, also callable without gRPC (tests, tools).
   absl::Status DoGetInfo(internal::v1::DrafterInfo* response) const;
@@ -115,6 +119,7 @@ class DrafterService final : public internal::v1::Drafter::CallbackService {
 
   DrafterBackend& backend_;
   ResidualLink* const residual_link_;
+  std::unique_ptr<rpc::HealthProbe> residual_health_;  // null when the residual is in process
   const DrafterServiceOptions options_;
   const int64_t vocab_size_;
   SessionTable sessions_;

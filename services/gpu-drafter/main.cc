@@ -194,7 +194,8 @@ int Run(int argc, char** argv) {
         "drafts with the base weights over the shared KV)");
   }
   if (idle_timeout_s < 1) {
-    return UsageError(absl::StrCat("--session-idle-timeout ", idle_timeout_s, " must be at least 1"));
+    return UsageError(
+        absl::StrCat("--session-idle-timeout ", idle_timeout_s, " must be at least 1"));
   }
   service_options.session_idle_timeout = std::chrono::seconds(idle_timeout_s);
   if (service_options.max_sessions < 1) {
@@ -294,7 +295,8 @@ int Run(int argc, char** argv) {
                                     .socket_path = socket_path,
                                     .tcp_address = tcp,
                                     .health_services = {kDrafterServiceName},
-                                    .shutdown_grace_ms = shutdown_grace_ms};
+                                    .shutdown_grace_ms = shutdown_grace_ms,
+                                    .readiness = [&service] { return service.Readiness(); }};
   const std::string backend_description =
       info.device.empty()
           ? info.name
