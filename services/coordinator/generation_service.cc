@@ -4,8 +4,10 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/text/streaming_detokenizer.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "services/coordinator/speculation_loop.h"
 #include "spdlog/spdlog.h"
 
@@ -18,12 +20,38 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+// Parses a request that came as bytes; INVALID_ARGUMENT naming the message type otherwise.
+template <typename Message>
+absl::StatusOr<Message> ParseRequest(const grpc::ByteBuffer& bytes) {
+  std::vector<grpc::Slice> slices;
+  Message message;
+  std::string joined;
+  if (bytes.Dump(&slices).ok()) {
+    joined.reserve(bytes.Length());
+    for (const grpc::Slice& slice : slices) {
+      joined.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    if (message.ParseFromString(joined)) return message;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("the request is not a valid ", Message::descriptor()->full_name(),
+                   ": malformed protobuf, or a string field that is not valid UTF-8"));
+}
+
+template <typename Message>
+void Serialize(const Message& message, grpc::ByteBuffer* out) {
+  out->Clear();  // the previous write's buffer (gRPC serializes into an empty one only)
+  bool own_buffer = false;
+  const grpc::Status status =
+      grpc::SerializationTraits<Message>::Serialize(message, out, &own_buffer);
+  if (!status.ok()) spdlog::error("serializing a response: {}", status.error_message());
+}
+
 }  // namespace
 
 // One Generate stream. Owned by gRPC: deleted in OnDone, which gRPC calls only after Finish, so
 // whoever calls Finish (through FinishWith / FinishNow) must not touch the reactor afterwards.
-class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse>,
-                              public ChunkSink {
+class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public ChunkSink {
  public:
   GenerateReactor(GenerationServiceImpl* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context), arrival_(std::chrono::steady_clock::now()) {}
@@ -33,7 +61,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     std::unique_lock lock(mutex_);
     write_done_.wait(lock, [this] { return !write_in_flight_ || cancelled_; });
     if (cancelled_ || write_failed_) return false;
-    *response_.mutable_chunk() = chunk;
+    v1::GenerateResponse response;
+    *response.mutable_chunk() = chunk;
+    Serialize(response, &response_);
     write_in_flight_ = true;
     lock.unlock();  // OnWriteDone takes the lock (and may run on another thread at once).
     StartWrite(&response_);
@@ -65,7 +95,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       Finish(status);
       return;
     }
-    response_ = std::move(last);
+    Serialize(last, &response_);
     finish_after_write_ = status;
     write_in_flight_ = true;
     lock.unlock();
@@ -116,7 +146,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
   mutable std::mutex mutex_;
   std::condition_variable write_done_;
-  v1::GenerateResponse response_;  // the write in flight; untouched until OnWriteDone
+  grpc::ByteBuffer response_;  // the write in flight; untouched until OnWriteDone
   bool write_in_flight_ = false;
   bool write_failed_ = false;
   bool cancelled_ = false;
@@ -167,6 +197,24 @@ bool GenerationServiceImpl::WaitForStreamsToFinish(std::chrono::steady_clock::ti
   return streams_finished_.wait_until(lock, deadline, [this] { return open_streams_ == 0; });
 }
 
+absl::Status GenerationServiceImpl::CheckCapacity(int drafter_open_sessions,
+                                                  int drafter_max_sessions) {
+  std::lock_guard lock(mutex_);
+  if (shutting_down_) return absl::UnavailableError("shutting down");
+  const size_t capacity = static_cast<size_t>(options_.max_active + options_.max_queue);
+  if (queue_.size() + running_.size() >= capacity) {
+    return absl::ResourceExhaustedError(absl::StrFormat("the queue is full (%d running, %d queued)",
+                                                        running_.size(), queue_.size()));
+  }
+  // Sessions this coordinator holds come back when its requests finish; sessions held by others
+  // (another coordinator) may not.
+  if (drafter_open_sessions >= drafter_max_sessions && running_.empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("all %d drafter sessions are held by other clients", drafter_max_sessions));
+  }
+  return absl::OkStatus();
+}
+
 void GenerationServiceImpl::OnStreamDone() {
   std::lock_guard lock(mutex_);
   if (--open_streams_ == 0) streams_finished_.notify_all();
@@ -183,16 +231,18 @@ void GenerationServiceImpl::OnCancelled(GenerateReactor* reactor) {
   reactor->FinishNow(grpc::Status::CANCELLED);
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationServiceImpl::Generate(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationServiceImpl::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes) {
   auto* reactor = new GenerateReactor(this, context);
   {
     std::lock_guard lock(mutex_);
     ++open_streams_;
   }
   // Bad input is refused before it can take a queue slot.
+  absl::StatusOr<v1::GenerateRequest> request = ParseRequest<v1::GenerateRequest>(*request_bytes);
   absl::StatusOr<GenerationPlan> plan =
-      ValidateRequest(*request, tokenizer_, chat_template_, options_.limits);
+      request.ok() ? ValidateRequest(*request, tokenizer_, chat_template_, options_.limits)
+                   : absl::StatusOr<GenerationPlan>(request.status());
   if (!plan.ok()) {
     spdlog::debug("Generate refused: {}", plan.status().ToString());
     reactor->FinishWithError(ToGrpcStatus(plan.status()));
@@ -206,11 +256,12 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationServiceImpl::Generate(
     if (shutting_down_) {
       refusal = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is shutting down");
     } else if (queue_.size() + running_.size() >= capacity) {
-      refusal = grpc::Status(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
-          absl::StrFormat("the coordinator is busy: %d requests running and %d queued (limits: "
-                          "--max-active %d, --max-queue %d); retry later",
-                          running_.size(), queue_.size(), options_.max_active, options_.max_queue));
+      spdlog::warn("refused a request: {} running and {} queued (--max-active {}, --max-queue {})",
+                   running_.size(), queue_.size(), options_.max_active, options_.max_queue);
+      refusal = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                             absl::StrFormat("the server is busy: %d requests running and %d "
+                                             "queued; retry later",
+                                             running_.size(), queue_.size()));
     } else {
       queue_.push_back(reactor);
     }
@@ -269,17 +320,24 @@ void GenerationServiceImpl::RunOne(GenerateReactor* reactor) {
 }
 
 grpc::ServerUnaryReactor* GenerationServiceImpl::Tokenize(grpc::CallbackServerContext* context,
-                                                          const v1::TokenizeRequest* request,
-                                                          v1::TokenizeResponse* response) {
+                                                          const grpc::ByteBuffer* request_bytes,
+                                                          grpc::ByteBuffer* response_bytes) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::TokenizeRequest> request = ParseRequest<v1::TokenizeRequest>(*request_bytes);
+  if (!request.ok()) {
+    reactor->Finish(ToGrpcStatus(request.status()));
+    return reactor;
+  }
+  v1::TokenizeResponse response;
   const std::vector<int32_t> ids = tokenizer_.Encode(request->text(), request->parse_special());
   for (const int32_t id : ids) {
-    response->add_token_ids(id);
+    response.add_token_ids(id);
     absl::StatusOr<std::string_view> piece =
         tokenizer_.TokenToPiece(id, /*render_special=*/request->parse_special());
     // A byte-level token may hold part of a character; proto strings must be valid UTF-8.
-    response->add_pieces(piece.ok() ? text::ReplaceInvalidUtf8(*piece) : std::string());
+    response.add_pieces(piece.ok() ? text::ReplaceInvalidUtf8(*piece) : std::string());
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Serialize(response, response_bytes);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

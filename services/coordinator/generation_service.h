@@ -34,7 +34,15 @@ struct GenerationServiceOptions {
   v1::ModelInfo model_info;  // GetModelInfo's answer, assembled at start
 };
 
-class GenerationServiceImpl final : public v1::Generation::CallbackService {
+// Generate and Tokenize take their requests as bytes and parse them here, so that a malformed
+// message (or a string field that is not UTF-8, which protobuf refuses to parse) is answered
+// with INVALID_ARGUMENT and a message; gRPC's generated handler answers it with an empty
+// UNIMPLEMENTED.
+using GenerationServiceBase =
+    v1::Generation::WithRawCallbackMethod_Generate<v1::Generation::WithRawCallbackMethod_Tokenize<
+        v1::Generation::WithCallbackMethod_GetModelInfo<v1::Generation::Service>>>;
+
+class GenerationServiceImpl final : public GenerationServiceBase {
  public:
   // `drafter`, `tokenizer` and `chat_template` (null: the model has none) must outlive the
   // service. Starts the worker threads.
@@ -43,11 +51,11 @@ class GenerationServiceImpl final : public v1::Generation::CallbackService {
   // Joins the workers; call after the server has shut down (or Shutdown() before that).
   ~GenerationServiceImpl() override;
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
-                                     const v1::TokenizeRequest* request,
-                                     v1::TokenizeResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::ModelInfo* response) override;
@@ -59,6 +67,10 @@ class GenerationServiceImpl final : public v1::Generation::CallbackService {
   // Waits until every Generate stream has finished (gRPC called OnDone), or until `deadline`;
   // false if some were still open then. After Shutdown() no stream runs for more than one step.
   bool WaitForStreamsToFinish(std::chrono::steady_clock::time_point deadline);
+
+  // OK when a request sent now would be taken: not shutting down, the queue has room, and the
+  // drafter has a free session or this coordinator holds one that will come free.
+  absl::Status CheckCapacity(int drafter_open_sessions, int drafter_max_sessions);
 
   // A stream's client went away: a queued request leaves the queue and finishes at once (a
   // running one is stopped by its worker at the next step).

@@ -55,6 +55,8 @@ struct Flags {
   std::string speculation = "adaptive";
   model::TreeShape shape;
   int max_tokens_limit = 4096;
+  int default_max_tokens = 512;
+  int max_request_bytes = 4 << 20;
   int drafter_timeout_ms = 120000;
   int connect_timeout_ms = 30000;
   int shutdown_grace_ms = 200;
@@ -105,6 +107,14 @@ int Run(int argc, char** argv) {
   app.add_option("--max-tokens-limit", flags.max_tokens_limit, "largest max_tokens of a request")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--default-max-tokens", flags.default_max_tokens,
+                 "max_tokens of a request that leaves it unset (cut to what fits the context)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-request-bytes", flags.max_request_bytes,
+                 "largest request message on the public port (larger: RESOURCE_EXHAUSTED)")
+      ->capture_default_str()
+      ->check(CLI::Range(1 << 10, 1 << 30));
   app.add_option("--drafter-timeout-ms", flags.drafter_timeout_ms,
                  "deadline of every drafter RPC (a hung drafter fails the request)")
       ->capture_default_str()
@@ -173,6 +183,8 @@ int Run(int argc, char** argv) {
       static_cast<int32_t>(std::min<int64_t>(config.context_length, info->max_context()));
   limits.vocab_size = (*tokenizer)->vocab_size();
   limits.max_tokens_limit = flags.max_tokens_limit;
+  limits.default_max_tokens = std::min(flags.default_max_tokens, flags.max_tokens_limit);
+  limits.max_token_bytes = MaxTokenBytes(**tokenizer);
   limits.max_tree_nodes = std::max(0, info->max_tree_nodes() - 1);
   limits.default_mode = *default_mode;
   limits.default_shape = flags.shape;
@@ -221,6 +233,17 @@ int Run(int argc, char** argv) {
   }
   server_options.health_services = {"bitsplit.v1.Generation"};
   server_options.shutdown_grace_ms = flags.shutdown_grace_ms;
+  server_options.max_receive_message_bytes = flags.max_request_bytes;
+  // Ready: the drafter answers, serves this model, and a request sent now would be taken.
+  rpc::DrafterClient& drafter_client = **drafter;
+  server_options.readiness = [&drafter_client, &service, fingerprint]() -> absl::Status {
+    auto now = drafter_client.GetInfo(std::chrono::milliseconds(1000));
+    if (!now.ok()) return absl::UnavailableError(now.status().message());
+    if (now->fingerprint() != fingerprint) {
+      return absl::FailedPreconditionError("the drafter now serves another model");
+    }
+    return service.CheckCapacity(now->open_sessions(), now->max_sessions());
+  };
   grpc::Service* services[] = {&service};
   const std::string description = absl::StrFormat(
       "%s (fingerprint %.12s, drafter %s: %s, speculation %s, max-active %d, max-queue %d)",

@@ -102,9 +102,19 @@ absl::StatusOr<SpeculationMode> ParseSpeculationMode(std::string_view name) {
                                                  "\" (expected adaptive, tree or off)"));
 }
 
+int32_t MaxTokenBytes(const text::Tokenizer& tokenizer) {
+  size_t longest = 1;
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    longest = std::max(longest, tokenizer.GetTokenText(id).value_or("").size());
+  }
+  return static_cast<int32_t>(longest);
+}
+
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& request,
                                                   const text::Tokenizer& tokenizer,
-                                                  const text::ChatTemplate* chat_template) {
+                                                  const text::ChatTemplate* chat_template,
+                                                  int64_t max_prompt_tokens,
+                                                  int32_t max_token_bytes) {
   std::string prompt_text;
   bool parse_special = false;
   switch (request.input_case()) {
@@ -140,6 +150,7 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& req
     case v1::GenerateRequest::kTokenIds: {
       const auto& ids = request.token_ids().ids();
       if (ids.empty()) return absl::InvalidArgumentError("token_ids is empty");
+
       for (int i = 0; i < ids.size(); ++i) {
         if (ids[i] < 0 || ids[i] >= tokenizer.vocab_size()) {
           return absl::InvalidArgumentError(
@@ -152,6 +163,15 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& req
     default:
       return absl::InvalidArgumentError(
           "the request has no input: set one of prompt, chat or token_ids");
+  }
+  // Refused by its length alone, so that a huge prompt costs no tokenization (seconds and GBs).
+  const int64_t fewest_tokens =
+      (static_cast<int64_t>(prompt_text.size()) + max_token_bytes - 1) / max_token_bytes;
+  if (max_prompt_tokens > 0 && fewest_tokens > max_prompt_tokens) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the prompt (%d bytes, so at least %d tokens) cannot fit: at most %d prompt tokens fit the "
+        "context with max_tokens",
+        prompt_text.size(), fewest_tokens, max_prompt_tokens));
   }
   std::vector<int32_t> tokens = tokenizer.Encode(prompt_text, parse_special);
   if (tokenizer.add_bos() && tokenizer.bos_id() >= 0) {
@@ -166,11 +186,13 @@ absl::StatusOr<GenerationPlan> ValidateRequest(const v1::GenerateRequest& reques
                                                const text::ChatTemplate* chat_template,
                                                const ServerLimits& limits) {
   GenerationPlan plan;
-  if (request.max_tokens() < 1 || request.max_tokens() > limits.max_tokens_limit) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "max_tokens must be in [1, %d], got %d", limits.max_tokens_limit, request.max_tokens()));
+  if (request.max_tokens() < 0 || request.max_tokens() > limits.max_tokens_limit) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_tokens must be in [1, %d] (or 0 for the default, %d), got %d",
+                        limits.max_tokens_limit, limits.default_max_tokens, request.max_tokens()));
   }
-  plan.max_tokens = request.max_tokens();
+  const bool default_max_tokens = request.max_tokens() == 0;
+  plan.max_tokens = default_max_tokens ? limits.default_max_tokens : request.max_tokens();
   BITSPLIT_ASSIGN_OR_RETURN(plan.sampling, SamplingFromRequest(request));
   if (request.logprobs() < 0 || request.logprobs() > limits.max_logprobs) {
     return absl::InvalidArgumentError(absl::StrFormat("logprobs must be in [0, %d], got %d",
@@ -190,8 +212,22 @@ absl::StatusOr<GenerationPlan> ValidateRequest(const v1::GenerateRequest& reques
     plan.stop_token_ids.push_back(id);
   }
   BITSPLIT_RETURN_IF_ERROR(ParseSpeculation(request.speculation(), limits, plan));
-  BITSPLIT_ASSIGN_OR_RETURN(plan.prompt_tokens, PromptTokens(request, tokenizer, chat_template));
+  // A default max_tokens gives way to the prompt; an explicit one is the client's to keep.
+  const int64_t max_prompt_tokens =
+      limits.context_length - (default_max_tokens ? 1 : plan.max_tokens);
+  if (max_prompt_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_tokens %d leaves no room for a prompt in the context of %d tokens",
+                        plan.max_tokens, limits.context_length));
+  }
+  BITSPLIT_ASSIGN_OR_RETURN(
+      plan.prompt_tokens,
+      PromptTokens(request, tokenizer, chat_template, max_prompt_tokens, limits.max_token_bytes));
   const int64_t prompt_length = static_cast<int64_t>(plan.prompt_tokens.size());
+  if (default_max_tokens && prompt_length < limits.context_length) {
+    plan.max_tokens = static_cast<int32_t>(
+        std::min<int64_t>(plan.max_tokens, limits.context_length - prompt_length));
+  }
   if (prompt_length >= limits.context_length) {
     return absl::InvalidArgumentError(
         absl::StrFormat("the prompt (%d tokens) does not fit the context of %d tokens",

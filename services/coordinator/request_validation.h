@@ -31,6 +31,11 @@ struct ServerLimits {
   int32_t context_length = 2048;  // min(model context, drafter max_context)
   int32_t vocab_size = 0;
   int32_t max_tokens_limit = 4096;
+  int32_t default_max_tokens = 512;  // for a request that leaves max_tokens unset
+  // The most input bytes one token can stand for (the longest vocabulary entry): a prompt of B
+  // bytes is at least ceil(B / max_token_bytes) tokens, so one too long for the context is
+  // refused before it is tokenized.
+  int32_t max_token_bytes = 1;
   int32_t max_tree_nodes = 63;  // drafted nodes beyond the root (drafter max_tree_nodes - 1)
   int32_t max_logprobs = 20;
   SpeculationMode default_mode = SpeculationMode::kAdaptive;
@@ -53,15 +58,23 @@ struct GenerationPlan {
 // generation prompt and encoded with special tokens; BOS first when the tokenizer asks for it.
 // Token-id input is taken as is. `chat_template` may be null (the model has none): chat input is
 // then FAILED_PRECONDITION.
+// `max_prompt_tokens` > 0: a prompt text (not token ids, which cost nothing to count) too long to
+// encode to at most that many tokens (by its byte length and `max_token_bytes`) is INVALID_ARGUMENT
+// before it is tokenized.
 absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& request,
                                                   const text::Tokenizer& tokenizer,
-                                                  const text::ChatTemplate* chat_template);
+                                                  const text::ChatTemplate* chat_template,
+                                                  int64_t max_prompt_tokens = 0,
+                                                  int32_t max_token_bytes = 1);
 
 // The adaptive policy for shapes within `bounds` (at most bounds.nodes nodes, depth at most
 // bounds.max_depth, at
 // most bounds.expansions children per expansion): the policy's default candidates that fit, else
 // `bounds` itself.
 absl::StatusOr<model::AdaptivePolicy> MakeAdaptivePolicy(const model::TreeShape& bounds);
+
+// The longest vocabulary entry in bytes (ServerLimits::max_token_bytes).
+int32_t MaxTokenBytes(const text::Tokenizer& tokenizer);
 
 absl::StatusOr<GenerationPlan> ValidateRequest(const v1::GenerateRequest& request,
                                                const text::Tokenizer& tokenizer,

@@ -1,6 +1,7 @@
 #include "services/coordinator/speculation_loop.h"
 
 #include <algorithm>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,14 +28,18 @@ int64_t NanosBetween(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count();
 }
 
-// A dead drafter or cpu-residual reaches the client as UNAVAILABLE, named so that an operator
-// knows which processes to look at; other drafter errors keep their code.
+// What a client is told when the drafter (or cpu-residual behind it) fails: what it can act on,
+// not socket paths or flag names; the detail goes to the log for the operator.
 absl::Status DrafterError(const absl::Status& status) {
+  spdlog::warn("drafter: {}", status.ToString());
   if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) {
-    return absl::UnavailableError(
-        absl::StrCat("cpu-residual/drafter unavailable: ", status.message()));
+    return absl::UnavailableError("the model backend is unavailable; retry shortly");
   }
-  return status;
+  if (absl::IsResourceExhausted(status)) {
+    return absl::ResourceExhaustedError("the server is at capacity; retry shortly");
+  }
+  if (absl::IsCancelled(status)) return status;
+  return absl::InternalError("the model backend failed (the server log has the detail)");
 }
 
 // Closes the drafter session on every way out of RunGeneration (errors and cancellation too),
@@ -88,6 +93,11 @@ class StepStats {
 };
 
 // Turns the tokens a step yields into the step's chunk and decides when generation ends.
+//
+// A token is emitted (its id, log-probabilities and count) once its text has been emitted: the
+// stop matcher holds text back, and the token ids wait with it. When a stop string completes,
+// the tokens whose text starts before the cut are emitted and the rest (the stop string's own
+// tokens) are not, so token_ids and usage describe exactly the text the client received.
 class TokenEmitter {
  public:
   TokenEmitter(const GenerationPlan& plan, const text::Tokenizer& tokenizer)
@@ -101,22 +111,28 @@ class TokenEmitter {
   absl::Status Add(int32_t token, const internal_v1::NodeChoice& choice, v1::GenerateChunk& chunk) {
     if (tokenizer_.IsEndOfGeneration(token)) return Finish(v1::FINISH_REASON_EOS, chunk);
     if (stop_ids_.contains(token)) return Finish(v1::FINISH_REASON_STOP, chunk);
-    chunk.add_token_ids(token);
-    ++completion_tokens_;
+    ++generated_tokens_;
+    Pending pending;
+    pending.token = token;
+    pending.text_begin = decoded_bytes_;
     if (plan_.logprobs > 0) {
-      v1::TokenLogprob* logprob = chunk.add_logprobs();
-      logprob->set_token_id(token);
-      logprob->set_logprob(choice.logprob());
-      logprob->mutable_top_ids()->CopyFrom(choice.top_ids());
-      logprob->mutable_top_logprobs()->CopyFrom(choice.top_logprobs());
+      pending.logprob.set_token_id(token);
+      pending.logprob.set_logprob(choice.logprob());
+      pending.logprob.mutable_top_ids()->CopyFrom(choice.top_ids());
+      pending.logprob.mutable_top_logprobs()->CopyFrom(choice.top_logprobs());
     }
     BITSPLIT_ASSIGN_OR_RETURN(const std::string piece, detokenizer_.Push(token));
-    chunk.mutable_text()->append(stop_matcher_.Push(piece));
+    decoded_bytes_ += piece.size();
+    pending.text_end = decoded_bytes_;
+    pending_.push_back(std::move(pending));
+    EmitText(stop_matcher_.Push(piece), chunk);
     if (stop_matcher_.stopped()) {
       finish_reason_ = v1::FINISH_REASON_STOP;
+      ReleaseAtStop(chunk);
       return absl::OkStatus();
     }
-    if (completion_tokens_ >= plan_.max_tokens) return Finish(v1::FINISH_REASON_LENGTH, chunk);
+    ReleaseEmitted(chunk);
+    if (generated_tokens_ >= plan_.max_tokens) return Finish(v1::FINISH_REASON_LENGTH, chunk);
     return absl::OkStatus();
   }
 
@@ -125,14 +141,50 @@ class TokenEmitter {
   int32_t completion_tokens() const { return completion_tokens_; }
 
  private:
+  struct Pending {
+    int32_t token = 0;
+    size_t text_begin = 0;  // its piece's byte range in the decoded text
+    size_t text_end = 0;
+    v1::TokenLogprob logprob;
+  };
+
+  void EmitText(const std::string& text, v1::GenerateChunk& chunk) {
+    emitted_bytes_ += text.size();
+    chunk.mutable_text()->append(text);
+  }
+  void Release(Pending& pending, v1::GenerateChunk& chunk) {
+    chunk.add_token_ids(pending.token);
+    if (plan_.logprobs > 0) *chunk.add_logprobs() = std::move(pending.logprob);
+    ++completion_tokens_;
+  }
+  // The tokens whose text is all out.
+  void ReleaseEmitted(v1::GenerateChunk& chunk) {
+    while (!pending_.empty() && pending_.front().text_end <= emitted_bytes_) {
+      Release(pending_.front(), chunk);
+      pending_.pop_front();
+    }
+  }
+  // A stop string completed at emitted_bytes_: tokens that begin before it are out.
+  void ReleaseAtStop(v1::GenerateChunk& chunk) {
+    for (Pending& pending : pending_) {
+      if (pending.text_begin < emitted_bytes_) Release(pending, chunk);
+    }
+    pending_.clear();
+  }
+
   // Ends generation for a reason other than a stop string: the held-back text is released.
   absl::Status Finish(v1::FinishReason reason, v1::GenerateChunk& chunk) {
     finish_reason_ = reason;
-    chunk.mutable_text()->append(stop_matcher_.Push(detokenizer_.Finish()));
+    const std::string tail = detokenizer_.Finish();
+    decoded_bytes_ += tail.size();
+    if (!pending_.empty()) pending_.back().text_end = decoded_bytes_;
+    EmitText(stop_matcher_.Push(tail), chunk);
     if (!stop_matcher_.stopped()) {
-      chunk.mutable_text()->append(stop_matcher_.Flush());
+      EmitText(stop_matcher_.Flush(), chunk);
+      ReleaseEmitted(chunk);
     } else {
       finish_reason_ = v1::FINISH_REASON_STOP;
+      ReleaseAtStop(chunk);
     }
     return absl::OkStatus();
   }
@@ -142,6 +194,10 @@ class TokenEmitter {
   const std::unordered_set<int32_t> stop_ids_;
   text::StreamingDetokenizer detokenizer_;
   text::StopMatcher stop_matcher_;
+  std::deque<Pending> pending_;  // generated, text not all emitted yet
+  size_t decoded_bytes_ = 0;     // text the detokenizer produced so far
+  size_t emitted_bytes_ = 0;     // text sent to the client so far
+  int32_t generated_tokens_ = 0;
   int32_t completion_tokens_ = 0;
   v1::FinishReason finish_reason_ = v1::FINISH_REASON_UNSPECIFIED;
 };
