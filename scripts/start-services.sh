@@ -235,13 +235,28 @@ start_all() {
   done
 }
 
+# Where a running service listens, from its own "serving ... on ADDRESS [(port N)]" log line:
+# the address it bound, whatever the env file says now.
+served_endpoint() {
+  local line address port
+  line=$(grep -a "^bitsplit-$1: serving " "$(log_file "$1")" 2>/dev/null | tail -n 1)
+  [[ -n $line ]] || { echo "(no serving line in $(log_file "$1"))"; return; }
+  address=${line##* on }
+  if [[ $address == *" (port "* ]]; then
+    port=${address##*(port }
+    port=${port%)}
+    address=${address%% *}
+    address=${address%:*}:$port
+  fi
+  echo "$address"
+}
+
 status_all() {
   local service pid all=0
-  [[ -f $ROOT/deploy/bitsplit.env ]] && load_env "$ROOT/deploy/bitsplit.env"
   for service in "${SERVICES[@]}"; do
     pid=$(running_pid "$service")
     if [[ -n $pid ]]; then
-      printf 'bitsplit-%-12s running  pid %-8s %s\n' "$service" "$pid" "$(endpoint_of "$service")"
+      printf 'bitsplit-%-12s running  pid %-8s %s\n' "$service" "$pid" "$(served_endpoint "$service")"
     else
       printf 'bitsplit-%-12s stopped\n' "$service"
       all=3

@@ -144,8 +144,9 @@ int RunGenerate(const GenerateOptions& options) {
   int64_t position = static_cast<int64_t>(tokens.size());
   while (generated < options.max_tokens) {
     const int32_t next = sampler.Choose(logits, options.sampling, position);
-    ++generated;
+    // The end-of-generation token is not part of the answer: not counted, as the server does.
     if ((*tokenizer)->IsEndOfGeneration(next)) break;
+    ++generated;
     auto piece = detokenizer.Push(next);
     if (!piece.ok()) return Fail(kExitFailure, std::string(piece.status().message()));
     std::fwrite(piece->data(), 1, piece->size(), stdout);

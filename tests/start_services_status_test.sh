@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# scripts/start-services.sh status reports where each running service listens as the service
+# itself printed it, not what the settings file says now: start the coordinator on a port of
+# its own, then ask for the status with the env file's default listen address in force.
+#   tests/start_services_status_test.sh SOURCE_DIR BUILD_DIR SPLIT_PREFIX
+set -uo pipefail
+SOURCE=$1 BUILD=$2 PREFIX=$3
+fail() { echo "FAIL: $*" >&2; exit 1; }
+TMP=$(mktemp -d)
+export BITSPLIT_RUN_DIR=$TMP/run BITSPLIT_BUILD_DIR=$BUILD BITSPLIT_START_TIMEOUT_S=120
+cleanup() { "$SOURCE/scripts/start-services.sh" stop >/dev/null 2>&1; rm -rf "$TMP"; }
+trap cleanup EXIT
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+BITSPLIT_LISTEN=127.0.0.1:$port "$SOURCE/scripts/start-services.sh" start --model "$PREFIX" \
+  >"$TMP/start.log" 2>&1 || { cat "$TMP/start.log"; fail "start-services.sh start failed"; }
+status=$("$SOURCE/scripts/start-services.sh" status 2>&1) || { echo "$status"; fail "status exited non-zero"; }
+echo "$status"
+grep -q "^bitsplit-coordinator .*running .*127.0.0.1:$port\$" <<<"$status" ||
+  fail "status does not name the coordinator's port $port"
+grep -q "50051" <<<"$status" && fail "status names the env file's port, not the running one"
+grep -q "^bitsplit-drafter .*running .*unix:$BITSPLIT_RUN_DIR/drafter.sock\$" <<<"$status" ||
+  fail "status does not name the drafter's socket"
+"$SOURCE/scripts/start-services.sh" stop >/dev/null 2>&1 || fail "stop failed"
+"$SOURCE/scripts/start-services.sh" status >/dev/null 2>&1 && fail "status is 0 with nothing running"
+echo "PASS"
