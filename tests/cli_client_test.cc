@@ -176,6 +176,27 @@ TEST_F(CliClientTest, ChatStreamsTheReplyAndPrintsTheStatsLine) {
   EXPECT_EQ(match[7], complete.finish_reason() == v1::FINISH_REASON_EOS ? "eos" : "length");
 }
 
+TEST_F(CliClientTest, LocalGenerateCountsTheTokensTheServerCounts) {
+  // An answer that ends with the end-of-generation token, which neither side counts.
+  const std::string message = "What is the capital of France?";
+  const testing::SplitModelPaths model = testing::SmolLm2SplitModel();
+  const Result local = Bitsplit({"generate", "--model", model.base, "--residual", model.residual,
+                                 "--chat", message, "-n", "48", "--threads", "1"});
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  v1::GenerateRequest request;
+  v1::ChatMessage* user = request.mutable_chat()->add_messages();
+  user->set_role("user");
+  user->set_content(message);
+  request.set_max_tokens(48);
+  const auto [text, complete] = Stream(request);
+  ASSERT_EQ(complete.finish_reason(), v1::FINISH_REASON_EOS);
+  EXPECT_EQ(local.out, text + "\n");
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(local.err, match, std::regex(R"(generated (\d+) tokens)")))
+      << local.err;
+  EXPECT_EQ(std::stoi(match[1]), complete.usage().completion_tokens());
+}
+
 TEST_F(CliClientTest, GenerateWithServerHonoursStopStringsAndSampling) {
   const std::string prompt = "Count from one to ten: one, two, three,";
   const Result full = Bitsplit({"generate", "--server", Server(), "--prompt", prompt, "-n", "16",
@@ -211,7 +232,7 @@ TEST_F(CliClientTest, OutputArrivesWhileGenerating) {
 }
 
 TEST_F(CliClientTest, BadInputIsOneLineWithExitStatusTwo) {
-  ExpectOneLineError(Bitsplit({"chat", "--server", Server(), "hi", "-n", "0"}), 2,
+  ExpectOneLineError(Bitsplit({"chat", "--server", Server(), "hi", "-n", "-1"}), 2,
                      "bitsplit chat: error: INVALID_ARGUMENT: max_tokens must be in [1, 4096]");
   ExpectOneLineError(Bitsplit({"chat", "--server", Server(), "hi", "--temperature", "-1"}), 2,
                      "temperature must be a finite number >= 0");

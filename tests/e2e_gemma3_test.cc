@@ -50,7 +50,7 @@ TEST(E2eGemma3Test, SpeculationIsLosslessPastTheSlidingWindow) {
   testing::GenerationStack stack;
   ASSERT_TRUE(stack.Start(testing::Gemma3SplitModel(),
                           (testing::TestTempDir() / "e2e-gemma3").string(),
-                          {.threads = 2, .coordinator_args = {}}));
+                          {.threads = 2, .coordinator_args = {}, .drafter_args = {}}));
   const std::vector<Prompt> prompts =
       Gemma3Prompts({"plain_short_capital", "plain_code", "chat_short_hi", "chat_explain",
                      "plain_long_gpl", "chat_long_mpl"});

@@ -54,6 +54,7 @@ namespace {
 using testing::GenerationStack;
 using ::testing::HasSubstr;
 using testing::kCoordinatorBinary;
+using ::testing::Not;
 using testing::Off;
 using testing::Prompt;
 using testing::ReadStream;
@@ -198,9 +199,10 @@ class E2eGenerationTest : public ::testing::Test {
   static void SetUpTestSuite() {
     stack_ = new GenerationStack();
     // One generating request and one waiting: the queue test relies on these limits.
-    ready_ = stack_->Start(
-        testing::SmolLm2SplitModel(), (testing::TestTempDir() / "e2e").string(),
-        {.threads = 1, .coordinator_args = {"--max-active", "1", "--max-queue", "1"}});
+    ready_ = stack_->Start(testing::SmolLm2SplitModel(), (testing::TestTempDir() / "e2e").string(),
+                           {.threads = 1,
+                            .coordinator_args = {"--max-active", "1", "--max-queue", "1"},
+                            .drafter_args = {}});
   }
 
   static void TearDownTestSuite() {
@@ -324,13 +326,14 @@ TEST_F(E2eGenerationTest, StopStringAcrossTokensEndsTheTextBeforeIt) {
     ASSERT_TRUE(result.complete.has_value());
     EXPECT_EQ(result.complete->finish_reason(), v1::FINISH_REASON_STOP);
     EXPECT_EQ(result.text, full_text.substr(0, stop_at));
-    // The tokens are a prefix of the plain decode, up to the one that completed the stop string.
+    // The tokens are the prefix of the plain decode whose text begins before the stop string
+    // (the last one may run into it), and usage counts exactly those.
     ASSERT_LE(result.tokens.size(), reference.size());
     EXPECT_TRUE(std::equal(result.tokens.begin(), result.tokens.end(), reference.begin()));
     ASSERT_FALSE(result.tokens.empty());
-    EXPECT_GE(Detokenize(result.tokens).size(), stop_at + stop.size());
-    EXPECT_LT(Detokenize({result.tokens.begin(), result.tokens.end() - 1}).size(),
-              stop_at + stop.size());
+    EXPECT_GE(Detokenize(result.tokens).size(), stop_at);
+    EXPECT_LT(Detokenize({result.tokens.begin(), result.tokens.end() - 1}).size(), stop_at);
+    EXPECT_EQ(result.complete->usage().completion_tokens(), static_cast<int>(result.tokens.size()));
   }
 }
 
@@ -453,7 +456,8 @@ TEST_F(E2eGenerationTest, BadRequestsAreInvalidArgumentNamingTheProblem) {
          r.set_max_tokens(100);
        },
        "exceeds the context of 2048 tokens"},
-      {"max_tokens 0", [](auto& r) { r.set_max_tokens(0); }, "max_tokens must be in [1, 4096]"},
+      {"negative max_tokens", [](auto& r) { r.set_max_tokens(-1); },
+       "max_tokens must be in [1, 4096]"},
       {"max_tokens absurd", [](auto& r) { r.set_max_tokens(1 << 30); },
        "max_tokens must be in [1, 4096]"},
       {"negative temperature", [](auto& r) { r.set_temperature(-0.5f); }, "temperature"},
@@ -652,8 +656,8 @@ TEST_F(E2eGenerationTest, FullQueueRefusesWithResourceExhausted) {
   const StreamResult third = Generate(request);
   EXPECT_EQ(third.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << third.status.error_message();
-  EXPECT_THAT(third.status.error_message(), HasSubstr("busy"));
-  EXPECT_THAT(third.status.error_message(), HasSubstr("--max-queue 1"));
+  EXPECT_THAT(third.status.error_message(), HasSubstr("busy: 1 requests running and 1 queued"));
+  EXPECT_THAT(third.status.error_message(), Not(HasSubstr("--max")));
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - refused_at).count(), 2.0);
 
   first.context.TryCancel();

@@ -117,6 +117,7 @@ class GenerationStack {
   struct Options {
     int threads = 1;                            // per service, and for the reference decoder
     std::vector<std::string> coordinator_args;  // e.g. --max-active / --max-queue
+    std::vector<std::string> drafter_args;      // e.g. --max-sessions
   };
 
   GenerationStack()
@@ -131,14 +132,7 @@ class GenerationStack {
     std::filesystem::create_directories(dir);
     dir_ = dir;
     if (!StartResidual()) return false;
-    const std::string threads = std::to_string(options_.threads);
-    // The CPU backend: its verifier is bit for bit the in-process reference decode's.
-    if (!drafter.Start({model.base, "--residual-socket", ResidualTarget(), "--socket",
-                        dir_ + "/drafter.sock", "--threads", threads, "--backend", "cpu"}) ||
-        !drafter.WaitServing(DrafterTarget(), std::chrono::seconds(120))) {
-      ADD_FAILURE() << "bitsplit-drafter did not start:\n" << drafter.Stderr();
-      return false;
-    }
+    if (!StartDrafter()) return false;
     std::vector<std::string> args = {"--model",       model.base, "--drafter",
                                      DrafterTarget(), "--socket", dir_ + "/coordinator.sock"};
     args.insert(args.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
@@ -161,6 +155,25 @@ class GenerationStack {
     }
     tokenizer_ = std::move(*tokenizer);
     chat_template_ = chat_template->chat_template;
+    return true;
+  }
+
+  bool StartDrafter() {
+    // The CPU backend: its verifier is bit for bit the in-process reference decode's.
+    std::vector<std::string> args = {model_paths_.base,
+                                     "--residual-socket",
+                                     ResidualTarget(),
+                                     "--socket",
+                                     dir_ + "/drafter.sock",
+                                     "--threads",
+                                     std::to_string(options_.threads),
+                                     "--backend",
+                                     "cpu"};
+    args.insert(args.end(), options_.drafter_args.begin(), options_.drafter_args.end());
+    if (!drafter.Start(args) || !drafter.WaitServing(DrafterTarget(), std::chrono::seconds(120))) {
+      ADD_FAILURE() << "bitsplit-drafter did not start:\n" << drafter.Stderr();
+      return false;
+    }
     return true;
   }
 
