@@ -18,6 +18,7 @@ DEB_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev librandom123-dev systemd libssl-dev
+  clang libclang-rt-14-dev  # the fuzz targets and the sanitized unit tests (scripts/fuzz.sh)
 )
 
 die() { echo "setup: error: $*" >&2; exit 1; }

@@ -11,4 +11,5 @@ else
 fi
 "$ROOT/scripts/build.sh"
 ctest --test-dir "$BUILD" --output-on-failure -j"$(nproc)" --timeout 900
+"$ROOT/scripts/sanitize.sh"          # the fast unit tests again, ASan + UBSan (clang)
 "$ROOT/scripts/fuzz.sh" --seconds 30  # each libFuzzer target of tests/fuzz, ASan + UBSan

@@ -110,11 +110,9 @@ struct EntryLayout {
 };
 
 struct ImageLayout {
-  static constexpr size_t kVersionAt = 8;
-  static constexpr size_t kKindAt = 12;
-  static constexpr size_t kFingerprintAt = 16;
+  // The header (magic 0, version 8, kind 12, fingerprint 16) is fixed; the metadata's length
+  // sits at 48 and the metadata follows at 56.
   static constexpr size_t kMetadataLengthAt = 48;
-  static constexpr size_t kMetadataAt = 56;
   size_t tensor_count_at = 0;
   std::vector<EntryLayout> entries;
   size_t entries_end = 0;
