@@ -10,23 +10,6 @@
 namespace bitsplit::shm {
 namespace {
 
-ShmHeader HeaderOf(const ShmLayout& l) {
-  ShmHeader h{};
-  std::memcpy(h.magic, kShmMagic, sizeof(kShmMagic));
-  h.version = kShmVersion;
-  h.header_bytes = kShmHeaderBytes;
-  h.segment_bytes = l.segment_bytes;
-  h.max_rows = l.max_rows;
-  h.max_cols = l.max_cols;
-  h.max_outputs = l.max_outputs;
-  h.max_block_stride = l.max_block_stride;
-  h.codes_offset = l.codes_offset;
-  h.scales_offset = l.scales_offset;
-  h.sums_offset = l.sums_offset;
-  h.outputs_offset = l.outputs_offset;
-  return h;
-}
-
 TEST(ShmLayoutTest, SmolLm2ServiceLayout) {
   // 64 rows, widest input 1536 (ffn_down), widest output 3072 (gate + up).
   auto layout = ComputeShmLayout(64, 1536, 3072);
@@ -37,8 +20,8 @@ TEST(ShmLayoutTest, SmolLm2ServiceLayout) {
   EXPECT_EQ(layout->sums_offset, layout->scales_offset + 64 * 48 * 4);
   EXPECT_EQ(layout->outputs_offset, layout->sums_offset + 64 * 48 * 4);
   EXPECT_EQ(layout->segment_bytes, (layout->outputs_offset + 64 * 3072 * 4 + 4095) / 4096 * 4096);
-  EXPECT_TRUE(CheckShmHeader(HeaderOf(*layout), layout->segment_bytes).ok());
-  EXPECT_FALSE(CheckShmHeader(HeaderOf(*layout), layout->segment_bytes + 4096).ok());
+  EXPECT_TRUE(CheckShmHeader(HeaderForLayout(*layout), layout->segment_bytes).ok());
+  EXPECT_FALSE(CheckShmHeader(HeaderForLayout(*layout), layout->segment_bytes + 4096).ok());
 }
 
 // These capacities make the 64-bit sums of the area sizes wrap to a 4096-byte "segment": a
@@ -59,7 +42,7 @@ TEST(ShmLayoutTest, CapacitiesWhoseSizesOverflowAreRefused) {
     forged.max_cols = c.cols;
     forged.max_outputs = c.outputs;
     forged.segment_bytes = 4096;
-    EXPECT_FALSE(CheckShmHeader(HeaderOf(forged), 4096).ok());
+    EXPECT_FALSE(CheckShmHeader(HeaderForLayout(forged), 4096).ok());
   }
 }
 
@@ -67,7 +50,7 @@ class DecodeRequestTest : public ::testing::Test {
  protected:
   DecodeRequestTest()
       : layout_(*ComputeShmLayout(8, 256, 512)),
-        header_(HeaderOf(layout_)),
+        header_(HeaderForLayout(layout_)),
         segment_(layout_.segment_bytes) {}
 
   absl::StatusOr<ShmRequestView> Decode(uint32_t rows, uint32_t cols, uint32_t max_rows = 8) {

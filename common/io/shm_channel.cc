@@ -38,6 +38,23 @@ int PidfdOpen(pid_t pid) {
 
 }  // namespace
 
+ShmHeader HeaderForLayout(const ShmLayout& layout) {
+  ShmHeader header{};
+  std::memcpy(header.magic, kShmMagic, sizeof(kShmMagic));
+  header.version = kShmVersion;
+  header.header_bytes = static_cast<uint32_t>(kShmHeaderBytes);
+  header.segment_bytes = layout.segment_bytes;
+  header.max_rows = layout.max_rows;
+  header.max_cols = layout.max_cols;
+  header.max_outputs = layout.max_outputs;
+  header.max_block_stride = layout.max_block_stride;
+  header.codes_offset = layout.codes_offset;
+  header.scales_offset = layout.scales_offset;
+  header.sums_offset = layout.sums_offset;
+  header.outputs_offset = layout.outputs_offset;
+  return header;
+}
+
 absl::StatusOr<ShmLayout> ComputeShmLayout(uint32_t max_rows, uint32_t max_cols,
                                            uint32_t max_outputs) {
   if (max_rows == 0 || max_cols == 0 || max_outputs == 0 || max_cols % 32 != 0) {
@@ -132,18 +149,7 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string
   segment->base_ = static_cast<uint8_t*>(base);
   segment->size_ = layout.segment_bytes;
   ShmHeader& header = segment->header_;
-  std::memcpy(header.magic, kShmMagic, sizeof(kShmMagic));
-  header.version = kShmVersion;
-  header.header_bytes = static_cast<uint32_t>(kShmHeaderBytes);
-  header.segment_bytes = layout.segment_bytes;
-  header.max_rows = layout.max_rows;
-  header.max_cols = layout.max_cols;
-  header.max_outputs = layout.max_outputs;
-  header.max_block_stride = layout.max_block_stride;
-  header.codes_offset = layout.codes_offset;
-  header.scales_offset = layout.scales_offset;
-  header.sums_offset = layout.sums_offset;
-  header.outputs_offset = layout.outputs_offset;
+  header = HeaderForLayout(layout);
   header.channel_id = channel_id;
   header.server_pid = server_pid;
   header.client_pid = client_pid;

@@ -125,6 +125,10 @@ struct ShmLayout {
 absl::StatusOr<ShmLayout> ComputeShmLayout(uint32_t max_rows, uint32_t max_cols,
                                            uint32_t max_outputs);
 
+// The header a segment of `layout` carries (magic, version, capacities, offsets); the channel's
+// identity (ids, pids, fingerprint) is left zero for the creator to fill in.
+ShmHeader HeaderForLayout(const ShmLayout& layout);
+
 // CLOCK_MONOTONIC in nanoseconds (the clock of heartbeat_ns; shared by all processes).
 uint64_t MonotonicNanos();
 

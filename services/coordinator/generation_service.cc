@@ -328,6 +328,18 @@ grpc::ServerUnaryReactor* GenerationServiceImpl::Tokenize(grpc::CallbackServerCo
     reactor->Finish(ToGrpcStatus(request.status()));
     return reactor;
   }
+  // No text longer than the longest prompt the context holds is worth tokenizing.
+  const int64_t longest_prompt_bytes =
+      static_cast<int64_t>(options_.limits.context_length) * options_.limits.max_token_bytes;
+  if (static_cast<int64_t>(request->text().size()) > longest_prompt_bytes) {
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrFormat("the text (%d bytes) is longer than any prompt the context of %d tokens "
+                        "can hold (at most %d bytes)",
+                        request->text().size(), options_.limits.context_length,
+                        longest_prompt_bytes)));
+    return reactor;
+  }
   v1::TokenizeResponse response;
   const std::vector<int32_t> ids = tokenizer_.Encode(request->text(), request->parse_special());
   for (const int32_t id : ids) {

@@ -52,23 +52,6 @@ void CheckLayout(const ShmLayout& l) {
   if (!ok) __builtin_trap();
 }
 
-ShmHeader HeaderOf(const ShmLayout& l) {
-  ShmHeader h{};
-  std::memcpy(h.magic, kShmMagic, sizeof(kShmMagic));
-  h.version = kShmVersion;
-  h.header_bytes = kShmHeaderBytes;
-  h.segment_bytes = l.segment_bytes;
-  h.max_rows = l.max_rows;
-  h.max_cols = l.max_cols;
-  h.max_outputs = l.max_outputs;
-  h.max_block_stride = l.max_block_stride;
-  h.codes_offset = l.codes_offset;
-  h.scales_offset = l.scales_offset;
-  h.sums_offset = l.sums_offset;
-  h.outputs_offset = l.outputs_offset;
-  return h;
-}
-
 void DecodeAll(Input& input, const ShmHeader& header, uint64_t segment_bytes,
                uint32_t channel_max_rows) {
   // Exactly the segment's size, so that a view one byte past it is a heap overflow. Left
@@ -110,7 +93,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto layout = ComputeShmLayout(max_rows, max_cols, max_outputs);
     if (!layout.ok()) return 0;
     CheckLayout(*layout);
-    const ShmHeader header = HeaderOf(*layout);
+    const ShmHeader header = HeaderForLayout(*layout);
     if (!CheckShmHeader(header, layout->segment_bytes).ok()) __builtin_trap();
     if (layout->segment_bytes > (uint64_t{16} << 20)) return 0;  // fuzzing speed, not a limit
     DecodeAll(input, header, layout->segment_bytes, channel_max_rows);
