@@ -3,8 +3,9 @@
 //   bitsplit-coordinator --model MODEL.base.bsplit [--drafter unix:/run/bitsplit/drafter.sock]
 //       [--listen localhost:50051 | --socket PATH] [--max-active 1] [--max-queue 16]
 //       [--speculation adaptive|tree|off] [--nodes 16] [--expansions 4] [--max-depth 8]
-//       [--max-tokens-limit 4096] [--drafter-timeout-ms 120000] [--connect-timeout-ms 30000]
-//       [--shutdown-grace-ms 200] [--verbose]
+//       [--max-tokens-limit 4096] [--default-max-tokens 512] [--max-request-bytes 4194304]
+//       [--drafter-timeout-ms 120000] [--connect-timeout-ms 30000] [--shutdown-grace-ms 200]
+//       [--verbose]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -3,7 +3,7 @@
 //   bitsplit-drafter MODEL.base.bsplit [--residual-socket unix:PATH | --residual-file RESIDUAL]
 //                    [--socket PATH | --tcp HOST:PORT] [--backend auto|cpu|cuda] [--threads N]
 //                    [--vram-budget BYTES|auto] [--max-sessions 4] [--max-context 2048]
-//                    [--max-tree-nodes 64]
+//                    [--max-tree-nodes 64] [--session-idle-timeout 300]
 //                    [--draft-model DRAFT.gguf] [--draft-kv shared|own]
 //                    [--residual-timeout-ms 5000] [--shutdown-grace-ms 200] [--verbose]
 //
