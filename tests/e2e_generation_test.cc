@@ -38,13 +38,13 @@
 #include "common/text/streaming_detokenizer.h"
 #include "common/text/tokenizer.h"
 #include "gmock/gmock.h"
-#include "google/protobuf/unknown_field_set.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/sync_stream.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/generation_stack.h"
 #include "tests/testing/paths.h"
+#include "tests/testing/reflection_client.h"
 #include "tests/testing/service_process.h"
 #include "tests/testing/split_fixture.h"
 
@@ -140,55 +140,19 @@ std::vector<Prompt> MatrixPrompts() {
   return prompts;
 }
 
-// ---- Reflection (no generated stub ships with the Debian packages: raw bytes) -----------------
+// ---- Reflection ----------------------------------------------------------------------------
 
 // The services a server lists through grpc.reflection.v1alpha.ServerReflection.
 std::set<std::string> ReflectedServices(const std::string& target) {
-  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  const grpc::internal::RpcMethod method(
-      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-      grpc::internal::RpcMethod::BIDI_STREAMING);
-  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
-      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-          channel.get(), method, &context));
-  // ServerReflectionRequest { string list_services = 7; } = "*"
-  const std::string request_bytes("\x3a\x01*", 3);
-  grpc::Slice slice(request_bytes);
-  grpc::ByteBuffer request(&slice, 1);
+  grpc::reflection::v1::ServerReflectionRequest request;
+  request.set_list_services("*");
+  const testing::ReflectionResult result = testing::ReflectionExchange(target, "v1alpha", request);
+  EXPECT_TRUE(result.status.ok()) << result.status.error_message();
   std::set<std::string> services;
-  if (!stream->Write(request)) return services;
-  stream->WritesDone();
-  grpc::ByteBuffer response;
-  if (stream->Read(&response)) {
-    std::vector<grpc::Slice> slices;
-    EXPECT_TRUE(response.Dump(&slices).ok());
-    std::string bytes;
-    for (const grpc::Slice& s : slices)
-      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    // ServerReflectionResponse { ListServiceResponse list_services_response = 6; }
-    // ListServiceResponse { repeated ServiceResponse service = 1; }
-    // ServiceResponse { string name = 1; }
-    google::protobuf::UnknownFieldSet top;
-    EXPECT_TRUE(top.ParseFromString(bytes));
-    for (int i = 0; i < top.field_count(); ++i) {
-      if (top.field(i).number() != 6) continue;
-      google::protobuf::UnknownFieldSet list;
-      EXPECT_TRUE(list.ParseFromString(top.field(i).length_delimited()));
-      for (int j = 0; j < list.field_count(); ++j) {
-        if (list.field(j).number() != 1) continue;
-        google::protobuf::UnknownFieldSet service;
-        EXPECT_TRUE(service.ParseFromString(list.field(j).length_delimited()));
-        for (int k = 0; k < service.field_count(); ++k) {
-          if (service.field(k).number() == 1) services.insert(service.field(k).length_delimited());
-        }
-      }
-    }
+  if (!result.response.has_value()) return services;
+  for (const auto& service : result.response->list_services_response().service()) {
+    services.insert(service.name());
   }
-  while (stream->Read(&response)) {
-  }
-  EXPECT_TRUE(stream->Finish().ok());
   return services;
 }
 

@@ -23,16 +23,9 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 // Parses a request that came as bytes; INVALID_ARGUMENT naming the message type otherwise.
 template <typename Message>
 absl::StatusOr<Message> ParseRequest(const grpc::ByteBuffer& bytes) {
-  std::vector<grpc::Slice> slices;
+  grpc::ByteBuffer consumed(bytes);  // Deserialize takes the buffer; this copy shares its slices
   Message message;
-  std::string joined;
-  if (bytes.Dump(&slices).ok()) {
-    joined.reserve(bytes.Length());
-    for (const grpc::Slice& slice : slices) {
-      joined.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-    }
-    if (message.ParseFromString(joined)) return message;
-  }
+  if (grpc::SerializationTraits<Message>::Deserialize(&consumed, &message).ok()) return message;
   return absl::InvalidArgumentError(
       absl::StrCat("the request is not a valid ", Message::descriptor()->full_name(),
                    ": malformed protobuf, or a string field that is not valid UTF-8"));
