@@ -49,10 +49,10 @@ std::string LinearGroupIdString(LinearGroupId id) {
   return absl::StrCat("blk.", id.layer, " ", absl::string_view(name.data(), name.size()));
 }
 
-std::vector<LinearGroupId> AllLinearGroups(const ModelConfig& config) {
+std::vector<LinearGroupId> AllLinearGroups(int32_t num_layers) {
   std::vector<LinearGroupId> groups;
-  groups.reserve(static_cast<size_t>(config.num_layers * 4 + 1));
-  for (int32_t layer = 0; layer < config.num_layers; ++layer) {
+  groups.reserve(static_cast<size_t>(num_layers) * 4 + 1);
+  for (int32_t layer = 0; layer < num_layers; ++layer) {
     for (LinearGroup group :
          {LinearGroup::kQkv, LinearGroup::kAttnOutput, LinearGroup::kGateUp, LinearGroup::kDown}) {
       groups.push_back({layer, group});
@@ -62,10 +62,23 @@ std::vector<LinearGroupId> AllLinearGroups(const ModelConfig& config) {
   return groups;
 }
 
+std::vector<LinearGroupId> AllLinearGroups(const ModelConfig& config) {
+  return AllLinearGroups(static_cast<int32_t>(config.num_layers));
+}
+
+int64_t FindLinearGroupIndex(int32_t num_layers, LinearGroupId id) {
+  if (id.group == LinearGroup::kOutputHead) {
+    return id.layer == LinearGroupId::kHeadLayer ? int64_t{num_layers} * 4 : -1;
+  }
+  const auto group = static_cast<int32_t>(id.group);
+  if (id.layer < 0 || id.layer >= num_layers || group < 0 || group >= 4) return -1;
+  return int64_t{id.layer} * 4 + group;
+}
+
 int64_t LinearGroupIndex(const ModelConfig& config, LinearGroupId id) {
-  if (id.group == LinearGroup::kOutputHead) return config.num_layers * 4;
-  BITSPLIT_CHECK(id.layer >= 0 && id.layer < config.num_layers);
-  return int64_t{id.layer} * 4 + static_cast<int64_t>(id.group);
+  const int64_t index = FindLinearGroupIndex(static_cast<int32_t>(config.num_layers), id);
+  BITSPLIT_CHECK(index >= 0);
+  return index;
 }
 
 std::vector<std::string> LinearGroupTensorNames(LinearGroupId id) {

@@ -47,10 +47,14 @@ struct LinearGroupId {
 };
 std::string LinearGroupIdString(LinearGroupId id);  // "blk.3 qkv", "output head"
 
-// Every group of a model in forward order: per layer qkv, attn_output, gate_up, down; then the
-// head.
+// Every group of a model of `num_layers` layers in forward order: per layer qkv, attn_output,
+// gate_up, down; then the head.
+std::vector<LinearGroupId> AllLinearGroups(int32_t num_layers);
 std::vector<LinearGroupId> AllLinearGroups(const ModelConfig& config);
-// Dense index of a group in AllLinearGroups order (for tables indexed by group).
+// Dense index of a group in AllLinearGroups order (for tables indexed by group), or -1 when `id`
+// names no group of such a model (a layer out of range, the head with a layer, an unknown group).
+int64_t FindLinearGroupIndex(int32_t num_layers, LinearGroupId id);
+// FindLinearGroupIndex of a group the caller knows is valid (checked: a bad id aborts).
 int64_t LinearGroupIndex(const ModelConfig& config, LinearGroupId id);
 
 // GGUF-style names of a group's weight tensors, in output order: {"blk.3.attn_q.weight",

@@ -9,13 +9,7 @@
 namespace bitsplit::model {
 
 const ResidualGroupShape* ResidualShapes::Find(LinearGroupId id) const {
-  int64_t index = -1;
-  if (id.group == LinearGroup::kOutputHead) {
-    if (id.layer == LinearGroupId::kHeadLayer) index = int64_t{num_layers} * 4;
-  } else if (id.layer >= 0 && id.layer < num_layers && static_cast<int32_t>(id.group) >= 0 &&
-             static_cast<int32_t>(id.group) < 4) {
-    index = int64_t{id.layer} * 4 + static_cast<int64_t>(id.group);
-  }
+  const int64_t index = FindLinearGroupIndex(num_layers, id);
   if (index < 0 || index >= static_cast<int64_t>(groups.size())) return nullptr;
   return &groups[static_cast<size_t>(index)];
 }

@@ -30,7 +30,7 @@ struct ResidualGroupShape {
 };
 struct ResidualShapes {
   int32_t num_layers = 0;
-  // [layer * 4 + group] for the layers, then the head at num_layers * 4 (LinearGroupIndex order).
+  // In AllLinearGroups order (FindLinearGroupIndex).
   std::vector<ResidualGroupShape> groups;
 
   // Null when `id` is out of range.

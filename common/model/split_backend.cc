@@ -34,19 +34,38 @@ void MatMulGroupRows(std::span<const quant::MatrixView> matrices, const GroupRow
   }
 }
 
+const char* SplitKernelIsaName() { return quant::MatMulIsaName(quant::ActiveMatMulIsa()); }
+
 void SplitMatMulGroup(std::span<const quant::MatrixView> matrices,
                       const quant::QuantizedActivations& x, std::span<float* const> outputs,
                       bool accumulate, ThreadPool& pool) {
   BITSPLIT_CHECK(matrices.size() == outputs.size() && !matrices.empty());
+  const GroupRowRanges ranges(matrices);
+  if (ranges.total() * matrices[0].cols <= kSmallGroupWeights) {
+    MatMulGroupRows(matrices, ranges, x, 0, ranges.total(), outputs, accumulate);
+    return;
+  }
   if (matrices.size() == 1) {
     quant::MatMul(matrices[0], x, outputs[0], accumulate, pool);
     return;
   }
-  const GroupRowRanges ranges(matrices);
   pool.ParallelForGrained(ranges.total(), quant::kMatMulRowGrain,
                           [&](int64_t begin, int64_t end, int /*worker*/) {
                             MatMulGroupRows(matrices, ranges, x, begin, end, outputs, accumulate);
                           });
+}
+
+void SplitMatMulGroupPacked(std::span<const quant::MatrixView> matrices,
+                            const quant::QuantizedActivations& x, float* y, ThreadPool& pool) {
+  BITSPLIT_CHECK(!matrices.empty() && matrices.size() <= kMaxMatricesPerGroup);
+  float* outputs[kMaxMatricesPerGroup] = {};
+  float* next = y;
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    outputs[i] = next;
+    next += x.rows * matrices[i].rows;
+  }
+  SplitMatMulGroup(matrices, x, std::span<float* const>(outputs, matrices.size()),
+                   /*accumulate=*/false, pool);
 }
 
 absl::Status InProcessResidual::Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,
@@ -110,15 +129,8 @@ absl::Status InProcessResidual::WaitStaged(LinearGroupId id, ThreadPool& pool) {
         absl::StrCat("group ", LinearGroupIdString(id), " was not submitted"));
   }
   submitted_.reset();
-  const std::span<const quant::MatrixView> matrices = residual_.group(id);
-  float* outputs[kMaxMatricesPerGroup] = {};
-  float* next = const_cast<float*>(staging_.outputs);
-  for (size_t i = 0; i < matrices.size(); ++i) {
-    outputs[i] = next;
-    next += staged_x_.rows * matrices[i].rows;
-  }
-  SplitMatMulGroup(matrices, staged_x_, std::span<float* const>(outputs, matrices.size()),
-                   /*accumulate=*/false, pool);
+  SplitMatMulGroupPacked(residual_.group(id), staged_x_, const_cast<float*>(staging_.outputs),
+                         pool);
   return absl::OkStatus();
 }
 

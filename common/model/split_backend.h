@@ -34,6 +34,13 @@
 
 namespace bitsplit::model {
 
+// A group input as the split kernels read it: int8 codes [T][cols], f32 block scales and sums
+// [T][block_stride] (common/quant/split_matmul.h).
+using QuantizedActivations = quant::QuantizedActivations;
+
+// The instruction set the split kernels of this process use ("avx512", "avx2", "scalar").
+const char* SplitKernelIsaName();
+
 // Block Hadamard rotation of every linear layer's input dimension (common/quant/hadamard.h).
 struct HadamardRotation {
   int block = 0;  // 0: not rotated; else a power of two in [8, 1024] dividing every input dim
@@ -79,17 +86,26 @@ struct GroupRowRanges {
 };
 
 // Rows [begin, end) of a group, numbered as in `ranges`: each matrix's share of them,
-// y_i (=|+=) x · W_iᵀ into outputs[i]. One thread's part of SplitMatMulGroup, and of the
-// residual service's pass (which splits the rows between its workers its own way).
+// y_i (=|+=) x · W_iᵀ into outputs[i]. One thread's part of SplitMatMulGroup.
 void MatMulGroupRows(std::span<const quant::MatrixView> matrices, const GroupRowRanges& ranges,
                      const quant::QuantizedActivations& x, int64_t begin, int64_t end,
                      std::span<float* const> outputs, bool accumulate);
 
 // y_i (=|+=) x · W_iᵀ for every matrix of a group, in one parallel pass over all their rows
-// (work split over weight rows only; results equal quant::MatMul's bits).
+// (work split over weight rows only; results equal quant::MatMul's bits). A group of at most
+// kSmallGroupWeights weights runs on the calling thread alone.
 void SplitMatMulGroup(std::span<const quant::MatrixView> matrices,
                       const quant::QuantizedActivations& x, std::span<float* const> outputs,
                       bool accumulate, ThreadPool& pool);
+// Waking the pool's workers costs more than the work below this many weights (a residual
+// service's per-request groups of the small test models); how rows are split never changes
+// results.
+inline constexpr int64_t kSmallGroupWeights = int64_t{1} << 18;
+
+// y = x · W_iᵀ for every matrix i of a group, written back to back: matrix i's [T][rows_i] at
+// y + T * (rows of the matrices before it). The layout a residual source returns.
+void SplitMatMulGroupPacked(std::span<const quant::MatrixView> matrices,
+                            const quant::QuantizedActivations& x, float* y, ThreadPool& pool);
 
 // Memory a residual source reads its activations from and leaves its output in, for callers
 // that make the activations elsewhere (the CUDA backend): they copy the activations straight in

@@ -15,8 +15,6 @@ namespace {
 
 absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-std::string FormatName(quant::SplitFormat format) { return quant::GetSplitFormatInfo(format).name; }
-
 std::string DimsString(const std::vector<int64_t>& dims) {
   return absl::StrCat("{", absl::StrJoin(dims, ", "), "}");
 }
@@ -104,12 +102,12 @@ absl::StatusOr<quant::MatrixView> SplitMatrix(const SplitFile& file, const std::
         IsSplitTensorFormat(tensor->format) &&
                 SplitFormatIdOf(tensor->format) < static_cast<uint32_t>(quant::kNumSplitFormats)
             ? absl::StrCat(
-                  FormatName(static_cast<quant::SplitFormat>(SplitFormatIdOf(tensor->format))),
+                  SplitFormatName(static_cast<quant::SplitFormat>(SplitFormatIdOf(tensor->format))),
                   " group ", tensor->group_size)
             : TensorFormatName(tensor->format);
     return TensorError(file, name,
                        absl::StrCat("is ", found, ", but the file's quantization record says ",
-                                    FormatName(format), " group ", group));
+                                    SplitFormatName(format), " group ", group));
   }
   const std::vector<int64_t> dims = {cols, rows};
   if (tensor->dims != dims) {
@@ -183,10 +181,10 @@ absl::StatusOr<SplitQuantization> SplitRecordQuantization(const nlohmann::json& 
 
 nlohmann::json SplitQuantizationToJson(const SplitQuantization& q) {
   nlohmann::json json = {
-      {"base_format", FormatName(q.base_format)},
+      {"base_format", SplitFormatName(q.base_format)},
       {"base_group", q.base_group},
       {"residual_format",
-       q.residual_format ? nlohmann::json(FormatName(*q.residual_format)) : nlohmann::json()},
+       q.residual_format ? nlohmann::json(SplitFormatName(*q.residual_format)) : nlohmann::json()},
       {"residual_group", q.residual_format ? q.residual_group : 0},
       {"rotate_block", q.rotation.block},
       {"rotate_seed", q.rotation.seed},
@@ -232,21 +230,22 @@ absl::StatusOr<SplitQuantization> SplitQuantizationFromJson(const nlohmann::json
   q.rotation.block = static_cast<int>(rotate_block);
   if (!quant::GetSplitFormatInfo(q.base_format).is_base &&
       q.base_format != quant::SplitFormat::kQ8_0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "quantization record: base format ", FormatName(q.base_format), " is not a base format"));
+    return absl::InvalidArgumentError(absl::StrCat("quantization record: base format ",
+                                                   SplitFormatName(q.base_format),
+                                                   " is not a base format"));
   }
   if (q.residual_format && !quant::GetSplitFormatInfo(*q.residual_format).is_residual) {
     return absl::InvalidArgumentError(absl::StrCat("quantization record: residual format ",
-                                                   FormatName(*q.residual_format),
+                                                   SplitFormatName(*q.residual_format),
                                                    " is not a residual format"));
   }
   return q;
 }
 
 std::string SplitQuantizationString(const SplitQuantization& q) {
-  std::string text = absl::StrCat(FormatName(q.base_format), "/g", q.base_group);
+  std::string text = absl::StrCat(SplitFormatName(q.base_format), "/g", q.base_group);
   if (q.residual_format) {
-    absl::StrAppend(&text, " + ", FormatName(*q.residual_format), "/g", q.residual_group);
+    absl::StrAppend(&text, " + ", SplitFormatName(*q.residual_format), "/g", q.residual_group);
   } else {
     absl::StrAppend(&text, " (base only)");
   }
@@ -257,6 +256,23 @@ std::string SplitQuantizationString(const SplitQuantization& q) {
     absl::StrAppend(&text, ", calibrated on ", q.calibration_tokens, " tokens");
   }
   return text;
+}
+
+std::string SplitBaseString(const SplitQuantization& q) {
+  std::string text = absl::StrCat(SplitFormatName(q.base_format), "/g", q.base_group);
+  if (q.rotation.enabled()) {
+    absl::StrAppend(&text, ", hadamard ", q.rotation.block, " (seed ", q.rotation.seed, ")");
+  }
+  return text;
+}
+
+std::string SplitResidualString(const SplitQuantization& q) {
+  if (!q.residual_format) return "";
+  return absl::StrCat(SplitFormatName(*q.residual_format), "/g", q.residual_group);
+}
+
+std::string SplitFormatName(quant::SplitFormat format) {
+  return quant::GetSplitFormatInfo(format).name;
 }
 
 RowSizeOracle SplitFormatRowSizeOracle() {

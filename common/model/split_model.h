@@ -57,6 +57,12 @@ absl::StatusOr<SplitQuantization> SplitRecordQuantization(const nlohmann::json& 
 
 // One line for messages and summaries: "b2_asym/g64 + r8/g64, hadamard 64 (seed 1)".
 std::string SplitQuantizationString(const SplitQuantization& quantization);
+// Its halves: the base "b2_asym/g64, hadamard 64 (seed 1)" (the rotation applies to the base
+// matmul's input) and the residual "r8/g64" ("" for a base-only model).
+std::string SplitBaseString(const SplitQuantization& quantization);
+std::string SplitResidualString(const SplitQuantization& quantization);
+// "b2_asym", "r8", "q8_0", ...
+std::string SplitFormatName(quant::SplitFormat format);
 
 // Row byte sizes of the split formats, for SplitFile::Open and SplitFileWriter::Create.
 RowSizeOracle SplitFormatRowSizeOracle();

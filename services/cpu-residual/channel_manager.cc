@@ -16,7 +16,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/quant/split_matmul.h"
 #include "common/util/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -53,7 +52,7 @@ struct ChannelManager::Channel {
   std::unique_ptr<shm::ShmSegment> segment;
   std::atomic<bool> stop{false};
   std::thread thread;
-  quant::QuantizedActivations activations;  // the serving thread's copy of each request
+  model::QuantizedActivations activations;  // the serving thread's copy of each request
 
   ~Channel() {
     if (pidfd >= 0) close(pidfd);
@@ -268,7 +267,7 @@ void ChannelManager::Serve(Channel* channel) {
   shm::ShmSegment& segment = *channel->segment;
   const shm::ShmHeader& header = segment.header();  // the service's own copy
   uint32_t last = 0;  // a new segment starts at seq 0; a request may already be waiting
-  quant::QuantizedActivations& x = channel->activations;
+  model::QuantizedActivations& x = channel->activations;
   while (!channel->stop.load(std::memory_order_relaxed)) {
     shm::ShmRequestCopy request;
     if (!shm::WaitForRequest(segment, last, options_.spin, std::chrono::milliseconds(100),
@@ -291,8 +290,8 @@ void ChannelManager::Serve(Channel* channel) {
                            shm::MonotonicNanos() - start);
       continue;
     }
-    CopyActivations(view->rows, view->cols, static_cast<int64_t>(view->block_stride), view->codes,
-                    view->scales, view->sums, &x);
+    model::CopyActivations(view->rows, view->cols, static_cast<int64_t>(view->block_stride),
+                           view->codes, view->scales, view->sums, &x);
     float* y = view->outputs;
     const uint64_t compute_ns = store_.Compute(**group, x, y);
     uint32_t output_rows[shm::kShmMaxOutputs] = {0, 0, 0};

@@ -11,7 +11,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/quant/split_matmul.h"
 #include "common/rpc/server_runner.h"
 #include "grpcpp/grpcpp.h"
 #include "services/cpu-residual/channel_manager.h"
@@ -116,7 +115,7 @@ int Run(int argc, char** argv) {
       absl::StrFormat("%s (fingerprint %s, %d layers, %llu bytes, %d threads, %s kernels%s%s)",
                       file.name(), file.fingerprint_hex(), (*store)->num_layers(),
                       static_cast<unsigned long long>((*store)->weight_bytes()),
-                      (*store)->threads(), quant::MatMulIsaName(quant::ActiveMatMulIsa()),
+                      (*store)->threads(), model::SplitKernelIsaName(),
                       (*store)->mlocked() ? ", mlocked" : "", (*store)->pinned() ? ", pinned" : "");
   grpc::Service* services[] = {&service};
   // The channels close after the server stops (attached clients then get UNAVAILABLE).

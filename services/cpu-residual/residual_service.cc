@@ -7,8 +7,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/quant/split_format.h"
-#include "common/quant/split_matmul.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::residual {
@@ -68,17 +66,17 @@ absl::Status ResidualServiceImpl::DoInfo(v1::InfoResponse* response) {
   response->set_weight_bytes(store_.weight_bytes());
   response->set_num_layers(store_.num_layers());
   response->set_quantization(store_.quantization());
-  for (const StoreGroup& group : store_.groups()) {
+  for (const model::ResidualGroup& group : store_.groups()) {
     v1::GroupInfo* info = response->add_groups();
     info->set_layer(group.id.layer);
     info->set_group(static_cast<v1::MatrixGroup>(static_cast<int>(group.id.group) + 1));
     for (size_t i = 0; i < group.matrices.size(); ++i) {
-      const quant::MatrixView& m = group.matrices[i];
+      const auto& m = group.matrices[i];
       v1::MatrixInfo* matrix = info->add_matrices();
       matrix->set_name(group.names[i]);
       matrix->set_rows(m.rows);
       matrix->set_cols(m.cols);
-      matrix->set_format(quant::GetSplitFormatInfo(m.format).name);
+      matrix->set_format(model::SplitFormatName(m.format));
       matrix->set_group_size(m.group);
       matrix->set_bytes(static_cast<uint64_t>(m.rows) * m.row_stride);
     }
@@ -123,7 +121,7 @@ absl::Status ResidualServiceImpl::DoMatMul(const v1::MatMulRequest& request,
                                            v1::MatMulResponse* response) {
   const uint64_t start = NowNanos();
   const int64_t group_value = static_cast<int64_t>(request.group()) - 1;
-  BITSPLIT_ASSIGN_OR_RETURN(const StoreGroup* group,
+  BITSPLIT_ASSIGN_OR_RETURN(const model::ResidualGroup* group,
                             store_.Validate(request.layer(), group_value, request.rows(),
                                             request.cols(), channels_.max_rows()));
   const int64_t rows = request.rows(), cols = request.cols();
@@ -136,13 +134,13 @@ absl::Status ResidualServiceImpl::DoMatMul(const v1::MatMulRequest& request,
         ", sums ", request.sums().size(), " bytes) do not match T = ", rows, ", cols = ", cols,
         " (expected ", rows * cols, ", ", scale_bytes, ", ", scale_bytes, ")"));
   }
-  quant::QuantizedActivations x;
-  CopyActivations(rows, cols, stride, request.codes().data(), request.scales().data(),
-                  request.sums().data(), &x);
+  model::QuantizedActivations x;
+  model::CopyActivations(rows, cols, stride, request.codes().data(), request.scales().data(),
+                         request.sums().data(), &x);
   std::vector<float> y(static_cast<size_t>(rows * group->total_rows));
   const uint64_t compute_ns = store_.Compute(*group, x, y.data());
   const float* p = y.data();
-  for (const quant::MatrixView& m : group->matrices) {
+  for (const auto& m : group->matrices) {
     const size_t n = static_cast<size_t>(rows * m.rows);
     response->add_outputs()->assign(reinterpret_cast<const char*>(p), n * sizeof(float));
     response->add_output_rows(m.rows);

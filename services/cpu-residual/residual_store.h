@@ -1,7 +1,7 @@
 #pragma once
-// The residual file the service holds: mapped (never copied), validated, optionally locked in
-// RAM, advised for transparent huge pages and pre-faulted, with a view of every matrix group and
-// the kernels that compute a group for a batch of activations.
+// The residual file the service holds (model::ResidualFile: mapped, never copied, validated),
+// its memory optionally locked in RAM, advised for transparent huge pages and pre-faulted, and
+// the kernel threads that compute a group for a batch of activations.
 #include <sys/types.h>
 
 #include <chrono>
@@ -14,9 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/io/split_file.h"
-#include "common/model/linear_backend.h"
-#include "common/model/remote_residual.h"
-#include "common/quant/split_matmul.h"
+#include "common/model/residual_file.h"
 #include "common/util/thread_pool.h"
 
 namespace bitsplit::residual {
@@ -34,23 +32,6 @@ struct StoreOptions {
   uint64_t memory_total_override = 0;  // testing: pretend MemTotal/MemAvailable are this
 };
 
-// One group's matrices.
-struct StoreGroup {
-  model::LinearGroupId id;
-  std::vector<quant::MatrixView> matrices;  // output order
-  std::vector<std::string> names;
-  int64_t cols = 0;
-  int64_t total_rows = 0;
-  uint64_t bytes = 0;
-};
-
-// Fills `x` (reusing its buffers) with T = rows activation rows received from a client: int8
-// codes [rows][cols] and f32 block scales and sums [rows][block_stride], copied from `codes`,
-// `scales` and `sums`. The caller has validated the sizes; both transports (shared memory and
-// the MatMul RPC) hand their bytes to the kernels through this one copy.
-void CopyActivations(int64_t rows, int64_t cols, int64_t block_stride, const void* codes,
-                     const void* scales, const void* sums, quant::QuantizedActivations* x);
-
 class ResidualStore {
  public:
   // Opens and validates `path` (a residual split file) and prepares memory as `options` say.
@@ -59,12 +40,13 @@ class ResidualStore {
   static absl::StatusOr<std::unique_ptr<ResidualStore>> Open(const std::string& path,
                                                              const StoreOptions& options);
 
-  const SplitFile& file() const { return *file_; }
-  const std::string& quantization() const { return quantization_; }
-  int32_t num_layers() const { return num_layers_; }
-  const std::vector<StoreGroup>& groups() const { return groups_; }  // LinearGroupIndex order
-  const model::ResidualShapes& shapes() const { return shapes_; }
-  uint64_t weight_bytes() const { return weight_bytes_; }
+  const SplitFile& file() const { return residual_->file(); }
+  const std::string& quantization() const { return residual_->quantization_string(); }
+  int32_t num_layers() const { return residual_->num_layers(); }
+  // AllLinearGroups order.
+  const std::vector<model::ResidualGroup>& groups() const { return residual_->groups(); }
+  const model::ResidualShapes& shapes() const { return residual_->shapes(); }
+  uint64_t weight_bytes() const { return residual_->weight_bytes(); }
   int threads() const { return pool_->num_threads(); }
   bool mlocked() const { return mlocked_; }
   bool huge_pages() const { return options_.huge_pages; }
@@ -72,29 +54,23 @@ class ResidualStore {
   // The CPU of worker 0 when pinned (threads that call Compute pin themselves there), else -1.
   int worker0_cpu() const { return cpus_.empty() ? -1 : cpus_[0]; }
 
-  // The group a request names, after checking every field: layer in range (or -1 with the
-  // head), a known group, 1 <= rows <= max_rows, cols equal to the group's input width.
-  // INVALID_ARGUMENT naming the field otherwise.
-  absl::StatusOr<const StoreGroup*> Validate(int64_t layer, int64_t group, int64_t rows,
-                                             int64_t cols, int64_t max_rows) const;
+  // The group a request names, after checking every field (model::ResidualFile::FindGroup).
+  absl::StatusOr<const model::ResidualGroup*> Validate(int64_t layer, int64_t group, int64_t rows,
+                                                       int64_t cols, int64_t max_rows) const {
+    return residual_->FindGroup(layer, group, rows, cols, max_rows);
+  }
 
-  // y = x · R_iᵀ for every matrix i of `group`, matrix i written to y + T * (rows of the
-  // matrices before it) as [T][rows_i]. Work is split over weight rows (batch invariant);
-  // concurrent callers are serialized. Returns the kernel time in ns.
-  uint64_t Compute(const StoreGroup& group, const quant::QuantizedActivations& x, float* y);
+  // model::SplitMatMulGroupPacked of `group` on the service's kernel threads; concurrent callers
+  // are serialized. Returns the kernel time in ns.
+  uint64_t Compute(const model::ResidualGroup& group, const model::QuantizedActivations& x,
+                   float* y);
 
  private:
   ResidualStore() = default;
-  absl::Status LoadGroups();
   absl::Status PrepareMemory();
 
   StoreOptions options_;
-  std::unique_ptr<SplitFile> file_;
-  std::string quantization_;
-  int32_t num_layers_ = 0;
-  std::vector<StoreGroup> groups_;
-  model::ResidualShapes shapes_;
-  uint64_t weight_bytes_ = 0;
+  std::unique_ptr<model::ResidualFile> residual_;
   bool mlocked_ = false;
   std::vector<int> cpus_;
   std::unique_ptr<ThreadPool> pool_;
