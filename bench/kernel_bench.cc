@@ -19,8 +19,8 @@
 // software prefetch, or four streams per thread). Each cell probes it between its calls, every
 // 80 ms of kernel time, and its floor uses the probes on either side of its fastest call: this
 // VM's memory moves between a slow phase (~35 GB/s) and a fast one (60-70 GB/s) within minutes,
-// and a memory-bound cell is compared with what memory delivered while it ran (a probe per
-// format, as before session 20, held cells that ran in one phase to the other). The header gives
+// and a memory-bound cell is compared with what memory delivered while it ran (one probe per
+// format would hold cells that ran in one phase to the other's speed). The header gives
 // the maximum over the run; the summary gives each row's range of cell bandwidths (marking the
 // rows where it exceeds 1.25x), each cell's, and E/c: the per-row work of a call (E) in tokens
 // (c), from the line through the T = 8 and T = 64 times, which is what keeps compute-bound

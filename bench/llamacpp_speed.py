@@ -74,7 +74,7 @@ def main() -> None:
 
     llm = Llama(model_path=args.model, n_ctx=1024, n_batch=512, n_threads=args.threads,
                 n_threads_batch=args.threads, verbose=False)
-    # Same synthetic token ids as bench/engine_speed.cc: (i * 7919 + 13) % 32000 + 100.
+    # Same synthetic token ids as bench/engine_speed_bench.cc: (i * 7919 + 13) % 32000 + 100.
     prompt = [(i * 7919 + 13) % 32000 + 100 for i in range(args.prompt_tokens)]
     check_against_completion(llm, prompt, 16)
     best_prefill, best_decode = float("inf"), float("inf")

@@ -207,7 +207,7 @@ std::unique_ptr<rpc::ResidualClient> ConnectWhenReady(const std::string& socket)
 // ---- Ceilings -----------------------------------------------------------------------------------
 
 // BW probed around each T's passes: this VM's memory moves between a slow phase (~35 GB/s) and a
-// fast one (60-70 GB/s) within minutes (docs/performance.md, session 20), and a pass is compared
+// fast one (60-70 GB/s) within minutes (docs/performance.md), and a pass is compared
 // with what memory delivered while it ran.
 double ProbeBandwidth(bench::ReadBandwidthProbe& probe, ThreadPool& pool) {
   return probe.MeasureBest(pool, /*repetitions=*/4);
