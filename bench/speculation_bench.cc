@@ -36,10 +36,10 @@
 namespace bitsplit {
 namespace {
 
+using model::CpuSpeculativeSession;
 using model::DraftKv;
 using model::ForwardMode;
 using model::LlamaModel;
-using model::SpeculativeSession;
 using model::TreeShape;
 using Clock = std::chrono::steady_clock;
 
@@ -84,7 +84,7 @@ struct Draft {
 std::vector<int32_t> Generate(LlamaModel& target, const Draft& draft, const TreeShape& shape,
                               const std::vector<int32_t>& prompt, int max_tokens,
                               const text::Tokenizer& tokenizer, Totals& totals) {
-  auto session = OrDie(SpeculativeSession::Create(
+  auto session = OrDie(CpuSpeculativeSession::Create(
       target, ForwardMode::kVerify, *draft.model, draft.mode,
       {.capacity = static_cast<int64_t>(prompt.size()) + max_tokens + 80, .draft_kv = draft.kv}));
   const std::span<const int32_t> all(prompt);

@@ -669,8 +669,8 @@ TEST_F(CudaModelTest, DraftTreesMatchTheCpuDraftForTheSamePrefix) {
   const std::vector<int32_t> prompt = Prompt(10, 9);
   auto cuda_session = CudaSpeculativeSession::Create(*e.cuda, {});
   ASSERT_TRUE(cuda_session.ok());
-  auto cpu_session = model::SpeculativeSession::Create(*e.cpu, ForwardMode::kVerify, *e.cpu,
-                                                       ForwardMode::kDraft, {.capacity = kContext});
+  auto cpu_session = model::CpuSpeculativeSession::Create(
+      *e.cpu, ForwardMode::kVerify, *e.cpu, ForwardMode::kDraft, {.capacity = kContext});
   ASSERT_TRUE(cpu_session.ok());
   ASSERT_TRUE((*cuda_session)->Prefill(std::span(prompt).first(9)).ok());
   ASSERT_TRUE((*cpu_session)->Prefill(std::span(prompt).first(9)).ok());

@@ -134,8 +134,8 @@ const TreeShape kOff = {.nodes = 0, .expansions = 1, .max_depth = 1};
 
 TEST_F(SpeculationTest, DraftGrowsTheRequestedTreeShape) {
   const std::vector<int32_t> prompt = OraclePrompts(24)[2];
-  auto session = *SpeculativeSession::Create(*model_, ForwardMode::kVerify, *model_,
-                                             ForwardMode::kDraft, {.capacity = 128});
+  auto session = *CpuSpeculativeSession::Create(*model_, ForwardMode::kVerify, *model_,
+                                                ForwardMode::kDraft, {.capacity = 128});
   ASSERT_TRUE(session->Prefill(prompt).ok());
   const int32_t root = prompt.back();
   for (const TreeShape& shape :
@@ -225,8 +225,8 @@ TEST_F(SpeculationTest, OwnDraftKvIsLosslessToo) {
 
 TEST_F(SpeculationTest, BadCallsAreRejectedAndChangeNothing) {
   const std::vector<int32_t> prompt = OraclePrompts(16)[1];
-  auto session = *SpeculativeSession::Create(*model_, ForwardMode::kVerify, *model_,
-                                             ForwardMode::kDraft, {.capacity = 40});
+  auto session = *CpuSpeculativeSession::Create(*model_, ForwardMode::kVerify, *model_,
+                                                ForwardMode::kDraft, {.capacity = 40});
   ASSERT_TRUE(session->Prefill(prompt).ok());
   const int64_t length = session->committed_length();
 

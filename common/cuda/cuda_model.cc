@@ -502,15 +502,15 @@ absl::Status CudaModel::Init(const model::ModelConfig& config,
 }
 
 absl::StatusOr<std::unique_ptr<DeviceKvCache>> CudaModel::NewKvCache() {
-  if (live_caches_ >= options_.sessions) {
+  if (live_caches_.fetch_add(1) >= options_.sessions) {
+    --live_caches_;
     return absl::ResourceExhaustedError(absl::StrFormat(
         "all %d KV caches of the VRAM plan are in use (start the drafter with more sessions)",
         options_.sessions));
   }
   std::unique_ptr<DeviceKvCache> cache(new DeviceKvCache());
+  cache->model_ = this;  // from here on the destructor returns the count
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMalloc(&cache->slab_, plan_.kv_bytes_per_session));
-  cache->model_ = this;
-  ++live_caches_;
   cache->num_layers_ = config_.num_layers;
   cache->kv_dim_ = config_.kv_dim();
   cache->capacity_ = options_.context;

@@ -19,6 +19,7 @@
 // Thread safety: none; one forward at a time (the drafter serializes its engine).
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -167,7 +168,8 @@ class CudaModel {
   bool has_residual() const { return residual_ != nullptr; }
 
   // A cache of options().context tokens. RESOURCE_EXHAUSTED when options().sessions caches
-  // exist already (the plan has room for that many).
+  // exist already (the plan has room for that many). A cache may be destroyed on any thread,
+  // also while another thread calls this.
   absl::StatusOr<std::unique_ptr<DeviceKvCache>> NewKvCache();
 
   // LlamaModel::Forward's contract in draft or verify mode (reference: FAILED_PRECONDITION),
@@ -266,8 +268,8 @@ class CudaModel {
   const model::ResidualStaging* staging_ = nullptr;  // residual_'s, or none
   void* registered_ = nullptr;                       // the region this model registered
   bool staging_registered_ = false;
-  std::unique_ptr<ThreadPool> pool_;  // handed to the residual source (in process: its threads)
-  int64_t live_caches_ = 0;
+  std::unique_ptr<ThreadPool> pool_;      // handed to the residual source (in process: its threads)
+  std::atomic<int64_t> live_caches_ = 0;  // a cache's destructor decrements it on any thread
 
   // Slabs (cudaMalloc) and what is carved from them.
   void* weights_slab_ = nullptr;

@@ -22,16 +22,23 @@ absl::StatusOr<std::unique_ptr<CudaSpeculativeSession>> CudaSpeculativeSession::
   if (options.prefill_chunk < 1) {
     return absl::InvalidArgumentError("the prefill chunk must be at least 1 token");
   }
+  const int64_t planned = model.options().context;
+  const int64_t capacity = options.capacity == 0 ? planned : options.capacity;
+  if (capacity < 1 || capacity > planned) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "context %d is outside [1, %d] (the tokens every session holds in the VRAM plan)", capacity,
+        planned));
+  }
   BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<DeviceKvCache> cache, model.NewKvCache());
   return std::unique_ptr<CudaSpeculativeSession>(
-      new CudaSpeculativeSession(model, options, std::move(cache)));
+      new CudaSpeculativeSession(model, options, std::move(cache), capacity));
 }
 
 absl::Status CudaSpeculativeSession::Prefill(std::span<const int32_t> tokens) {
   const Clock::time_point start = Clock::now();
   const int64_t start_length = cache_->committed_length();
   BITSPLIT_RETURN_IF_ERROR(
-      model::ValidatePrefill(tokens, model_.config().vocab_size, start_length, cache_->capacity()));
+      model::ValidatePrefill(tokens, model_.config().vocab_size, start_length, capacity()));
   pending_tokens_.clear();
   pending_parents_.clear();
   const absl::Status status = model::ForEachPrefillChunk(
@@ -55,7 +62,7 @@ absl::StatusOr<model::DraftTree> CudaSpeculativeSession::Draft(int32_t root,
   const int64_t vocab = model_.config().vocab_size;
   BITSPLIT_RETURN_IF_ERROR(model::ValidateDraftRequest(
       root, shape, vocab, std::min(capacity(), model_.options().max_batch_rows),
-      cache_->committed_length(), cache_->capacity()));
+      cache_->committed_length(), capacity()));
   pending_tokens_.clear();
   pending_parents_.clear();
   // The children are picked on the device; only their ids and logits come back.

@@ -5,7 +5,8 @@
 // choices are computed on the device (CudaModel::TopK, CudaModel::ChooseTargets); only the
 // chosen ids cross to the host, plus the logits when log-probabilities are asked for.
 //
-// Thread safety: none; sessions of one CudaModel must be serialized (one forward at a time).
+// Thread safety: as model::SpeculativeSession; sessions of one CudaModel must be serialized (one
+// forward at a time), and a session may be destroyed on any thread.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -19,43 +20,48 @@
 
 namespace bitsplit::cuda {
 
-class CudaSpeculativeSession {
+class CudaSpeculativeSession final : public model::SpeculativeSession {
  public:
   struct Options {
     int64_t prefill_chunk = 64;  // clamped to the model's largest forward
+    // Tokens the session accepts, at most the planned context (0: all of it). A session may
+    // accept fewer than its KV cache holds, so that it behaves as a CPU session of that capacity.
+    int64_t capacity = 0;
   };
 
-  // A session of model.options().context tokens. RESOURCE_EXHAUSTED when every KV cache of the
-  // VRAM plan is in use.
+  // A session with one of the VRAM plan's KV caches. RESOURCE_EXHAUSTED when every KV cache of
+  // the plan is in use; INVALID_ARGUMENT for a capacity beyond the planned context.
   static absl::StatusOr<std::unique_ptr<CudaSpeculativeSession>> Create(CudaModel& model,
                                                                         const Options& options);
 
-  int64_t committed_length() const { return cache_->committed_length(); }
-  int64_t capacity() const { return cache_->capacity(); }
-  std::span<const int32_t> committed_tokens() const { return committed_tokens_; }
+  int64_t committed_length() const override { return cache_->committed_length(); }
+  int64_t capacity() const override { return capacity_; }
+  std::span<const int32_t> committed_tokens() const override { return committed_tokens_; }
   DeviceKvCache& cache() { return *cache_; }
 
-  absl::Status Prefill(std::span<const int32_t> tokens);
+  absl::Status Prefill(std::span<const int32_t> tokens) override;
   // The largest tree is limited by the model's largest forward (nodes + 1 <= max_batch_rows).
-  absl::StatusOr<model::DraftTree> Draft(int32_t root, const model::TreeShape& shape);
+  absl::StatusOr<model::DraftTree> Draft(int32_t root, const model::TreeShape& shape) override;
   absl::StatusOr<std::vector<model::TargetChoice>> Verify(std::span<const int32_t> tokens,
                                                           std::span<const int32_t> parents,
                                                           const model::SamplingParams& sampling,
-                                                          int32_t top_logprobs, bool with_logprobs);
-  absl::Status Commit(std::span<const int32_t> path);
+                                                          int32_t top_logprobs,
+                                                          bool with_logprobs) override;
+  absl::Status Commit(std::span<const int32_t> path) override;
 
-  const model::DraftTimings& timings() const { return timings_; }
+  const model::DraftTimings& timings() const override { return timings_; }
   // The last Verify's forward: residual wait, GPU wait, GPU idle (CudaModel::last_timings).
   const ForwardTimings& verify_forward_timings() const { return verify_forward_timings_; }
 
  private:
   CudaSpeculativeSession(CudaModel& model, const Options& options,
-                         std::unique_ptr<DeviceKvCache> cache)
-      : model_(model), options_(options), cache_(std::move(cache)) {}
+                         std::unique_ptr<DeviceKvCache> cache, int64_t capacity)
+      : model_(model), options_(options), cache_(std::move(cache)), capacity_(capacity) {}
 
   CudaModel& model_;
   const Options options_;
   std::unique_ptr<DeviceKvCache> cache_;
+  const int64_t capacity_;  // <= cache_->capacity()
   std::vector<int32_t> committed_tokens_;
   std::vector<int32_t> pending_tokens_;
   std::vector<int32_t> pending_parents_;

@@ -320,7 +320,7 @@ absl::StatusOr<DraftKv> ParseDraftKv(std::string_view name) {
                                                  "\" (expected shared or own)"));
 }
 
-absl::StatusOr<std::unique_ptr<SpeculativeSession>> SpeculativeSession::Create(
+absl::StatusOr<std::unique_ptr<CpuSpeculativeSession>> CpuSpeculativeSession::Create(
     LlamaModel& target, ForwardMode target_mode, LlamaModel& draft, ForwardMode draft_mode,
     const Options& options) {
   if (!target.SupportsMode(target_mode)) {
@@ -353,8 +353,8 @@ absl::StatusOr<std::unique_ptr<SpeculativeSession>> SpeculativeSession::Create(
                         options.capacity, t.context_length));
   }
   BITSPLIT_ASSIGN_OR_RETURN(KvCache cache, target.NewKvCache(options.capacity));
-  std::unique_ptr<SpeculativeSession> session(
-      new SpeculativeSession(target, target_mode, draft, draft_mode, options, std::move(cache)));
+  std::unique_ptr<CpuSpeculativeSession> session(
+      new CpuSpeculativeSession(target, target_mode, draft, draft_mode, options, std::move(cache)));
   if (options.draft_kv == DraftKv::kOwn) {
     BITSPLIT_ASSIGN_OR_RETURN(KvCache own, draft.NewKvCache(options.capacity));
     session->draft_cache_ = std::make_unique<KvCache>(std::move(own));
@@ -362,9 +362,9 @@ absl::StatusOr<std::unique_ptr<SpeculativeSession>> SpeculativeSession::Create(
   return session;
 }
 
-SpeculativeSession::SpeculativeSession(LlamaModel& target, ForwardMode target_mode,
-                                       LlamaModel& draft, ForwardMode draft_mode,
-                                       const Options& options, KvCache target_cache)
+CpuSpeculativeSession::CpuSpeculativeSession(LlamaModel& target, ForwardMode target_mode,
+                                             LlamaModel& draft, ForwardMode draft_mode,
+                                             const Options& options, KvCache target_cache)
     : target_(target),
       target_mode_(target_mode),
       draft_(draft),
@@ -372,7 +372,7 @@ SpeculativeSession::SpeculativeSession(LlamaModel& target, ForwardMode target_mo
       options_(options),
       target_cache_(std::move(target_cache)) {}
 
-absl::Status SpeculativeSession::Prefill(std::span<const int32_t> tokens) {
+absl::Status CpuSpeculativeSession::Prefill(std::span<const int32_t> tokens) {
   const Clock::time_point start = Clock::now();
   const int64_t vocab = target_.config().vocab_size;
   const int64_t start_length = target_cache_.committed_length();
@@ -395,7 +395,7 @@ absl::Status SpeculativeSession::Prefill(std::span<const int32_t> tokens) {
   return absl::OkStatus();
 }
 
-absl::Status SpeculativeSession::CatchUpDraftCache() {
+absl::Status CpuSpeculativeSession::CatchUpDraftCache() {
   KvCache& cache = *draft_cache_;
   const int64_t begin = cache.committed_length();
   logits_.resize(static_cast<size_t>(draft_.config().vocab_size));
@@ -407,7 +407,7 @@ absl::Status SpeculativeSession::CatchUpDraftCache() {
       });
 }
 
-absl::StatusOr<DraftTree> SpeculativeSession::Draft(int32_t root, const TreeShape& shape) {
+absl::StatusOr<DraftTree> CpuSpeculativeSession::Draft(int32_t root, const TreeShape& shape) {
   const Clock::time_point start = Clock::now();
   const int64_t vocab = target_.config().vocab_size;
   KvCache* cache = draft_cache_ != nullptr ? draft_cache_.get() : &target_cache_;
@@ -429,7 +429,7 @@ absl::StatusOr<DraftTree> SpeculativeSession::Draft(int32_t root, const TreeShap
   return tree;
 }
 
-absl::StatusOr<std::vector<TargetChoice>> SpeculativeSession::Verify(
+absl::StatusOr<std::vector<TargetChoice>> CpuSpeculativeSession::Verify(
     std::span<const int32_t> tokens, std::span<const int32_t> parents,
     const SamplingParams& sampling, int32_t top_logprobs, bool with_logprobs) {
   const Clock::time_point start = Clock::now();
@@ -460,7 +460,7 @@ absl::StatusOr<std::vector<TargetChoice>> SpeculativeSession::Verify(
   return choices;
 }
 
-absl::Status SpeculativeSession::Commit(std::span<const int32_t> path) {
+absl::Status CpuSpeculativeSession::Commit(std::span<const int32_t> path) {
   BITSPLIT_RETURN_IF_ERROR(ValidateCommitPath(path, pending_parents_));
   BITSPLIT_RETURN_IF_ERROR(target_cache_.CommitSlots(path));
   for (int32_t node : path) committed_tokens_.push_back(pending_tokens_[static_cast<size_t>(node)]);

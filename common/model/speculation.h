@@ -141,10 +141,53 @@ struct DraftTimings {
   int64_t prefill_ns = 0;  // the last Prefill
 };
 
-// One sequence. The models are shared between sessions; Forward is not thread-safe, so the
-// caller serializes every session method of sessions sharing a model (the drafter holds one lock
-// for the engine). Thread safety: none.
+// One sequence under speculative decoding: its KV cache and the four calls that grow it. The
+// CPU implementation is CpuSpeculativeSession (below), the CUDA one cuda::CudaSpeculativeSession
+// (common/cuda/cuda_session.h); the drafter serves either through this interface. Each
+// implementation checks its arguments once, here (ValidatePrefill, ValidateDraftRequest,
+// ValidateVerifyRequest, ValidateCommitPath), with the same messages.
+//
+// Thread safety: none. Sessions sharing a model must be serialized (one forward at a time; the
+// drafter holds one engine lock); a session may be destroyed on any thread.
 class SpeculativeSession {
+ public:
+  virtual ~SpeculativeSession() = default;
+
+  virtual int64_t committed_length() const = 0;
+  // Tokens the session accepts: prompt + output + one pending tree.
+  virtual int64_t capacity() const = 0;
+  virtual std::span<const int32_t> committed_tokens() const = 0;
+
+  // Runs the verifier over `tokens` in chunks and commits them. INVALID_ARGUMENT for token ids
+  // outside the vocabulary, RESOURCE_EXHAUSTED beyond the capacity (nothing committed then).
+  virtual absl::Status Prefill(std::span<const int32_t> tokens) = 0;
+
+  // Grows a tree from `root` (the next token, not yet committed) by best-first expansion on
+  // draft probabilities: each draft forward runs the `expansions` most probable frontier nodes;
+  // every node keeps its `expansions` most probable children as candidates; the `nodes` most
+  // probable candidates (within max_depth) become the tree. shape.nodes = 0 returns the root.
+  virtual absl::StatusOr<DraftTree> Draft(int32_t root, const TreeShape& shape) = 0;
+
+  // One verifier forward over the tree: the target's choice after every node, sampled at
+  // position committed_length + depth + 1. `top_logprobs` >= 0 alternatives per node; log-
+  // probabilities are filled when `with_logprobs` (or top_logprobs > 0). The tree's KV stays
+  // pending until Commit.
+  virtual absl::StatusOr<std::vector<TargetChoice>> Verify(std::span<const int32_t> tokens,
+                                                           std::span<const int32_t> parents,
+                                                           const SamplingParams& sampling,
+                                                           int32_t top_logprobs,
+                                                           bool with_logprobs) = 0;
+
+  // Keeps the verifier KV of `path` (node indices of the last Verify: 0, then each a child of the
+  // previous). FAILED_PRECONDITION without a pending Verify; INVALID_ARGUMENT for a bad path.
+  virtual absl::Status Commit(std::span<const int32_t> path) = 0;
+
+  virtual const DraftTimings& timings() const = 0;
+};
+
+// SpeculativeSession on the CPU: the target and the draft are LlamaModels (the split model in
+// verify and draft mode, or a separate draft GGUF in reference mode).
+class CpuSpeculativeSession final : public SpeculativeSession {
  public:
   struct Options {
     int64_t capacity = 2048;  // tokens the session may hold (prompt + output + a tree)
@@ -155,44 +198,28 @@ class SpeculativeSession {
   // `target` runs in `target_mode` (verify for a split model), `draft` in `draft_mode` (draft for
   // the split model's base; reference for a separate GGUF draft model). Both must outlive the
   // session and have the same layer count and KV width when the draft reads the verifier's KV.
-  static absl::StatusOr<std::unique_ptr<SpeculativeSession>> Create(LlamaModel& target,
-                                                                    ForwardMode target_mode,
-                                                                    LlamaModel& draft,
-                                                                    ForwardMode draft_mode,
-                                                                    const Options& options);
+  static absl::StatusOr<std::unique_ptr<CpuSpeculativeSession>> Create(LlamaModel& target,
+                                                                       ForwardMode target_mode,
+                                                                       LlamaModel& draft,
+                                                                       ForwardMode draft_mode,
+                                                                       const Options& options);
 
-  int64_t committed_length() const { return target_cache_.committed_length(); }
-  int64_t capacity() const { return target_cache_.capacity(); }
-  std::span<const int32_t> committed_tokens() const { return committed_tokens_; }
-
-  // Runs the verifier over `tokens` in chunks and commits them. INVALID_ARGUMENT for token ids
-  // outside the vocabulary, RESOURCE_EXHAUSTED beyond the capacity (nothing committed then).
-  absl::Status Prefill(std::span<const int32_t> tokens);
-
-  // Grows a tree from `root` (the next token, not yet committed) by best-first expansion on
-  // draft probabilities: each draft forward runs the `expansions` most probable frontier nodes;
-  // every node keeps its `expansions` most probable children as candidates; the `nodes` most
-  // probable candidates (within max_depth) become the tree. shape.nodes = 0 returns the root.
-  absl::StatusOr<DraftTree> Draft(int32_t root, const TreeShape& shape);
-
-  // One verifier forward over the tree: the target's choice after every node, sampled at
-  // position committed_length + depth + 1. `top_logprobs` >= 0 alternatives per node; log-
-  // probabilities are filled when `with_logprobs` (or top_logprobs > 0). The tree's KV stays
-  // pending until Commit.
+  int64_t committed_length() const override { return target_cache_.committed_length(); }
+  int64_t capacity() const override { return target_cache_.capacity(); }
+  std::span<const int32_t> committed_tokens() const override { return committed_tokens_; }
+  absl::Status Prefill(std::span<const int32_t> tokens) override;
+  absl::StatusOr<DraftTree> Draft(int32_t root, const TreeShape& shape) override;
   absl::StatusOr<std::vector<TargetChoice>> Verify(std::span<const int32_t> tokens,
                                                    std::span<const int32_t> parents,
                                                    const SamplingParams& sampling,
-                                                   int32_t top_logprobs, bool with_logprobs);
-
-  // Keeps the verifier KV of `path` (node indices of the last Verify: 0, then each a child of the
-  // previous). FAILED_PRECONDITION without a pending Verify; INVALID_ARGUMENT for a bad path.
-  absl::Status Commit(std::span<const int32_t> path);
-
-  const DraftTimings& timings() const { return timings_; }
+                                                   int32_t top_logprobs,
+                                                   bool with_logprobs) override;
+  absl::Status Commit(std::span<const int32_t> path) override;
+  const DraftTimings& timings() const override { return timings_; }
 
  private:
-  SpeculativeSession(LlamaModel& target, ForwardMode target_mode, LlamaModel& draft,
-                     ForwardMode draft_mode, const Options& options, KvCache target_cache);
+  CpuSpeculativeSession(LlamaModel& target, ForwardMode target_mode, LlamaModel& draft,
+                        ForwardMode draft_mode, const Options& options, KvCache target_cache);
   // Brings the draft's own cache up to the committed tokens (own-KV mode).
   absl::Status CatchUpDraftCache();
 

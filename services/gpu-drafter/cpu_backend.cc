@@ -10,32 +10,6 @@
 namespace bitsplit::drafter {
 namespace {
 
-class CpuSession final : public BackendSession {
- public:
-  explicit CpuSession(std::unique_ptr<model::SpeculativeSession> session)
-      : session_(std::move(session)) {}
-
-  absl::Status Prefill(std::span<const int32_t> tokens) override {
-    return session_->Prefill(tokens);
-  }
-  absl::StatusOr<model::DraftTree> Draft(int32_t root, const model::TreeShape& shape) override {
-    return session_->Draft(root, shape);
-  }
-  absl::StatusOr<std::vector<model::TargetChoice>> Verify(std::span<const int32_t> tokens,
-                                                          std::span<const int32_t> parents,
-                                                          const model::SamplingParams& sampling,
-                                                          int32_t top_logprobs,
-                                                          bool with_logprobs) override {
-    return session_->Verify(tokens, parents, sampling, top_logprobs, with_logprobs);
-  }
-  absl::Status Commit(std::span<const int32_t> path) override { return session_->Commit(path); }
-  int64_t committed_length() const override { return session_->committed_length(); }
-  int64_t capacity() const override { return session_->capacity(); }
-
- private:
-  std::unique_ptr<model::SpeculativeSession> session_;
-};
-
 uint64_t FileBytes(const std::string& path) {
   std::error_code error;
   const uintmax_t size = std::filesystem::file_size(path, error);
@@ -77,7 +51,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendO
   // A first session proves that the draft model fits the target (vocabulary, KV shape) now
   // rather than at the first request. Verify mode may still be missing (remote residual).
   if (backend->separate_draft_ != nullptr) {
-    auto probe = model::SpeculativeSession::Create(
+    auto probe = model::CpuSpeculativeSession::Create(
         *backend->target_, model::ForwardMode::kDraft, *backend->separate_draft_,
         model::ForwardMode::kReference, {.capacity = 8, .draft_kv = options.draft_kv});
     if (!probe.ok()) {
@@ -95,17 +69,17 @@ absl::Status CpuBackend::SetResidualSource(model::ResidualSource* source) {
   return target_->SetResidualSource(source);
 }
 
-absl::StatusOr<std::unique_ptr<BackendSession>> CpuBackend::NewSession(int64_t context) {
+absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> CpuBackend::NewSession(int64_t context) {
   model::LlamaModel& draft = separate_draft_ != nullptr ? *separate_draft_ : *target_;
   const model::ForwardMode draft_mode =
       separate_draft_ != nullptr ? model::ForwardMode::kReference : model::ForwardMode::kDraft;
   BITSPLIT_ASSIGN_OR_RETURN(
-      std::unique_ptr<model::SpeculativeSession> session,
-      model::SpeculativeSession::Create(*target_, model::ForwardMode::kVerify, draft, draft_mode,
-                                        {.capacity = context,
-                                         .prefill_chunk = options_.prefill_chunk,
-                                         .draft_kv = options_.draft_kv}));
-  return std::make_unique<CpuSession>(std::move(session));
+      std::unique_ptr<model::CpuSpeculativeSession> session,
+      model::CpuSpeculativeSession::Create(*target_, model::ForwardMode::kVerify, draft, draft_mode,
+                                           {.capacity = context,
+                                            .prefill_chunk = options_.prefill_chunk,
+                                            .draft_kv = options_.draft_kv}));
+  return session;
 }
 
 }  // namespace bitsplit::drafter

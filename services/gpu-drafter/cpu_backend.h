@@ -33,7 +33,7 @@ class CpuBackend final : public DrafterBackend {
   const BackendInfo& info() const override { return info_; }
   bool has_residual() const override { return target_->SupportsMode(model::ForwardMode::kVerify); }
   absl::Status SetResidualSource(model::ResidualSource* source) override;
-  absl::StatusOr<std::unique_ptr<BackendSession>> NewSession(int64_t context) override;
+  absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> NewSession(int64_t context) override;
 
  private:
   CpuBackend() = default;

@@ -15,67 +15,6 @@
 namespace bitsplit::drafter {
 namespace {
 
-// A device session holds the planned context; this one accepts what its OpenSession asked for,
-// with the cpu backend's checks and messages (SpeculativeSession), so a session behaves the same
-// on either backend.
-class CudaSession final : public BackendSession {
- public:
-  CudaSession(std::unique_ptr<cuda::CudaSpeculativeSession> session, int64_t context,
-              int64_t vocab_size, std::mutex& cache_mutex)
-      : session_(std::move(session)),
-        context_(context),
-        vocab_size_(vocab_size),
-        cache_mutex_(cache_mutex) {}
-  ~CudaSession() override {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    session_.reset();
-  }
-
-  absl::Status Prefill(std::span<const int32_t> tokens) override {
-    const int64_t length = session_->committed_length();
-    if (static_cast<int64_t>(tokens.size()) > context_ - length) {
-      return absl::ResourceExhaustedError(
-          absl::StrFormat("%d prompt tokens do not fit: the session holds %d of %d tokens",
-                          tokens.size(), length, context_));
-    }
-    return session_->Prefill(tokens);
-  }
-  absl::StatusOr<model::DraftTree> Draft(int32_t root, const model::TreeShape& shape) override {
-    BITSPLIT_RETURN_IF_ERROR(model::ValidateTreeShape(shape, static_cast<int32_t>(context_)));
-    const int64_t length = session_->committed_length();
-    if (shape.nodes > 0 && length + shape.nodes + 1 > context_) {
-      return absl::ResourceExhaustedError(
-          absl::StrFormat("a tree of %d nodes does not fit: the session holds %d of %d tokens",
-                          shape.nodes + 1, length, context_));
-    }
-    return session_->Draft(root, shape);
-  }
-  absl::StatusOr<std::vector<model::TargetChoice>> Verify(std::span<const int32_t> tokens,
-                                                          std::span<const int32_t> parents,
-                                                          const model::SamplingParams& sampling,
-                                                          int32_t top_logprobs,
-                                                          bool with_logprobs) override {
-    BITSPLIT_RETURN_IF_ERROR(model::ValidateSamplingParams(sampling));
-    BITSPLIT_RETURN_IF_ERROR(model::ValidateTree(tokens, parents, vocab_size_, context_));
-    const int64_t length = session_->committed_length();
-    if (length + static_cast<int64_t>(tokens.size()) > context_) {
-      return absl::ResourceExhaustedError(
-          absl::StrFormat("a tree of %d nodes does not fit: the session holds %d of %d tokens",
-                          tokens.size(), length, context_));
-    }
-    return session_->Verify(tokens, parents, sampling, top_logprobs, with_logprobs);
-  }
-  absl::Status Commit(std::span<const int32_t> path) override { return session_->Commit(path); }
-  int64_t committed_length() const override { return session_->committed_length(); }
-  int64_t capacity() const override { return context_; }
-
- private:
-  std::unique_ptr<cuda::CudaSpeculativeSession> session_;
-  const int64_t context_;
-  const int64_t vocab_size_;
-  std::mutex& cache_mutex_;
-};
-
 uint64_t FileBytes(const std::string& path) {
   std::error_code error;
   const uintmax_t size = std::filesystem::file_size(path, error);
@@ -158,19 +97,14 @@ absl::Status CudaBackend::SetResidualSource(model::ResidualSource* source) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<BackendSession>> CudaBackend::NewSession(int64_t context) {
-  const int64_t planned = model_->options().context;
-  if (context < 1 || context > planned) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "context %d is outside [1, %d] (the tokens every session holds in the VRAM plan)", context,
-        planned));
-  }
-  std::lock_guard<std::mutex> lock(cache_mutex_);
+absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> CudaBackend::NewSession(
+    int64_t context) {
+  // A session of `context` tokens checks arguments as a CPU session of that capacity would.
   BITSPLIT_ASSIGN_OR_RETURN(
       std::unique_ptr<cuda::CudaSpeculativeSession> session,
-      cuda::CudaSpeculativeSession::Create(*model_, {.prefill_chunk = options_.prefill_chunk}));
-  return std::make_unique<CudaSession>(std::move(session), context, info_.config.vocab_size,
-                                       cache_mutex_);
+      cuda::CudaSpeculativeSession::Create(
+          *model_, {.prefill_chunk = options_.prefill_chunk, .capacity = context}));
+  return session;
 }
 
 }  // namespace bitsplit::drafter

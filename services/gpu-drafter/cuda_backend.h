@@ -15,7 +15,6 @@
 // service serializes every call); a session may be destroyed on any thread.
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -49,10 +48,10 @@ class CudaBackend final : public DrafterBackend {
   const BackendInfo& info() const override { return info_; }
   bool has_residual() const override { return model_->has_residual(); }
   absl::Status SetResidualSource(model::ResidualSource* source) override;
-  // A session of the planned context; `context` (at most that, INVALID_ARGUMENT beyond) bounds
-  // what the session accepts, as on the cpu backend. RESOURCE_EXHAUSTED when every planned KV
-  // cache is in use.
-  absl::StatusOr<std::unique_ptr<BackendSession>> NewSession(int64_t context) override;
+  // A session with one of the planned KV caches; `context` (at most the planned context,
+  // INVALID_ARGUMENT beyond) bounds what the session accepts, as on the cpu backend.
+  // RESOURCE_EXHAUSTED when every planned KV cache is in use.
+  absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> NewSession(int64_t context) override;
 
   const model::VramPlan& plan() const { return model_->plan(); }
 
@@ -64,9 +63,6 @@ class CudaBackend final : public DrafterBackend {
   std::unique_ptr<model::SplitModelFiles> files_;  // the residual views and host embedding rows
   std::unique_ptr<model::InProcessResidual> in_process_residual_;
   std::unique_ptr<cuda::CudaModel> model_;
-  // Guards the model's count of live KV caches: the service may drop a closed session outside
-  // its engine lock (CloseSession answers inline).
-  std::mutex cache_mutex_;
 };
 
 }  // namespace bitsplit::drafter

@@ -5,7 +5,8 @@
 // and cuda (cuda_backend.h, built with BITSPLIT_CUDA).
 //
 // Thread safety: a backend and its sessions are NOT thread-safe. The service serializes every
-// call into the backend (one engine lock): one forward runs at a time.
+// call into the backend (one engine lock): one forward runs at a time. A session may be
+// destroyed on any thread (model::SpeculativeSession).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -43,20 +44,6 @@ struct BackendInfo {
   uint64_t vram_budget_bytes = 0;
 };
 
-// One sequence: mirrors model::SpeculativeSession (see there for the semantics and errors).
-class BackendSession {
- public:
-  virtual ~BackendSession() = default;
-  virtual absl::Status Prefill(std::span<const int32_t> tokens) = 0;
-  virtual absl::StatusOr<model::DraftTree> Draft(int32_t root, const model::TreeShape& shape) = 0;
-  virtual absl::StatusOr<std::vector<model::TargetChoice>> Verify(
-      std::span<const int32_t> tokens, std::span<const int32_t> parents,
-      const model::SamplingParams& sampling, int32_t top_logprobs, bool with_logprobs) = 0;
-  virtual absl::Status Commit(std::span<const int32_t> path) = 0;
-  virtual int64_t committed_length() const = 0;
-  virtual int64_t capacity() const = 0;
-};
-
 class DrafterBackend {
  public:
   virtual ~DrafterBackend() = default;
@@ -69,7 +56,8 @@ class DrafterBackend {
   // its use. FAILED_PRECONDITION for a backend whose residual is in process.
   virtual absl::Status SetResidualSource(model::ResidualSource* source) = 0;
   // A session holding up to `context` tokens (prompt + output + one tree).
-  virtual absl::StatusOr<std::unique_ptr<BackendSession>> NewSession(int64_t context) = 0;
+  virtual absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> NewSession(
+      int64_t context) = 0;
 };
 
 }  // namespace bitsplit::drafter

@@ -264,7 +264,7 @@ absl::Status DrafterService::DoOpenSession(const v1::OpenSessionRequest& request
   }
   const int32_t context = request.context() == 0 ? options_.max_context : request.context();
   BITSPLIT_RETURN_IF_ERROR(sessions_.CheckRoom());
-  std::shared_ptr<BackendSession> session;
+  std::shared_ptr<model::SpeculativeSession> session;
   {
     std::lock_guard<std::mutex> lock(engine_mutex_);
     BITSPLIT_RETURN_IF_ERROR(EnsureResidualLocked());
@@ -294,7 +294,7 @@ absl::Status DrafterService::DoCloseSession(const v1::CloseSessionRequest& reque
 
 absl::Status DrafterService::DoPrefill(const v1::PrefillRequest& request,
                                        v1::PrefillResponse* response) {
-  BITSPLIT_ASSIGN_OR_RETURN(std::shared_ptr<BackendSession> session,
+  BITSPLIT_ASSIGN_OR_RETURN(std::shared_ptr<model::SpeculativeSession> session,
                             sessions_.Find(request.session_id()));
   if (request.tokens().empty()) {
     return absl::InvalidArgumentError("prefill needs at least one token");
@@ -314,7 +314,7 @@ absl::Status DrafterService::DoPrefill(const v1::PrefillRequest& request,
 }
 
 absl::Status DrafterService::DoDraft(const v1::DraftRequest& request, v1::DraftResponse* response) {
-  BITSPLIT_ASSIGN_OR_RETURN(std::shared_ptr<BackendSession> session,
+  BITSPLIT_ASSIGN_OR_RETURN(std::shared_ptr<model::SpeculativeSession> session,
                             sessions_.Find(request.session_id()));
   BITSPLIT_RETURN_IF_ERROR(CheckToken(request.root_token(), "root_token"));
   const model::TreeShape shape{.nodes = request.nodes(),
@@ -334,7 +334,7 @@ absl::Status DrafterService::DoDraft(const v1::DraftRequest& request, v1::DraftR
 
 absl::Status DrafterService::DoVerify(const v1::VerifyRequest& request,
                                       v1::VerifyResponse* response) {
-  BITSPLIT_ASSIGN_OR_RETURN(std::shared_ptr<BackendSession> session,
+  BITSPLIT_ASSIGN_OR_RETURN(std::shared_ptr<model::SpeculativeSession> session,
                             sessions_.Find(request.session_id()));
   BITSPLIT_RETURN_IF_ERROR(model::ValidateTree(Span(request.tokens()), Span(request.parents()),
                                                vocab_size_, options_.max_tree_nodes));
@@ -371,7 +371,7 @@ absl::Status DrafterService::DoVerify(const v1::VerifyRequest& request,
 
 absl::Status DrafterService::DoCommit(const v1::CommitRequest& request,
                                       v1::CommitResponse* response) {
-  BITSPLIT_ASSIGN_OR_RETURN(std::shared_ptr<BackendSession> session,
+  BITSPLIT_ASSIGN_OR_RETURN(std::shared_ptr<model::SpeculativeSession> session,
                             sessions_.Find(request.session_id()));
   std::lock_guard<std::mutex> lock(engine_mutex_);
   BITSPLIT_RETURN_IF_ERROR(session->Commit(Span(request.nodes())));

@@ -19,7 +19,7 @@ absl::Status SessionTable::CheckRoom() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> SessionTable::Add(std::shared_ptr<BackendSession> session,
+absl::StatusOr<uint64_t> SessionTable::Add(std::shared_ptr<model::SpeculativeSession> session,
                                            uint64_t owner_id) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (static_cast<int>(sessions_.size()) >= max_sessions_) return FullError();
@@ -28,7 +28,7 @@ absl::StatusOr<uint64_t> SessionTable::Add(std::shared_ptr<BackendSession> sessi
   return id;
 }
 
-absl::StatusOr<std::shared_ptr<BackendSession>> SessionTable::Find(uint64_t id) {
+absl::StatusOr<std::shared_ptr<model::SpeculativeSession>> SessionTable::Find(uint64_t id) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
@@ -39,7 +39,7 @@ absl::StatusOr<std::shared_ptr<BackendSession>> SessionTable::Find(uint64_t id) 
 }
 
 absl::Status SessionTable::Remove(uint64_t id) {
-  std::shared_ptr<BackendSession> removed;  // freed outside the lock
+  std::shared_ptr<model::SpeculativeSession> removed;  // freed outside the lock
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) {
@@ -51,7 +51,7 @@ absl::Status SessionTable::Remove(uint64_t id) {
 }
 
 int SessionTable::RemoveOwnedBy(uint64_t owner_id) {
-  std::vector<std::shared_ptr<BackendSession>> removed;  // freed outside the lock
+  std::vector<std::shared_ptr<model::SpeculativeSession>> removed;  // freed outside the lock
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (it->second.owner_id == owner_id) {
@@ -65,7 +65,7 @@ int SessionTable::RemoveOwnedBy(uint64_t owner_id) {
 }
 
 int SessionTable::RemoveIdle(Clock::duration idle) {
-  std::vector<std::shared_ptr<BackendSession>> removed;
+  std::vector<std::shared_ptr<model::SpeculativeSession>> removed;
   const Clock::time_point cutoff = Clock::now() - idle;
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = sessions_.begin(); it != sessions_.end();) {

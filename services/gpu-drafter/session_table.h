@@ -24,10 +24,11 @@ class SessionTable {
   absl::Status CheckRoom() const;
   // Adds `session` owned by `owner_id` (0: no owner) and returns its id; RESOURCE_EXHAUSTED when
   // max_sessions are open.
-  absl::StatusOr<uint64_t> Add(std::shared_ptr<BackendSession> session, uint64_t owner_id);
+  absl::StatusOr<uint64_t> Add(std::shared_ptr<model::SpeculativeSession> session,
+                               uint64_t owner_id);
   // NOT_FOUND for an id that is not open; marks the session used now. The session stays alive
   // while a caller holds it, also after Remove (an RPC in flight finishes on it).
-  absl::StatusOr<std::shared_ptr<BackendSession>> Find(uint64_t id);
+  absl::StatusOr<std::shared_ptr<model::SpeculativeSession>> Find(uint64_t id);
   absl::Status Remove(uint64_t id);
   // Removes every session of `owner_id`; returns how many.
   int RemoveOwnedBy(uint64_t owner_id);
@@ -40,7 +41,7 @@ class SessionTable {
 
  private:
   struct Entry {
-    std::shared_ptr<BackendSession> session;
+    std::shared_ptr<model::SpeculativeSession> session;
     uint64_t owner_id = 0;
     Clock::time_point last_used;
   };

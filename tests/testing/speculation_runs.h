@@ -55,7 +55,7 @@ inline SpecRun SpeculativeDecode(model::LlamaModel& model, const std::vector<int
                                  model::DraftKv draft_kv = model::DraftKv::kShared) {
   SpecRun run;
   const int64_t capacity = static_cast<int64_t>(prompt.size()) + count + shape.nodes + 8;
-  auto session = model::SpeculativeSession::Create(
+  auto session = model::CpuSpeculativeSession::Create(
       model, model::ForwardMode::kVerify, model, draft_mode,
       {.capacity = capacity, .prefill_chunk = 16, .draft_kv = draft_kv});
   EXPECT_TRUE(session.ok()) << session.status();
