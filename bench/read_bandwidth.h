@@ -18,7 +18,7 @@
 
 namespace bitsplit::bench {
 
-// How a probe reads its window. This VM's memory (docs/performance.md, session 20) moves
+// How a probe reads its window. The 2-core VM's memory (docs/performance.md, split kernels) moves
 // between a slow phase (~35 GB/s whatever the pattern) and a fast one, where one stream per
 // thread reads 37-64 GB/s depending on the window, 55-64 with software prefetch 2 KiB ahead,
 // and four streams per thread without software prefetch 52-71 (mean 66): a ceiling has to

@@ -24,7 +24,7 @@
 #                  size, residual on this machine's cores; ACCEPTANCE=<mean accepted tokens per
 #                  verify on the real model> adds the projection for it.
 #         cpu:  the split kernels and the cpu-residual service on this machine's cores (the
-#               many-core side of issues 3 and 4, which the 2-core build machine cannot show):
+#               many-core kernel and service figures, which the 2-core build machine cannot show):
 #               5. kernel_bench --threads=<all> over b2_sym, b3_sym, b4_sym, r6/g32, r8/g32
 #                  (kernel_bench.txt)
 #               6. with models/ present: bitsplit quantize of SmolLM2's r6/g32 residual
