@@ -325,10 +325,10 @@ class CudaModel {
   } d_{};
 
   // Pinned host staging (one cudaHostAlloc, so copies are DMA): the batch, the quantized
-  // activations of a group, the residual's output and host-gathered embedding rows. The
-  // activations are copied into host_activations_ for the ResidualSource interface (it takes a
-  // QuantizedActivations; a zero-copy path into the shared-memory channel is docs/cuda.md's
-  // "wiring" item).
+  // activations of a group, the residual's output and host-gathered embedding rows. A source
+  // with staging memory (ResidualSource::Staging: the shared-memory channel, registered for DMA)
+  // receives the activations straight from the device; for any other source they are copied
+  // into host_activations_, the QuantizedActivations that Accumulate takes.
   void* pinned_ = nullptr;
   uint8_t* host_batch_ = nullptr;
   int8_t* host_codes_ = nullptr;
