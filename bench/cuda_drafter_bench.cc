@@ -8,11 +8,11 @@
 //   verify step       one verify forward + target choice for 1 and for 16 tree nodes, with where
 //                     the time went: host inside the residual, host waiting for the GPU, GPU idle
 //                     waiting for the residual
-//   floor             residual bytes / measured RAM read bandwidth (DESIGN.md §6)
+//   floor             residual bytes / measured RAM read bandwidth (docs/design.md §6)
 //   projection        tokens/s = acceptance / (draft tree + verify of 16 nodes) for the mean
 //                     accepted tokens per verify measured on the real model (--acceptance)
 //
-// Random weights: shapes and speed only (DESIGN.md §8). Usage: docs/cuda.md.
+// Random weights: shapes and speed only (docs/design.md §8). Usage: docs/cuda.md.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

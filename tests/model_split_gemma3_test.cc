@@ -1,7 +1,7 @@
 // gemma-3-270m through the split engine: the quantized files carry the family's extra vectors
-// at source precision, and speculative decoding stays lossless (DESIGN.md §3) on prompts longer
-// than the local layers' 512-token sliding window, where a tree node must see exactly the window
-// the same token sees in plain decoding.
+// at source precision, and speculative decoding stays lossless (docs/design.md §3) on prompts
+// longer than the local layers' 512-token sliding window, where a tree node must see exactly the
+// window the same token sees in plain decoding.
 #include <fstream>
 #include <string>
 #include <vector>

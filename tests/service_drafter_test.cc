@@ -3,7 +3,7 @@
 // common/rpc/drafter_client.h. The expectation is independent of the service: the SmolLM2 split
 // model loaded in this process (LlamaModel::LoadSplit(base, residual), the residual mapped here)
 // decoding one token at a time with Sampler::Choose. Speculation through the service must give
-// exactly those tokens (DESIGN.md §3, the losslessness invariant).
+// exactly those tokens (docs/design.md §3, the losslessness invariant).
 #include <signal.h>
 #include <sys/stat.h>
 

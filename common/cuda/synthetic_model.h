@@ -2,7 +2,7 @@
 // A split model with random weights built in memory, for benchmarks of realistic shapes (an
 // 8B-class llama) without a multi-gigabyte file or a quantize run: random codes in the base and
 // residual formats with scales that keep activations in a sane range. Shapes and speed only:
-// never for quality or acceptance claims (DESIGN.md §8).
+// never for quality or acceptance claims (docs/design.md §8).
 #include <cstdint>
 #include <memory>
 #include <vector>

@@ -1,6 +1,6 @@
 #pragma once
 // The linear layers of a llama forward pass, behind one interface so that one forward serves
-// every way of computing them (docs/architecture.md, "Forward modes"):
+// every way of computing them (docs/design.md §11):
 //
 //   reference  the source GGUF weights, dequantized to f32 (GgufLinearBackend, here)
 //   draft      the split model's base weights only          (SplitLinearBackend, split_backend.h)
@@ -8,7 +8,7 @@
 //
 // The forward hands a backend one matrix GROUP at a time: the matrices of a layer that read the
 // same input (q|k|v, o, gate|up, down, and the output head). A group is the unit a residual
-// service computes (DESIGN.md §2), so its identity (layer + group) is explicit in every call.
+// service computes (docs/design.md §2), so its identity (layer + group) is explicit in every call.
 #include <array>
 #include <cstddef>
 #include <cstdint>

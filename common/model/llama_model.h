@@ -15,7 +15,7 @@
 // ForwardMode; everything else (embedding, norms, biases, RoPE, attention with its sliding
 // window, the gated activation) is the same code for every mode, steered by the config's family
 // flags. Draft and verify forwards of a split model use the same KV cache layout, so a
-// verifier's cache can serve the draft (DESIGN.md §1, §3).
+// verifier's cache can serve the draft (docs/design.md §1, §3).
 #include <cstdint>
 #include <memory>
 #include <span>

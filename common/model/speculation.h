@@ -1,6 +1,6 @@
 #pragma once
-// Speculative decoding of one sequence (DESIGN.md §3): the drafter's side of a step (draft a tree
-// with the base weights, verify it with base + residual, commit the accepted path) and the
+// Speculative decoding of one sequence (docs/design.md §3): the drafter's side of a step (draft a
+// tree with the base weights, verify it with base + residual, commit the accepted path) and the
 // coordinator's walk. The gpu-drafter service runs a SpeculativeSession per client session; the
 // tests and the speculation bench run it in process.
 //
@@ -64,8 +64,8 @@ struct TargetChoice {
   std::vector<float> top_logprobs;
 };
 
-// The walk of DESIGN.md §3: from the root, descend while the target's choice at the current node
-// is one of its children. `path` are the accepted node indices (path[0] = 0) and `tokens` the
+// The walk of docs/design.md §3: from the root, descend while the target's choice at the current
+// node is one of its children. `path` are the accepted node indices (path[0] = 0) and `tokens` the
 // emitted tokens: the target's choice at each node of the path (the last is the bonus token).
 struct WalkResult {
   std::vector<int32_t> path;

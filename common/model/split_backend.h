@@ -1,6 +1,6 @@
 #pragma once
-// Linear layers of a split model (DESIGN.md §1, §4): every weight W ~= B + R with a low-bit base
-// B and a 6/8-bit residual R, both stored in split formats (common/quant/split_format.h) and
+// Linear layers of a split model (docs/design.md §1, §4): every weight W ~= B + R with a low-bit
+// base B and a 6/8-bit residual R, both stored in split formats (common/quant/split_format.h) and
 // multiplied with int8 activations (common/quant/split_matmul.h).
 //
 //   draft   y = x·Bᵀ

@@ -1,5 +1,5 @@
 #pragma once
-// `bitsplit quantize`: turns a llama GGUF into a split model (DESIGN.md §4; the files are
+// `bitsplit quantize`: turns a llama GGUF into a split model (docs/design.md §4; the files are
 // described in docs/split_model.md).
 //
 // Every linear weight W (wq, wk, wv, wo, gate, up, down of every layer, and the output head;

@@ -6,7 +6,7 @@
 // weight sub-block meets an activation block in an integer dot product (AVX2 maddubs/madd,
 // exact in int32), which is then scaled and accumulated in f32.
 //
-// Batch invariance (docs/architecture.md, §3): y[t][r] depends only on activation row t and
+// Batch invariance (docs/design.md §3): y[t][r] depends only on activation row t and
 // weight row r. Its arithmetic is one fixed sequence, the same for any number of rows T, any
 // position of t in the batch, any thread count and any row tiling; work is split over weight
 // rows only. The sequence, which MatMulReference spells out in scalar code, is (per (t, r)):

@@ -1,5 +1,5 @@
 #pragma once
-// The public bitsplit.v1.Generation service (DESIGN.md §5) on gRPC's callback API.
+// The public bitsplit.v1.Generation service (docs/design.md §5) on gRPC's callback API.
 //
 // Generate: each admitted stream is a GenerateReactor that a worker thread drives through
 // RunGeneration; at most `max_active` run at once (one worker each), up to `max_queue` more wait

@@ -1,5 +1,5 @@
 #pragma once
-// One request's generation against the drafter (DESIGN.md §3): open a session, prefill the
+// One request's generation against the drafter (docs/design.md §3): open a session, prefill the
 // prompt, then per step draft a tree (unless speculation is off), verify it, walk it, commit the
 // accepted path and stream the emitted tokens, until EOS, a stop token or string, max_tokens,
 // cancellation or an error. The session is closed on every path.

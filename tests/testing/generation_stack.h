@@ -3,7 +3,7 @@
 // bitsplit-coordinator; unix sockets in a test directory) on one split model, the same model in
 // this process as the reference decoder, and the losslessness matrix the end-to-end tests run
 // through the public bitsplit.v1.Generation API (the losslessness invariant of
-// docs/architecture.md: the streamed tokens equal plain decoding with the verifier for every tree
+// docs/design.md §3: the streamed tokens equal plain decoding with the verifier for every tree
 // shape and sampling setting).
 //
 // Thread safety: none; one test thread drives a stack.

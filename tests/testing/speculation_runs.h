@@ -1,5 +1,5 @@
 #pragma once
-// The two decoders the losslessness tests compare (DESIGN.md §3): plain decoding with the
+// The two decoders the losslessness tests compare (docs/design.md §3): plain decoding with the
 // verifier, and the speculation loop (draft, verify, walk, commit) in process.
 #include <cstdint>
 #include <span>
@@ -47,8 +47,8 @@ struct SpecRun {
   int verify_steps = 0;
 };
 
-// The speculation loop of DESIGN.md §3 with `draft_mode` drafting (kVerify: a perfect drafter).
-// The prompt is prefilled in chunks of 16.
+// The speculation loop of docs/design.md §3 with `draft_mode` drafting (kVerify: a perfect
+// drafter). The prompt is prefilled in chunks of 16.
 inline SpecRun SpeculativeDecode(model::LlamaModel& model, const std::vector<int32_t>& prompt,
                                  const model::SamplingParams& sampling, int count,
                                  const model::TreeShape& shape, model::ForwardMode draft_mode,
