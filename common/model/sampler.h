@@ -3,7 +3,7 @@
 // top-p. The random number comes from a counter-based generator (Philox4x32-10) keyed by
 // (seed, absolute position), so a position's draw is the same however the position was
 // reached: one token at a time, in a prefill batch, or inside a speculation tree. The
-// losslessness invariant (DESIGN.md §3) depends on this.
+// losslessness invariant (docs/design.md §3) depends on this.
 //
 // Thread safety: all functions are pure; a Sampler holds scratch space and must not be shared
 // between threads.
