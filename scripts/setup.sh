@@ -19,6 +19,7 @@ DEB_PACKAGES=(
   libabsl-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev librandom123-dev systemd libssl-dev
   clang libclang-rt-14-dev  # the fuzz targets and the sanitized unit tests (scripts/fuzz.sh)
+  clang-format-14  # scripts/check_format.sh
 )
 
 die() { echo "setup: error: $*" >&2; exit 1; }

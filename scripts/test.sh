@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what is missing (Debian packages, verified models), builds
+# The whole test suite: installs what is missing (Debian packages, verified models), checks the
+# layer order of the includes and the clang-format of the sources, builds
 # everything (CUDA code included where nvcc exists), and runs every test through CTest.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -9,6 +10,8 @@ if [[ $(id -u) -eq 0 ]] || command -v sudo >/dev/null; then
 else
   "$ROOT/scripts/setup.sh" --models
 fi
+"$ROOT/scripts/check_layers.py"  # every project #include against the layer order
+"$ROOT/scripts/check_format.sh"  # clang-format of every tracked source
 "$ROOT/scripts/build.sh"
 ctest --test-dir "$BUILD" --output-on-failure -j"$(nproc)" --timeout 900
 "$ROOT/scripts/sanitize.sh"          # the fast unit tests again, ASan + UBSan (clang)
