@@ -9,6 +9,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/io/gguf.h"
@@ -303,8 +304,10 @@ class MatrixSplitter {
     base->resize(static_cast<size_t>(w.rows) * base_row_bytes);
     residual->resize(static_cast<size_t>(w.rows) * residual_row_bytes);
     scratch_.resize(static_cast<size_t>(pool_.num_threads()));
-    std::mutex mutex;
-    absl::Status first_error;  // guarded by mutex
+    struct {
+      std::mutex mutex;
+      absl::Status first_error ABSL_GUARDED_BY(mutex);
+    } errors;
     pool_.ParallelFor(w.rows, [&](int64_t begin, int64_t end, int worker) {
       std::vector<float>& scratch = scratch_[static_cast<size_t>(worker)];
       scratch.resize(static_cast<size_t>(2 * w.cols));
@@ -315,16 +318,17 @@ class MatrixSplitter {
             SplitRow(w, r, importance, row, rest, base->data() + r * base_row_bytes,
                      residual->data() + r * residual_row_bytes);
         if (!status.ok()) {
-          std::lock_guard<std::mutex> lock(mutex);
-          if (first_error.ok()) {
-            first_error = absl::Status(status.code(), absl::StrCat("tensor ", job.name, " row ", r,
-                                                                   ": ", status.message()));
+          std::lock_guard<std::mutex> lock(errors.mutex);
+          if (errors.first_error.ok()) {
+            errors.first_error =
+                absl::Status(status.code(),
+                             absl::StrCat("tensor ", job.name, " row ", r, ": ", status.message()));
           }
           return;
         }
       }
     });
-    return first_error;
+    return errors.first_error;  // the workers have finished
   }
 
  private:

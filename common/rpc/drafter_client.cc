@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc/channel_options.h"
 #include "grpcpp/grpcpp.h"
@@ -73,9 +74,9 @@ class DrafterClient::Lease final : public grpc::ClientReadReactor<v1::LeaseGrant
   v1::LeaseGrant grant_;
   std::mutex mutex_;
   std::condition_variable changed_;
-  uint64_t owner_id_ = 0;  // guarded by mutex_
-  bool done_ = false;      // guarded by mutex_
-  grpc::Status ended_;     // guarded by mutex_
+  uint64_t owner_id_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool done_ ABSL_GUARDED_BY(mutex_) = false;
+  grpc::Status ended_ ABSL_GUARDED_BY(mutex_);
 };
 
 DrafterClient::~DrafterClient() = default;

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bitsplit/internal/v1/drafter.grpc.pb.h"
@@ -66,7 +67,7 @@ class DrafterClient {
   std::unique_ptr<internal::v1::Drafter::Stub> stub_;
 
   std::mutex lease_mutex_;
-  std::unique_ptr<Lease> lease_;  // guarded by lease_mutex_
+  std::unique_ptr<Lease> lease_ ABSL_GUARDED_BY(lease_mutex_);
 };
 
 }  // namespace bitsplit::rpc

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/io/shm_channel.h"
@@ -78,8 +79,8 @@ class ChannelManager {
   const ChannelOptions options_;
   const pid_t pid_;
   mutable std::mutex mutex_;
-  std::map<uint64_t, std::unique_ptr<Channel>> channels_;  // guarded by mutex_
-  uint64_t next_id_ = 1;                                   // guarded by mutex_
+  std::map<uint64_t, std::unique_ptr<Channel>> channels_ ABSL_GUARDED_BY(mutex_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mutex_) = 1;
   std::atomic<bool> stopping_{false};
   std::thread housekeeper_;
 };
