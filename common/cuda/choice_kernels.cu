@@ -8,7 +8,6 @@
 // {key >= K} for some K, and each truncation / draw is a binary search for the largest K whose
 // prefix has enough count or probability mass (the high word first, then the low word only when
 // several tokens share the logit). Counts are exact; masses are double sums in a fixed tree.
-#include <Random123/philox.h>
 
 #include <cstdint>
 
@@ -76,19 +75,6 @@ __global__ void __launch_bounds__(kRowThreads)
   }
   best = BlockReduce(best, shared, Max64());
   if (threadIdx.x == 0) choices[blockIdx.x] = IdOfKey(best);
-}
-
-// model::UniformForPosition.
-__device__ double Uniform(uint64_t seed, int64_t position) {
-  r123::Philox4x32 philox;
-  const uint64_t counter = static_cast<uint64_t>(position);
-  r123::Philox4x32::ctr_type ctr = {
-      {static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0u, 0u}};
-  r123::Philox4x32::key_type key = {
-      {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}};
-  const r123::Philox4x32::ctr_type out = philox(ctr, key);
-  const uint64_t bits = ((static_cast<uint64_t>(out[0]) << 32) | out[1]) >> 11;
-  return static_cast<double>(bits) * 0x1.0p-53;
 }
 
 // The row's candidates with key >= floor, searched in candidate order.
@@ -190,7 +176,7 @@ __global__ void __launch_bounds__(kRowThreads) SampleKernel(SamplingArgs a) {
     kept = search.Mass(0, mass_shared);
   }
   // The draw: the first candidate whose cumulative probability exceeds u.
-  const double target = Uniform(a.seed, a.positions[r]) * kept;
+  const double target = PhiloxUniform(a.seed, a.positions[r]) * kept;
   int32_t choice;
   if (kept > target) {
     choice = IdOfKey(search.LargestKey(
@@ -241,7 +227,7 @@ __global__ void __launch_bounds__(kRowThreads)
 
 __global__ void UniformKernel(uint64_t seed, const int64_t* positions, int64_t count, double* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < count) out[i] = Uniform(seed, positions[i]);
+  if (i < count) out[i] = PhiloxUniform(seed, positions[i]);
 }
 
 }  // namespace

@@ -81,26 +81,14 @@ absl::Status CheckImplemented(const model::ModelConfig& config) {
 
 kernels::DeviceMatrix DeviceMatrixOf(const quant::MatrixView& view, const uint8_t* data,
                                      int64_t stride) {
-  const quant::SplitFormatInfo& info = quant::GetSplitFormatInfo(view.format);
-  const quant::SplitRowLayout layout = quant::GetSplitRowLayout(view.format, view.group, view.cols);
   kernels::DeviceMatrix m;
   m.data = data;
   m.rows = view.rows;
   m.cols = view.cols;
   m.row_stride = stride;
-  m.format = static_cast<int32_t>(view.format);
+  m.format = view.format;
   m.group = view.group;
-  m.groups = layout.groups;
-  m.sub_blocks = layout.sub_blocks;
-  m.code_offset = static_cast<int64_t>(layout.code_offset);
-  m.code_stride = static_cast<int64_t>(layout.code_stride);
-  m.scale_offset = static_cast<int64_t>(layout.scale_offset);
-  m.scale_stride = static_cast<int64_t>(layout.scale_stride);
-  m.min_offset = static_cast<int64_t>(layout.min_offset);
-  m.min_stride = static_cast<int64_t>(layout.min_stride);
-  m.has_min = info.has_min ? 1 : 0;
-  m.signed_codes = info.signed_codes ? 1 : 0;
-  m.code_offset_value = info.code_offset;
+  m.layout = quant::GetSplitRowLayout(view.format, view.group, view.cols);
   return m;
 }
 

@@ -21,31 +21,23 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/quant/split_common.h"
+
 namespace bitsplit::cuda::kernels {
 
 // ---- Linear layers ---------------------------------------------------------------------------
 
-// A weight matrix in a split format (common/quant/split_format.h) in device memory. The layout
-// fields are quant::SplitRowLayout's; rows are row_stride bytes apart, and row_stride and every
-// row start are multiples of 4 (the CUDA backend pads rows; codes are read as 32-bit words).
+// A weight matrix in a split format (common/quant/split_common.h) in device memory: rows are
+// row_stride bytes apart, and row_stride and every row start are multiples of 4 (the CUDA backend
+// pads rows; codes are read as 32-bit words).
 struct DeviceMatrix {
   const uint8_t* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t row_stride = 0;
-  int32_t format = 0;  // quant::SplitFormat
+  quant::SplitFormat format = quant::SplitFormat::kB2Sym;
   int32_t group = 32;
-  int64_t groups = 0;
-  int64_t sub_blocks = 0;
-  int64_t code_offset = 0;
-  int64_t code_stride = 0;
-  int64_t scale_offset = 0;
-  int64_t scale_stride = 0;
-  int64_t min_offset = 0;
-  int64_t min_stride = 0;
-  int32_t has_min = 0;             // asymmetric formats
-  int32_t signed_codes = 0;        // r8, q8_0
-  float code_offset_value = 0.0f;  // y = d * (q - offset) of the symmetric unsigned formats
+  quant::SplitRowLayout layout;  // quant::SplitRowLayoutOf(format, group, cols)
 };
 
 // Activations quantized to int8 per row in blocks of 32 (quant::QuantizedActivations' layout).

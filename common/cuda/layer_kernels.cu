@@ -4,7 +4,10 @@
 // bit-exact with the CPU ops).
 #include <cuda_fp16.h>
 
+#include <cstddef>
+
 #include "common/cuda/kernels.h"
+#include "common/quant/ggml_blocks.h"
 
 namespace bitsplit::cuda::kernels {
 namespace {
@@ -28,10 +31,13 @@ __global__ void EmbeddingKernel(const uint8_t* table, int32_t type, int64_t row_
     value = reinterpret_cast<const float*>(row)[c];
   } else if (type == kEmbeddingF16) {
     value = HalfBitsToFloat(reinterpret_cast<const uint16_t*>(row)[c]);
-  } else {  // Q8_0: 34-byte blocks {fp16 d, int8 qs[32]}; y = float(q) * d
-    const uint8_t* block = row + (c / 32) * 34;
-    const float d = HalfBitsToFloat(static_cast<uint16_t>(block[0] | (block[1] << 8)));
-    value = __fmul_rn(__int2float_rn(static_cast<int8_t>(block[2 + c % 32])), d);
+  } else {  // Q8_0 (quant::BlockQ8_0): y = float(q) * d
+    using quant::BlockQ8_0;
+    const uint8_t* block = row + (c / quant::kQk) * sizeof(BlockQ8_0);
+    const uint8_t* d_bytes = block + offsetof(BlockQ8_0, d);
+    const float d = HalfBitsToFloat(static_cast<uint16_t>(d_bytes[0] | (d_bytes[1] << 8)));
+    const int8_t q = static_cast<int8_t>(block[offsetof(BlockQ8_0, qs) + c % quant::kQk]);
+    value = __fmul_rn(__int2float_rn(q), d);
   }
   out[i] = value;
 }

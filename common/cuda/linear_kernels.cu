@@ -15,18 +15,7 @@ constexpr int kRowsPerWarp = 32 / kLanesPerRow;
 constexpr int kMatMulThreads = 256;
 constexpr int kRowsPerBlock = kMatMulThreads / 32 * kRowsPerWarp;
 
-// quant::SplitFormat ids.
-enum Format : int32_t {
-  kB2Sym = 0,
-  kB2Asym = 1,
-  kB3Sym = 2,
-  kB3Asym = 3,
-  kB4Sym = 4,
-  kB4Asym = 5,
-  kR6 = 6,
-  kR8 = 7,
-  kQ8_0 = 8,
-};
+using quant::SplitFormat;
 
 // Weights and activations are read-only for a kernel's lifetime: load them through the
 // read-only data cache.
@@ -55,17 +44,17 @@ __device__ __forceinline__ uint32_t Plane4(const uint8_t* p, int k) {
 
 // The codes of elements 4k .. 4k+3 of one sub-block as four bytes (element 4k in the low byte),
 // ready for __dp4a: unsigned codes are < 64, so their bytes read the same signed.
-template <int kFormat>
+template <SplitFormat kFormat>
 __device__ __forceinline__ int Codes4(const uint8_t* sub, int k) {
-  if constexpr (kFormat == kB2Sym || kFormat == kB2Asym) {
+  if constexpr (kFormat == SplitFormat::kB2Sym || kFormat == SplitFormat::kB2Asym) {
     return static_cast<int>(Plane2(sub, k));
-  } else if constexpr (kFormat == kB3Sym || kFormat == kB3Asym) {
+  } else if constexpr (kFormat == SplitFormat::kB3Sym || kFormat == SplitFormat::kB3Asym) {
     return static_cast<int>(Plane2(sub, k) | (Plane1(sub + 8, k) << 2));
-  } else if constexpr (kFormat == kB4Sym || kFormat == kB4Asym) {
+  } else if constexpr (kFormat == SplitFormat::kB4Sym || kFormat == SplitFormat::kB4Asym) {
     return static_cast<int>(Plane4(sub, k));
-  } else if constexpr (kFormat == kR6) {
+  } else if constexpr (kFormat == SplitFormat::kR6) {
     return static_cast<int>(Plane4(sub, k) | (Plane2(sub + 16, k) << 4));
-  } else {  // kR8, kQ8_0: int8 codes in element order
+  } else {  // SplitFormat::kR8, SplitFormat::kQ8_0: int8 codes in element order
     return static_cast<int>(Load32(sub + 4 * k));
   }
 }
@@ -73,12 +62,8 @@ __device__ __forceinline__ int Codes4(const uint8_t* sub, int k) {
 // Bytes from one sub-block (and from one group scale) to the next in a row of kFormat: the
 // layouts of quant::GetSplitRowLayout. Known at compile time, so a run's loads are one base
 // address plus constant offsets.
-template <int kFormat>
-constexpr int kCodeStride = kFormat == kB2Sym || kFormat == kB2Asym   ? 8
-                            : kFormat == kB3Sym || kFormat == kB3Asym ? 12
-                            : kFormat == kB4Sym || kFormat == kB4Asym ? 16
-                            : kFormat == kR6                          ? 24
-                                                                      : 32;  // kR8, kQ8_0
+template <SplitFormat kFormat>
+constexpr int kCodeStride = quant::SplitFormatTraitsOf(kFormat).sub_block_bytes;
 constexpr int kScaleStride = 2;
 
 // What one thread reads: lane k of one weight row against a tile of activation rows. Offsets
@@ -98,7 +83,7 @@ struct RowSlice {
 // group's scale, into acc[j] for the tile's activation rows j: split_matmul.h's step
 // acc += float(dot) * (d * x_scale), one rounding each. Any group size (the group of a block is
 // found at run time). Rows j >= tile read row tile - 1 and are never written.
-template <int kFormat, int kTile>
+template <SplitFormat kFormat, int kTile>
 __device__ __forceinline__ void AccumulateBlocks(const RowSlice& s, int k, int tile,
                                                  int first_block, int count, int blocks_per_group,
                                                  float (&acc)[kTile]) {
@@ -121,7 +106,7 @@ __device__ __forceinline__ void AccumulateBlocks(const RowSlice& s, int k, int t
 // compile-time group size; the run's first block is even): every weight load of the run is
 // issued first, then for each activation row all its loads, then the multiply-adds in order, so
 // that many loads are in flight per thread.
-template <int kFormat, int kTile, int kBlocksPerGroup>
+template <SplitFormat kFormat, int kTile, int kBlocksPerGroup>
 __device__ __forceinline__ void AccumulateRun(const RowSlice& s, int k, int parity, int tile,
                                               int first_group, float (&acc)[kTile]) {
   constexpr int kBlocks = kGroupsPerRun * kBlocksPerGroup / 2;  // of this thread's parity
@@ -165,7 +150,7 @@ __device__ __forceinline__ void AccumulateRun(const RowSlice& s, int k, int pari
 // ones: even + odd, then the eight sums by shuffles in HorizontalSum's order.
 // kBlocksPerGroup > 0 compiles whole runs for that group size; 0 handles any group size at run
 // time.
-template <int kFormat, int kTile, int kBlocksPerGroup>
+template <SplitFormat kFormat, int kTile, int kBlocksPerGroup>
 __global__ void __launch_bounds__(kMatMulThreads)
     SplitMatMulKernel(GroupMatMul group, DeviceActivations x, int accumulate, int64_t total_rows) {
   const int lane = threadIdx.x & 31;
@@ -183,12 +168,14 @@ __global__ void __launch_bounds__(kMatMulThreads)
   float* out = group.outputs[m];
   const uint8_t* row = w.data + r * w.row_stride;
   const int blocks_per_group = static_cast<int>(w.group / kBlock);
-  const int groups = static_cast<int>(w.groups);
-  const bool min_term = !w.signed_codes && parity == 0;
-  RowSlice s{row + w.code_offset,
-             row + w.scale_offset,
-             static_cast<int>(w.code_stride),
-             static_cast<int>(w.scale_stride),
+  const int groups = static_cast<int>(w.layout.groups);
+  constexpr quant::SplitFormatTraits kTraits = quant::SplitFormatTraitsOf(kFormat);
+  const bool min_term = !kTraits.signed_codes && parity == 0;
+  const quant::SplitRowLayout& layout = w.layout;
+  RowSlice s{row + layout.code_offset,
+             row + layout.scale_offset,
+             static_cast<int>(layout.code_stride),
+             static_cast<int>(layout.scale_stride),
              nullptr,
              nullptr,
              static_cast<int>(x.cols),
@@ -220,9 +207,10 @@ __global__ void __launch_bounds__(kMatMulThreads)
         const int g = g_begin + k;
         float min = 0.0f;
         if (g < g_end) {
-          min = w.has_min ? LoadHalf(row + w.min_offset + g * w.min_stride)
-                          : __fmul_rn(LoadHalf(row + w.scale_offset + g * w.scale_stride),
-                                      -w.code_offset_value);
+          min = kTraits.has_min
+                    ? LoadHalf(row + layout.min_offset + g * layout.min_stride)
+                    : __fmul_rn(LoadHalf(row + layout.scale_offset + g * layout.scale_stride),
+                                -kTraits.code_offset);
         }
 #pragma unroll
         for (int j = 0; j < kTile; ++j) {
@@ -252,7 +240,7 @@ __global__ void __launch_bounds__(kMatMulThreads)
   }
 }
 
-template <int kFormat, int kBlocksPerGroup>
+template <SplitFormat kFormat, int kBlocksPerGroup>
 void LaunchSplitMatMulKernel(const GroupMatMul& group, const DeviceActivations& x, bool accumulate,
                              int64_t total_rows, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock);
@@ -269,7 +257,7 @@ void LaunchSplitMatMulKernel(const GroupMatMul& group, const DeviceActivations& 
   }
 }
 
-template <int kFormat>
+template <SplitFormat kFormat>
 cudaError_t LaunchSplitMatMul(const GroupMatMul& group, const DeviceActivations& x, bool accumulate,
                               cudaStream_t stream) {
   int64_t total_rows = 0;
@@ -278,7 +266,8 @@ cudaError_t LaunchSplitMatMul(const GroupMatMul& group, const DeviceActivations&
     // The kernel's in-row and activation offsets are 32-bit; a group's matrices share the format
     // and the group size (one kernel specialization for all of them).
     if (w.row_stride >= (int64_t{1} << 31) || w.format != kFormat ||
-        w.code_stride != kCodeStride<kFormat> || w.scale_stride != kScaleStride ||
+        w.layout.code_stride != static_cast<size_t>(kCodeStride<kFormat>) ||
+        w.layout.scale_stride != static_cast<size_t>(kScaleStride) ||
         w.group != group.matrices[0].group || w.group < kBlock || w.group % kBlock != 0) {
       return cudaErrorInvalidValue;
     }
@@ -391,24 +380,24 @@ cudaError_t SplitMatMul(const GroupMatMul& group, const DeviceActivations& x, bo
     return cudaErrorInvalidValue;
   }
   switch (group.matrices[0].format) {
-    case kB2Sym:
-      return LaunchSplitMatMul<kB2Sym>(group, x, accumulate, stream);
-    case kB2Asym:
-      return LaunchSplitMatMul<kB2Asym>(group, x, accumulate, stream);
-    case kB3Sym:
-      return LaunchSplitMatMul<kB3Sym>(group, x, accumulate, stream);
-    case kB3Asym:
-      return LaunchSplitMatMul<kB3Asym>(group, x, accumulate, stream);
-    case kB4Sym:
-      return LaunchSplitMatMul<kB4Sym>(group, x, accumulate, stream);
-    case kB4Asym:
-      return LaunchSplitMatMul<kB4Asym>(group, x, accumulate, stream);
-    case kR6:
-      return LaunchSplitMatMul<kR6>(group, x, accumulate, stream);
-    case kR8:
-      return LaunchSplitMatMul<kR8>(group, x, accumulate, stream);
-    case kQ8_0:
-      return LaunchSplitMatMul<kQ8_0>(group, x, accumulate, stream);
+    case SplitFormat::kB2Sym:
+      return LaunchSplitMatMul<SplitFormat::kB2Sym>(group, x, accumulate, stream);
+    case SplitFormat::kB2Asym:
+      return LaunchSplitMatMul<SplitFormat::kB2Asym>(group, x, accumulate, stream);
+    case SplitFormat::kB3Sym:
+      return LaunchSplitMatMul<SplitFormat::kB3Sym>(group, x, accumulate, stream);
+    case SplitFormat::kB3Asym:
+      return LaunchSplitMatMul<SplitFormat::kB3Asym>(group, x, accumulate, stream);
+    case SplitFormat::kB4Sym:
+      return LaunchSplitMatMul<SplitFormat::kB4Sym>(group, x, accumulate, stream);
+    case SplitFormat::kB4Asym:
+      return LaunchSplitMatMul<SplitFormat::kB4Asym>(group, x, accumulate, stream);
+    case SplitFormat::kR6:
+      return LaunchSplitMatMul<SplitFormat::kR6>(group, x, accumulate, stream);
+    case SplitFormat::kR8:
+      return LaunchSplitMatMul<SplitFormat::kR8>(group, x, accumulate, stream);
+    case SplitFormat::kQ8_0:
+      return LaunchSplitMatMul<SplitFormat::kQ8_0>(group, x, accumulate, stream);
     default:
       return cudaErrorInvalidValue;
   }

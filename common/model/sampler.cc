@@ -1,7 +1,5 @@
 #include "common/model/sampler.h"
 
-#include <Random123/philox.h>
-
 #include <algorithm>
 #include <cmath>
 
@@ -22,19 +20,6 @@ absl::Status ValidateSamplingParams(const SamplingParams& params) {
     return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", params.top_p));
   }
   return absl::OkStatus();
-}
-
-double UniformForPosition(uint64_t seed, int64_t position) {
-  r123::Philox4x32 philox;
-  const uint64_t counter = static_cast<uint64_t>(position);
-  r123::Philox4x32::ctr_type ctr = {
-      {static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0u, 0u}};
-  r123::Philox4x32::key_type key = {
-      {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}};
-  const r123::Philox4x32::ctr_type out = philox(ctr, key);
-  // 53 random bits -> a double in [0, 1) with every value exactly representable.
-  const uint64_t bits = ((static_cast<uint64_t>(out[0]) << 32) | out[1]) >> 11;
-  return static_cast<double>(bits) * 0x1.0p-53;
 }
 
 namespace {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/quant/split_common.h"
 
 namespace bitsplit::model {
 
@@ -24,8 +25,11 @@ struct SamplingParams {
 
 absl::Status ValidateSamplingParams(const SamplingParams& params);
 
-// Uniform double in [0, 1) determined only by (seed, position).
-double UniformForPosition(uint64_t seed, int64_t position);
+// Uniform double in [0, 1) determined only by (seed, position): bitsplit::PhiloxUniform, which
+// the device's choice kernels draw too (common/quant/split_common.h).
+inline double UniformForPosition(uint64_t seed, int64_t position) {
+  return PhiloxUniform(seed, position);
+}
 
 class Sampler {
  public:

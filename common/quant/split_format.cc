@@ -19,17 +19,15 @@ constexpr uint16_t kFp16Infinity = 0x7c00;
 constexpr float kFp16Max = 65504.0f;
 
 // Indexed by SplitFormat.
+constexpr SplitFormatInfo Info(SplitFormat format, const char* name) {
+  return {SplitFormatTraitsOf(format), name};
+}
 constexpr SplitFormatInfo kFormatInfo[kNumSplitFormats] = {
-    // name     bits base  resid  min    signed offset sub-block bytes
-    {"b2_sym", 2, true, false, false, false, 1.5f, 8},
-    {"b2_asym", 2, true, false, true, false, 0.0f, 8},
-    {"b3_sym", 3, true, false, false, false, 4.0f, 12},
-    {"b3_asym", 3, true, false, true, false, 0.0f, 12},
-    {"b4_sym", 4, true, false, false, false, 8.0f, 16},
-    {"b4_asym", 4, true, false, true, false, 0.0f, 16},
-    {"r6", 6, false, true, false, false, 32.0f, 24},
-    {"r8", 8, false, true, false, true, 0.0f, 32},
-    {"q8_0", 8, false, false, false, true, 0.0f, 32},
+    Info(SplitFormat::kB2Sym, "b2_sym"), Info(SplitFormat::kB2Asym, "b2_asym"),
+    Info(SplitFormat::kB3Sym, "b3_sym"), Info(SplitFormat::kB3Asym, "b3_asym"),
+    Info(SplitFormat::kB4Sym, "b4_sym"), Info(SplitFormat::kB4Asym, "b4_asym"),
+    Info(SplitFormat::kR6, "r6"),        Info(SplitFormat::kR8, "r8"),
+    Info(SplitFormat::kQ8_0, "q8_0"),
 };
 static_assert(sizeof(BlockQ8_0) == 2 + sizeof(SubBlock8));
 
@@ -369,18 +367,7 @@ absl::Status ValidateSplitLayout(SplitFormat format, int group, int64_t cols) {
 
 SplitRowLayout GetSplitRowLayout(SplitFormat format, int group, int64_t cols) {
   BITSPLIT_CHECK(ValidateSplitLayout(format, group, cols).ok());
-  const SplitFormatInfo& info = GetSplitFormatInfo(format);
-  SplitRowLayout layout;
-  layout.groups = cols / group;
-  layout.sub_blocks = cols / kSplitSubBlock;
-  layout.code_offset = 0;
-  layout.code_stride = info.sub_block_bytes;
-  layout.scale_offset = layout.sub_blocks * info.sub_block_bytes;
-  layout.scale_stride = sizeof(uint16_t);
-  layout.min_offset = layout.scale_offset + layout.groups * sizeof(uint16_t);
-  layout.min_stride = sizeof(uint16_t);
-  layout.row_bytes = layout.min_offset + (info.has_min ? layout.groups * sizeof(uint16_t) : 0);
-  return layout;
+  return SplitRowLayoutOf(format, group, cols);
 }
 
 size_t SplitRowBytes(SplitFormat format, int group, int64_t cols) {

@@ -32,35 +32,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/quant/split_common.h"
 
 namespace bitsplit::quant {
 
-enum class SplitFormat : uint32_t {
-  kB2Sym = 0,
-  kB2Asym = 1,
-  kB3Sym = 2,
-  kB3Asym = 3,
-  kB4Sym = 4,
-  kB4Asym = 5,
-  kR6 = 6,
-  kR8 = 7,
-  kQ8_0 = 8,
-};
-inline constexpr int kNumSplitFormats = 9;
-
-// Elements per sub-block: the unit of code packing and of the integer dot products.
-inline constexpr int kSplitSubBlock = 32;
-
-// Static facts about a format.
-struct SplitFormatInfo {
-  const char* name;     // "b2_sym", "r6", "q8_0", ...
-  int bits;             // bits per code
-  bool is_base;         // kB*: produced by QuantizeBaseRow
-  bool is_residual;     // kR6 / kR8: produced by QuantizeResidualRow
-  bool has_min;         // the header stores an fp16 min m after d
-  bool signed_codes;    // codes are int8 (kR8, kQ8_0); otherwise unsigned with an offset
-  float code_offset;    // y = d * (q - code_offset) for the unsigned symmetric formats
-  int sub_block_bytes;  // bytes of packed codes per 32 elements
+// A format's name and its traits (split_common.h, shared with the device code).
+struct SplitFormatInfo : SplitFormatTraits {
+  const char* name;  // "b2_sym", "r6", "q8_0", ...
 };
 const SplitFormatInfo& GetSplitFormatInfo(SplitFormat format);
 absl::StatusOr<SplitFormat> ParseSplitFormat(std::string_view name);
@@ -73,47 +51,10 @@ absl::Status ValidateSplitLayout(SplitFormat format, int group, int64_t cols);
 // Bytes of one row.
 size_t SplitRowBytes(SplitFormat format, int group, int64_t cols);
 
-// Where things are inside one row: group g's scale at scale_offset + g * scale_stride (fp16),
-// its min at min_offset + g * min_stride (asymmetric formats), sub-block b's codes at
-// code_offset + b * code_stride.
-struct SplitRowLayout {
-  int64_t groups = 0;
-  int64_t sub_blocks = 0;
-  size_t code_offset = 0;
-  size_t code_stride = 0;
-  size_t scale_offset = 0;
-  size_t scale_stride = 0;
-  size_t min_offset = 0;  // meaningful only when the format has_min
-  size_t min_stride = 0;
-  size_t row_bytes = 0;
-};
+// The layout of one row (SplitRowLayoutOf, after BITSPLIT_CHECKing ValidateSplitLayout).
 SplitRowLayout GetSplitRowLayout(SplitFormat format, int group, int64_t cols);
 
-// ---- Sub-block packings (32 elements each; element j, code bits as named) -------------------
-// Plane2: j -> bits 2*(j/8)..2*(j/8)+1 of byte j%8.          (8 bytes)
-// Plane1: j -> bit j/4 of byte j%4.                          (4 bytes)
-// Plane4: j < 16 -> low nibble of byte j; else high nibble of byte j-16 (like ggml's Q4_0).
-struct SubBlock2 {
-  uint8_t qs[8];  // Plane2 of the 2-bit codes
-};
-struct SubBlock3 {
-  uint8_t ql[8];  // Plane2 of code bits 0-1
-  uint8_t qh[4];  // Plane1 of code bit 2
-};
-struct SubBlock4 {
-  uint8_t qs[16];  // Plane4 of the 4-bit codes
-};
-struct SubBlock6 {
-  uint8_t ql[16];  // Plane4 of code bits 0-3
-  uint8_t qh[8];   // Plane2 of code bits 4-5
-};
-struct SubBlock8 {
-  int8_t qs[32];  // signed codes in element order
-};
-
-static_assert(sizeof(SubBlock2) == 8 && sizeof(SubBlock3) == 12 && sizeof(SubBlock4) == 16);
-static_assert(sizeof(SubBlock6) == 24 && sizeof(SubBlock8) == 32);
-static_assert(std::is_trivially_copyable_v<SubBlock6> && std::is_standard_layout_v<SubBlock6>);
+// The sub-block packings (SubBlock2 .. SubBlock8) are declared in split_common.h.
 
 // ---- Quantizers (scalar reference; deterministic) -------------------------------------------
 // Base codes of one row. For each group the scale (and min) is chosen by a grid search around
