@@ -849,7 +849,7 @@ TEST_F(CudaModelTest, RefusesBadInput) {
   EXPECT_EQ(e.cuda->Forward(b, **cache, ForwardMode::kDraft).code(),
             absl::StatusCode::kInvalidArgument);
   b = good;
-  b.context = 3;
+  b.pending_prefix = 3;
   EXPECT_EQ(e.cuda->Forward(b, **cache, ForwardMode::kDraft).code(),
             absl::StatusCode::kInvalidArgument);
   const Batch big = Batch::Causal(Prompt(33, 1), 0);  // > max_batch_rows 32

@@ -321,7 +321,7 @@ class ResidualServiceTest : public ::testing::Test {
   // Destroyed in reverse order: the session detaches before the client and the service go.
   std::unique_ptr<ServiceProcess> service_;
   std::unique_ptr<rpc::ResidualClient> client_;
-  std::unique_ptr<rpc::ResidualSession> session_;
+  std::unique_ptr<rpc::ResidualChannel> session_;
 };
 
 TEST_F(ResidualServiceTest, InfoDescribesTheResidual) {

@@ -438,7 +438,7 @@ absl::Status CudaModel::Init(const model::ModelConfig& config,
   d_.positions = scratch.Take<int32_t>(4 * t);
   d_.logit_rows = scratch.Take<int32_t>(4 * t);
   d_.mask = scratch.Take<uint8_t>(2 * t * t);
-  d_.x = scratch.Take<float>(s.residual_stream_bytes);
+  d_.x = scratch.Take<float>(s.hidden_state_bytes);
   d_.normed = scratch.Take<float>(s.normed_bytes);
   d_.q = scratch.Take<float>(s.q_bytes);
   d_.k_new = scratch.Take<float>(s.kv_new_bytes / 2);
@@ -742,10 +742,10 @@ absl::Status CudaModel::ForwardImpl(const model::Batch& batch, DeviceKvCache& ca
   timings_ = ForwardTimings{};
   const int64_t n = batch.size();
   const int64_t prefix_length = cache.committed_length();
-  const int64_t first_slot = prefix_length + batch.context;
+  const int64_t first_slot = prefix_length + batch.pending_prefix;
   const int64_t width = batch.mask_width();
   const int64_t logit_rows = batch.num_logit_rows();
-  BITSPLIT_RETURN_IF_ERROR(cache.BeginPending(batch.context + n));
+  BITSPLIT_RETURN_IF_ERROR(cache.BeginPending(batch.pending_prefix + n));
 
   // The batch, through pinned staging: tokens, positions, logit rows, mask, then the step's
   // prefix length and first slot, at fixed offsets (the device reads the step values from

@@ -76,7 +76,8 @@ cudaError_t QuantizeActivations(const float* x, int64_t rows, int64_t cols, int8
 cudaError_t SplitMatMul(const GroupMatMul& group, const DeviceActivations& x, bool accumulate,
                         cudaStream_t stream);
 
-// y[i] = y[i] + delta[i] (one f32 addition: the residual stream and the residual's output).
+// y[i] = y[i] + delta[i] (one f32 addition: a layer's output into the hidden state, and the
+// residual matmul's output into the base's).
 cudaError_t AddInPlace(float* y, const float* delta, int64_t n, cudaStream_t stream);
 
 // ---- The rest of the layer -------------------------------------------------------------------

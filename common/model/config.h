@@ -44,8 +44,9 @@ struct ModelConfig {
   float embedding_scale = 1.0f;  // multiplies the embedding rows (gemma: sqrt(d_model))
   float attention_scale = 0.0f;  // multiplies q·k (normally 1 / sqrt(head_dim))
   bool qk_norm = false;          // per-head RMSNorm of q and k before RoPE (gemma3, qwen3)
-  bool post_norms = false;       // RMSNorm of the attention and FFN outputs before the residual add
-  bool qkv_bias = false;         // q, k and v projections carry biases (qwen2)
+  bool post_norms =
+      false;  // RMSNorm of the attention and FFN outputs before they join the hidden state
+  bool qkv_bias = false;  // q, k and v projections carry biases (qwen2)
   // Sliding-window attention: a query at position p of a local layer sees the keys at positions
   // (p - sliding_window, p]. 0: every layer attends to the whole context.
   int64_t sliding_window = 0;

@@ -161,9 +161,11 @@ absl::Status ValidateBatch(const Batch& batch, int64_t vocab_size, int64_t pendi
         absl::StrFormat("batch has %d tokens but %d positions", n, batch.positions.size()));
   }
   const int64_t width = batch.mask_width();
-  if (batch.context < 0 || (batch.context > 0 && batch.context != pending_length)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "batch extends %d pending KV slots but the cache holds %d", batch.context, pending_length));
+  if (batch.pending_prefix < 0 ||
+      (batch.pending_prefix > 0 && batch.pending_prefix != pending_length)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("batch extends %d pending KV slots but the cache holds %d",
+                        batch.pending_prefix, pending_length));
   }
   if (static_cast<int64_t>(batch.attention_mask.size()) != n * width) {
     return absl::InvalidArgumentError(
@@ -180,7 +182,7 @@ absl::Status ValidateBatch(const Batch& batch, int64_t vocab_size, int64_t pendi
       return absl::InvalidArgumentError(
           absl::StrFormat("batch row %d has negative position %d", i, batch.positions[i]));
     }
-    if (batch.attention_mask[i * width + batch.context + i] == 0) {
+    if (batch.attention_mask[i * width + batch.pending_prefix + i] == 0) {
       return absl::InvalidArgumentError(
           absl::StrFormat("batch row %d does not attend to itself (mask[%d][%d] is 0)", i, i, i));
     }
@@ -238,11 +240,11 @@ absl::Status LlamaModel::ForwardWith(LinearBackend& linear, const Batch& batch, 
   const EmbeddingAndNorms& w = embedding_and_norms_;
   const int64_t num_tokens = batch.size();
   const int64_t prefix_length = cache.committed_length();
-  const int64_t first_slot = prefix_length + batch.context;  // the batch's first cache slot
-  BITSPLIT_RETURN_IF_ERROR(cache.BeginPending(batch.context + num_tokens));
+  const int64_t first_slot = prefix_length + batch.pending_prefix;  // the batch's first cache slot
+  BITSPLIT_RETURN_IF_ERROR(cache.BeginPending(batch.pending_prefix + num_tokens));
   ThreadPool& pool = *pool_;
 
-  std::vector<float> x = Buffer(num_tokens, c.d_model);       // residual stream
+  std::vector<float> x = Buffer(num_tokens, c.d_model);       // hidden state
   std::vector<float> normed = Buffer(num_tokens, c.d_model);  // RMS-normalized x
   std::vector<float> q = Buffer(num_tokens, c.q_dim());
   std::vector<float> attention = Buffer(num_tokens, c.q_dim());
@@ -299,7 +301,7 @@ absl::Status LlamaModel::ForwardWith(LinearBackend& linear, const Batch& batch, 
                                     .query_positions = batch.positions.data(),
                                     .slot_positions = cache.positions()};
     ops::AttentionWithContext(q.data(), num_tokens, cache.keys(layer), cache.values(layer),
-                              prefix_length, batch.context, batch.attention_mask.data(),
+                              prefix_length, batch.pending_prefix, batch.attention_mask.data(),
                               attention_shape, attention.data(), pool, window);
     float* const attention_outputs[] = {projected.data()};
     BITSPLIT_RETURN_IF_ERROR(linear.Apply({layer, LinearGroup::kAttnOutput}, attention.data(),

@@ -39,20 +39,19 @@ namespace bitsplit::model {
 struct Batch {
   std::vector<int32_t> tokens;     // [T] token ids
   std::vector<int32_t> positions;  // [T] RoPE positions (>= 0)
-  // [T, T] row-major (see `context`): attention_mask[i * T + j] != 0 iff token i may attend to
-  // batch token j.
-  // The committed cache prefix is always visible. Every token must see itself.
+  // [T, T] row-major (see `pending_prefix`): attention_mask[i * T + j] != 0 iff token i may attend
+  // to batch token j. The committed cache prefix is always visible. Every token must see itself.
   std::vector<uint8_t> attention_mask;
   // Rows whose logits Forward computes, in output order; empty means all T rows. Prefill
   // usually asks for the last row only, which skips most of the output-head cost.
   std::vector<int32_t> logit_rows;
   // Pending cache slots of earlier forwards that this batch extends (a draft tree grown over
-  // several forwards): they stay in the cache and the batch's K/V go after them. With context C
+  // several forwards): they stay in the cache and the batch's K/V go after them. With C of them
   // the mask is [T, C + T]: column j < C is pending slot j, column C + i is batch token i.
-  int32_t context = 0;
+  int32_t pending_prefix = 0;
 
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
-  int64_t mask_width() const { return context + size(); }
+  int64_t mask_width() const { return pending_prefix + size(); }
   int64_t num_logit_rows() const {
     return logit_rows.empty() ? size() : static_cast<int64_t>(logit_rows.size());
   }
@@ -68,7 +67,7 @@ struct Batch {
 
 // The checks of a batch that every forward makes, whatever the backend: sizes, token ids within
 // [0, vocab_size), positions >= 0, every token attending to itself, logit rows inside the batch,
-// and a context equal to the cache's `pending_length` (or 0). INVALID_ARGUMENT naming the
+// and a pending_prefix equal to the cache's `pending_length` (or 0). INVALID_ARGUMENT naming the
 // problem.
 absl::Status ValidateBatch(const Batch& batch, int64_t vocab_size, int64_t pending_length);
 
@@ -120,8 +119,8 @@ class LlamaModel {
   }
 
   // Runs the batch after the committed prefix of `cache`: writes the batch's keys/values to the
-  // pending slots [L, L + T) (see KvCache; the caller commits; with batch.context = C > 0 the
-  // cache must hold exactly C pending slots and the batch's go to [L + C, L + C + T)) and the
+  // pending slots [L, L + T) (see KvCache; the caller commits; with batch.pending_prefix = C > 0
+  // the cache must hold exactly C pending slots and the batch's go to [L + C, L + C + T)) and the
   // logits of the selected rows to `logits` as [num_logit_rows, vocab_size]. INVALID_ARGUMENT for a
   // malformed batch, token ids outside the vocabulary, a cache of another shape or a too small
   // `logits`; RESOURCE_EXHAUSTED when L + T exceeds the cache capacity; FAILED_PRECONDITION for a

@@ -83,7 +83,7 @@ absl::StatusOr<DraftTree> GrowDraftTree(int32_t root, const TreeShape& shape,
     const int32_t first = forwarded;
     const int32_t count = tree.size() - first;
     Batch batch;
-    batch.context = first;
+    batch.pending_prefix = first;
     batch.tokens.assign(tree.tokens.begin() + first, tree.tokens.end());
     batch.positions.resize(static_cast<size_t>(count));
     const int32_t width = first + count;

@@ -91,7 +91,7 @@ DraftRowChoices TopDraftChoices(std::span<const float> logits, int64_t rows, int
                                 int32_t k);
 
 // Runs one draft forward of `batch` (after the committed prefix, extending the pending slots of
-// the earlier forwards of this tree: batch.context) and returns each row's k best children.
+// the earlier forwards of this tree: batch.pending_prefix) and returns each row's k best children.
 using DraftForwardFn =
     absl::FunctionRef<absl::StatusOr<DraftRowChoices>(const Batch& batch, int32_t k)>;
 

@@ -166,7 +166,7 @@ ForwardScratchLayout ForwardScratchLayout::For(const ModelConfig& c, int64_t max
   const uint64_t block_stride = RoundUp((widest_input + 31) / 32, 8);
   ForwardScratchLayout s;
   s.batch_bytes = 3 * AlignVram(4 * t) + AlignVram(2 * t * t);
-  s.residual_stream_bytes = AlignVram(4 * t * U(c.d_model));
+  s.hidden_state_bytes = AlignVram(4 * t * U(c.d_model));
   s.normed_bytes = AlignVram(4 * t * U(c.d_model));
   s.q_bytes = AlignVram(4 * t * U(c.q_dim()));
   s.kv_new_bytes = 2 * AlignVram(4 * t * U(c.kv_dim()));
@@ -183,7 +183,7 @@ ForwardScratchLayout ForwardScratchLayout::For(const ModelConfig& c, int64_t max
   s.sampling_bytes = AlignVram(8 * t * U(c.vocab_size));
   s.choice_bytes =
       2 * AlignVram(t * 64 * 4) + AlignVram(8 * t) + AlignVram(4 * t) + AlignVram(8 * t);
-  s.total_bytes = s.batch_bytes + s.residual_stream_bytes + s.normed_bytes + s.q_bytes +
+  s.total_bytes = s.batch_bytes + s.hidden_state_bytes + s.normed_bytes + s.q_bytes +
                   s.kv_new_bytes + s.attention_bytes + s.gate_up_bytes + s.projected_bytes +
                   s.rotated_bytes + s.activation_bytes + s.residual_output_bytes + s.logits_bytes +
                   s.scores_bytes + s.visible_slots_bytes + s.sampling_bytes + s.choice_bytes;

@@ -46,7 +46,7 @@ struct ForwardScratchLayout {
   // Batch description: tokens, positions, logit rows (i32 [T]) and the mask (u8 [T, 2T]: a
   // forward's mask is at most context + T wide and the context of a draft forward is < T).
   uint64_t batch_bytes = 0;
-  uint64_t residual_stream_bytes = 0;  // x, f32 [T, d_model]
+  uint64_t hidden_state_bytes = 0;     // x, f32 [T, d_model]
   uint64_t normed_bytes = 0;           // f32 [T, d_model]
   uint64_t q_bytes = 0;                // f32 [T, q_dim]
   uint64_t kv_new_bytes = 0;           // the batch's keys and values before fp16: f32 2 x [T, kv]

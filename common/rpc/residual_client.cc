@@ -136,7 +136,7 @@ absl::StatusOr<v1::InfoResponse> ResidualClient::Info() {
   return response;
 }
 
-absl::StatusOr<std::unique_ptr<ResidualSession>> ResidualClient::Attach(
+absl::StatusOr<std::unique_ptr<ResidualChannel>> ResidualClient::Attach(
     const std::string& fingerprint_hex, int max_rows, const model::ResidualShapes* expected) {
   BITSPLIT_ASSIGN_OR_RETURN(v1::InfoResponse info, Info());
   BITSPLIT_ASSIGN_OR_RETURN(model::ResidualShapes shapes, ShapesFromInfo(info));
@@ -153,7 +153,7 @@ absl::StatusOr<std::unique_ptr<ResidualSession>> ResidualClient::Attach(
   request.set_max_rows(max_rows);
   BITSPLIT_ASSIGN_OR_RETURN(AttachProof proof, AttachProof::Create());
   request.set_pid_proof(proof.name());
-  std::unique_ptr<ResidualSession> session(new ResidualSession());
+  std::unique_ptr<ResidualChannel> session(new ResidualChannel());
   session->stub_ = stub_;
   session->rpc_timeout_ = options_.rpc_timeout;
   BITSPLIT_RETURN_IF_ERROR(
@@ -192,12 +192,12 @@ absl::StatusOr<v1::MatMulResponse> ResidualClient::MatMul(const v1::MatMulReques
   return response;
 }
 
-ResidualSession::~ResidualSession() {
+ResidualChannel::~ResidualChannel() {
   (void)Detach();
   StopWatcher();
 }
 
-void ResidualSession::StartWatcher() {
+void ResidualChannel::StartWatcher() {
   const int pidfd = residual_->channel().service_pidfd();
   if (pidfd < 0) return;  // no pidfd: nothing tells a dead service from a reused pid
   stop_fd_ = eventfd(0, EFD_CLOEXEC);
@@ -212,7 +212,7 @@ void ResidualSession::StartWatcher() {
   });
 }
 
-void ResidualSession::StopWatcher() {
+void ResidualChannel::StopWatcher() {
   if (watcher_.joinable()) {
     const uint64_t one = 1;
     (void)!write(stop_fd_, &one, sizeof(one));
@@ -222,7 +222,7 @@ void ResidualSession::StopWatcher() {
   stop_fd_ = -1;
 }
 
-absl::Status ResidualSession::Detach() {
+absl::Status ResidualChannel::Detach() {
   if (detached_ || channel_id_ == 0) return absl::OkStatus();
   detached_ = true;
   StopWatcher();  // before the channel it watches goes

@@ -36,7 +36,7 @@ struct ResidualClientOptions {
   shm::ShmClientOptions shm;                     // the shared-memory channel's waits
 };
 
-class ResidualSession;
+class ResidualChannel;
 
 // Thread safety: the RPC methods may be called concurrently.
 class ResidualClient {
@@ -54,7 +54,7 @@ class ResidualClient {
   // Attaches a shared-memory channel for this process. The service refuses a fingerprint other
   // than its residual's (FAILED_PRECONDITION); when `expected` is non-null the service's shapes
   // must equal it (FAILED_PRECONDITION naming the first difference). max_rows 0: the service's.
-  absl::StatusOr<std::unique_ptr<ResidualSession>> Attach(const std::string& fingerprint_hex,
+  absl::StatusOr<std::unique_ptr<ResidualChannel>> Attach(const std::string& fingerprint_hex,
                                                           int max_rows,
                                                           const model::ResidualShapes* expected);
   absl::Status Detach(uint64_t channel_id);
@@ -70,7 +70,7 @@ class ResidualClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::shared_ptr<internal::v1::Residual::Stub> stub_;
 
-  friend class ResidualSession;
+  friend class ResidualChannel;
 };
 
 // An attached channel. Destroying it detaches (best effort: a service that is gone reclaims the
@@ -79,9 +79,9 @@ class ResidualClient {
 // (only then, and only while the name still names this segment: ShmChannelClient::
 // UnlinkIfServiceExited). Thread safety: like RemoteResidual, one request at a time; the watcher
 // touches only the channel's immutable state.
-class ResidualSession {
+class ResidualChannel {
  public:
-  ~ResidualSession();
+  ~ResidualChannel();
   model::RemoteResidual& residual() { return *residual_; }
   uint64_t channel_id() const { return channel_id_; }
   const internal::v1::AttachResponse& attach_response() const { return attach_; }
@@ -93,7 +93,7 @@ class ResidualSession {
 
  private:
   friend class ResidualClient;
-  ResidualSession() = default;
+  ResidualChannel() = default;
   void StartWatcher();
   void StopWatcher();
 

@@ -67,7 +67,7 @@ class ResidualLink {
   const ResidualLinkOptions options_;
   bool tried_ = false;  // an attach was attempted (startup is over)
   std::unique_ptr<rpc::ResidualClient> client_;
-  std::unique_ptr<rpc::ResidualSession> session_;
+  std::unique_ptr<rpc::ResidualChannel> session_;
   std::string residual_format_;
   uint64_t residual_bytes_ = 0;
 };
