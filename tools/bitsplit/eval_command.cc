@@ -16,6 +16,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -172,13 +173,15 @@ bool SameBase(const model::SplitQuantization& a, const model::SplitQuantization&
   return a.base_format == b.base_format && a.base_group == b.base_group && a.rotation == b.rotation;
 }
 
-int RunEval(const EvalCommandOptions& options) {
-  auto specs = model::ParseEvalConfigSpecs(options.configs, options.defaults);
-  if (!specs.ok()) return Fail(kExitBadInput, specs.status().message());
+// The options that need no file: the configurations parse, the window and token bounds hold, and
+// :imp configurations have a calibration text that is not the evaluation text.
+int CheckOptions(const EvalCommandOptions& options, std::vector<model::EvalConfigSpec>* specs) {
+  auto parsed = model::ParseEvalConfigSpecs(options.configs, options.defaults);
+  if (!parsed.ok()) return Fail(kExitBadInput, parsed.status().message());
   if (options.window < 2) return Fail(kExitBadInput, "--window must be at least 2");
   if (options.max_tokens < 0) return Fail(kExitBadInput, "--max-tokens must be >= 0");
   bool any_importance = false;
-  for (const auto& spec : *specs) any_importance |= spec.importance;
+  for (const auto& spec : *parsed) any_importance |= spec.importance;
   if (any_importance && options.calibration_path.empty()) {
     return Fail(kExitBadInput, "configurations with :imp need --calibration FILE");
   }
@@ -190,38 +193,61 @@ int RunEval(const EvalCommandOptions& options) {
                   "text it is scored on");
     }
   }
+  *specs = std::move(*parsed);
+  return kExitOk;
+}
 
-  // The reference and the source weights (a second view of the same mapping, for the weight
-  // comparison: the model keeps its own private).
-  const Clock::time_point load_start = Clock::now();
+// The reference and the source weights (a second view of the same mapping, for the weight
+// comparison: the model keeps its own private).
+struct Source {
+  std::unique_ptr<model::LlamaModel> reference;
+  std::unique_ptr<gguf::File> file;
+  model::ModelWeights weights;  // views into `file`
+};
+
+int LoadSource(const EvalCommandOptions& options, Source* source) {
   auto reference = model::LlamaModel::Load(options.model_path, options.threads);
   if (!reference.ok()) return Fail(kExitBadInput, reference.status().message());
-  auto source_file = gguf::File::Open(options.model_path);
-  if (!source_file.ok()) return Fail(kExitBadInput, source_file.status().message());
-  auto source_weights = model::ModelWeightsFromGguf(**source_file, (*reference)->config());
-  if (!source_weights.ok()) return Fail(kExitBadInput, source_weights.status().message());
-  const model::ModelConfig& config = (*reference)->config();
-  ThreadPool pool((*reference)->num_threads());
+  source->reference = std::move(*reference);
+  auto file = gguf::File::Open(options.model_path);
+  if (!file.ok()) return Fail(kExitBadInput, file.status().message());
+  source->file = std::move(*file);
+  auto weights = model::ModelWeightsFromGguf(*source->file, source->reference->config());
+  if (!weights.ok()) return Fail(kExitBadInput, weights.status().message());
+  source->weights = std::move(*weights);
+  return kExitOk;
+}
 
-  // Every split configuration must fit the model before anything is quantized.
-  for (const model::EvalConfigSpec& spec : *specs) {
+// Every split configuration must fit the model before anything is quantized.
+int CheckSplitConfigs(const std::vector<model::EvalConfigSpec>& specs,
+                      const model::ModelConfig& config) {
+  for (const model::EvalConfigSpec& spec : specs) {
     if (spec.kind != model::EvalConfigSpec::Kind::kSplit) continue;
     if (absl::Status status = model::ValidateSplitQuantization(spec.quantization, config);
         !status.ok()) {
       return Fail(kExitBadInput, absl::StrFormat("%s: %s", spec.label, status.message()));
     }
   }
+  return kExitOk;
+}
 
-  auto tokenizer = text::Tokenizer::FromGguf(**source_file);
+// The evaluation text and its tokens.
+struct EvalText {
+  std::string bytes;
+  std::vector<int32_t> tokens;
+};
+
+// Tokenizes --text with the source's tokenizer; fails when that gives no window to score.
+int ReadEvalText(const EvalCommandOptions& options, const gguf::File& source_file,
+                 const model::EvalOptions& eval_options, EvalText* eval_text) {
+  auto tokenizer = text::Tokenizer::FromGguf(source_file);
   if (!tokenizer.ok()) return Fail(kExitBadInput, tokenizer.status().message());
-  auto text = ReadFile(options.text_path);
-  if (!text.ok()) return Fail(kExitBadInput, text.status().message());
+  auto bytes = ReadFile(options.text_path);
+  if (!bytes.ok()) return Fail(kExitBadInput, bytes.status().message());
+  eval_text->bytes = std::move(*bytes);
   // Plain text: control-token spellings in it are tokenized as ordinary text.
-  const std::vector<int32_t> tokens = (*tokenizer)->Encode(*text, /*parse_special=*/false);
-  model::EvalOptions eval_options;
-  eval_options.window = options.window;
-  eval_options.max_tokens = options.max_tokens;
-  eval_options.num_threads = (*reference)->num_threads();
+  eval_text->tokens = (*tokenizer)->Encode(eval_text->bytes, /*parse_special=*/false);
+  const std::vector<int32_t>& tokens = eval_text->tokens;
   const auto windows = model::EvalWindows(static_cast<int64_t>(tokens.size()), eval_options);
   if (windows.empty()) {
     return Fail(kExitBadInput,
@@ -234,272 +260,382 @@ int RunEval(const EvalCommandOptions& options) {
   std::fprintf(stderr,
                "[eval] %s: %zu bytes -> %zu tokens; %zu windows of <= %lld, %lld scored positions; "
                "%d threads\n",
-               options.text_path.c_str(), text->size(), tokens.size(), windows.size(),
+               options.text_path.c_str(), eval_text->bytes.size(), tokens.size(), windows.size(),
                static_cast<long long>(options.window), static_cast<long long>(scored),
-               (*reference)->num_threads());
+               eval_options.num_threads);
+  return kExitOk;
+}
 
-  // Work directory for the quantized models.
-  std::filesystem::path work_dir = options.work_dir;
-  bool remove_work_dir = false;
-  if (work_dir.empty()) {
+// Where the quantized models go: --work-dir, or a fresh directory under $TMPDIR, removed with
+// this object unless --keep-work-dir.
+struct WorkDir {
+  WorkDir() = default;
+  WorkDir(const WorkDir&) = delete;
+  WorkDir& operator=(const WorkDir&) = delete;
+  ~WorkDir() {
+    if (remove) {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  }
+
+  std::filesystem::path dir;
+  bool remove = false;
+};
+
+int MakeWorkDir(const EvalCommandOptions& options, WorkDir* work_dir) {
+  if (options.work_dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     std::string pattern = std::string(tmp != nullptr ? tmp : "/tmp") + "/bitsplit-eval-XXXXXX";
     if (mkdtemp(pattern.data()) == nullptr) return Fail(kExitFailure, "cannot create a work dir");
-    work_dir = pattern;
-    remove_work_dir = !options.keep_work_dir;
+    work_dir->dir = pattern;
+    work_dir->remove = !options.keep_work_dir;
   } else {
+    work_dir->dir = options.work_dir;
     std::error_code error;
-    std::filesystem::create_directories(work_dir, error);
-    if (error) return Fail(kExitBadInput, "cannot create --work-dir " + work_dir.string());
+    std::filesystem::create_directories(work_dir->dir, error);
+    if (error) return Fail(kExitBadInput, "cannot create --work-dir " + work_dir->dir.string());
   }
-  struct Cleanup {
-    std::filesystem::path dir;
-    bool active;
-    ~Cleanup() {
-      if (active) {
-        std::error_code ignored;
-        std::filesystem::remove_all(dir, ignored);
-      }
-    }
-  } cleanup{work_dir, remove_work_dir};
+  return kExitOk;
+}
 
-  // Build every row: verify specs first so that base-only specs can share their base.
-  std::vector<Row> rows(specs->size());
-  std::vector<std::unique_ptr<SplitJob>> jobs;
-  std::vector<std::unique_ptr<model::LlamaModel>> gguf_models;
-  std::map<std::string, model::Calibration> calibrations;
-  std::vector<size_t> order;
-  for (size_t i = 0; i < specs->size(); ++i) {
-    if ((*specs)[i].verify) order.push_back(i);
+// Builds the rows and owns the models they run: the GGUF configurations' and the split jobs',
+// quantized into the work directory when first needed. Must outlive the rows.
+class RowBuilder {
+ public:
+  RowBuilder(const EvalCommandOptions& options, const Source& source,
+             const std::filesystem::path& work_dir, ThreadPool& pool)
+      : options_(options),
+        source_(source),
+        config_(source.reference->config()),
+        work_dir_(work_dir),
+        pool_(pool) {}
+
+  // Verify specs first so that base-only specs can share their base.
+  int BuildRows(const std::vector<model::EvalConfigSpec>& specs, std::vector<Row>* rows) {
+    rows->resize(specs.size());
+    std::vector<size_t> order;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].verify) order.push_back(i);
+    }
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (!specs[i].verify) order.push_back(i);
+    }
+    for (size_t i : order) {
+      Row& row = (*rows)[i];
+      row.spec = specs[i];
+      int code = kExitOk;
+      switch (row.spec.kind) {
+        case model::EvalConfigSpec::Kind::kReference:
+          ReferenceRow(row);
+          break;
+        case model::EvalConfigSpec::Kind::kGguf:
+          code = GgufRow(row);
+          break;
+        case model::EvalConfigSpec::Kind::kSplit:
+          code = SplitRow(row);
+          break;
+      }
+      if (code != kExitOk) return code;
+    }
+    return kExitOk;
   }
-  for (size_t i = 0; i < specs->size(); ++i) {
-    if (!(*specs)[i].verify) order.push_back(i);
+
+ private:
+  void ReferenceRow(Row& row) {
+    row.mode = "reference";
+    row.model = source_.reference.get();
+    row.files = options_.model_path;
   }
+
+  int GgufRow(Row& row) {
+    const model::EvalConfigSpec& spec = row.spec;
+    auto loaded = model::LlamaModel::Load(spec.gguf_path, options_.threads);
+    if (!loaded.ok()) return Fail(kExitBadInput, loaded.status().message());
+    if ((*loaded)->config().vocab_size != config_.vocab_size) {
+      return Fail(kExitBadInput, spec.gguf_path + ": a different vocabulary");
+    }
+    auto file = gguf::File::Open(spec.gguf_path);
+    if (!file.ok()) return Fail(kExitBadInput, file.status().message());
+    auto weights = model::ModelWeightsFromGguf(**file, (*loaded)->config());
+    if (!weights.ok()) return Fail(kExitBadInput, weights.status().message());
+    auto stats = model::MeasureGgufWeights(source_.weights, config_, *weights, pool_);
+    if (!stats.ok()) return Fail(kExitBadInput, stats.status().message());
+    row.weights = *stats;
+    row.has_weight_stats = true;
+    row.mode = "reference";
+    row.model = loaded->get();
+    row.files = spec.gguf_path;
+    gguf_models_.push_back(std::move(*loaded));
+    return kExitOk;
+  }
+
+  int SplitRow(Row& row) {
+    const model::EvalConfigSpec& spec = row.spec;
+    bool created_now = false;
+    auto found = FindOrQuantize(spec, &created_now);
+    if (!found.ok()) return Fail(kExitFailure, found.status().message());
+    SplitJob* job = *found;
+    if (created_now) row.quantize_seconds = job->seconds;
+    row.model = job->model.get();
+    row.forward_mode = spec.verify ? model::ForwardMode::kVerify : model::ForwardMode::kDraft;
+    row.mode = spec.verify ? "verify" : "draft";
+    row.files = job->base_path + (spec.verify ? " + " + job->residual_path : "");
+    auto stats = model::MeasureSplitWeights(source_.weights, config_, *row.model->split_files(),
+                                            spec.verify, pool_);
+    if (!stats.ok()) return Fail(kExitFailure, stats.status().message());
+    row.weights = *stats;
+    row.has_weight_stats = true;
+    if (spec.head_q8_0) return AddQ8_0Head(row);
+    return kExitOk;
+  }
+
+  // "hq8": the output head of the base-only Q8_0 model, its weights counted with the row's.
+  int AddQ8_0Head(Row& row) {
+    auto q8_0 = model::ParseEvalConfigSpec("q8_0", options_.defaults);
+    if (!q8_0.ok()) return Fail(kExitFailure, q8_0.status().message());
+    bool head_created = false;
+    auto head_job = FindOrQuantize(*q8_0, &head_created);
+    if (!head_job.ok()) return Fail(kExitFailure, head_job.status().message());
+    if (head_created) row.quantize_seconds += (*head_job)->seconds;
+    row.head_model = (*head_job)->model.get();
+    auto head_stats = model::MeasureSplitWeights(source_.weights, config_,
+                                                 *row.head_model->split_files(), false, pool_);
+    if (!head_stats.ok()) return Fail(kExitFailure, head_stats.status().message());
+    row.weights = model::CombineLayersAndHead(row.weights, *head_stats);
+    row.files += "; head: " + (*head_job)->base_path;
+    return kExitOk;
+  }
+
   // The split model of a spec: an existing job with the same quantization (a base-only spec
   // may use the draft mode of a verify job with the same base), or a new one quantized now.
-  auto find_or_quantize = [&](const model::EvalConfigSpec& spec,
-                              bool* created_now) -> absl::StatusOr<SplitJob*> {
+  absl::StatusOr<SplitJob*> FindOrQuantize(const model::EvalConfigSpec& spec, bool* created_now) {
     *created_now = false;
-    SplitJob* job = nullptr;
-    for (const auto& existing : jobs) {
+    if (SplitJob* job = FindJob(spec); job != nullptr) return job;
+    BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<SplitJob> created, Quantize(spec));
+    jobs_.push_back(std::move(created));
+    *created_now = true;
+    return jobs_.back().get();
+  }
+
+  SplitJob* FindJob(const model::EvalConfigSpec& spec) const {
+    for (const auto& existing : jobs_) {
       if (existing->importance != spec.importance) continue;
       if (spec.verify ? existing->quantization == spec.quantization
                       : SameBase(existing->quantization, spec.quantization)) {
-        job = existing.get();
-        break;
+        return existing.get();
       }
     }
-    if (job == nullptr) {
-      auto created = std::make_unique<SplitJob>();
-      created->quantization = spec.quantization;
-      created->importance = spec.importance;
-      const std::string stem = (work_dir / absl::StrFormat("config%zu", jobs.size())).string();
-      created->base_path = model::SplitBasePath(stem);
-      created->residual_path =
-          spec.quantization.residual_format ? model::SplitResidualPath(stem) : "";
-      std::fprintf(stderr, "[eval] quantizing %s ...\n", spec.label.c_str());
-      const Clock::time_point start = Clock::now();
-      const model::Calibration* calibration = nullptr;
-      if (spec.importance) {
-        // One calibration per rotation (importance lives in the rotated space).
-        const std::string key = absl::StrFormat("%d/%d", spec.quantization.rotation.block,
-                                                spec.quantization.rotation.seed);
-        auto it = calibrations.find(key);
-        if (it == calibrations.end()) {
-          auto collected = CalibrateFromTextFile(
-              options.model_path, options.calibration_path, spec.quantization.rotation,
-              options.calibration_tokens, options.window, options.threads);
-          if (!collected.ok()) return collected.status();
-          it = calibrations.emplace(key, std::move(*collected)).first;
-        }
-        calibration = &it->second;
-      }
-      model::SplitQuantizeOptions quantize_options;
-      quantize_options.quantization = spec.quantization;
-      quantize_options.num_threads = options.threads;
-      auto summary =
-          model::QuantizeSplitModel(options.model_path, created->base_path, created->residual_path,
-                                    quantize_options, calibration);
-      if (!summary.ok()) {
-        return absl::Status(
-            summary.status().code(),
-            absl::StrFormat("quantizing %s: %s", spec.label, summary.status().message()));
-      }
-      created->seconds = SecondsSince(start);
-      auto loaded =
-          model::LlamaModel::LoadSplit(created->base_path, created->residual_path, options.threads);
-      if (!loaded.ok()) return loaded.status();
-      created->model = std::move(*loaded);
-      std::fprintf(stderr, "[eval] quantized %s in %.1f s\n", spec.label.c_str(), created->seconds);
-      jobs.push_back(std::move(created));
-      *created_now = true;
-      job = jobs.back().get();
-    }
-    return job;
-  };
-  for (size_t i : order) {
-    Row& row = rows[i];
-    row.spec = (*specs)[i];
-    const model::EvalConfigSpec& spec = row.spec;
-    switch (spec.kind) {
-      case model::EvalConfigSpec::Kind::kReference:
-        row.mode = "reference";
-        row.model = reference->get();
-        row.files = options.model_path;
-        break;
-      case model::EvalConfigSpec::Kind::kGguf: {
-        auto loaded = model::LlamaModel::Load(spec.gguf_path, options.threads);
-        if (!loaded.ok()) return Fail(kExitBadInput, loaded.status().message());
-        if ((*loaded)->config().vocab_size != config.vocab_size) {
-          return Fail(kExitBadInput, spec.gguf_path + ": a different vocabulary");
-        }
-        auto file = gguf::File::Open(spec.gguf_path);
-        if (!file.ok()) return Fail(kExitBadInput, file.status().message());
-        auto weights = model::ModelWeightsFromGguf(**file, (*loaded)->config());
-        if (!weights.ok()) return Fail(kExitBadInput, weights.status().message());
-        auto stats = model::MeasureGgufWeights(*source_weights, config, *weights, pool);
-        if (!stats.ok()) return Fail(kExitBadInput, stats.status().message());
-        row.weights = *stats;
-        row.has_weight_stats = true;
-        row.mode = "reference";
-        row.model = loaded->get();
-        row.files = spec.gguf_path;
-        gguf_models.push_back(std::move(*loaded));
-        break;
-      }
-      case model::EvalConfigSpec::Kind::kSplit: {
-        bool created_now = false;
-        auto found = find_or_quantize(spec, &created_now);
-        if (!found.ok()) return Fail(kExitFailure, found.status().message());
-        SplitJob* job = *found;
-        if (created_now) row.quantize_seconds = job->seconds;
-        row.model = job->model.get();
-        row.forward_mode = spec.verify ? model::ForwardMode::kVerify : model::ForwardMode::kDraft;
-        row.mode = spec.verify ? "verify" : "draft";
-        row.files = job->base_path + (spec.verify ? " + " + job->residual_path : "");
-        auto stats = model::MeasureSplitWeights(*source_weights, config, *row.model->split_files(),
-                                                spec.verify, pool);
-        if (!stats.ok()) return Fail(kExitFailure, stats.status().message());
-        row.weights = *stats;
-        row.has_weight_stats = true;
-        if (spec.head_q8_0) {
-          auto q8_0 = model::ParseEvalConfigSpec("q8_0", options.defaults);
-          if (!q8_0.ok()) return Fail(kExitFailure, q8_0.status().message());
-          bool head_created = false;
-          auto head_job = find_or_quantize(*q8_0, &head_created);
-          if (!head_job.ok()) return Fail(kExitFailure, head_job.status().message());
-          if (head_created) row.quantize_seconds += (*head_job)->seconds;
-          row.head_model = (*head_job)->model.get();
-          auto head_stats = model::MeasureSplitWeights(*source_weights, config,
-                                                       *row.head_model->split_files(), false, pool);
-          if (!head_stats.ok()) return Fail(kExitFailure, head_stats.status().message());
-          row.weights = model::CombineLayersAndHead(row.weights, *head_stats);
-          row.files += "; head: " + (*head_job)->base_path;
-        }
-        break;
-      }
-    }
+    return nullptr;
   }
-  spdlog::debug("setup took {:.1f} s", SecondsSince(load_start));
 
-  model::LlamaLogitsSource reference_source(reference->get());
-  std::vector<std::unique_ptr<model::LogitsSource>> sources;
-  std::vector<model::LogitsSource*> source_ptrs;
+  // Quantizes the spec into the work directory (config<N> for the N-th job) and loads it.
+  absl::StatusOr<std::unique_ptr<SplitJob>> Quantize(const model::EvalConfigSpec& spec) {
+    auto created = std::make_unique<SplitJob>();
+    created->quantization = spec.quantization;
+    created->importance = spec.importance;
+    const std::string stem = (work_dir_ / absl::StrFormat("config%zu", jobs_.size())).string();
+    created->base_path = model::SplitBasePath(stem);
+    created->residual_path =
+        spec.quantization.residual_format ? model::SplitResidualPath(stem) : "";
+    std::fprintf(stderr, "[eval] quantizing %s ...\n", spec.label.c_str());
+    const Clock::time_point start = Clock::now();
+    const model::Calibration* calibration = nullptr;
+    if (spec.importance) {
+      BITSPLIT_ASSIGN_OR_RETURN(calibration, CalibrationFor(spec.quantization.rotation));
+    }
+    model::SplitQuantizeOptions quantize_options;
+    quantize_options.quantization = spec.quantization;
+    quantize_options.num_threads = options_.threads;
+    auto summary = model::QuantizeSplitModel(options_.model_path, created->base_path,
+                                             created->residual_path, quantize_options, calibration);
+    if (!summary.ok()) {
+      return absl::Status(summary.status().code(), absl::StrFormat("quantizing %s: %s", spec.label,
+                                                                   summary.status().message()));
+    }
+    created->seconds = SecondsSince(start);
+    auto loaded =
+        model::LlamaModel::LoadSplit(created->base_path, created->residual_path, options_.threads);
+    if (!loaded.ok()) return loaded.status();
+    created->model = std::move(*loaded);
+    std::fprintf(stderr, "[eval] quantized %s in %.1f s\n", spec.label.c_str(), created->seconds);
+    return created;
+  }
+
+  // One calibration per rotation (importance lives in the rotated space), collected once.
+  absl::StatusOr<const model::Calibration*> CalibrationFor(
+      const model::HadamardRotation& rotation) {
+    const std::string key = absl::StrFormat("%d/%d", rotation.block, rotation.seed);
+    auto it = calibrations_.find(key);
+    if (it == calibrations_.end()) {
+      auto collected =
+          CalibrateFromTextFile(options_.model_path, options_.calibration_path, rotation,
+                                options_.calibration_tokens, options_.window, options_.threads);
+      if (!collected.ok()) return collected.status();
+      it = calibrations_.emplace(key, std::move(*collected)).first;
+    }
+    return &it->second;
+  }
+
+  const EvalCommandOptions& options_;
+  const Source& source_;
+  const model::ModelConfig& config_;
+  const std::filesystem::path& work_dir_;
+  ThreadPool& pool_;
+  std::vector<std::unique_ptr<SplitJob>> jobs_;
+  std::vector<std::unique_ptr<model::LlamaModel>> gguf_models_;
+  std::map<std::string, model::Calibration> calibrations_;
+};
+
+// The logits source of every row, in row order: its model in its forward mode, or with the
+// output head of its head model.
+struct RowSources {
   std::vector<std::unique_ptr<HeadSwapBackend>> head_swaps;
+  std::vector<std::unique_ptr<model::LogitsSource>> sources;
+  std::vector<model::LogitsSource*> pointers;
+};
+
+RowSources MakeRowSources(const std::vector<Row>& rows) {
+  RowSources out;
   for (const Row& row : rows) {
     model::LlamaModel* m = row.model;
     const model::ForwardMode mode = row.forward_mode;
     if (row.head_model != nullptr) {
-      head_swaps.push_back(std::make_unique<HeadSwapBackend>(
+      out.head_swaps.push_back(std::make_unique<HeadSwapBackend>(
           m->backend(mode), row.head_model->backend(model::ForwardMode::kDraft)));
-      HeadSwapBackend* swap = head_swaps.back().get();
-      sources.push_back(std::make_unique<model::ForwardLogitsSource>(
+      HeadSwapBackend* swap = out.head_swaps.back().get();
+      out.sources.push_back(std::make_unique<model::ForwardLogitsSource>(
           m->config(),
           [m, swap](const model::Batch& batch, model::KvCache& cache, std::span<float> logits) {
             return m->ForwardWith(*swap, batch, cache, logits);
           }));
-      source_ptrs.push_back(sources.back().get());
+      out.pointers.push_back(out.sources.back().get());
       continue;
     }
-    sources.push_back(std::make_unique<model::ForwardLogitsSource>(
+    out.sources.push_back(std::make_unique<model::ForwardLogitsSource>(
         m->config(),
         [m, mode](const model::Batch& batch, model::KvCache& cache, std::span<float> logits) {
           return m->Forward(batch, cache, logits, mode);
         }));
-    source_ptrs.push_back(sources.back().get());
+    out.pointers.push_back(out.sources.back().get());
   }
-  eval_options.progress = [](int64_t done, int64_t total, double seconds) {
-    std::fprintf(stderr, "[eval] window %lld/%lld, %.0f s elapsed, ~%.0f s left\n",
-                 static_cast<long long>(done), static_cast<long long>(total), seconds,
-                 seconds / static_cast<double>(done) * static_cast<double>(total - done));
-  };
+  return out;
+}
+
+void PrintProgress(int64_t done, int64_t total, double seconds) {
+  std::fprintf(stderr, "[eval] window %lld/%lld, %.0f s elapsed, ~%.0f s left\n",
+               static_cast<long long>(done), static_cast<long long>(total), seconds,
+               seconds / static_cast<double>(done) * static_cast<double>(total - done));
+}
+
+void PrintTimes(const std::vector<Row>& rows, const model::EvalReport& report,
+                double eval_seconds) {
+  std::fprintf(stderr, "[eval] evaluation %.1f s (reference forward %.1f s)\n", eval_seconds,
+               report.reference_forward_seconds);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::fprintf(stderr, "[eval]   %-36s quantize %6.1f s, forward %6.1f s, stats %5.1f s\n",
+                 rows[i].spec.label.c_str(), rows[i].quantize_seconds,
+                 report.configs[i].forward_seconds, report.configs[i].stats_seconds);
+  }
+}
+
+nlohmann::json RowJson(const Row& row, const model::EvalResult& result) {
+  nlohmann::json c;
+  c["label"] = row.spec.label;
+  c["mode"] = row.mode;
+  c["files"] = row.files;
+  if (row.spec.kind == model::EvalConfigSpec::Kind::kSplit) {
+    c["quantization"] = model::SplitQuantizationToJson(row.spec.quantization);
+    c["importance"] = row.spec.importance;
+  }
+  c["aligned_with_source_grid"] = AlignmentLabel(row);
+  if (row.has_weight_stats) {
+    c["weights"] = {{"count", row.weights.weights},
+                    {"gpu_bytes_per_weight", row.weights.gpu_bytes_per_weight},
+                    {"ram_bytes_per_weight", row.weights.ram_bytes_per_weight},
+                    {"relative_error", row.weights.relative_error},
+                    {"exact_fraction", row.weights.exact_fraction},
+                    {"layers",
+                     {{"count", row.weights.layers.weights},
+                      {"relative_error", row.weights.layers.relative_error},
+                      {"exact_fraction", row.weights.layers.exact_fraction}}},
+                    {"head",
+                     {{"count", row.weights.head.weights},
+                      {"relative_error", row.weights.head.relative_error},
+                      {"exact_fraction", row.weights.head.exact_fraction}}}};
+  }
+  c["summary"] = SummaryJson(result.summary);
+  c["quantize_seconds"] = row.quantize_seconds;
+  c["forward_seconds"] = result.forward_seconds;
+  c["stats_seconds"] = result.stats_seconds;
+  return c;
+}
+
+// --json: the run's inputs, the reference and every row.
+int WriteJson(const EvalCommandOptions& options, const EvalText& eval_text, int threads,
+              const model::EvalReport& report, double eval_seconds, const std::vector<Row>& rows) {
+  nlohmann::json json;
+  json["model"] = options.model_path;
+  json["text"] = options.text_path;
+  json["text_bytes"] = eval_text.bytes.size();
+  json["text_tokens"] = eval_text.tokens.size();
+  json["window"] = options.window;
+  json["max_tokens"] = options.max_tokens;
+  json["windows"] = report.windows;
+  json["tokens_evaluated"] = report.tokens_evaluated;
+  json["threads"] = threads;
+  json["reference"] = {{"engine", "reference (source GGUF dequantized, f32 activations)"},
+                       {"summary", SummaryJson(report.reference)},
+                       {"forward_seconds", report.reference_forward_seconds}};
+  json["eval_seconds"] = eval_seconds;
+  nlohmann::json configs = nlohmann::json::array();
+  for (size_t i = 0; i < rows.size(); ++i) configs.push_back(RowJson(rows[i], report.configs[i]));
+  json["configs"] = std::move(configs);
+  std::ofstream out(*options.json_path);
+  out << json.dump(2) << "\n";
+  if (!out) return Fail(kExitFailure, "cannot write " + *options.json_path);
+  return kExitOk;
+}
+
+int RunEval(const EvalCommandOptions& options) {
+  std::vector<model::EvalConfigSpec> specs;
+  if (int code = CheckOptions(options, &specs); code != kExitOk) return code;
+
+  const Clock::time_point load_start = Clock::now();
+  Source source;
+  if (int code = LoadSource(options, &source); code != kExitOk) return code;
+  const model::ModelConfig& config = source.reference->config();
+  const int threads = source.reference->num_threads();
+  ThreadPool pool(threads);
+  if (int code = CheckSplitConfigs(specs, config); code != kExitOk) return code;
+
+  model::EvalOptions eval_options;
+  eval_options.window = options.window;
+  eval_options.max_tokens = options.max_tokens;
+  eval_options.num_threads = threads;
+  EvalText eval_text;
+  if (int code = ReadEvalText(options, *source.file, eval_options, &eval_text); code != kExitOk) {
+    return code;
+  }
+
+  WorkDir work_dir;
+  if (int code = MakeWorkDir(options, &work_dir); code != kExitOk) return code;
+  RowBuilder builder(options, source, work_dir.dir, pool);
+  std::vector<Row> rows;
+  if (int code = builder.BuildRows(specs, &rows); code != kExitOk) return code;
+  spdlog::debug("setup took {:.1f} s", SecondsSince(load_start));
+
+  model::LlamaLogitsSource reference_source(source.reference.get());
+  const RowSources sources = MakeRowSources(rows);
+  eval_options.progress = PrintProgress;
   const Clock::time_point eval_start = Clock::now();
-  auto report = model::Evaluate(reference_source, source_ptrs, tokens, eval_options);
+  auto report = model::Evaluate(reference_source, sources.pointers, eval_text.tokens, eval_options);
   if (!report.ok()) return Fail(kExitFailure, report.status().message());
   const double eval_seconds = SecondsSince(eval_start);
 
   PrintTable(rows, *report, options.model_path);
-  std::fprintf(stderr, "[eval] evaluation %.1f s (reference forward %.1f s)\n", eval_seconds,
-               report->reference_forward_seconds);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    std::fprintf(stderr, "[eval]   %-36s quantize %6.1f s, forward %6.1f s, stats %5.1f s\n",
-                 rows[i].spec.label.c_str(), rows[i].quantize_seconds,
-                 report->configs[i].forward_seconds, report->configs[i].stats_seconds);
-  }
-
-  if (options.json_path) {
-    nlohmann::json json;
-    json["model"] = options.model_path;
-    json["text"] = options.text_path;
-    json["text_bytes"] = text->size();
-    json["text_tokens"] = tokens.size();
-    json["window"] = options.window;
-    json["max_tokens"] = options.max_tokens;
-    json["windows"] = report->windows;
-    json["tokens_evaluated"] = report->tokens_evaluated;
-    json["threads"] = (*reference)->num_threads();
-    json["reference"] = {{"engine", "reference (source GGUF dequantized, f32 activations)"},
-                         {"summary", SummaryJson(report->reference)},
-                         {"forward_seconds", report->reference_forward_seconds}};
-    json["eval_seconds"] = eval_seconds;
-    nlohmann::json configs = nlohmann::json::array();
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& row = rows[i];
-      nlohmann::json c;
-      c["label"] = row.spec.label;
-      c["mode"] = row.mode;
-      c["files"] = row.files;
-      if (row.spec.kind == model::EvalConfigSpec::Kind::kSplit) {
-        c["quantization"] = model::SplitQuantizationToJson(row.spec.quantization);
-        c["importance"] = row.spec.importance;
-      }
-      c["aligned_with_source_grid"] = AlignmentLabel(row);
-      if (row.has_weight_stats) {
-        c["weights"] = {{"count", row.weights.weights},
-                        {"gpu_bytes_per_weight", row.weights.gpu_bytes_per_weight},
-                        {"ram_bytes_per_weight", row.weights.ram_bytes_per_weight},
-                        {"relative_error", row.weights.relative_error},
-                        {"exact_fraction", row.weights.exact_fraction},
-                        {"layers",
-                         {{"count", row.weights.layers.weights},
-                          {"relative_error", row.weights.layers.relative_error},
-                          {"exact_fraction", row.weights.layers.exact_fraction}}},
-                        {"head",
-                         {{"count", row.weights.head.weights},
-                          {"relative_error", row.weights.head.relative_error},
-                          {"exact_fraction", row.weights.head.exact_fraction}}}};
-      }
-      c["summary"] = SummaryJson(report->configs[i].summary);
-      c["quantize_seconds"] = row.quantize_seconds;
-      c["forward_seconds"] = report->configs[i].forward_seconds;
-      c["stats_seconds"] = report->configs[i].stats_seconds;
-      configs.push_back(std::move(c));
-    }
-    json["configs"] = std::move(configs);
-    std::ofstream out(*options.json_path);
-    out << json.dump(2) << "\n";
-    if (!out) return Fail(kExitFailure, "cannot write " + *options.json_path);
-  }
+  PrintTimes(rows, *report, eval_seconds);
+  if (options.json_path) return WriteJson(options, eval_text, threads, *report, eval_seconds, rows);
   return kExitOk;
 }
 
