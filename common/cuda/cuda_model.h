@@ -238,6 +238,15 @@ class CudaModel {
                     const model::EmbeddingAndNorms& embedding_and_norms,
                     const model::SplitLinearWeights& base,
                     const model::SplitQuantization& quantization, const CudaModelOptions& options);
+  // Init's steps, in order: the device and its free memory; the VRAM plan (and whether the
+  // embedding table goes to the device); the base weights; embedding, norms, RoPE tables,
+  // Hadamard signs and the GeLU table; the forward's scratch; the pinned host staging.
+  absl::Status SelectDevice(size_t* free_bytes);
+  absl::Status PlanMemory(const model::EmbeddingAndNorms& embedding_and_norms, size_t free_bytes);
+  absl::Status UploadBaseWeights(const model::SplitLinearWeights& base);
+  absl::Status UploadConstants(const model::EmbeddingAndNorms& embedding_and_norms);
+  absl::Status CarveScratch();
+  absl::Status AllocatePinnedStaging();
   absl::Status ValidateBatch(const model::Batch& batch, const DeviceKvCache& cache) const;
   absl::Status ForwardImpl(const model::Batch& batch, DeviceKvCache& cache,
                            model::ForwardMode mode);

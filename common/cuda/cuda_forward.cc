@@ -1,0 +1,426 @@
+// CudaModel's forward: batch checks, the linear groups (base on the device, residual on the
+// host), one layer after another on stream_, and draft forwards through captured CUDA graphs.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/cuda/cuda_model.h"
+#include "common/cuda/cuda_status.h"
+#include "common/quant/hadamard.h"
+#include "common/util/elapsed.h"
+#include "common/util/status_macros.h"
+
+namespace bitsplit::cuda {
+
+using Clock = std::chrono::steady_clock;
+using model::LinearGroup;
+using model::LinearGroupId;
+
+const CudaModel::Group& CudaModel::GroupOf(LinearGroupId id) const {
+  return groups_[static_cast<size_t>(model::LinearGroupIndex(config_, id))];
+}
+
+absl::Status CudaModel::ValidateBatch(const model::Batch& batch, const DeviceKvCache& cache) const {
+  BITSPLIT_RETURN_IF_ERROR(model::ValidateBatch(batch, config_.vocab_size, cache.pending_length()));
+  const int64_t n = batch.size();
+  if (n > options_.max_batch_rows) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("a batch of %d tokens exceeds this drafter's largest forward of %d tokens",
+                        n, options_.max_batch_rows));
+  }
+  const int64_t width = batch.mask_width();
+  if (width > 2 * options_.max_batch_rows) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("a batch mask %d wide exceeds this drafter's limit of %d", width,
+                        2 * options_.max_batch_rows));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (batch.positions[i] >= options_.context) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "batch row %d has position %d outside [0, %d)", i, batch.positions[i], options_.context));
+    }
+  }
+  if (batch.num_logit_rows() > options_.max_batch_rows) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%d logit rows exceed this drafter's limit of %d", batch.num_logit_rows(),
+                        options_.max_batch_rows));
+  }
+  if (cache.model_ != this) {
+    return absl::InvalidArgumentError("the KV cache belongs to another model");
+  }
+  if (width > cache.capacity() - cache.committed_length()) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("KV cache full: %d committed + %d new tokens exceed the capacity of %d",
+                        cache.committed_length(), width, cache.capacity()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Linear(LinearGroupId id, const float* x, int64_t rows,
+                               std::span<float* const> outputs, bool verify) {
+  const Group& group = GroupOf(id);
+  const int64_t cols = group.cols;
+  const float* input = x;
+  if (quantization_.rotation.enabled()) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.rotated, x, rows * cols * sizeof(float),
+                                                  cudaMemcpyDeviceToDevice, stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::HadamardRotate(
+        d_.rotated, rows, cols, quantization_.rotation.block, hadamard_masks_,
+        quant::HadamardScale(quantization_.rotation.block), stream_));
+    input = d_.rotated;
+  }
+  const int64_t block_stride = quant::ActivationBlockStride(cols);
+  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::QuantizeActivations(
+      input, rows, cols, d_.codes, d_.act_scales, d_.act_sums, block_stride, stream_));
+  const kernels::DeviceActivations activations{d_.codes, d_.act_scales, d_.act_sums,
+                                               rows,     cols,          block_stride};
+  const size_t event_base = 3 * static_cast<size_t>(model::LinearGroupIndex(config_, id));
+  bool staged = false;
+  if (verify) {
+    // The activations go to the host first, so the residual can start while the base runs:
+    // straight into the residual source's staging memory when it has some for this many rows
+    // (else through the copy path, whose source refuses what it cannot hold).
+    BITSPLIT_RETURN_IF_ERROR(EnsureResidualStaging());
+    staged = staging_ != nullptr && rows <= staging_->max_rows;
+    int8_t* codes = staged ? staging_->codes : host_codes_;
+    float* scales = staged ? staging_->scales : host_scales_;
+    float* sums = staged ? staging_->sums : host_sums_;
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(codes, d_.codes, rows * cols, cudaMemcpyDeviceToHost, stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scales, d_.act_scales,
+                                                  rows * block_stride * sizeof(float),
+                                                  cudaMemcpyDeviceToHost, stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        sums, d_.act_sums, rows * block_stride * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[event_base], stream_));
+  }
+  kernels::GroupMatMul matmul = group.matmul;
+  for (int i = 0; i < matmul.count; ++i) matmul.outputs[i] = outputs[static_cast<size_t>(i)];
+  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::SplitMatMul(matmul, activations, false, stream_));
+  ++timings_.groups;
+  if (!verify) return absl::OkStatus();
+
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[event_base + 1], stream_));
+  const Clock::time_point wait_start = Clock::now();
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events_[event_base]));
+  const Clock::time_point residual_start = Clock::now();
+  timings_.wait_gpu_ns +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(residual_start - wait_start).count();
+  int64_t total_rows = 0;
+  for (int i = 0; i < matmul.count; ++i) total_rows += group.output_rows[i];
+  const float* residual_output = host_residual_;
+  if (staged) {
+    // y = x · Rᵀ lands in the staging memory; the next group's activation copy, queued after
+    // this group's output copy on the stream, is what the host waits for before the source
+    // writes there again.
+    BITSPLIT_RETURN_IF_ERROR(residual_->SubmitStaged(id, rows, cols));
+    BITSPLIT_RETURN_IF_ERROR(residual_->WaitStaged(id, *pool_));
+    residual_output = staging_->outputs;
+  } else {
+    quant::QuantizedActivations& h = host_activations_;
+    h.rows = rows;
+    h.cols = cols;
+    h.block_stride = block_stride;
+    h.codes.assign(host_codes_, host_codes_ + rows * cols);
+    h.scales.assign(host_scales_, host_scales_ + rows * block_stride);
+    h.sums.assign(host_sums_, host_sums_ + rows * block_stride);
+    float* host_outputs[kernels::kMaxGroupMatrices] = {};
+    int64_t offset = 0;
+    for (int i = 0; i < matmul.count; ++i) {
+      host_outputs[i] = host_residual_ + rows * offset;
+      offset += group.output_rows[i];
+    }
+    std::fill_n(host_residual_, rows * total_rows, 0.0f);
+    BITSPLIT_RETURN_IF_ERROR(residual_->Submit(id, host_activations_));
+    BITSPLIT_RETURN_IF_ERROR(residual_->Accumulate(
+        id, host_activations_, std::span<float* const>(host_outputs, matmul.count), *pool_));
+  }
+  timings_.residual_ns += NanosSince(residual_start);
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[event_base + 2], stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.residual_output, residual_output,
+                                                rows * total_rows * sizeof(float),
+                                                cudaMemcpyHostToDevice, stream_));
+  int64_t offset = 0;
+  for (int i = 0; i < matmul.count; ++i) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::AddInPlace(outputs[static_cast<size_t>(i)],
+                                                      d_.residual_output + rows * offset,
+                                                      rows * group.output_rows[i], stream_));
+    offset += group.output_rows[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Forward(const model::Batch& batch, DeviceKvCache& cache,
+                                model::ForwardMode mode) {
+  absl::Status status = ForwardImpl(batch, cache, mode);
+  if (!status.ok() && stream_ != nullptr) {
+    // Let whatever was queued finish before the caller reuses the staging buffers or the cache.
+    cudaStreamSynchronize(stream_);
+    last_logit_rows_ = 0;
+  }
+  return status;
+}
+
+absl::Status CudaModel::ForwardImpl(const model::Batch& batch, DeviceKvCache& cache,
+                                    model::ForwardMode mode) {
+  if (mode == model::ForwardMode::kReference) {
+    return absl::FailedPreconditionError(
+        "the CUDA backend runs split models in draft or verify mode only");
+  }
+  const bool verify = mode == model::ForwardMode::kVerify;
+  if (verify && residual_ == nullptr) {
+    return absl::FailedPreconditionError("verify mode needs a residual source (none attached)");
+  }
+  BITSPLIT_RETURN_IF_ERROR(ValidateBatch(batch, cache));
+  const Clock::time_point start = Clock::now();
+  timings_ = ForwardTimings{};
+  const int64_t n = batch.size();
+  const int64_t prefix_length = cache.committed_length();
+  const int64_t first_slot = prefix_length + batch.pending_prefix;
+  const int64_t width = batch.mask_width();
+  const int64_t logit_rows = batch.num_logit_rows();
+  BITSPLIT_RETURN_IF_ERROR(cache.BeginPending(batch.pending_prefix + n));
+
+  // The batch, through pinned staging: tokens, positions, logit rows, mask, then the step's
+  // prefix length and first slot, at fixed offsets (the device reads the step values from
+  // d_.step, so one captured graph serves every step of a shape). The previous forward's copies
+  // out of it have completed (a forward ends with a stream sync).
+  const int64_t t_max = options_.max_batch_rows;
+  uint8_t* staging = host_batch_;
+  std::memcpy(staging, batch.tokens.data(), n * sizeof(int32_t));
+  std::memcpy(staging + 4 * t_max, batch.positions.data(), n * sizeof(int32_t));
+  std::memcpy(staging + 8 * t_max, batch.logit_rows.data(),
+              batch.logit_rows.size() * sizeof(int32_t));
+  std::memcpy(staging + 12 * t_max, batch.attention_mask.data(), n * width);
+  const int64_t step[2] = {prefix_length, first_slot};
+  std::memcpy(staging + StepStagingOffset(), step, sizeof(step));
+  const ForwardShape shape{n, width, logit_rows, !batch.logit_rows.empty(), cache.keys(0)};
+  if (!verify && embedding_on_device_ && cuda_graphs_) {
+    BITSPLIT_RETURN_IF_ERROR(LaunchDraftGraph(batch, shape, cache));
+  } else {
+    BITSPLIT_RETURN_IF_ERROR(EnqueueForward(batch, shape, cache, verify));
+  }
+
+  const Clock::time_point sync_start = Clock::now();
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  timings_.wait_gpu_ns += NanosSince(sync_start);
+  if (verify) {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      float ms = 0.0f;
+      BITSPLIT_CUDA_RETURN_IF_ERROR(
+          cudaEventElapsedTime(&ms, events_[3 * g + 1], events_[3 * g + 2]));
+      timings_.gpu_idle_residual_ns += static_cast<int64_t>(std::max(0.0f, ms) * 1e6f);
+    }
+  }
+  last_logit_rows_ = logit_rows;
+  timings_.total_ns = NanosSince(start);
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::EnqueueForward(const model::Batch& batch, const ForwardShape& shape,
+                                       DeviceKvCache& cache, bool verify) {
+  const model::ModelConfig& c = config_;
+  const int64_t n = shape.rows;
+  const int64_t width = shape.mask_width;
+  const int64_t logit_rows = shape.logit_rows;
+  const int64_t t_max = options_.max_batch_rows;
+  const uint8_t* staging = host_batch_;
+  BITSPLIT_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(d_.tokens, staging, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      d_.positions, staging + 4 * t_max, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  if (shape.selects_rows) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.logit_rows, staging + 8 * t_max,
+                                                  logit_rows * sizeof(int32_t),
+                                                  cudaMemcpyHostToDevice, stream_));
+  }
+  BITSPLIT_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(d_.mask, staging + 12 * t_max, n * width, cudaMemcpyHostToDevice, stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.step, staging + StepStagingOffset(),
+                                                2 * sizeof(int64_t), cudaMemcpyHostToDevice,
+                                                stream_));
+
+  if (embedding_on_device_) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::EmbeddingGather(
+        embedding_, embedding_type_, embedding_row_bytes_, c.d_model, d_.tokens, n, d_.x, stream_));
+  } else {
+    for (int64_t t = 0; t < n; ++t) {
+      ops::DequantizeWeightRow(host_embedding_.token_embd, batch.tokens[t],
+                               host_embedding_rows_ + t * c.d_model);
+    }
+    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.x, host_embedding_rows_,
+                                                  n * c.d_model * sizeof(float),
+                                                  cudaMemcpyHostToDevice, stream_));
+  }
+  if (c.embedding_scale != 1.0f) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        kernels::ScaleInPlace(d_.x, n * c.d_model, c.embedding_scale, stream_));
+  }
+  if (c.sliding_window > 0) {
+    // The batch's positions go with its keys, and every row's window is listed once: the local
+    // layers all have the same window over the same slots.
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        kernels::StorePositions(d_.positions, n, cache.positions(), d_.step + 1, stream_));
+    kernels::VisibleSlotsArgs visible;
+    visible.mask = d_.mask;
+    visible.rows = n;
+    visible.prefix_length_on_device = d_.step;
+    visible.mask_width = width;
+    visible.window = c.sliding_window;
+    visible.query_positions = d_.positions;
+    visible.slot_positions = cache.positions();
+    visible.slots = d_.visible_slots;
+    visible.counts = d_.visible_counts;
+    visible.slot_stride = options_.context;
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::VisibleSlots(visible, stream_));
+  }
+
+  kernels::AttentionArgs attention;
+  attention.q = d_.q;
+  attention.mask = d_.mask;
+  attention.out = d_.attention;
+  attention.scores = d_.scores;
+  attention.rows = n;
+  attention.prefix_length_on_device = d_.step;
+  attention.mask_width = width;
+  attention.score_stride = options_.context;
+  attention.num_heads = c.num_heads;
+  attention.num_kv_heads = c.num_kv_heads;
+  attention.head_dim = c.head_dim;
+  attention.scale = c.attention_scale;
+  const bool halves = c.rope_style == model::RopeStyle::kHalves;
+
+  // Each step as LlamaModel::ForwardWith takes it, in the same order.
+  for (int32_t layer = 0; layer < c.num_layers; ++layer) {
+    const model::LayerNorms& vectors = layer_vectors_[static_cast<size_t>(layer)];
+    const bool local = c.IsLocalLayer(layer);
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, nullptr, n, c.d_model, vectors.attn_norm,
+                                                   c.rms_norm_eps, d_.normed, stream_));
+    float* const qkv[] = {d_.q, d_.k_new, d_.v_new};
+    BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kQkv}, d_.normed, n, qkv, verify));
+    if (c.qkv_bias) {
+      BITSPLIT_CUDA_RETURN_IF_ERROR(
+          kernels::AddRowVector(d_.q, vectors.q_bias, n, c.q_dim(), stream_));
+      BITSPLIT_CUDA_RETURN_IF_ERROR(
+          kernels::AddRowVector(d_.k_new, vectors.k_bias, n, c.kv_dim(), stream_));
+      BITSPLIT_CUDA_RETURN_IF_ERROR(
+          kernels::AddRowVector(d_.v_new, vectors.v_bias, n, c.kv_dim(), stream_));
+    }
+    if (c.qk_norm) {  // each head normalized on its own, in place
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.q, nullptr, n * c.num_heads, c.head_dim,
+                                                     vectors.attn_q_norm, c.rms_norm_eps, d_.q,
+                                                     stream_));
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.k_new, nullptr, n * c.num_kv_heads,
+                                                     c.head_dim, vectors.attn_k_norm,
+                                                     c.rms_norm_eps, d_.k_new, stream_));
+    }
+    const float* rope_cos = local ? rope_local_cos_ : rope_cos_;
+    const float* rope_sin = local ? rope_local_sin_ : rope_sin_;
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(d_.q, n, c.num_heads, c.head_dim, c.rope_dims,
+                                                     d_.positions, rope_cos, rope_sin, halves,
+                                                     stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(d_.k_new, n, c.num_kv_heads, c.head_dim,
+                                                     c.rope_dims, d_.positions, rope_cos, rope_sin,
+                                                     halves, stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        kernels::StoreHalf(d_.k_new, n, c.kv_dim(), cache.keys(layer), d_.step + 1, stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        kernels::StoreHalf(d_.v_new, n, c.kv_dim(), cache.values(layer), d_.step + 1, stream_));
+    attention.keys = cache.keys(layer);
+    attention.values = cache.values(layer);
+    // A local layer sees the window's slots (listed above), a global one the mask's.
+    attention.visible_slots = local ? d_.visible_slots : nullptr;
+    attention.visible_counts = local ? d_.visible_counts : nullptr;
+    attention.visible_stride = local ? options_.context : 0;
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::Attention(attention, stream_));
+    float* const projected[] = {d_.projected};
+    BITSPLIT_RETURN_IF_ERROR(
+        Linear({layer, LinearGroup::kAttnOutput}, d_.attention, n, projected, verify));
+    if (c.post_norms) {
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.projected, nullptr, n, c.d_model,
+                                                     vectors.attn_post_norm, c.rms_norm_eps,
+                                                     d_.projected, stream_));
+    }
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::AddInPlace(d_.x, d_.projected, n * c.d_model, stream_));
+
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, nullptr, n, c.d_model, vectors.ffn_norm,
+                                                   c.rms_norm_eps, d_.normed, stream_));
+    float* const gate_up[] = {d_.gate, d_.up};
+    BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kGateUp}, d_.normed, n, gate_up, verify));
+    switch (c.ffn_activation) {
+      case model::FfnActivation::kSilu:
+        BITSPLIT_CUDA_RETURN_IF_ERROR(
+            kernels::SiluMul(d_.gate, d_.up, n * c.d_ff, d_.gate, stream_));
+        break;
+      case model::FfnActivation::kGeluTanh:
+        BITSPLIT_CUDA_RETURN_IF_ERROR(
+            kernels::GeluTanhMul(d_.gate, d_.up, n * c.d_ff, gelu_table_, d_.gate, stream_));
+        break;
+    }
+    BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kDown}, d_.gate, n, projected, verify));
+    if (c.post_norms) {
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.projected, nullptr, n, c.d_model,
+                                                     vectors.ffn_post_norm, c.rms_norm_eps,
+                                                     d_.projected, stream_));
+    }
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::AddInPlace(d_.x, d_.projected, n * c.d_model, stream_));
+  }
+
+  // Output head, for the selected rows (in the order asked, repeats allowed).
+  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, shape.selects_rows ? d_.logit_rows : nullptr,
+                                                 logit_rows, c.d_model, output_norm_,
+                                                 c.rms_norm_eps, d_.normed, stream_));
+  float* const head[] = {d_.logits};
+  BITSPLIT_RETURN_IF_ERROR(Linear(LinearGroupId::Head(), d_.normed, logit_rows, head, verify));
+
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::LaunchDraftGraph(const model::Batch& batch, const ForwardShape& shape,
+                                         DeviceKvCache& cache) {
+  auto found = std::find_if(graphs_.begin(), graphs_.end(),
+                            [&](const CapturedForward& g) { return g.shape == shape; });
+  if (found == graphs_.end()) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    absl::Status status = EnqueueForward(batch, shape, cache, /*verify=*/false);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (!status.ok() || ended != cudaSuccess) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      BITSPLIT_RETURN_IF_ERROR(status);
+      BITSPLIT_CUDA_RETURN_IF_ERROR(ended);
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    BITSPLIT_CUDA_RETURN_IF_ERROR(instantiated);
+    if (graphs_.size() >= kMaxCapturedForwards) {
+      cudaGraphExecDestroy(graphs_.front().exec);
+      graphs_.erase(graphs_.begin());
+    }
+    graphs_.push_back({shape, exec, timings_.groups});
+    found = graphs_.end() - 1;
+    ++graphs_captured_;
+  }
+  timings_.groups = found->groups;
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(found->exec, stream_));
+  ++graph_launches_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::Forward(const model::Batch& batch, DeviceKvCache& cache,
+                                std::span<float> logits, model::ForwardMode mode) {
+  const int64_t needed = batch.num_logit_rows() * config_.vocab_size;
+  if (static_cast<int64_t>(logits.size()) < needed) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("logits buffer holds %d floats; %d rows x %d vocab need %d", logits.size(),
+                        batch.num_logit_rows(), config_.vocab_size, needed));
+  }
+  BITSPLIT_RETURN_IF_ERROR(Forward(batch, cache, mode));
+  return CopyLogits(logits.subspan(0, static_cast<size_t>(needed)));
+}
+
+}  // namespace bitsplit::cuda
