@@ -11,8 +11,8 @@
 //
 // Per group the input is rotated (block Hadamard, when the model was quantized rotated) and
 // quantized to int8 ONCE; the base and the residual matmuls read the same quantized rows. The
-// residual half goes through a ResidualSource, so a later issue can replace the in-process one
-// with the cpu-residual service over shared memory without touching the forward.
+// residual half goes through a ResidualSource: in process (InProcessResidual) or the
+// cpu-residual service over shared memory (RemoteResidual), the forward the same for both.
 //
 // Batch invariance: rotation and activation quantization are per row, and split_matmul's
 // kernels give each output element one fixed arithmetic sequence; the residual is added to the

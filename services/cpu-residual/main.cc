@@ -2,7 +2,8 @@
 //
 //   bitsplit-residual MODEL.residual.bsplit [--socket PATH | --tcp HOST:PORT] [--threads N]
 //                     [--pin] [--mlock] [--no-huge-pages] [--no-prefault] [--max-rows T]
-//                     [--max-channels N] [--max-channels-per-client N] [--verbose]
+//                     [--max-channels N] [--max-channels-per-client N] [--spin-us US]
+//                     [--yield-us US] [--shutdown-grace-ms MS] [--verbose]
 #include <cstdio>
 #include <memory>
 #include <string>

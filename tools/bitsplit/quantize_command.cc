@@ -10,8 +10,10 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/model/config.h"
 #include "common/model/llama_model.h"
 #include "common/model/split_quantizer.h"
 #include "common/quant/split_format.h"
@@ -189,7 +191,8 @@ Command AddQuantizeCommand(CLI::App& app) {
   auto options = std::make_shared<QuantizeOptions>();
   CLI::App* sub = app.add_subcommand(
       "quantize", "split a GGUF model into a low-bit base file and a residual file");
-  sub->add_option("input", options->input_path, "source GGUF model (llama architecture)")
+  sub->add_option("input", options->input_path,
+                  absl::StrCat("source GGUF model (", model::SupportedArchitectures(), ")"))
       ->required()
       ->check(CLI::ExistingFile);
   sub->add_option("-o,--output", options->output_prefix,
