@@ -13,11 +13,13 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/io/gguf.h"
 #include "common/model/speculation.h"
 #include "common/model/split_model.h"
 #include "common/quant/split_format.h"
@@ -25,6 +27,7 @@
 #include "common/rpc/server_runner.h"
 #include "common/text/chat_template.h"
 #include "common/text/tokenizer.h"
+#include "common/util/status_macros.h"
 #include "services/coordinator/generation_service.h"
 #include "services/coordinator/request_validation.h"
 #include "services/coordinator/speculation_loop.h"
@@ -72,11 +75,7 @@ std::string ModelName(const model::SplitModelFiles& files) {
   return files.base().name();
 }
 
-int Run(int argc, char** argv) {
-  CLI::App app{
-      "bitsplit-coordinator: the public generation service (tokenizer, speculation "
-      "loop, streaming)"};
-  Flags flags;
+void AddFlags(CLI::App& app, Flags& flags) {
   app.add_option("--model", flags.model_path, "the split model's base file (MODEL.base.bsplit)")
       ->required()
       ->check(CLI::ExistingFile);
@@ -128,85 +127,97 @@ int Run(int argc, char** argv) {
                  "on SIGTERM, report NOT_SERVING this long before stopping")
       ->capture_default_str();
   app.add_flag("--verbose", flags.verbose, "log details to stderr");
-  CLI11_PARSE(app, argc, argv);
-  // Logs belong with the "serving"/"error" lines on stderr (stdout stays empty).
-  spdlog::set_default_logger(spdlog::stderr_color_mt("bitsplit-coordinator"));
-  spdlog::set_level(flags.verbose ? spdlog::level::debug : spdlog::level::warn);
-  rpc::BlockTerminationSignals();
+}
 
-  auto default_mode = ParseSpeculationMode(flags.speculation);
-  if (!default_mode.ok()) return Fail(default_mode.status());
-  auto files = model::SplitModelFiles::Open(flags.model_path, "");
-  if (!files.ok()) return Fail(files.status());
-  const model::ModelConfig& config = (*files)->config();
-  auto tokenizer = text::Tokenizer::FromGguf((*files)->gguf_metadata());
-  if (!tokenizer.ok()) return Fail(tokenizer.status());
-  std::optional<text::ChatTemplate> chat_template;
-  std::string chat_template_source;
-  if (auto parsed = text::ChatTemplate::FromGgufOrArchitecture((*files)->gguf_metadata());
-      parsed.ok()) {
-    chat_template = parsed->chat_template;
+// The split model's files with the tokenizer and chat template of its GGUF metadata.
+struct LoadedModel {
+  std::unique_ptr<model::SplitModelFiles> files;
+  std::unique_ptr<text::Tokenizer> tokenizer;
+  std::optional<text::ChatTemplate> chat_template;  // none: chat requests are refused
+  std::string chat_template_source;                 // tokenizer.chat_template ("" without one)
+};
+
+absl::StatusOr<LoadedModel> LoadModel(const std::string& model_path) {
+  LoadedModel loaded;
+  BITSPLIT_ASSIGN_OR_RETURN(loaded.files, model::SplitModelFiles::Open(model_path, ""));
+  const gguf::File& metadata = loaded.files->gguf_metadata();
+  BITSPLIT_ASSIGN_OR_RETURN(loaded.tokenizer, text::Tokenizer::FromGguf(metadata));
+  if (auto parsed = text::ChatTemplate::FromGgufOrArchitecture(metadata); parsed.ok()) {
+    loaded.chat_template = parsed->chat_template;
     if (parsed->from_architecture) spdlog::info("{}", parsed->note);
-    chat_template_source =
-        (*files)->gguf_metadata().GetString("tokenizer.chat_template").value_or("");
+    loaded.chat_template_source = metadata.GetString("tokenizer.chat_template").value_or("");
   } else {
     spdlog::warn("chat requests are refused: {}", parsed.status().ToString());
   }
+  return loaded;
+}
 
-  auto drafter = rpc::DrafterClient::Connect(flags.drafter,
-                                             std::chrono::milliseconds(flags.connect_timeout_ms),
-                                             std::chrono::milliseconds(flags.drafter_timeout_ms));
-  if (!drafter.ok()) {
-    return Fail(absl::UnavailableError(absl::StrCat("cannot reach the drafter at ", flags.drafter,
-                                                    ": ", drafter.status().message())));
+// The drafter at --drafter and its GetInfo answer.
+struct Drafter {
+  std::unique_ptr<rpc::DrafterClient> client;
+  internal::v1::DrafterInfo info;
+};
+
+// Fails unless the drafter answers and serves the model of `fingerprint`.
+absl::StatusOr<Drafter> ConnectDrafter(const Flags& flags, const std::string& fingerprint) {
+  auto client = rpc::DrafterClient::Connect(flags.drafter,
+                                            std::chrono::milliseconds(flags.connect_timeout_ms),
+                                            std::chrono::milliseconds(flags.drafter_timeout_ms));
+  if (!client.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot reach the drafter at ", flags.drafter, ": ",
+                                               client.status().message()));
   }
-  auto info = (*drafter)->GetInfo();
-  if (!info.ok()) return Fail(info.status());
-  const std::string fingerprint = (*files)->base().fingerprint_hex();
-  if (info->fingerprint() != fingerprint) {
-    return Fail(absl::FailedPreconditionError(absl::StrFormat(
+  Drafter drafter;
+  drafter.client = std::move(*client);
+  BITSPLIT_ASSIGN_OR_RETURN(drafter.info, drafter.client->GetInfo());
+  if (drafter.info.fingerprint() != fingerprint) {
+    return absl::FailedPreconditionError(absl::StrFormat(
         "the drafter at %s serves model fingerprint %s but %s has %s; start both from the same "
         "`bitsplit quantize` run",
-        flags.drafter, info->fingerprint(), flags.model_path, fingerprint)));
+        flags.drafter, drafter.info.fingerprint(), flags.model_path, fingerprint));
   }
+  return drafter;
+}
 
-  if (flags.max_active > info->max_sessions()) {
-    spdlog::warn(
-        "--max-active {} exceeds the drafter's {} sessions: requests beyond them fail "
-        "with RESOURCE_EXHAUSTED",
-        flags.max_active, info->max_sessions());
-  }
-  GenerationServiceOptions options;
-  options.max_active = flags.max_active;
-  options.max_queue = flags.max_queue;
-  ServerLimits& limits = options.limits;
-  limits.context_length =
-      static_cast<int32_t>(std::min<int64_t>(config.context_length, info->max_context()));
-  limits.vocab_size = (*tokenizer)->vocab_size();
+// The request limits: the flags, within what the model and the drafter hold.
+absl::StatusOr<ServerLimits> Limits(const Flags& flags, SpeculationMode default_mode,
+                                    const LoadedModel& loaded,
+                                    const internal::v1::DrafterInfo& info) {
+  ServerLimits limits;
+  limits.context_length = static_cast<int32_t>(
+      std::min<int64_t>(loaded.files->config().context_length, info.max_context()));
+  limits.vocab_size = loaded.tokenizer->vocab_size();
   limits.max_tokens_limit = flags.max_tokens_limit;
   limits.default_max_tokens = std::min(flags.default_max_tokens, flags.max_tokens_limit);
-  limits.max_token_bytes = MaxTokenBytes(**tokenizer);
-  limits.max_tree_nodes = std::max(0, info->max_tree_nodes() - 1);
-  limits.default_mode = *default_mode;
+  limits.max_token_bytes = MaxTokenBytes(*loaded.tokenizer);
+  limits.max_tree_nodes = std::max(0, info.max_tree_nodes() - 1);
+  limits.default_mode = default_mode;
   limits.default_shape = flags.shape;
-  if (*default_mode != SpeculationMode::kOff) {
+  if (default_mode != SpeculationMode::kOff) {
     if (absl::Status status = model::ValidateTreeShape(flags.shape, limits.max_tree_nodes);
         !status.ok()) {
-      return Fail(absl::InvalidArgumentError(
+      return absl::InvalidArgumentError(
           absl::StrCat("--nodes/--expansions/--max-depth: ", status.message(),
-                       " (the drafter's --max-tree-nodes counts the root too)")));
+                       " (the drafter's --max-tree-nodes counts the root too)"));
     }
   }
-  v1::ModelInfo& model_info = options.model_info;
-  model_info.set_name(ModelName(**files));
+  return limits;
+}
+
+// GetModelInfo's answer.
+v1::ModelInfo ModelInfo(const LoadedModel& loaded, const internal::v1::DrafterInfo& info,
+                        int32_t context_length) {
+  const model::ModelConfig& config = loaded.files->config();
+  v1::ModelInfo model_info;
+  model_info.set_name(ModelName(*loaded.files));
   model_info.set_architecture(config.architecture);
   model_info.set_layers(static_cast<int32_t>(config.num_layers));
   model_info.set_d_model(static_cast<int32_t>(config.d_model));
   model_info.set_vocab_size(static_cast<int32_t>(config.vocab_size));
-  model_info.set_context_length(limits.context_length);
+  model_info.set_context_length(context_length);
   // From the base file's quantization record, which the residual file must share (the drafter
   // learns the residual's only once it attached).
-  const model::SplitQuantization& quantization = (*files)->quantization();
+  const model::SplitQuantization& quantization = loaded.files->quantization();
   std::string base_format = absl::StrCat(quant::GetSplitFormatInfo(quantization.base_format).name,
                                          "/g", quantization.base_group);
   if (quantization.rotation.enabled()) {
@@ -219,12 +230,34 @@ int Run(int argc, char** argv) {
         absl::StrCat(quant::GetSplitFormatInfo(*quantization.residual_format).name, "/g",
                      quantization.residual_group));
   }
-  model_info.set_fingerprint(fingerprint);
-  model_info.set_chat_template(chat_template_source);
-  model_info.set_vram_plan(info->vram_plan());
+  model_info.set_fingerprint(loaded.files->base().fingerprint_hex());
+  model_info.set_chat_template(loaded.chat_template_source);
+  model_info.set_vram_plan(info.vram_plan());
+  return model_info;
+}
 
-  GenerationServiceImpl service(options, **drafter, **tokenizer,
-                                chat_template ? &*chat_template : nullptr);
+absl::StatusOr<GenerationServiceOptions> ServiceOptions(const Flags& flags,
+                                                        SpeculationMode default_mode,
+                                                        const LoadedModel& loaded,
+                                                        const internal::v1::DrafterInfo& info) {
+  if (flags.max_active > info.max_sessions()) {
+    spdlog::warn(
+        "--max-active {} exceeds the drafter's {} sessions: requests beyond them fail "
+        "with RESOURCE_EXHAUSTED",
+        flags.max_active, info.max_sessions());
+  }
+  GenerationServiceOptions options;
+  options.max_active = flags.max_active;
+  options.max_queue = flags.max_queue;
+  BITSPLIT_ASSIGN_OR_RETURN(options.limits, Limits(flags, default_mode, loaded, info));
+  options.model_info = ModelInfo(loaded, info, options.limits.context_length);
+  return options;
+}
+
+// Where the server listens, its message size bound and its readiness probe.
+rpc::ServerOptions ServerOptionsFor(const Flags& flags, rpc::DrafterClient& drafter,
+                                    GenerationServiceImpl& service,
+                                    const std::string& fingerprint) {
   rpc::ServerOptions server_options;
   server_options.name = kName;
   if (!flags.socket_path.empty()) {
@@ -236,21 +269,22 @@ int Run(int argc, char** argv) {
   server_options.shutdown_grace_ms = flags.shutdown_grace_ms;
   server_options.max_receive_message_bytes = flags.max_request_bytes;
   // Ready: the drafter answers, serves this model, and a request sent now would be taken.
-  rpc::DrafterClient& drafter_client = **drafter;
-  server_options.readiness = [&drafter_client, &service, fingerprint]() -> absl::Status {
-    auto now = drafter_client.GetInfo(std::chrono::milliseconds(1000));
+  server_options.readiness = [&drafter, &service, fingerprint]() -> absl::Status {
+    auto now = drafter.GetInfo(std::chrono::milliseconds(1000));
     if (!now.ok()) return absl::UnavailableError(now.status().message());
     if (now->fingerprint() != fingerprint) {
       return absl::FailedPreconditionError("the drafter now serves another model");
     }
     return service.CheckCapacity(now->open_sessions(), now->max_sessions());
   };
+  return server_options;
+}
+
+// Serves until SIGTERM/SIGINT, then lets the running streams finish before the server stops.
+absl::Status Serve(const rpc::ServerOptions& server_options, GenerationServiceImpl& service,
+                   const std::string& description) {
   grpc::Service* services[] = {&service};
-  const std::string description = absl::StrFormat(
-      "%s (fingerprint %.12s, drafter %s: %s, speculation %s, max-active %d, max-queue %d)",
-      model_info.name(), fingerprint, flags.drafter, info->backend(), flags.speculation,
-      flags.max_active, flags.max_queue);
-  absl::Status status = rpc::RunServer(server_options, services, description, [&service] {
+  return rpc::RunServer(server_options, services, description, [&service] {
     service.Shutdown();
     // The server closes a connection as soon as it has no call left on it, and a client that
     // then writes to it (a flow-control update, a ping acknowledgement) fails its stream with
@@ -261,7 +295,38 @@ int Run(int argc, char** argv) {
     }
     std::this_thread::sleep_for(kFinalStatusLinger);
   });
-  if (!status.ok()) return Fail(status);
+}
+
+absl::Status RunCoordinator(const Flags& flags) {
+  BITSPLIT_ASSIGN_OR_RETURN(const SpeculationMode default_mode,
+                            ParseSpeculationMode(flags.speculation));
+  BITSPLIT_ASSIGN_OR_RETURN(const LoadedModel loaded, LoadModel(flags.model_path));
+  const std::string fingerprint = loaded.files->base().fingerprint_hex();
+  BITSPLIT_ASSIGN_OR_RETURN(const Drafter drafter, ConnectDrafter(flags, fingerprint));
+  BITSPLIT_ASSIGN_OR_RETURN(const GenerationServiceOptions options,
+                            ServiceOptions(flags, default_mode, loaded, drafter.info));
+  GenerationServiceImpl service(options, *drafter.client, *loaded.tokenizer,
+                                loaded.chat_template ? &*loaded.chat_template : nullptr);
+  const std::string description = absl::StrFormat(
+      "%s (fingerprint %.12s, drafter %s: %s, speculation %s, max-active %d, max-queue %d)",
+      options.model_info.name(), fingerprint, flags.drafter, drafter.info.backend(),
+      flags.speculation, flags.max_active, flags.max_queue);
+  return Serve(ServerOptionsFor(flags, *drafter.client, service, fingerprint), service,
+               description);
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{
+      "bitsplit-coordinator: the public generation service (tokenizer, speculation "
+      "loop, streaming)"};
+  Flags flags;
+  AddFlags(app, flags);
+  CLI11_PARSE(app, argc, argv);
+  // Logs belong with the "serving"/"error" lines on stderr (stdout stays empty).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("bitsplit-coordinator"));
+  spdlog::set_level(flags.verbose ? spdlog::level::debug : spdlog::level::warn);
+  rpc::BlockTerminationSignals();
+  if (absl::Status status = RunCoordinator(flags); !status.ok()) return Fail(status);
   return 0;
 }
 
