@@ -31,6 +31,7 @@
 #include "common/model/speculation.h"
 #include "common/quant/split_matmul.h"
 #include "common/rpc/server_runner.h"
+#include "common/util/status_macros.h"
 #include "services/gpu-drafter/cpu_backend.h"
 #include "services/gpu-drafter/drafter_service.h"
 #include "services/gpu-drafter/residual_link.h"
@@ -96,10 +97,7 @@ std::string CudaVisibleDevices() {
   return absl::StrCat("CUDA_VISIBLE_DEVICES=", *value == '\0' ? "\"\"" : value);
 }
 
-int Run(int argc, char** argv) {
-  CLI::App app{
-      "bitsplit-drafter: sessions, draft trees and verifier forwards over the base "
-      "weights (+ cpu-residual)"};
+struct Flags {
   std::string base_path;
   std::string residual_socket = "unix:/run/bitsplit/residual.sock";
   std::string residual_file;
@@ -114,51 +112,219 @@ int Run(int argc, char** argv) {
   int shutdown_grace_ms = 200;
   bool verbose = false;
   DrafterServiceOptions service_options;
-  app.add_option("base", base_path, "the base split file (MODEL.base.bsplit)")->required();
+  int idle_timeout_s = static_cast<int>(service_options.session_idle_timeout.count());
+};
+
+void AddFlags(CLI::App& app, Flags& flags) {
+  DrafterServiceOptions& service_options = flags.service_options;
+  app.add_option("base", flags.base_path, "the base split file (MODEL.base.bsplit)")->required();
   auto* socket_option =
       app.add_option(
-             "--residual-socket", residual_socket,
+             "--residual-socket", flags.residual_socket,
              "cpu-residual's gRPC target (unix:PATH); the residual comes over shared memory")
           ->capture_default_str();
-  app.add_option("--residual-file", residual_file,
+  app.add_option("--residual-file", flags.residual_file,
                  "compute the residual in process from this file instead (tests, tools)")
       ->excludes(socket_option);
-  app.add_option("--socket", socket_path, "unix socket to listen on (mode 0660)")
+  app.add_option("--socket", flags.socket_path, "unix socket to listen on (mode 0660)")
       ->capture_default_str();
-  app.add_option("--tcp", tcp, "listen on TCP HOST:PORT instead of the unix socket");
-  app.add_option("--backend", backend_name,
+  app.add_option("--tcp", flags.tcp, "listen on TCP HOST:PORT instead of the unix socket");
+  app.add_option("--backend", flags.backend_name,
                  "auto (cuda when built with it and a device is visible, else cpu), cpu or cuda")
       ->capture_default_str();
-  app.add_option("--vram-budget", vram_budget_text,
+  app.add_option("--vram-budget", flags.vram_budget_text,
                  "cuda: device memory the plan may use, BYTES (or N KiB/MiB/GiB) or auto (free "
                  "memory minus max(512 MiB, 5%))")
       ->capture_default_str();
-  app.add_option("--threads", threads, "forward threads (0: every hardware thread)")
+  app.add_option("--threads", flags.threads, "forward threads (0: every hardware thread)")
       ->capture_default_str();
   app.add_option("--max-sessions", service_options.max_sessions, "sessions open at once")
       ->capture_default_str();
   app.add_option("--max-context", service_options.max_context, "largest context of a session")
       ->capture_default_str();
-  int idle_timeout_s = static_cast<int>(service_options.session_idle_timeout.count());
-  app.add_option("--session-idle-timeout", idle_timeout_s,
+  app.add_option("--session-idle-timeout", flags.idle_timeout_s,
                  "seconds after which a session no RPC has used is closed (its owner is stuck); "
                  "sessions of an owner that went away are closed at once")
       ->capture_default_str();
   app.add_option("--max-tree-nodes", service_options.max_tree_nodes,
                  "largest tree (root included) Verify accepts")
       ->capture_default_str();
-  app.add_option("--draft-model", draft_model,
+  app.add_option("--draft-model", flags.draft_model,
                  "draft with this GGUF instead of the base weights (ablation)");
-  app.add_option("--draft-kv", draft_kv_name,
+  app.add_option("--draft-kv", flags.draft_kv_name,
                  "shared: the draft reads the verifier's KV; own: the draft model's own KV")
       ->capture_default_str();
-  app.add_option("--residual-timeout-ms", residual_timeout_ms,
+  app.add_option("--residual-timeout-ms", flags.residual_timeout_ms,
                  "bound of one (re)attach to cpu-residual and of one residual round trip")
       ->capture_default_str();
-  app.add_option("--shutdown-grace-ms", shutdown_grace_ms,
+  app.add_option("--shutdown-grace-ms", flags.shutdown_grace_ms,
                  "on SIGTERM, report NOT_SERVING this long before stopping")
       ->capture_default_str();
-  app.add_flag("--verbose", verbose, "log details to stderr");
+  app.add_flag("--verbose", flags.verbose, "log details to stderr");
+}
+
+// What the command line means beyond the flags' own values.
+struct Settings {
+  model::DraftKv draft_kv = model::DraftKv::kShared;
+  uint64_t vram_budget = 0;  // 0: the planner's default
+  // The separate draft model and its own KV are ablations of the cpu backend.
+  bool cpu_only_options = false;
+};
+
+// Checks the command line (an error is a usage error, exit status 2). Sets the service's idle
+// timeout and turns a bare --residual-socket path into a unix: target.
+absl::StatusOr<Settings> CheckFlags(Flags& flags) {
+  const std::string& backend_name = flags.backend_name;
+  DrafterServiceOptions& service_options = flags.service_options;
+  if (backend_name != "auto" && backend_name != "cpu" && backend_name != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown --backend \"", backend_name, "\" (expected auto, cpu or cuda)"));
+  }
+#ifndef BITSPLIT_HAVE_CUDA
+  if (backend_name == "cuda") {
+    return absl::InvalidArgumentError(
+        "this build has no CUDA backend (configured without nvcc or with -DBITSPLIT_CUDA=OFF); "
+        "use --backend cpu or auto");
+  }
+#endif
+  Settings settings;
+  BITSPLIT_ASSIGN_OR_RETURN(settings.draft_kv, model::ParseDraftKv(flags.draft_kv_name));
+  BITSPLIT_ASSIGN_OR_RETURN(settings.vram_budget, ParseVramBudget(flags.vram_budget_text));
+  settings.cpu_only_options =
+      !flags.draft_model.empty() || settings.draft_kv != model::DraftKv::kShared;
+  if (backend_name == "cuda" && settings.cpu_only_options) {
+    return absl::InvalidArgumentError(
+        "--draft-model and --draft-kv own need --backend cpu (the cuda backend "
+        "drafts with the base weights over the shared KV)");
+  }
+  if (flags.idle_timeout_s < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--session-idle-timeout ", flags.idle_timeout_s, " must be at least 1"));
+  }
+  service_options.session_idle_timeout = std::chrono::seconds(flags.idle_timeout_s);
+  if (service_options.max_sessions < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-sessions ", service_options.max_sessions, " must be at least 1"));
+  }
+  if (service_options.max_context < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-context ", service_options.max_context, " must be at least 1"));
+  }
+  if (service_options.max_tree_nodes < 1 || service_options.max_tree_nodes > kMaxTreeNodesLimit) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-tree-nodes ",
+                                                   service_options.max_tree_nodes,
+                                                   " is outside [1, ", kMaxTreeNodesLimit, "]"));
+  }
+  if (flags.residual_timeout_ms < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--residual-timeout-ms ", flags.residual_timeout_ms, " must be positive"));
+  }
+  if (flags.residual_file.empty() && flags.residual_socket.rfind("unix:", 0) != 0 &&
+      flags.residual_socket.rfind('/', 0) == 0) {
+    flags.residual_socket = "unix:" + flags.residual_socket;  // a bare socket path
+  }
+  return settings;
+}
+
+// --backend cuda needs a visible device; auto takes it when there is one and no cpu-only option.
+absl::StatusOr<bool> UseCuda(const Flags& flags, const Settings& settings) {
+  if (flags.backend_name == "cuda") {
+    if (!CudaDeviceVisible()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--backend cuda: no CUDA device is visible (", CudaVisibleDevices(), ")"));
+    }
+    return true;
+  }
+  if (flags.backend_name == "auto") return !settings.cpu_only_options && CudaDeviceVisible();
+  return false;
+}
+
+absl::StatusOr<std::unique_ptr<DrafterBackend>> CreateBackend(const Flags& flags,
+                                                              const Settings& settings,
+                                                              bool use_cuda) {
+  const DrafterServiceOptions& service_options = flags.service_options;
+  if (use_cuda) {
+#ifdef BITSPLIT_HAVE_CUDA
+    auto cuda_backend = CudaBackend::Create({.base_path = flags.base_path,
+                                             .residual_path = flags.residual_file,
+                                             .threads = flags.threads,
+                                             .prefill_chunk = kPrefillChunk,
+                                             .context = service_options.max_context,
+                                             .sessions = service_options.max_sessions,
+                                             .max_tree_nodes = service_options.max_tree_nodes,
+                                             .vram_budget = settings.vram_budget});
+    if (cuda_backend.ok()) return std::unique_ptr<DrafterBackend>(*std::move(cuda_backend));
+    if (flags.backend_name != "auto" || !absl::IsUnimplemented(cuda_backend.status())) {
+      return cuda_backend.status();
+    }
+    // A model family the device forward does not implement runs on the CPU backend.
+    spdlog::warn("{}; using the cpu backend", std::string(cuda_backend.status().message()));
+#endif
+  }
+  auto cpu_backend = CpuBackend::Create({.base_path = flags.base_path,
+                                         .residual_path = flags.residual_file,
+                                         .draft_model_path = flags.draft_model,
+                                         .draft_kv = settings.draft_kv,
+                                         .threads = flags.threads,
+                                         .prefill_chunk = kPrefillChunk});
+  if (!cpu_backend.ok()) return cpu_backend.status();
+  return std::unique_ptr<DrafterBackend>(*std::move(cpu_backend));
+}
+
+// The link to cpu-residual, attached once before serving; none with --residual-file.
+absl::StatusOr<std::unique_ptr<ResidualLink>> AttachResidual(const Flags& flags,
+                                                             DrafterBackend& backend) {
+  if (!flags.residual_file.empty()) return std::unique_ptr<ResidualLink>();
+  const BackendInfo& info = backend.info();
+  auto residual_link = std::make_unique<ResidualLink>(
+      backend,
+      ResidualLinkOptions{.target = flags.residual_socket,
+                          .fingerprint = info.fingerprint,
+                          .shapes = model::ResidualShapes::FromConfig(info.config),
+                          .max_rows = static_cast<int>(std::max<int64_t>(
+                              kPrefillChunk, flags.service_options.max_tree_nodes)),
+                          .timeout = std::chrono::milliseconds(flags.residual_timeout_ms)});
+  BITSPLIT_RETURN_IF_ERROR(residual_link->Ensure());
+  return residual_link;
+}
+
+// The "serving" line's description of the model, backend, residual and sessions.
+std::string Description(const Flags& flags, const BackendInfo& info, bool residual_over_shm) {
+  const std::string backend_description =
+      info.device.empty()
+          ? info.name
+          : absl::StrCat(info.name, " on ", info.device, " [VRAM ", info.vram_summary, "]");
+  return absl::StrFormat(
+      "%s (fingerprint %s, backend %s, %d threads, %s CPU kernels, residual %s, draft %s/%s KV, "
+      "%d sessions x %d tokens)",
+      info.model_name, info.fingerprint, backend_description, info.threads,
+      quant::MatMulIsaName(quant::ActiveMatMulIsa()),
+      residual_over_shm ? "shm " + flags.residual_socket : std::string("in-process"),
+      info.draft_model, model::DraftKvName(info.draft_kv), flags.service_options.max_sessions,
+      flags.service_options.max_context);
+}
+
+// Serves until SIGTERM/SIGINT, ending the leases before the server stops.
+absl::Status Serve(const Flags& flags, DrafterService& service, const std::string& description) {
+  rpc::ServerOptions server_options{.name = kName,
+                                    .socket_path = flags.socket_path,
+                                    .tcp_address = flags.tcp,
+                                    .health_services = {kDrafterServiceName},
+                                    .shutdown_grace_ms = flags.shutdown_grace_ms,
+                                    .readiness = [&service] { return service.Readiness(); }};
+  grpc::Service* services[] = {&service};
+  const absl::Status status =
+      rpc::RunServer(server_options, services, description, [&service] { service.EndLeases(); });
+  service.StopWorkers();
+  return status;
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{
+      "bitsplit-drafter: sessions, draft trees and verifier forwards over the base "
+      "weights (+ cpu-residual)"};
+  Flags flags;
+  AddFlags(app, flags);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -169,150 +335,36 @@ int Run(int argc, char** argv) {
   }
   // Logs go to stderr: stdout stays free for whoever runs the service.
   spdlog::set_default_logger(spdlog::stderr_color_mt("bitsplit-drafter"));
-  spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::warn);
-
-  if (backend_name != "auto" && backend_name != "cpu" && backend_name != "cuda") {
-    return UsageError(
-        absl::StrCat("unknown --backend \"", backend_name, "\" (expected auto, cpu or cuda)"));
-  }
-#ifndef BITSPLIT_HAVE_CUDA
-  if (backend_name == "cuda") {
-    return UsageError(
-        "this build has no CUDA backend (configured without nvcc or with -DBITSPLIT_CUDA=OFF); "
-        "use --backend cpu or auto");
-  }
-#endif
-  auto draft_kv = model::ParseDraftKv(draft_kv_name);
-  if (!draft_kv.ok()) return Fail(draft_kv.status(), 2);
-  auto vram_budget = ParseVramBudget(vram_budget_text);
-  if (!vram_budget.ok()) return Fail(vram_budget.status(), 2);
-  // The separate draft model and its own KV are ablations of the cpu backend.
-  const bool cpu_only_options = !draft_model.empty() || *draft_kv != model::DraftKv::kShared;
-  if (backend_name == "cuda" && cpu_only_options) {
-    return UsageError(
-        "--draft-model and --draft-kv own need --backend cpu (the cuda backend "
-        "drafts with the base weights over the shared KV)");
-  }
-  if (idle_timeout_s < 1) {
-    return UsageError(
-        absl::StrCat("--session-idle-timeout ", idle_timeout_s, " must be at least 1"));
-  }
-  service_options.session_idle_timeout = std::chrono::seconds(idle_timeout_s);
-  if (service_options.max_sessions < 1) {
-    return UsageError(
-        absl::StrCat("--max-sessions ", service_options.max_sessions, " must be at least 1"));
-  }
-  if (service_options.max_context < 1) {
-    return UsageError(
-        absl::StrCat("--max-context ", service_options.max_context, " must be at least 1"));
-  }
-  if (service_options.max_tree_nodes < 1 || service_options.max_tree_nodes > kMaxTreeNodesLimit) {
-    return UsageError(absl::StrCat("--max-tree-nodes ", service_options.max_tree_nodes,
-                                   " is outside [1, ", kMaxTreeNodesLimit, "]"));
-  }
-  if (residual_timeout_ms < 1) {
-    return UsageError(
-        absl::StrCat("--residual-timeout-ms ", residual_timeout_ms, " must be positive"));
-  }
-  if (residual_file.empty() && residual_socket.rfind("unix:", 0) != 0 &&
-      residual_socket.rfind('/', 0) == 0) {
-    residual_socket = "unix:" + residual_socket;  // a bare socket path
-  }
+  spdlog::set_level(flags.verbose ? spdlog::level::debug : spdlog::level::warn);
+  auto settings = CheckFlags(flags);
+  if (!settings.ok()) return Fail(settings.status(), 2);
 
   // SIGTERM/SIGINT are taken by RunServer; block them before the engine's threads exist.
   rpc::BlockTerminationSignals();
 
-  bool use_cuda = false;
-  if (backend_name == "cuda") {
-    if (!CudaDeviceVisible()) {
-      return Fail(absl::FailedPreconditionError(
-          absl::StrCat("--backend cuda: no CUDA device is visible (", CudaVisibleDevices(), ")")));
-    }
-    use_cuda = true;
-  } else if (backend_name == "auto") {
-    use_cuda = !cpu_only_options && CudaDeviceVisible();
-  }
-  if (!use_cuda && *vram_budget != 0) {
+  auto use_cuda = UseCuda(flags, *settings);
+  if (!use_cuda.ok()) return Fail(use_cuda.status());
+  if (!*use_cuda && settings->vram_budget != 0) {
     spdlog::warn("--vram-budget is ignored on the cpu backend");
   }
-
-  std::unique_ptr<DrafterBackend> backend;
-  if (use_cuda) {
-#ifdef BITSPLIT_HAVE_CUDA
-    auto cuda_backend = CudaBackend::Create({.base_path = base_path,
-                                             .residual_path = residual_file,
-                                             .threads = threads,
-                                             .prefill_chunk = kPrefillChunk,
-                                             .context = service_options.max_context,
-                                             .sessions = service_options.max_sessions,
-                                             .max_tree_nodes = service_options.max_tree_nodes,
-                                             .vram_budget = *vram_budget});
-    if (cuda_backend.ok()) {
-      backend = *std::move(cuda_backend);
-    } else if (backend_name == "auto" && absl::IsUnimplemented(cuda_backend.status())) {
-      // A model family the device forward does not implement runs on the CPU backend.
-      spdlog::warn("{}; using the cpu backend", std::string(cuda_backend.status().message()));
-    } else {
-      return Fail(cuda_backend.status());
-    }
-#endif
-  }
-  if (backend == nullptr) {
-    auto cpu_backend = CpuBackend::Create({.base_path = base_path,
-                                           .residual_path = residual_file,
-                                           .draft_model_path = draft_model,
-                                           .draft_kv = *draft_kv,
-                                           .threads = threads,
-                                           .prefill_chunk = kPrefillChunk});
-    if (!cpu_backend.ok()) return Fail(cpu_backend.status());
-    backend = *std::move(cpu_backend);
-  }
-  const BackendInfo& info = backend->info();
+  auto backend = CreateBackend(flags, *settings, *use_cuda);
+  if (!backend.ok()) return Fail(backend.status());
+  const BackendInfo& info = (*backend)->info();
   spdlog::debug("backend {}{}", info.name,
                 info.vram_plan.empty()
                     ? ""
                     : absl::StrCat(" on ", info.device, ", VRAM plan:\n", info.vram_plan));
-  if (service_options.max_context > info.config.context_length) {
-    return UsageError(absl::StrCat("--max-context ", service_options.max_context,
+  if (flags.service_options.max_context > info.config.context_length) {
+    return UsageError(absl::StrCat("--max-context ", flags.service_options.max_context,
                                    " exceeds the model's context length ",
                                    info.config.context_length));
   }
 
-  std::unique_ptr<ResidualLink> residual_link;
-  if (residual_file.empty()) {
-    residual_link = std::make_unique<ResidualLink>(
-        *backend, ResidualLinkOptions{.target = residual_socket,
-                                      .fingerprint = info.fingerprint,
-                                      .shapes = model::ResidualShapes::FromConfig(info.config),
-                                      .max_rows = static_cast<int>(std::max<int64_t>(
-                                          kPrefillChunk, service_options.max_tree_nodes)),
-                                      .timeout = std::chrono::milliseconds(residual_timeout_ms)});
-    if (absl::Status status = residual_link->Ensure(); !status.ok()) return Fail(status);
-  }
-  DrafterService service(*backend, residual_link.get(), service_options);
-
-  rpc::ServerOptions server_options{.name = kName,
-                                    .socket_path = socket_path,
-                                    .tcp_address = tcp,
-                                    .health_services = {kDrafterServiceName},
-                                    .shutdown_grace_ms = shutdown_grace_ms,
-                                    .readiness = [&service] { return service.Readiness(); }};
-  const std::string backend_description =
-      info.device.empty()
-          ? info.name
-          : absl::StrCat(info.name, " on ", info.device, " [VRAM ", info.vram_summary, "]");
-  const std::string description = absl::StrFormat(
-      "%s (fingerprint %s, backend %s, %d threads, %s CPU kernels, residual %s, draft %s/%s KV, "
-      "%d sessions x %d tokens)",
-      info.model_name, info.fingerprint, backend_description, info.threads,
-      quant::MatMulIsaName(quant::ActiveMatMulIsa()),
-      residual_link != nullptr ? "shm " + residual_socket : std::string("in-process"),
-      info.draft_model, model::DraftKvName(info.draft_kv), service_options.max_sessions,
-      service_options.max_context);
-  grpc::Service* services[] = {&service};
+  auto residual_link = AttachResidual(flags, **backend);
+  if (!residual_link.ok()) return Fail(residual_link.status());
+  DrafterService service(**backend, residual_link->get(), flags.service_options);
   const absl::Status status =
-      rpc::RunServer(server_options, services, description, [&service] { service.EndLeases(); });
-  service.StopWorkers();
+      Serve(flags, service, Description(flags, info, *residual_link != nullptr));
   if (!status.ok()) return Fail(status);
   return 0;
 }
