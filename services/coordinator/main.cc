@@ -22,7 +22,6 @@
 #include "common/io/gguf.h"
 #include "common/model/speculation.h"
 #include "common/model/split_model.h"
-#include "common/quant/split_format.h"
 #include "common/rpc/drafter_client.h"
 #include "common/rpc/server_runner.h"
 #include "common/text/chat_template.h"
@@ -218,17 +217,9 @@ v1::ModelInfo ModelInfo(const LoadedModel& loaded, const internal::v1::DrafterIn
   // From the base file's quantization record, which the residual file must share (the drafter
   // learns the residual's only once it attached).
   const model::SplitQuantization& quantization = loaded.files->quantization();
-  std::string base_format = absl::StrCat(quant::GetSplitFormatInfo(quantization.base_format).name,
-                                         "/g", quantization.base_group);
-  if (quantization.rotation.enabled()) {
-    absl::StrAppend(&base_format, ", hadamard ", quantization.rotation.block, " (seed ",
-                    quantization.rotation.seed, ")");
-  }
-  model_info.set_base_format(base_format);
+  model_info.set_base_format(model::SplitBaseString(quantization));
   if (quantization.residual_format) {
-    model_info.set_residual_format(
-        absl::StrCat(quant::GetSplitFormatInfo(*quantization.residual_format).name, "/g",
-                     quantization.residual_group));
+    model_info.set_residual_format(model::SplitResidualString(quantization));
   }
   model_info.set_fingerprint(loaded.files->base().fingerprint_hex());
   model_info.set_chat_template(loaded.chat_template_source);

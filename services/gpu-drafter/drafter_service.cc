@@ -31,9 +31,9 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
-DrafterService::DrafterService(DrafterBackend& backend, ResidualLink* residual_link,
+DrafterService::DrafterService(DrafterEngine& backend, ResidualLink* residual_link,
                                const DrafterServiceOptions& options)
-    : backend_(backend),
+    : engine_(backend),
       residual_link_(residual_link),
       options_(options),
       vocab_size_(backend.info().config.vocab_size),
@@ -222,7 +222,7 @@ absl::Status DrafterService::ForwardErrorLocked(const absl::Status& status) {
 }
 
 absl::Status DrafterService::DoGetInfo(v1::DrafterInfo* response) const {
-  const BackendInfo& info = backend_.info();
+  const EngineInfo& info = engine_.info();
   response->set_name(info.model_name);
   response->set_architecture(info.config.architecture);
   response->set_layers(static_cast<int32_t>(info.config.num_layers));
@@ -268,7 +268,7 @@ absl::Status DrafterService::DoOpenSession(const v1::OpenSessionRequest& request
   {
     std::lock_guard<std::mutex> lock(engine_mutex_);
     BITSPLIT_RETURN_IF_ERROR(EnsureResidualLocked());
-    BITSPLIT_ASSIGN_OR_RETURN(session, backend_.NewSession(context));
+    BITSPLIT_ASSIGN_OR_RETURN(session, engine_.NewSession(context));
   }
   uint64_t id = 0;
   {

@@ -1,5 +1,5 @@
 #pragma once
-// The Drafter gRPC service (proto bitsplit/internal/v1/drafter.proto) over a DrafterBackend:
+// The Drafter gRPC service (proto bitsplit/internal/v1/drafter.proto) over a DrafterEngine:
 // sessions and their limits, request validation, the residual link, timings.
 //
 // The engine runs one forward at a time: every backend call holds engine_mutex_, so sessions
@@ -25,7 +25,7 @@
 #include "absl/status/status.h"
 #include "bitsplit/internal/v1/drafter.grpc.pb.h"
 #include "common/rpc/health_probe.h"
-#include "services/gpu-drafter/drafter_backend.h"
+#include "services/gpu-drafter/drafter_engine.h"
 #include "services/gpu-drafter/residual_link.h"
 #include "services/gpu-drafter/session_table.h"
 
@@ -48,7 +48,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 class DrafterService final : public internal::v1::Drafter::CallbackService {
  public:
   // `backend` and `residual_link` (null: the residual is in process) must outlive the service.
-  DrafterService(DrafterBackend& backend, ResidualLink* residual_link,
+  DrafterService(DrafterEngine& backend, ResidualLink* residual_link,
                  const DrafterServiceOptions& options);
   ~DrafterService() override;
 
@@ -117,7 +117,7 @@ class DrafterService final : public internal::v1::Drafter::CallbackService {
   absl::Status ForwardErrorLocked(const absl::Status& status);
   absl::Status CheckToken(int32_t token, const std::string& what) const;
 
-  DrafterBackend& backend_;
+  DrafterEngine& engine_;
   ResidualLink* const residual_link_;
   std::unique_ptr<rpc::HealthProbe> residual_health_;  // null when the residual is in process
   const DrafterServiceOptions options_;

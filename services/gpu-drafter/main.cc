@@ -29,10 +29,10 @@
 #include "absl/strings/strip.h"
 #include "common/model/remote_residual.h"
 #include "common/model/speculation.h"
-#include "common/quant/split_matmul.h"
+#include "common/model/split_backend.h"
 #include "common/rpc/server_runner.h"
 #include "common/util/status_macros.h"
-#include "services/gpu-drafter/cpu_backend.h"
+#include "services/gpu-drafter/cpu_engine.h"
 #include "services/gpu-drafter/drafter_service.h"
 #include "services/gpu-drafter/residual_link.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -40,7 +40,7 @@
 
 #ifdef BITSPLIT_HAVE_CUDA
 #include "common/cuda/device_info.h"
-#include "services/gpu-drafter/cuda_backend.h"
+#include "services/gpu-drafter/cuda_engine.h"
 #endif
 
 namespace bitsplit::drafter {
@@ -239,43 +239,43 @@ absl::StatusOr<bool> UseCuda(const Flags& flags, const Settings& settings) {
   return false;
 }
 
-absl::StatusOr<std::unique_ptr<DrafterBackend>> CreateBackend(const Flags& flags,
-                                                              const Settings& settings,
-                                                              bool use_cuda) {
+absl::StatusOr<std::unique_ptr<DrafterEngine>> CreateBackend(const Flags& flags,
+                                                             const Settings& settings,
+                                                             bool use_cuda) {
   const DrafterServiceOptions& service_options = flags.service_options;
   if (use_cuda) {
 #ifdef BITSPLIT_HAVE_CUDA
-    auto cuda_backend = CudaBackend::Create({.base_path = flags.base_path,
-                                             .residual_path = flags.residual_file,
-                                             .threads = flags.threads,
-                                             .prefill_chunk = kPrefillChunk,
-                                             .context = service_options.max_context,
-                                             .sessions = service_options.max_sessions,
-                                             .max_tree_nodes = service_options.max_tree_nodes,
-                                             .vram_budget = settings.vram_budget});
-    if (cuda_backend.ok()) return std::unique_ptr<DrafterBackend>(*std::move(cuda_backend));
-    if (flags.backend_name != "auto" || !absl::IsUnimplemented(cuda_backend.status())) {
-      return cuda_backend.status();
+    auto cuda_engine = CudaEngine::Create({.base_path = flags.base_path,
+                                           .residual_path = flags.residual_file,
+                                           .threads = flags.threads,
+                                           .prefill_chunk = kPrefillChunk,
+                                           .context = service_options.max_context,
+                                           .sessions = service_options.max_sessions,
+                                           .max_tree_nodes = service_options.max_tree_nodes,
+                                           .vram_budget = settings.vram_budget});
+    if (cuda_engine.ok()) return std::unique_ptr<DrafterEngine>(*std::move(cuda_engine));
+    if (flags.backend_name != "auto" || !absl::IsUnimplemented(cuda_engine.status())) {
+      return cuda_engine.status();
     }
     // A model family the device forward does not implement runs on the CPU backend.
-    spdlog::warn("{}; using the cpu backend", std::string(cuda_backend.status().message()));
+    spdlog::warn("{}; using the cpu backend", std::string(cuda_engine.status().message()));
 #endif
   }
-  auto cpu_backend = CpuBackend::Create({.base_path = flags.base_path,
-                                         .residual_path = flags.residual_file,
-                                         .draft_model_path = flags.draft_model,
-                                         .draft_kv = settings.draft_kv,
-                                         .threads = flags.threads,
-                                         .prefill_chunk = kPrefillChunk});
-  if (!cpu_backend.ok()) return cpu_backend.status();
-  return std::unique_ptr<DrafterBackend>(*std::move(cpu_backend));
+  auto cpu_engine = CpuEngine::Create({.base_path = flags.base_path,
+                                       .residual_path = flags.residual_file,
+                                       .draft_model_path = flags.draft_model,
+                                       .draft_kv = settings.draft_kv,
+                                       .threads = flags.threads,
+                                       .prefill_chunk = kPrefillChunk});
+  if (!cpu_engine.ok()) return cpu_engine.status();
+  return std::unique_ptr<DrafterEngine>(*std::move(cpu_engine));
 }
 
 // The link to cpu-residual, attached once before serving; none with --residual-file.
 absl::StatusOr<std::unique_ptr<ResidualLink>> AttachResidual(const Flags& flags,
-                                                             DrafterBackend& backend) {
+                                                             DrafterEngine& backend) {
   if (!flags.residual_file.empty()) return std::unique_ptr<ResidualLink>();
-  const BackendInfo& info = backend.info();
+  const EngineInfo& info = backend.info();
   auto residual_link = std::make_unique<ResidualLink>(
       backend,
       ResidualLinkOptions{.target = flags.residual_socket,
@@ -289,7 +289,7 @@ absl::StatusOr<std::unique_ptr<ResidualLink>> AttachResidual(const Flags& flags,
 }
 
 // The "serving" line's description of the model, backend, residual and sessions.
-std::string Description(const Flags& flags, const BackendInfo& info, bool residual_over_shm) {
+std::string Description(const Flags& flags, const EngineInfo& info, bool residual_over_shm) {
   const std::string backend_description =
       info.device.empty()
           ? info.name
@@ -298,7 +298,7 @@ std::string Description(const Flags& flags, const BackendInfo& info, bool residu
       "%s (fingerprint %s, backend %s, %d threads, %s CPU kernels, residual %s, draft %s/%s KV, "
       "%d sessions x %d tokens)",
       info.model_name, info.fingerprint, backend_description, info.threads,
-      quant::MatMulIsaName(quant::ActiveMatMulIsa()),
+      model::SplitKernelIsaName(),
       residual_over_shm ? "shm " + flags.residual_socket : std::string("in-process"),
       info.draft_model, model::DraftKvName(info.draft_kv), flags.service_options.max_sessions,
       flags.service_options.max_context);
@@ -349,7 +349,7 @@ int Run(int argc, char** argv) {
   }
   auto backend = CreateBackend(flags, *settings, *use_cuda);
   if (!backend.ok()) return Fail(backend.status());
-  const BackendInfo& info = (*backend)->info();
+  const EngineInfo& info = (*backend)->info();
   spdlog::debug("backend {}{}", info.name,
                 info.vram_plan.empty()
                     ? ""

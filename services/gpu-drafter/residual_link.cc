@@ -9,7 +9,7 @@ ResidualLink::~ResidualLink() { DropSession(); }
 
 void ResidualLink::DropSession() {
   // The backend lets go of the source before the channel it reads is destroyed.
-  if (session_ != nullptr) (void)backend_.SetResidualSource(nullptr);
+  if (session_ != nullptr) (void)engine_.SetResidualSource(nullptr);
   // Detaches; for a service that has exited it removes the segment the service left instead.
   session_.reset();
 }
@@ -67,7 +67,7 @@ absl::Status ResidualLink::Ensure() {
     }
     return Refused(status);
   }
-  if (absl::Status status = backend_.SetResidualSource(&(*session)->residual()); !status.ok()) {
+  if (absl::Status status = engine_.SetResidualSource(&(*session)->residual()); !status.ok()) {
     return status;
   }
   session_ = *std::move(session);

@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "common/model/remote_residual.h"
 #include "common/rpc/residual_client.h"
-#include "services/gpu-drafter/drafter_backend.h"
+#include "services/gpu-drafter/drafter_engine.h"
 
 namespace bitsplit::drafter {
 
@@ -34,8 +34,8 @@ struct ResidualLinkOptions {
 class ResidualLink {
  public:
   // `backend` must outlive the link; the link sets and clears its residual source.
-  ResidualLink(DrafterBackend& backend, ResidualLinkOptions options)
-      : backend_(backend), options_(std::move(options)) {}
+  ResidualLink(DrafterEngine& backend, ResidualLinkOptions options)
+      : engine_(backend), options_(std::move(options)) {}
   ~ResidualLink();
 
   // Attaches unless attached and healthy. UNAVAILABLE when the service is down or does not
@@ -63,7 +63,7 @@ class ResidualLink {
   absl::Status Unavailable(const absl::Status& cause) const;
   absl::Status Refused(const absl::Status& cause) const;
 
-  DrafterBackend& backend_;
+  DrafterEngine& engine_;
   const ResidualLinkOptions options_;
   bool tried_ = false;  // an attach was attempted (startup is over)
   std::unique_ptr<rpc::ResidualClient> client_;

@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "services/gpu-drafter/drafter_backend.h"
+#include "services/gpu-drafter/drafter_engine.h"
 
 namespace bitsplit::drafter {
 

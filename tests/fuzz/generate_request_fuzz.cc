@@ -66,7 +66,8 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   v1::GenerateRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
-  const text::ChatTemplate* chat_template = loaded->chat_template ? &*loaded->chat_template : nullptr;
+  const text::ChatTemplate* chat_template =
+      loaded->chat_template ? &*loaded->chat_template : nullptr;
   auto plan =
       coordinator::ValidateRequest(request, *loaded->tokenizer, chat_template, loaded->limits);
   if (!plan.ok()) {

@@ -1,4 +1,4 @@
-#include "services/gpu-drafter/cuda_backend.h"
+#include "services/gpu-drafter/cuda_engine.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -34,9 +34,8 @@ std::string PlanLines(const model::VramPlan& plan) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
-    const CudaBackendOptions& options) {
-  std::unique_ptr<CudaBackend> backend(new CudaBackend());
+absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const CudaEngineOptions& options) {
+  std::unique_ptr<CudaEngine> backend(new CudaEngine());
   backend->options_ = options;
   BITSPLIT_ASSIGN_OR_RETURN(backend->files_,
                             model::SplitModelFiles::Open(options.base_path, options.residual_path));
@@ -61,7 +60,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     backend->model_->SetResidualSource(backend->in_process_residual_.get());
   }
 
-  BackendInfo& info = backend->info_;
+  EngineInfo& info = backend->info_;
   info.name = "cuda";
   auto general_name = files.gguf_metadata().GetString("general.name");
   info.model_name = general_name.ok()
@@ -89,7 +88,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   return backend;
 }
 
-absl::Status CudaBackend::SetResidualSource(model::ResidualSource* source) {
+absl::Status CudaEngine::SetResidualSource(model::ResidualSource* source) {
   if (info_.residual_in_process) {
     return absl::FailedPreconditionError("the residual is computed in process (--residual-file)");
   }
@@ -97,8 +96,7 @@ absl::Status CudaBackend::SetResidualSource(model::ResidualSource* source) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> CudaBackend::NewSession(
-    int64_t context) {
+absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> CudaEngine::NewSession(int64_t context) {
   // A session of `context` tokens checks arguments as a CPU session of that capacity would.
   BITSPLIT_ASSIGN_OR_RETURN(
       std::unique_ptr<cuda::CudaSpeculativeSession> session,

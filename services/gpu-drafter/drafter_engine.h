@@ -1,11 +1,12 @@
 #pragma once
 // The compute side of the gpu-drafter service: the models and every session's KV cache. The
-// service (drafter_service.h) owns sessions, limits, validation and the residual link; a backend
-// only runs the math of common/model/speculation.h. Backends: cpu (cpu_backend.h, always built)
-// and cuda (cuda_backend.h, built with BITSPLIT_CUDA).
+// service (drafter_service.h) owns sessions, limits, validation and the residual link; an engine
+// only runs the math of common/model/speculation.h. Engines (chosen by --backend): cpu
+// (cpu_engine.h, always built)
+// and cuda (cuda_engine.h, built with BITSPLIT_CUDA).
 //
-// Thread safety: a backend and its sessions are NOT thread-safe. The service serializes every
-// call into the backend (one engine lock): one forward runs at a time. A session may be
+// Thread safety: an engine and its sessions are NOT thread-safe. The service serializes every
+// call into the engine (one engine lock): one forward runs at a time. A session may be
 // destroyed on any thread (model::SpeculativeSession).
 #include <cstdint>
 #include <memory>
@@ -22,8 +23,8 @@
 
 namespace bitsplit::drafter {
 
-// What a backend reports about itself (DrafterInfo, the "serving" line).
-struct BackendInfo {
+// What an engine reports about itself (DrafterInfo, the "serving" line).
+struct EngineInfo {
   std::string name;           // "cpu", "cuda"
   std::string model_name;     // the source GGUF's general.name
   model::ModelConfig config;  // of the target (the split model)
@@ -44,16 +45,16 @@ struct BackendInfo {
   uint64_t vram_budget_bytes = 0;
 };
 
-class DrafterBackend {
+class DrafterEngine {
  public:
-  virtual ~DrafterBackend() = default;
+  virtual ~DrafterEngine() = default;
   virtual const std::string& name() const = 0;
-  virtual const BackendInfo& info() const = 0;
+  virtual const EngineInfo& info() const = 0;
   // Whether verifier forwards can run now: the residual is in process or a source is attached.
   virtual bool has_residual() const = 0;
   // Replaces the verifier's residual with `source` (a RemoteResidual of cpu-residual); nullptr
   // detaches it (verifier forwards then fail with FAILED_PRECONDITION). The source must outlive
-  // its use. FAILED_PRECONDITION for a backend whose residual is in process.
+  // its use. FAILED_PRECONDITION for an engine whose residual is in process.
   virtual absl::Status SetResidualSource(model::ResidualSource* source) = 0;
   // A session holding up to `context` tokens (prompt + output + one tree).
   virtual absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> NewSession(

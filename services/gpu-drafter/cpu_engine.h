@@ -10,11 +10,11 @@
 #include "absl/status/statusor.h"
 #include "common/model/llama_model.h"
 #include "common/model/speculation.h"
-#include "services/gpu-drafter/drafter_backend.h"
+#include "services/gpu-drafter/drafter_engine.h"
 
 namespace bitsplit::drafter {
 
-struct CpuBackendOptions {
+struct CpuEngineOptions {
   std::string base_path;
   std::string residual_path;     // non-empty: the residual is computed in process
   std::string draft_model_path;  // empty: the base weights draft
@@ -23,23 +23,23 @@ struct CpuBackendOptions {
   int64_t prefill_chunk = 64;
 };
 
-class CpuBackend final : public DrafterBackend {
+class CpuEngine final : public DrafterEngine {
  public:
   // Loads the models. Errors name the file (malformed, missing, a residual of another quantize
   // run) or the draft model's mismatch with the target (vocabulary, KV shape when shared).
-  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const CpuBackendOptions& options);
+  static absl::StatusOr<std::unique_ptr<CpuEngine>> Create(const CpuEngineOptions& options);
 
   const std::string& name() const override { return info_.name; }
-  const BackendInfo& info() const override { return info_; }
+  const EngineInfo& info() const override { return info_; }
   bool has_residual() const override { return target_->SupportsMode(model::ForwardMode::kVerify); }
   absl::Status SetResidualSource(model::ResidualSource* source) override;
   absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> NewSession(int64_t context) override;
 
  private:
-  CpuBackend() = default;
+  CpuEngine() = default;
 
-  CpuBackendOptions options_;
-  BackendInfo info_;
+  CpuEngineOptions options_;
+  EngineInfo info_;
   std::unique_ptr<model::LlamaModel> target_;
   std::unique_ptr<model::LlamaModel> separate_draft_;  // null: the target's draft mode
 };

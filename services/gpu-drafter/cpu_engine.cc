@@ -1,4 +1,4 @@
-#include "services/gpu-drafter/cpu_backend.h"
+#include "services/gpu-drafter/cpu_engine.h"
 
 #include <filesystem>
 #include <utility>
@@ -18,8 +18,8 @@ uint64_t FileBytes(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendOptions& options) {
-  std::unique_ptr<CpuBackend> backend(new CpuBackend());
+absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const CpuEngineOptions& options) {
+  std::unique_ptr<CpuEngine> backend(new CpuEngine());
   backend->options_ = options;
   BITSPLIT_ASSIGN_OR_RETURN(
       backend->target_,
@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendO
   }
   const model::LlamaModel& target = *backend->target_;
   const model::SplitModelFiles& files = *target.split_files();
-  BackendInfo& info = backend->info_;
+  EngineInfo& info = backend->info_;
   info.name = "cpu";
   auto general_name = target.gguf_metadata().GetString("general.name");
   info.model_name = general_name.ok()
@@ -62,14 +62,14 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendO
   return backend;
 }
 
-absl::Status CpuBackend::SetResidualSource(model::ResidualSource* source) {
+absl::Status CpuEngine::SetResidualSource(model::ResidualSource* source) {
   if (info_.residual_in_process) {
     return absl::FailedPreconditionError("the residual is computed in process (--residual-file)");
   }
   return target_->SetResidualSource(source);
 }
 
-absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> CpuBackend::NewSession(int64_t context) {
+absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> CpuEngine::NewSession(int64_t context) {
   model::LlamaModel& draft = separate_draft_ != nullptr ? *separate_draft_ : *target_;
   const model::ForwardMode draft_mode =
       separate_draft_ != nullptr ? model::ForwardMode::kReference : model::ForwardMode::kDraft;

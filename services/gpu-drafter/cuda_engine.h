@@ -11,7 +11,7 @@
 // Device 0 of the visible ones (CUDA_VISIBLE_DEVICES picks it): the service's worker threads run
 // the forwards, and a thread's current device is 0 unless it sets another.
 //
-// Built only with BITSPLIT_CUDA (BITSPLIT_HAVE_CUDA). Thread safety: as DrafterBackend (the
+// Built only with BITSPLIT_CUDA (BITSPLIT_HAVE_CUDA). Thread safety: as DrafterEngine (the
 // service serializes every call); a session may be destroyed on any thread.
 #include <cstdint>
 #include <memory>
@@ -21,11 +21,11 @@
 #include "common/cuda/cuda_model.h"
 #include "common/model/split_backend.h"
 #include "common/model/split_model.h"
-#include "services/gpu-drafter/drafter_backend.h"
+#include "services/gpu-drafter/drafter_engine.h"
 
 namespace bitsplit::drafter {
 
-struct CudaBackendOptions {
+struct CudaEngineOptions {
   std::string base_path;
   std::string residual_path;    // non-empty: the residual is computed in process
   int threads = 0;              // host threads of the residual (<= 0: every hardware thread)
@@ -36,16 +36,16 @@ struct CudaBackendOptions {
   uint64_t vram_budget = 0;     // 0: free device memory minus model::DefaultVramBudget's margin
 };
 
-class CudaBackend final : public DrafterBackend {
+class CudaEngine final : public DrafterEngine {
  public:
-  // Opens the files and uploads the base weights. Errors: the files' (as CpuBackend), the VRAM
+  // Opens the files and uploads the base weights. Errors: the files' (as CpuEngine), the VRAM
   // plan's refusal (RESOURCE_EXHAUSTED, naming what fits), CUDA failures (FAILED_PRECONDITION
   // without a device, RESOURCE_EXHAUSTED out of memory, INTERNAL otherwise). A context beyond the
   // model's is planned at the model's context length (the caller rejects the flag).
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaBackendOptions& options);
+  static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(const CudaEngineOptions& options);
 
   const std::string& name() const override { return info_.name; }
-  const BackendInfo& info() const override { return info_; }
+  const EngineInfo& info() const override { return info_; }
   bool has_residual() const override { return model_->has_residual(); }
   absl::Status SetResidualSource(model::ResidualSource* source) override;
   // A session with one of the planned KV caches; `context` (at most the planned context,
@@ -56,10 +56,10 @@ class CudaBackend final : public DrafterBackend {
   const model::VramPlan& plan() const { return model_->plan(); }
 
  private:
-  CudaBackend() = default;
+  CudaEngine() = default;
 
-  CudaBackendOptions options_;
-  BackendInfo info_;
+  CudaEngineOptions options_;
+  EngineInfo info_;
   std::unique_ptr<model::SplitModelFiles> files_;  // the residual views and host embedding rows
   std::unique_ptr<model::InProcessResidual> in_process_residual_;
   std::unique_ptr<cuda::CudaModel> model_;
