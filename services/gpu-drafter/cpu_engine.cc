@@ -8,16 +8,6 @@
 #include "common/util/status_macros.h"
 
 namespace bitsplit::drafter {
-namespace {
-
-uint64_t FileBytes(const std::string& path) {
-  std::error_code error;
-  const uintmax_t size = std::filesystem::file_size(path, error);
-  return error ? 0 : static_cast<uint64_t>(size);
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const CpuEngineOptions& options) {
   std::unique_ptr<CpuEngine> backend(new CpuEngine());
   backend->options_ = options;
@@ -31,23 +21,11 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const CpuEngineOpti
   const model::LlamaModel& target = *backend->target_;
   const model::SplitModelFiles& files = *target.split_files();
   EngineInfo& info = backend->info_;
+  info = SplitModelInfo(files, options.base_path, options.residual_path);
   info.name = "cpu";
-  auto general_name = target.gguf_metadata().GetString("general.name");
-  info.model_name = general_name.ok()
-                        ? *general_name
-                        : std::filesystem::path(options.base_path).filename().string();
-  info.config = target.config();
-  info.base_format = model::SplitQuantizationString(files.quantization());
-  info.fingerprint = files.base().fingerprint_hex();
   info.draft_model = options.draft_model_path.empty() ? "base" : options.draft_model_path;
   info.draft_kv = options.draft_kv;
   info.threads = target.num_threads();
-  info.base_bytes = FileBytes(options.base_path);
-  if (!options.residual_path.empty()) {
-    info.residual_in_process = true;
-    info.residual_format = info.base_format;
-    info.residual_bytes = FileBytes(options.residual_path);
-  }
   // A first session proves that the draft model fits the target (vocabulary, KV shape) now
   // rather than at the first request. Verify mode may still be missing (remote residual).
   if (backend->separate_draft_ != nullptr) {

@@ -15,12 +15,6 @@
 namespace bitsplit::drafter {
 namespace {
 
-uint64_t FileBytes(const std::string& path) {
-  std::error_code error;
-  const uintmax_t size = std::filesystem::file_size(path, error);
-  return error ? 0 : static_cast<uint64_t>(size);
-}
-
 // "base weights: 2.19 GiB" per slab, then "total: 6.81 GiB of a 7.50 GiB budget".
 std::string PlanLines(const model::VramPlan& plan) {
   std::string lines;
@@ -61,25 +55,13 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const CudaEngineO
   }
 
   EngineInfo& info = backend->info_;
+  info = SplitModelInfo(files, options.base_path, options.residual_path);
   info.name = "cuda";
-  auto general_name = files.gguf_metadata().GetString("general.name");
-  info.model_name = general_name.ok()
-                        ? *general_name
-                        : std::filesystem::path(options.base_path).filename().string();
-  info.config = config;
-  info.base_format = model::SplitQuantizationString(files.quantization());
-  info.fingerprint = files.base().fingerprint_hex();
   info.draft_model = "base";
   info.draft_kv = model::DraftKv::kShared;
   info.threads = options.threads > 0
                      ? options.threads
                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  info.base_bytes = FileBytes(options.base_path);
-  if (!options.residual_path.empty()) {
-    info.residual_in_process = true;
-    info.residual_format = info.base_format;
-    info.residual_bytes = FileBytes(options.residual_path);
-  }
   const model::VramPlan& plan = backend->model_->plan();
   info.device = backend->model_->device_name();
   info.vram_plan = PlanLines(plan);

@@ -20,6 +20,7 @@
 #include "common/model/sampler.h"
 #include "common/model/speculation.h"
 #include "common/model/split_backend.h"
+#include "common/model/split_model.h"
 
 namespace bitsplit::drafter {
 
@@ -44,6 +45,12 @@ struct EngineInfo {
   std::string vram_summary;
   uint64_t vram_budget_bytes = 0;
 };
+
+// The fields of EngineInfo that come from the split model's files: model name (general.name,
+// else the base file's name), config, base format, fingerprint, file sizes, and the residual's
+// when `residual_path` (in process) is given.
+EngineInfo SplitModelInfo(const model::SplitModelFiles& files, const std::string& base_path,
+                          const std::string& residual_path);
 
 class DrafterEngine {
  public:
