@@ -18,5 +18,7 @@ void MatMul(const MatrixView&, const QuantizedActivations&, float*, bool, Thread
 void MatMulRows(const MatrixView&, const QuantizedActivations&, int64_t, int64_t, float*, bool) {
   __builtin_trap();
 }
+MatMulIsa ActiveMatMulIsa() { __builtin_trap(); }
+const char* MatMulIsaName(MatMulIsa) { __builtin_trap(); }
 
 }  // namespace bitsplit::quant
