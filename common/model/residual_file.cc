@@ -1,7 +1,6 @@
 #include "common/model/residual_file.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
@@ -114,19 +113,6 @@ absl::StatusOr<const ResidualGroup*> ResidualFile::FindGroup(int64_t layer, int6
                                                    " of ", LinearGroupIdString(found.id)));
   }
   return &found;
-}
-
-void CopyActivations(int64_t rows, int64_t cols, int64_t block_stride, const void* codes,
-                     const void* scales, const void* sums, QuantizedActivations* x) {
-  x->rows = rows;
-  x->cols = cols;
-  x->block_stride = block_stride;
-  x->codes.resize(static_cast<size_t>(rows * cols));
-  x->scales.resize(static_cast<size_t>(rows * block_stride));
-  x->sums.resize(static_cast<size_t>(rows * block_stride));
-  std::memcpy(x->codes.data(), codes, x->codes.size());
-  std::memcpy(x->scales.data(), scales, x->scales.size() * sizeof(float));
-  std::memcpy(x->sums.data(), sums, x->sums.size() * sizeof(float));
 }
 
 }  // namespace bitsplit::model

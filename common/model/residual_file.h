@@ -1,8 +1,7 @@
 #pragma once
 // A residual split file on its own, as a residual service holds it: without the base file (which
 // carries the config), so the layer count and every shape come from the tensors, checked against
-// the file's quantization record. Also the request-side pieces a residual service needs: the
-// group a request names, and its activations copied in from the transport.
+// the file's quantization record, and the group a request names.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -62,12 +61,5 @@ class ResidualFile {
   ResidualShapes shapes_;
   uint64_t weight_bytes_ = 0;
 };
-
-// Fills `x` (reusing its buffers) with T = rows activation rows received from a client: int8
-// codes [rows][cols] and f32 block scales and sums [rows][block_stride], copied from `codes`,
-// `scales` and `sums`. The caller has validated the sizes; every transport (shared memory, an
-// RPC) hands its bytes to the kernels through this one copy.
-void CopyActivations(int64_t rows, int64_t cols, int64_t block_stride, const void* codes,
-                     const void* scales, const void* sums, QuantizedActivations* x);
 
 }  // namespace bitsplit::model

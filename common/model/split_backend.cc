@@ -34,6 +34,19 @@ void MatMulGroupRows(std::span<const quant::MatrixView> matrices, const GroupRow
   }
 }
 
+void CopyActivations(int64_t rows, int64_t cols, int64_t block_stride, const void* codes,
+                     const void* scales, const void* sums, QuantizedActivations* x) {
+  x->rows = rows;
+  x->cols = cols;
+  x->block_stride = block_stride;
+  x->codes.resize(static_cast<size_t>(rows * cols));
+  x->scales.resize(static_cast<size_t>(rows * block_stride));
+  x->sums.resize(static_cast<size_t>(rows * block_stride));
+  std::memcpy(x->codes.data(), codes, x->codes.size());
+  std::memcpy(x->scales.data(), scales, x->scales.size() * sizeof(float));
+  std::memcpy(x->sums.data(), sums, x->sums.size() * sizeof(float));
+}
+
 const char* SplitKernelIsaName() { return quant::MatMulIsaName(quant::ActiveMatMulIsa()); }
 
 void SplitMatMulGroup(std::span<const quant::MatrixView> matrices,
@@ -112,13 +125,8 @@ absl::Status InProcessResidual::SubmitStaged(LinearGroupId id, int64_t rows, int
                                                    "] do not fit group ", LinearGroupIdString(id),
                                                    " (staging for ", staging_.max_rows, " rows)"));
   }
-  staged_x_.rows = rows;
-  staged_x_.cols = cols;
-  staged_x_.block_stride = quant::ActivationBlockStride(cols);
-  const size_t scale_floats = static_cast<size_t>(rows * staged_x_.block_stride);
-  staged_x_.codes.assign(staging_.codes, staging_.codes + rows * cols);
-  staged_x_.scales.assign(staging_.scales, staging_.scales + scale_floats);
-  staged_x_.sums.assign(staging_.sums, staging_.sums + scale_floats);
+  CopyActivations(rows, cols, quant::ActivationBlockStride(cols), staging_.codes, staging_.scales,
+                  staging_.sums, &staged_x_);
   submitted_ = id;
   return absl::OkStatus();
 }

@@ -38,6 +38,13 @@ namespace bitsplit::model {
 // [T][block_stride] (common/quant/split_matmul.h).
 using QuantizedActivations = quant::QuantizedActivations;
 
+// Fills `x` (reusing its buffers) with T = rows activation rows received from a client or a staging
+// area: int8 codes [rows][cols] and f32 block scales and sums [rows][block_stride], copied from
+// `codes`, `scales` and `sums`. The caller has validated the sizes; every transport (shared memory,
+// an RPC, a source's staging memory) hands its bytes to the kernels through this one copy.
+void CopyActivations(int64_t rows, int64_t cols, int64_t block_stride, const void* codes,
+                     const void* scales, const void* sums, QuantizedActivations* x);
+
 // The instruction set the split kernels of this process use ("avx512", "avx2", "scalar").
 const char* SplitKernelIsaName();
 
