@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/model/speculation_policy.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace bitsplit::model {
@@ -177,6 +178,49 @@ TEST(SpeculationPolicyTest, HighAcceptanceWithCheapDraftsPicksADeepShape) {
       R"(adaptive: tree N=\d+ k=\d+ depth<=\d+ \(expected \d+\.\d\d tok/step, \d+\.\d\dx off\))");
   EXPECT_TRUE(std::regex_match(policy.Describe(), described)) << policy.Describe();
   EXPECT_NE(policy.Describe().find(MostRun(result)), std::string::npos) << policy.Describe();
+}
+
+// Batched beside other generations, a tree's rows lengthen every generation's forward. Where a
+// verify row costs a tenth of the fixed cost, a tree pays alone (its extra tokens beat one
+// row's cost) but not beside 31 generations decoding one row each: there the iteration already
+// emits a token per 0.13 ms of rows, more than a tree's or a chain's extra tokens buy per row.
+// Where rows are nearly free (memory-bound verification) a tree still pays in the batch.
+TEST(SpeculationPolicyTest, TheBatchDecidesWhetherATreesRowsPay) {
+  const BatchContext decoding_beside{.other_rows = 31, .other_tokens = 31.0};
+  Machine dear_rows;
+  dear_rows.acceptance = 0.9;
+  dear_rows.draft_forward_ns = 2e4;
+  dear_rows.verify_per_node_ns = 1e5;
+  AdaptivePolicy policy = NewPolicy();
+  Simulate(policy, dear_rows, 600, 5);
+  EXPECT_THAT(policy.Describe(), ::testing::StartsWith("adaptive: tree")) << policy.Describe();
+  EXPECT_THAT(policy.Describe(decoding_beside), ::testing::StartsWith("adaptive: off"))
+      << policy.Describe(decoding_beside);
+  const int32_t batched_nodes = policy.Next(decoding_beside).nodes;
+  EXPECT_TRUE(batched_nodes == 0 || batched_nodes == 2) << batched_nodes;  // off, or the probe
+  EXPECT_GT(policy.Predict(TreeShape{}, {}).tokens_per_second,
+            policy.Predict(TreeShape{.nodes = 0}, {}).tokens_per_second);
+  EXPECT_LT(policy.Predict(TreeShape{}, decoding_beside).tokens_per_second,
+            policy.Predict(TreeShape{.nodes = 0}, decoding_beside).tokens_per_second);
+
+  Machine cheap_rows = dear_rows;
+  cheap_rows.verify_per_node_ns = 1e3;
+  AdaptivePolicy cheap = NewPolicy();
+  Simulate(cheap, cheap_rows, 600, 5);
+  EXPECT_THAT(cheap.Describe(decoding_beside), ::testing::StartsWith("adaptive: tree"))
+      << cheap.Describe(decoding_beside);
+
+  // Batch rows are the forward's: never fewer than the step's own nodes (0: alone).
+  StepMeasurement off_step{.shape = {.nodes = 0}, .verified_nodes = 1, .batch_rows = 9};
+  EXPECT_TRUE(ValidateStepMeasurement(off_step).ok());
+  StepMeasurement chain_step{.shape = {.nodes = 4, .expansions = 1, .max_depth = 4},
+                             .draft_forwards = 4,
+                             .verified_nodes = 5,
+                             .tree_depth = 4,
+                             .batch_rows = 0};
+  EXPECT_TRUE(ValidateStepMeasurement(chain_step).ok());
+  chain_step.batch_rows = 3;
+  EXPECT_THAT(ValidateStepMeasurement(chain_step).message(), ::testing::HasSubstr("batch rows"));
 }
 
 // Over a grid of acceptance rates and draft costs the adaptive policy is never more than 5%

@@ -271,5 +271,161 @@ TEST_F(SpeculationTest, BadCallsAreRejectedAndChangeNothing) {
   EXPECT_THAT(session->committed_tokens().last(2), ElementsAre(1, 3));
 }
 
+// Continuous batching, at the forward: sequences run together (a causal prefill chunk, a
+// draft-tree batch, a decode row, each on its own cache) give every sequence the logits and K/V
+// its Forward alone gives, bit for bit.
+TEST_F(SpeculationTest, SequencesForwardedTogetherEqualEachForwardedAlone) {
+  const std::vector<std::vector<int32_t>> prompts = OraclePrompts(24);
+  const int64_t vocab = model_->config().vocab_size;
+  constexpr int kSequences = 3;
+  std::vector<KvCache> together, alone;
+  std::vector<Batch> batches;
+  for (int s = 0; s < kSequences; ++s) {
+    together.push_back(*model_->NewKvCache(64));
+    alone.push_back(*model_->NewKvCache(64));
+    // A committed prefix of s * 5 tokens first, the same in both caches.
+    const std::vector<int32_t> prefix(prompts[s].begin(), prompts[s].begin() + 5 * s);
+    if (!prefix.empty()) {
+      std::vector<float> ignored(static_cast<size_t>(prefix.size() * vocab));
+      for (KvCache* cache : {&together.back(), &alone.back()}) {
+        ASSERT_TRUE(model_->Forward(Batch::Causal(prefix, 0), *cache, ignored).ok());
+        ASSERT_TRUE(cache->Commit(static_cast<int64_t>(prefix.size())).ok());
+      }
+    }
+  }
+  batches.push_back(Batch::Causal(std::vector<int32_t>(prompts[0].begin(), prompts[0].end()), 0));
+  batches.back().logit_rows = {static_cast<int32_t>(prompts[0].size() - 1)};
+  batches.push_back(
+      *Batch::Tree(std::vector<int32_t>{11, 12, 13, 14}, std::vector<int32_t>{-1, 0, 0, 1}, 5));
+  batches.push_back(Batch::Causal(std::vector<int32_t>{prompts[2][10]}, 10));
+  std::vector<std::vector<float>> logits_together(kSequences), logits_alone(kSequences);
+  std::vector<SequenceForward> forwards;
+  for (int s = 0; s < kSequences; ++s) {
+    const size_t size = static_cast<size_t>(batches[s].num_logit_rows() * vocab);
+    logits_together[s].resize(size);
+    logits_alone[s].resize(size);
+    forwards.push_back({.batch = &batches[s], .cache = &together[s], .logits = logits_together[s]});
+  }
+  ASSERT_TRUE(model_->ForwardSequences(forwards, ForwardMode::kVerify).ok());
+  const int64_t kv = model_->config().kv_dim();
+  for (int s = 0; s < kSequences; ++s) {
+    ASSERT_TRUE(model_->Forward(batches[s], alone[s], logits_alone[s], ForwardMode::kVerify).ok());
+    EXPECT_EQ(logits_together[s], logits_alone[s]) << "sequence " << s;
+    const int64_t first = alone[s].committed_length();
+    for (int64_t layer = 0; layer < model_->config().num_layers; ++layer) {
+      const size_t n = static_cast<size_t>(batches[s].size() * kv);
+      EXPECT_TRUE(std::equal(together[s].keys(layer) + first * kv,
+                             together[s].keys(layer) + first * kv + n,
+                             alone[s].keys(layer) + first * kv))
+          << "sequence " << s << " layer " << layer;
+      EXPECT_TRUE(std::equal(together[s].values(layer) + first * kv,
+                             together[s].values(layer) + first * kv + n,
+                             alone[s].values(layer) + first * kv));
+    }
+  }
+  // A cache twice, or a malformed sequence, is refused before anything runs.
+  forwards[1].cache = &together[0];
+  EXPECT_THAT(model_->ForwardSequences(forwards, ForwardMode::kVerify).message(),
+              HasSubstr("share one KV cache"));
+  forwards[1].cache = &together[1];
+  Batch bad = batches[2];
+  bad.tokens[0] = static_cast<int32_t>(vocab);
+  forwards[2].batch = &bad;
+  EXPECT_THAT(model_->ForwardSequences(forwards, ForwardMode::kVerify).message(),
+              HasSubstr("sequence 2"));
+}
+
+// Continuous batching, at the session: generations with different settings stepped together
+// by StepMany (one joining late with a prompt prefilled in chunks between the others' steps,
+// one failing a step of its own) each emit exactly their plain decoding.
+TEST_F(SpeculationTest, SessionsSteppedTogetherEqualPlainDecoding) {
+  const std::vector<std::vector<int32_t>> prompts = OraclePrompts(24);
+  struct Generation {
+    std::vector<int32_t> prompt;
+    SamplingParams sampling;
+    TreeShape shape;
+    int join_iteration = 0;
+    std::unique_ptr<CpuSpeculativeSession> session;
+    size_t prefilled = 0;
+    int32_t root = 0;
+    std::vector<int32_t> tokens;
+  };
+  constexpr int kTokens = 20;
+  std::vector<Generation> generations(5);
+  auto set = [&](size_t i, size_t prompt, SamplingParams sampling, TreeShape shape, int join) {
+    generations[i].prompt = prompts[prompt];
+    generations[i].sampling = sampling;
+    generations[i].shape = shape;
+    generations[i].join_iteration = join;
+  };
+  set(0, 0, {}, kTree16, 0);
+  set(1, 1, {.temperature = 0.8f, .seed = 5}, kChain8, 0);
+  set(2, 2, {.temperature = 0.8f, .top_k = 40, .seed = 9}, kOff, 0);
+  set(3, 3, {}, kTree16, 3);
+  set(4, 4, {.temperature = 0.8f, .seed = 2}, kTree16, 1);
+  for (Generation& g : generations) {
+    g.session = *CpuSpeculativeSession::Create(*model_, ForwardMode::kVerify, *model_,
+                                               ForwardMode::kDraft, {.capacity = 96});
+    g.root = g.prompt.back();
+  }
+  constexpr size_t kPrefillChunk = 7;  // every prompt takes several iterations to prefill
+  bool rejected = false;
+  for (int iteration = 0; iteration < 200; ++iteration) {
+    std::vector<CpuSpeculativeSession*> sessions;
+    std::vector<SessionStep> steps;
+    std::vector<Generation*> stepped;
+    for (Generation& g : generations) {
+      if (iteration < g.join_iteration || static_cast<int>(g.tokens.size()) >= kTokens) continue;
+      SessionStep step;
+      const size_t target = g.prompt.size() - 1;
+      if (g.prefilled < target) {
+        const size_t rows = std::min(kPrefillChunk, target - g.prefilled);
+        step.prefill.assign(g.prompt.begin() + g.prefilled, g.prompt.begin() + g.prefilled + rows);
+      } else {
+        step.root = g.root;
+        step.shape = g.shape;
+        step.sampling = g.sampling;
+      }
+      sessions.push_back(g.session.get());
+      steps.push_back(std::move(step));
+      stepped.push_back(&g);
+    }
+    if (steps.empty()) break;
+    // Once, generation 0's step asks for a root outside the vocabulary: it alone fails.
+    const bool reject_now = !rejected && iteration == 4;
+    int32_t kept_root = 0;
+    if (reject_now) {
+      ASSERT_TRUE(steps[0].prefill.empty());
+      kept_root = steps[0].root;
+      steps[0].root = static_cast<int32_t>(model_->config().vocab_size);
+    }
+    CpuSpeculativeSession::StepMany(sessions, steps);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      Generation& g = *stepped[i];
+      if (reject_now && i == 0) {
+        EXPECT_EQ(steps[i].status.code(), absl::StatusCode::kInvalidArgument);
+        g.root = kept_root;
+        rejected = true;
+        continue;
+      }
+      ASSERT_TRUE(steps[i].status.ok()) << steps[i].status;
+      if (!steps[i].prefill.empty()) {
+        g.prefilled += steps[i].prefill.size();
+        continue;
+      }
+      EXPECT_EQ(steps[i].tree.size(), g.shape.nodes + 1);
+      g.tokens.insert(g.tokens.end(), steps[i].walk.tokens.begin(), steps[i].walk.tokens.end());
+      g.root = steps[i].walk.tokens.back();
+    }
+  }
+  EXPECT_TRUE(rejected);
+  for (size_t i = 0; i < generations.size(); ++i) {
+    Generation& g = generations[i];
+    ASSERT_GE(g.tokens.size(), static_cast<size_t>(kTokens)) << "generation " << i;
+    g.tokens.resize(kTokens);
+    EXPECT_EQ(g.tokens, PlainDecode(g.prompt, g.sampling, kTokens)) << "generation " << i;
+  }
+}
+
 }  // namespace
 }  // namespace bitsplit::model

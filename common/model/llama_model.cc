@@ -221,6 +221,18 @@ absl::Status LlamaModel::ValidateBatch(const Batch& batch, const KvCache& cache,
 
 absl::Status LlamaModel::Forward(const Batch& batch, KvCache& cache, std::span<float> logits,
                                  ForwardMode mode) {
+  const SequenceForward sequence{.batch = &batch, .cache = &cache, .logits = logits};
+  return ForwardSequences(std::span<const SequenceForward>(&sequence, 1), mode);
+}
+
+absl::Status LlamaModel::ForwardWith(LinearBackend& linear, const Batch& batch, KvCache& cache,
+                                     std::span<float> logits) {
+  const SequenceForward sequence{.batch = &batch, .cache = &cache, .logits = logits};
+  return ForwardSequencesWith(linear, std::span<const SequenceForward>(&sequence, 1));
+}
+
+absl::Status LlamaModel::ForwardSequences(std::span<const SequenceForward> sequences,
+                                          ForwardMode mode) {
   LinearBackend* linear = backend(mode);
   if (linear == nullptr) {
     const std::string_view name = ForwardModeName(mode);
@@ -230,37 +242,70 @@ absl::Status LlamaModel::Forward(const Batch& batch, KvCache& cache, std::span<f
                                 : "verify mode needs the residual file",
         ")"));
   }
-  return ForwardWith(*linear, batch, cache, logits);
+  return ForwardSequencesWith(*linear, sequences);
 }
 
-absl::Status LlamaModel::ForwardWith(LinearBackend& linear, const Batch& batch, KvCache& cache,
-                                     std::span<float> logits) {
-  BITSPLIT_RETURN_IF_ERROR(ValidateBatch(batch, cache, logits.size()));
+absl::Status LlamaModel::ForwardSequencesWith(LinearBackend& linear,
+                                              std::span<const SequenceForward> sequences) {
+  if (sequences.empty()) return absl::InvalidArgumentError("no sequence to run");
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    const SequenceForward& sequence = sequences[s];
+    BITSPLIT_CHECK(sequence.batch != nullptr && sequence.cache != nullptr);
+    for (size_t other = 0; other < s; ++other) {
+      if (sequences[other].cache == sequence.cache) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("sequences %d and %d share one KV cache", other, s));
+      }
+    }
+    absl::Status valid = ValidateBatch(*sequence.batch, *sequence.cache, sequence.logits.size());
+    if (!valid.ok()) {
+      if (sequences.size() == 1) return valid;
+      return absl::Status(valid.code(), absl::StrCat("sequence ", s, ": ", valid.message()));
+    }
+  }
   const ModelConfig& c = config_;
   const EmbeddingAndNorms& w = embedding_and_norms_;
-  const int64_t num_tokens = batch.size();
-  const int64_t prefix_length = cache.committed_length();
-  const int64_t first_slot = prefix_length + batch.pending_prefix;  // the batch's first cache slot
-  BITSPLIT_RETURN_IF_ERROR(cache.BeginPending(batch.pending_prefix + num_tokens));
+  // Sequence s owns rows [row_begin[s], row_begin[s + 1]) of every activation buffer, and logit
+  // rows [logit_begin[s], logit_begin[s + 1]) of the output head.
+  std::vector<int64_t> row_begin = {0};
+  std::vector<int64_t> logit_begin = {0};
+  std::vector<int64_t> first_slot;  // each batch's first cache slot
+  for (const SequenceForward& sequence : sequences) {
+    row_begin.push_back(row_begin.back() + sequence.batch->size());
+    logit_begin.push_back(logit_begin.back() + sequence.batch->num_logit_rows());
+    first_slot.push_back(sequence.cache->committed_length() + sequence.batch->pending_prefix);
+  }
+  for (const SequenceForward& sequence : sequences) {
+    BITSPLIT_RETURN_IF_ERROR(
+        sequence.cache->BeginPending(sequence.batch->pending_prefix + sequence.batch->size()));
+  }
+  const int64_t num_tokens = row_begin.back();
   ThreadPool& pool = *pool_;
 
   std::vector<float> x = Buffer(num_tokens, c.d_model);       // hidden state
   std::vector<float> normed = Buffer(num_tokens, c.d_model);  // RMS-normalized x
   std::vector<float> q = Buffer(num_tokens, c.q_dim());
+  std::vector<float> keys = Buffer(num_tokens, c.kv_dim());  // then copied to each cache
+  std::vector<float> values = Buffer(num_tokens, c.kv_dim());
   std::vector<float> attention = Buffer(num_tokens, c.q_dim());
   std::vector<float> gate = Buffer(num_tokens, c.d_ff);
   std::vector<float> up = Buffer(num_tokens, c.d_ff);
   std::vector<float> projected = Buffer(num_tokens, c.d_model);  // wo / w_down output
-
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    float* row = x.data() + t * c.d_model;
-    ops::DequantizeWeightRow(w.token_embd, batch.tokens[t], row);
-    if (c.embedding_scale != 1.0f) {
-      for (int64_t i = 0; i < c.d_model; ++i) row[i] *= c.embedding_scale;
+  std::vector<int32_t> positions;                                // [num_tokens]
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    const Batch& batch = *sequences[s].batch;
+    positions.insert(positions.end(), batch.positions.begin(), batch.positions.end());
+    for (int64_t t = 0; t < batch.size(); ++t) {
+      float* row = x.data() + (row_begin[s] + t) * c.d_model;
+      ops::DequantizeWeightRow(w.token_embd, batch.tokens[t], row);
+      if (c.embedding_scale != 1.0f) {
+        for (int64_t i = 0; i < c.d_model; ++i) row[i] *= c.embedding_scale;
+      }
     }
+    // The batch's positions go with its keys: sliding-window layers compare them.
+    std::copy(batch.positions.begin(), batch.positions.end(),
+              sequences[s].cache->positions() + first_slot[s]);
   }
-  // The batch's positions go with its keys: sliding-window layers compare them.
-  std::copy(batch.positions.begin(), batch.positions.end(), cache.positions() + first_slot);
 
   const ops::AttentionShape attention_shape{.num_heads = c.num_heads,
                                             .num_kv_heads = c.num_kv_heads,
@@ -270,23 +315,21 @@ absl::Status LlamaModel::ForwardWith(LinearBackend& linear, const Batch& batch, 
   for (int32_t layer = 0; layer < c.num_layers; ++layer) {
     const LayerNorms& vectors = w.layers[static_cast<size_t>(layer)];
 
-    // Attention block. The batch's keys and values go straight into their pending cache slots.
+    // Attention block.
     ops::RmsNorm(x.data(), num_tokens, c.d_model, vectors.attn_norm, c.rms_norm_eps, normed.data());
-    float* keys = cache.keys(layer) + first_slot * c.kv_dim();
-    float* values = cache.values(layer) + first_slot * c.kv_dim();
-    float* const qkv_outputs[] = {q.data(), keys, values};
+    float* const qkv_outputs[] = {q.data(), keys.data(), values.data()};
     BITSPLIT_RETURN_IF_ERROR(
         linear.Apply({layer, LinearGroup::kQkv}, normed.data(), num_tokens, qkv_outputs, pool));
     if (c.qkv_bias) {
       AddBias(q.data(), vectors.q_bias, num_tokens, c.q_dim());
-      AddBias(keys, vectors.k_bias, num_tokens, c.kv_dim());
-      AddBias(values, vectors.v_bias, num_tokens, c.kv_dim());
+      AddBias(keys.data(), vectors.k_bias, num_tokens, c.kv_dim());
+      AddBias(values.data(), vectors.v_bias, num_tokens, c.kv_dim());
     }
     if (c.qk_norm) {  // each head normalized on its own
       ops::RmsNorm(q.data(), num_tokens * c.num_heads, c.head_dim, vectors.attn_q_norm,
                    c.rms_norm_eps, q.data());
-      ops::RmsNorm(keys, num_tokens * c.num_kv_heads, c.head_dim, vectors.attn_k_norm,
-                   c.rms_norm_eps, keys);
+      ops::RmsNorm(keys.data(), num_tokens * c.num_kv_heads, c.head_dim, vectors.attn_k_norm,
+                   c.rms_norm_eps, keys.data());
     }
     const ops::RopeConfig rope{.head_dim = c.head_dim,
                                .rotary_dims = c.rope_dims,
@@ -294,15 +337,25 @@ absl::Status LlamaModel::ForwardWith(LinearBackend& linear, const Batch& batch, 
                                .freq_scale = c.RopeFreqScale(layer),
                                .freq_factors = w.rope_freq_factors,
                                .style = c.rope_style};
-    ops::ApplyRope(q.data(), num_tokens, c.num_heads, batch.positions.data(), rope);
-    ops::ApplyRope(keys, num_tokens, c.num_kv_heads, batch.positions.data(), rope);
-    cache.RoundStored(layer, first_slot, num_tokens);
-    const ops::SlidingWindow window{.size = c.AttentionWindow(layer),
-                                    .query_positions = batch.positions.data(),
-                                    .slot_positions = cache.positions()};
-    ops::AttentionWithContext(q.data(), num_tokens, cache.keys(layer), cache.values(layer),
-                              prefix_length, batch.pending_prefix, batch.attention_mask.data(),
-                              attention_shape, attention.data(), pool, window);
+    ops::ApplyRope(q.data(), num_tokens, c.num_heads, positions.data(), rope);
+    ops::ApplyRope(keys.data(), num_tokens, c.num_kv_heads, positions.data(), rope);
+    for (size_t s = 0; s < sequences.size(); ++s) {
+      const Batch& batch = *sequences[s].batch;
+      KvCache& cache = *sequences[s].cache;
+      const int64_t rows = batch.size();
+      const size_t from = static_cast<size_t>(row_begin[s] * c.kv_dim());
+      const size_t count = static_cast<size_t>(rows * c.kv_dim());
+      std::copy_n(keys.data() + from, count, cache.keys(layer) + first_slot[s] * c.kv_dim());
+      std::copy_n(values.data() + from, count, cache.values(layer) + first_slot[s] * c.kv_dim());
+      cache.RoundStored(layer, first_slot[s], rows);
+      const ops::SlidingWindow window{.size = c.AttentionWindow(layer),
+                                      .query_positions = batch.positions.data(),
+                                      .slot_positions = cache.positions()};
+      ops::AttentionWithContext(q.data() + row_begin[s] * c.q_dim(), rows, cache.keys(layer),
+                                cache.values(layer), cache.committed_length(), batch.pending_prefix,
+                                batch.attention_mask.data(), attention_shape,
+                                attention.data() + row_begin[s] * c.q_dim(), pool, window);
+    }
     float* const attention_outputs[] = {projected.data()};
     BITSPLIT_RETURN_IF_ERROR(linear.Apply({layer, LinearGroup::kAttnOutput}, attention.data(),
                                           num_tokens, attention_outputs, pool));
@@ -341,15 +394,29 @@ absl::Status LlamaModel::ForwardWith(LinearBackend& linear, const Batch& batch, 
   }
 
   // Output head, for the selected rows only (in the order asked, repeats allowed).
-  const int64_t num_rows = batch.num_logit_rows();
+  const int64_t num_rows = logit_begin.back();
   std::vector<float> head_input = Buffer(num_rows, c.d_model);
-  for (int64_t r = 0; r < num_rows; ++r) {
-    const int64_t t = batch.logit_rows.empty() ? r : batch.logit_rows[static_cast<size_t>(r)];
-    ops::RmsNorm(x.data() + t * c.d_model, 1, c.d_model, w.output_norm, c.rms_norm_eps,
-                 head_input.data() + r * c.d_model);
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    const Batch& batch = *sequences[s].batch;
+    for (int64_t r = 0; r < batch.num_logit_rows(); ++r) {
+      const int64_t t = batch.logit_rows.empty() ? r : batch.logit_rows[static_cast<size_t>(r)];
+      ops::RmsNorm(x.data() + (row_begin[s] + t) * c.d_model, 1, c.d_model, w.output_norm,
+                   c.rms_norm_eps, head_input.data() + (logit_begin[s] + r) * c.d_model);
+    }
   }
+  if (sequences.size() == 1) {  // straight into the caller's buffer
+    float* const head_outputs[] = {sequences[0].logits.data()};
+    return linear.Apply(LinearGroupId::Head(), head_input.data(), num_rows, head_outputs, pool);
+  }
+  std::vector<float> logits = Buffer(num_rows, c.vocab_size);
   float* const head_outputs[] = {logits.data()};
-  return linear.Apply(LinearGroupId::Head(), head_input.data(), num_rows, head_outputs, pool);
+  BITSPLIT_RETURN_IF_ERROR(
+      linear.Apply(LinearGroupId::Head(), head_input.data(), num_rows, head_outputs, pool));
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    std::copy_n(logits.data() + logit_begin[s] * c.vocab_size,
+                (logit_begin[s + 1] - logit_begin[s]) * c.vocab_size, sequences[s].logits.data());
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace bitsplit::model

@@ -71,6 +71,14 @@ struct Batch {
 // problem.
 absl::Status ValidateBatch(const Batch& batch, int64_t vocab_size, int64_t pending_length);
 
+// One sequence of a multi-sequence forward: its batch, its own KV cache and where its logits go
+// ([batch.num_logit_rows(), vocab_size]). The pointers must outlive the call.
+struct SequenceForward {
+  const Batch* batch = nullptr;
+  KvCache* cache = nullptr;
+  std::span<float> logits;
+};
+
 // How the linear layers are computed.
 enum class ForwardMode {
   kReference = 0,  // the source GGUF's weights (a model loaded with Load)
@@ -151,6 +159,15 @@ class LlamaModel {
   // model's groups (e.g. a wrapper of backend(mode)).
   absl::Status ForwardWith(LinearBackend& backend, const Batch& batch, KvCache& cache,
                            std::span<float> logits);
+
+  // Several sequences in one pass (continuous batching): their rows are concatenated for every
+  // linear layer (one residual request per group carries all of them), while each sequence's
+  // attention reads its own cache with its own positions and mask. Batch invariance makes every
+  // sequence's logits and K/V bit-identical to its Forward alone. Every sequence is validated
+  // first (the first error names the sequence; nothing changes then); distinct caches only.
+  absl::Status ForwardSequences(std::span<const SequenceForward> sequences, ForwardMode mode);
+  absl::Status ForwardSequencesWith(LinearBackend& backend,
+                                    std::span<const SequenceForward> sequences);
 
  private:
   LlamaModel() = default;

@@ -24,6 +24,30 @@ double LogSumExp(std::span<const float> logits) {
   return max_logit + std::log(sum);
 }
 
+// The choices of one verified tree from its logits [tree size][vocab].
+std::vector<TargetChoice> ChooseTargets(std::span<const float> logits, const Batch& batch,
+                                        int64_t vocab, const SamplingParams& sampling,
+                                        int32_t top_logprobs, bool with_logprobs,
+                                        Sampler& sampler) {
+  std::vector<TargetChoice> choices(static_cast<size_t>(batch.size()));
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const std::span<const float> row =
+        logits.subspan(i * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+    // The token after node i occupies sequence index (its position) + 1.
+    choices[i].token = sampler.Choose(row, sampling, static_cast<int64_t>(batch.positions[i]) + 1);
+  }
+  if (with_logprobs || top_logprobs > 0) {
+    FillLogprobs(logits, vocab, sampling, top_logprobs, sampler, choices);
+  }
+  return choices;
+}
+
+std::vector<int32_t> TargetTokens(std::span<const TargetChoice> choices) {
+  std::vector<int32_t> tokens;
+  for (const TargetChoice& choice : choices) tokens.push_back(choice.token);
+  return tokens;
+}
+
 }  // namespace
 
 std::vector<int32_t> TopTokenIds(std::span<const float> logits, int32_t count) {
@@ -54,85 +78,98 @@ DraftRowChoices TopDraftChoices(std::span<const float> logits, int64_t rows, int
   return choices;
 }
 
+DraftTreeGrower::DraftTreeGrower(int32_t root, const TreeShape& shape, int64_t committed_length)
+    : shape_(shape), committed_length_(committed_length) {
+  tree_.tokens = {root};
+  tree_.parents = {-1};
+  tree_.logprobs = {0.0f};
+  done_ = shape.nodes == 0;
+  if (!done_) MakeBatch();
+}
+
+bool DraftTreeGrower::Candidate::operator<(const Candidate& other) const {
+  // Max-heap on log-probability; ties go to the earlier parent, then the lower token.
+  if (logprob != other.logprob) return logprob < other.logprob;
+  if (parent != other.parent) return parent > other.parent;
+  return token > other.token;
+}
+
+void DraftTreeGrower::MakeBatch() {
+  // Nodes [forwarded_, size) are in the tree but not yet run: the next draft forward runs them.
+  const int32_t first = forwarded_;
+  const int32_t count = tree_.size() - first;
+  batch_ = Batch();
+  batch_.pending_prefix = first;
+  batch_.tokens.assign(tree_.tokens.begin() + first, tree_.tokens.end());
+  batch_.positions.resize(static_cast<size_t>(count));
+  const int32_t width = first + count;
+  batch_.attention_mask.assign(static_cast<size_t>(count * width), 0);
+  for (int32_t r = 0; r < count; ++r) {
+    const int32_t node = first + r;
+    batch_.positions[static_cast<size_t>(r)] =
+        static_cast<int32_t>(committed_length_) + depths_[static_cast<size_t>(node)];
+    // Slot j of the pending region holds node j's draft K/V; a node sees its ancestors.
+    for (int32_t a = node; a >= 0; a = tree_.parents[static_cast<size_t>(a)]) {
+      batch_.attention_mask[static_cast<size_t>(r * width + a)] = 1;
+    }
+  }
+}
+
+void DraftTreeGrower::Absorb(const DraftRowChoices& children) {
+  BITSPLIT_CHECK(!done_ && static_cast<int64_t>(children.log_normalizers.size()) == batch_.size());
+  const int32_t first = forwarded_;
+  const int32_t count = static_cast<int32_t>(batch_.size());
+  ++tree_.draft_forwards;
+  forwarded_ = tree_.size();
+  for (int32_t r = 0; r < count; ++r) {
+    const int32_t node = first + r;
+    const int32_t child_depth = depths_[static_cast<size_t>(node)] + 1;
+    if (child_depth > shape_.max_depth) continue;
+    const double normalizer = children.log_normalizers[static_cast<size_t>(r)];
+    for (int32_t j = 0; j < children.k; ++j) {
+      const size_t at = static_cast<size_t>(r * children.k + j);
+      frontier_.push(
+          {tree_.logprobs[static_cast<size_t>(node)] + (children.logits[at] - normalizer),
+           children.ids[at], node, child_depth});
+    }
+  }
+  // The next round: the most probable candidates join the tree.
+  const int32_t budget = shape_.nodes + 1 - tree_.size();
+  for (int32_t taken = 0; taken < std::min(budget, shape_.expansions) && !frontier_.empty();
+       ++taken) {
+    const Candidate best = frontier_.top();
+    frontier_.pop();
+    tree_.tokens.push_back(best.token);
+    tree_.parents.push_back(best.parent);
+    tree_.logprobs.push_back(static_cast<float>(best.logprob));
+    depths_.push_back(best.depth);
+  }
+  // Nodes that joined in the last round never run: their children could not join. Nor does a
+  // round of depth-capped nodes when nothing else is left to expand.
+  if (tree_.size() == shape_.nodes + 1 || tree_.size() == forwarded_) {
+    done_ = true;
+    return;
+  }
+  bool expandable = false;
+  for (int32_t node = forwarded_; node < tree_.size(); ++node) {
+    expandable = expandable || depths_[static_cast<size_t>(node)] < shape_.max_depth;
+  }
+  if (!expandable && frontier_.empty()) {
+    done_ = true;
+    return;
+  }
+  MakeBatch();
+}
+
 absl::StatusOr<DraftTree> GrowDraftTree(int32_t root, const TreeShape& shape,
                                         int64_t committed_length, DraftForwardFn forward) {
-  DraftTree tree;
-  tree.tokens = {root};
-  tree.parents = {-1};
-  tree.logprobs = {0.0f};
-  if (shape.nodes == 0) return tree;
-
-  struct Candidate {
-    double logprob;  // cumulative
-    int32_t token;
-    int32_t parent;
-    int32_t depth;
-    bool operator<(const Candidate& other) const {
-      // Max-heap on log-probability; ties go to the earlier parent, then the lower token.
-      if (logprob != other.logprob) return logprob < other.logprob;
-      if (parent != other.parent) return parent > other.parent;
-      return token > other.token;
-    }
-  };
-  std::priority_queue<Candidate> frontier;
-  std::vector<int32_t> depths = {0};
-
-  // Nodes [forwarded, size) are in the tree but not yet run: the next draft forward runs them.
-  int32_t forwarded = 0;
-  while (true) {
-    const int32_t first = forwarded;
-    const int32_t count = tree.size() - first;
-    Batch batch;
-    batch.pending_prefix = first;
-    batch.tokens.assign(tree.tokens.begin() + first, tree.tokens.end());
-    batch.positions.resize(static_cast<size_t>(count));
-    const int32_t width = first + count;
-    batch.attention_mask.assign(static_cast<size_t>(count * width), 0);
-    for (int32_t r = 0; r < count; ++r) {
-      const int32_t node = first + r;
-      batch.positions[static_cast<size_t>(r)] =
-          static_cast<int32_t>(committed_length) + depths[static_cast<size_t>(node)];
-      // Slot j of the pending region holds node j's draft K/V; a node sees its ancestors.
-      for (int32_t a = node; a >= 0; a = tree.parents[static_cast<size_t>(a)]) {
-        batch.attention_mask[static_cast<size_t>(r * width + a)] = 1;
-      }
-    }
-    BITSPLIT_ASSIGN_OR_RETURN(const DraftRowChoices children, forward(batch, shape.expansions));
-    ++tree.draft_forwards;
-    forwarded = tree.size();
-    for (int32_t r = 0; r < count; ++r) {
-      const int32_t node = first + r;
-      const int32_t child_depth = depths[static_cast<size_t>(node)] + 1;
-      if (child_depth > shape.max_depth) continue;
-      const double normalizer = children.log_normalizers[static_cast<size_t>(r)];
-      for (int32_t j = 0; j < children.k; ++j) {
-        const size_t at = static_cast<size_t>(r * children.k + j);
-        frontier.push(
-            {tree.logprobs[static_cast<size_t>(node)] + (children.logits[at] - normalizer),
-             children.ids[at], node, child_depth});
-      }
-    }
-    // The next round: the most probable candidates join the tree.
-    const int32_t budget = shape.nodes + 1 - tree.size();
-    for (int32_t taken = 0; taken < std::min(budget, shape.expansions) && !frontier.empty();
-         ++taken) {
-      const Candidate best = frontier.top();
-      frontier.pop();
-      tree.tokens.push_back(best.token);
-      tree.parents.push_back(best.parent);
-      tree.logprobs.push_back(static_cast<float>(best.logprob));
-      depths.push_back(best.depth);
-    }
-    // Nodes that joined in the last round never run: their children could not join. Nor does a
-    // round of depth-capped nodes when nothing else is left to expand.
-    if (tree.size() == shape.nodes + 1 || tree.size() == forwarded) break;
-    bool expandable = false;
-    for (int32_t node = forwarded; node < tree.size(); ++node) {
-      expandable = expandable || depths[static_cast<size_t>(node)] < shape.max_depth;
-    }
-    if (!expandable && frontier.empty()) break;
+  DraftTreeGrower grower(root, shape, committed_length);
+  while (!grower.done()) {
+    BITSPLIT_ASSIGN_OR_RETURN(const DraftRowChoices children,
+                              forward(grower.batch(), grower.expansions()));
+    grower.Absorb(children);
   }
-  return tree;
+  return grower.Take();
 }
 
 absl::Status ValidatePrefill(std::span<const int32_t> tokens, int64_t vocab_size, int64_t length,
@@ -444,16 +481,8 @@ absl::StatusOr<std::vector<TargetChoice>> CpuSpeculativeSession::Verify(
   logits_.resize(tokens.size() * static_cast<size_t>(vocab));
   BITSPLIT_RETURN_IF_ERROR(target_.Forward(batch, target_cache_, logits_, target_mode_));
 
-  std::vector<TargetChoice> choices(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    const std::span<const float> row(logits_.data() + i * static_cast<size_t>(vocab),
-                                     static_cast<size_t>(vocab));
-    // The token after node i occupies sequence index (its position) + 1.
-    choices[i].token = sampler_.Choose(row, sampling, static_cast<int64_t>(batch.positions[i]) + 1);
-  }
-  if (with_logprobs || top_logprobs > 0) {
-    FillLogprobs(logits_, vocab, sampling, top_logprobs, sampler_, choices);
-  }
+  std::vector<TargetChoice> choices =
+      ChooseTargets(logits_, batch, vocab, sampling, top_logprobs, with_logprobs, sampler_);
   pending_tokens_.assign(tokens.begin(), tokens.end());
   pending_parents_.assign(parents.begin(), parents.end());
   timings_.verify_ns = NanosSince(start);
@@ -467,6 +496,205 @@ absl::Status CpuSpeculativeSession::Commit(std::span<const int32_t> path) {
   pending_tokens_.clear();
   pending_parents_.clear();
   return absl::OkStatus();
+}
+
+void StepSessionsOneByOne(std::span<SpeculativeSession* const> sessions,
+                          std::span<SessionStep> steps) {
+  BITSPLIT_CHECK(sessions.size() == steps.size());
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    SpeculativeSession& session = *sessions[i];
+    SessionStep& step = steps[i];
+    if (!step.prefill.empty()) {
+      step.status = session.Prefill(step.prefill);
+      continue;
+    }
+    absl::StatusOr<DraftTree> tree = session.Draft(step.root, step.shape);
+    if (!tree.ok()) {
+      step.status = tree.status();
+      continue;
+    }
+    step.tree = *std::move(tree);
+    absl::StatusOr<std::vector<TargetChoice>> choices = session.Verify(
+        step.tree.tokens, step.tree.parents, step.sampling, step.top_logprobs, step.with_logprobs);
+    if (!choices.ok()) {
+      step.status = choices.status();
+      continue;
+    }
+    step.choices = *std::move(choices);
+    step.walk = WalkTree(step.tree.tokens, step.tree.parents, TargetTokens(step.choices));
+    step.status = session.Commit(step.walk.path);
+    step.draft_ns = session.timings().draft_ns;
+    step.verify_ns = session.timings().verify_ns;
+    step.batch_rows = step.tree.size();
+  }
+}
+
+void CpuSpeculativeSession::StepMany(std::span<CpuSpeculativeSession* const> sessions,
+                                     std::span<SessionStep> steps) {
+  BITSPLIT_CHECK(sessions.size() == steps.size());
+  if (sessions.empty()) return;
+  LlamaModel& target = sessions[0]->target_;
+  LlamaModel& draft = sessions[0]->draft_;
+  const ForwardMode target_mode = sessions[0]->target_mode_;
+  const ForwardMode draft_mode = sessions[0]->draft_mode_;
+  const int64_t vocab = target.config().vocab_size;
+
+  // Who takes part: each session's own checks first.
+  std::vector<size_t> prefilling, decoding;
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    CpuSpeculativeSession& session = *sessions[i];
+    SessionStep& step = steps[i];
+    BITSPLIT_CHECK(&session.target_ == &target && &session.draft_ == &draft &&
+                   session.target_mode_ == target_mode && session.draft_mode_ == draft_mode);
+    const int64_t length = session.committed_length();
+    session.pending_tokens_.clear();
+    session.pending_parents_.clear();
+    if (!step.prefill.empty()) {
+      step.status = ValidatePrefill(step.prefill, vocab, length, session.capacity());
+      if (step.status.ok()) prefilling.push_back(i);
+      continue;
+    }
+    step.status = ValidateDraftRequest(step.root, step.shape, vocab, session.capacity(), length,
+                                       session.capacity());
+    if (step.status.ok()) step.status = ValidateSamplingParams(step.sampling);
+    if (step.status.ok() && step.top_logprobs < 0) {
+      step.status = absl::InvalidArgumentError(
+          absl::StrCat("top log-probabilities per node must be >= 0, got ", step.top_logprobs));
+    }
+    if (step.status.ok() && length + 1 > session.capacity()) {
+      step.status = absl::ResourceExhaustedError(
+          absl::StrFormat("the session holds %d of %d tokens: no room for the next one", length,
+                          session.capacity()));
+    }
+    if (step.status.ok() && session.draft_cache_ != nullptr && step.shape.nodes > 0) {
+      step.status = session.CatchUpDraftCache();  // own-KV ablation: one session at a time
+    }
+    if (step.status.ok()) decoding.push_back(i);
+  }
+
+  // Draft rounds: every growing tree's next forward in one batch.
+  const Clock::time_point draft_start = Clock::now();
+  std::vector<DraftTreeGrower> growers;
+  growers.reserve(decoding.size());
+  for (size_t i : decoding) {
+    growers.emplace_back(steps[i].root, steps[i].shape, sessions[i]->committed_length());
+  }
+  auto draft_cache = [&](size_t i) -> KvCache& {
+    return sessions[i]->draft_cache_ != nullptr ? *sessions[i]->draft_cache_
+                                                : sessions[i]->target_cache_;
+  };
+  std::vector<float> logits;
+  while (true) {
+    std::vector<size_t> round;  // indices into decoding / growers
+    int64_t rows = 0;
+    for (size_t g = 0; g < growers.size(); ++g) {
+      if (!growers[g].done() && steps[decoding[g]].status.ok()) {
+        round.push_back(g);
+        rows += growers[g].batch().size();
+      }
+    }
+    if (round.empty()) break;
+    logits.resize(static_cast<size_t>(rows * vocab));
+    std::vector<SequenceForward> forwards;
+    int64_t at = 0;
+    for (size_t g : round) {
+      const Batch& batch = growers[g].batch();
+      forwards.push_back(
+          {.batch = &batch,
+           .cache = &draft_cache(decoding[g]),
+           .logits = std::span<float>(logits).subspan(static_cast<size_t>(at * vocab),
+                                                      static_cast<size_t>(batch.size() * vocab))});
+      at += batch.size();
+    }
+    const absl::Status forwarded = draft.ForwardSequences(forwards, draft_mode);
+    at = 0;
+    for (size_t g : round) {
+      const int64_t batch_rows = growers[g].batch().size();
+      if (!forwarded.ok()) {
+        steps[decoding[g]].status = forwarded;
+        continue;
+      }
+      growers[g].Absorb(TopDraftChoices(
+          std::span<const float>(logits).subspan(static_cast<size_t>(at * vocab),
+                                                 static_cast<size_t>(batch_rows * vocab)),
+          batch_rows, vocab, growers[g].expansions()));
+      at += batch_rows;
+    }
+  }
+  for (size_t g = 0; g < decoding.size(); ++g) {
+    draft_cache(decoding[g]).DiscardPending();
+    if (steps[decoding[g]].status.ok()) steps[decoding[g]].tree = growers[g].Take();
+  }
+  const int64_t draft_ns = decoding.empty() ? 0 : NanosSince(draft_start);
+
+  // One verifier forward: every prefill chunk (its last row's logits only) and every tree.
+  const Clock::time_point verify_start = Clock::now();
+  std::vector<size_t> verifying;
+  std::vector<Batch> batches;
+  for (size_t i : prefilling) {
+    Batch batch =
+        Batch::Causal(steps[i].prefill, static_cast<int32_t>(sessions[i]->committed_length()));
+    batch.logit_rows = {static_cast<int32_t>(batch.size() - 1)};
+    verifying.push_back(i);
+    batches.push_back(std::move(batch));
+  }
+  for (size_t i : decoding) {
+    if (!steps[i].status.ok()) continue;
+    absl::StatusOr<Batch> batch =
+        Batch::Tree(steps[i].tree.tokens, steps[i].tree.parents,
+                    static_cast<int32_t>(sessions[i]->committed_length()));
+    BITSPLIT_CHECK(batch.ok());  // the grower's tree is well formed
+    verifying.push_back(i);
+    batches.push_back(*std::move(batch));
+  }
+  if (verifying.empty()) return;
+  int64_t logit_rows = 0, batch_rows = 0;
+  for (const Batch& batch : batches) {
+    logit_rows += batch.num_logit_rows();
+    batch_rows += batch.size();
+  }
+  logits.resize(static_cast<size_t>(logit_rows * vocab));
+  std::vector<SequenceForward> forwards;
+  int64_t at = 0;
+  for (size_t v = 0; v < verifying.size(); ++v) {
+    const int64_t rows = batches[v].num_logit_rows();
+    forwards.push_back({.batch = &batches[v],
+                        .cache = &sessions[verifying[v]]->target_cache_,
+                        .logits = std::span<float>(logits).subspan(
+                            static_cast<size_t>(at * vocab), static_cast<size_t>(rows * vocab))});
+    at += rows;
+  }
+  const absl::Status verified = target.ForwardSequences(forwards, target_mode);
+  const int64_t verify_ns = NanosSince(verify_start);
+  for (size_t v = 0; v < verifying.size(); ++v) {
+    CpuSpeculativeSession& session = *sessions[verifying[v]];
+    SessionStep& step = steps[verifying[v]];
+    step.draft_ns = step.prefill.empty() && step.shape.nodes > 0 ? draft_ns : 0;
+    step.verify_ns = verify_ns;
+    step.batch_rows = static_cast<int32_t>(batch_rows);
+    if (!verified.ok()) {
+      session.target_cache_.DiscardPending();
+      step.status = verified;
+      continue;
+    }
+    if (!step.prefill.empty()) {
+      step.status = session.target_cache_.Commit(batches[v].size());
+      if (step.status.ok()) {
+        session.committed_tokens_.insert(session.committed_tokens_.end(), step.prefill.begin(),
+                                         step.prefill.end());
+      }
+      continue;
+    }
+    step.choices = ChooseTargets(forwards[v].logits, batches[v], vocab, step.sampling,
+                                 step.top_logprobs, step.with_logprobs, session.sampler_);
+    step.walk = WalkTree(step.tree.tokens, step.tree.parents, TargetTokens(step.choices));
+    step.status = session.target_cache_.CommitSlots(step.walk.path);
+    if (step.status.ok()) {
+      for (int32_t node : step.walk.path) {
+        session.committed_tokens_.push_back(step.tree.tokens[static_cast<size_t>(node)]);
+      }
+    }
+  }
 }
 
 }  // namespace bitsplit::model

@@ -16,6 +16,7 @@
 // absolute position), so the emitted tokens equal plain decoding's whatever the tree shape.
 #include <cstdint>
 #include <memory>
+#include <queue>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -95,10 +96,43 @@ DraftRowChoices TopDraftChoices(std::span<const float> logits, int64_t rows, int
 using DraftForwardFn =
     absl::FunctionRef<absl::StatusOr<DraftRowChoices>(const Batch& batch, int32_t k)>;
 
-// The best-first growth of SpeculativeSession::Draft, for any backend: the first forward runs the
-// root; each later one runs the nodes that joined in the previous round, node i's K/V in pending
-// slot i. The caller validated root and shape (ValidateDraftRequest) and drops the pending slots
-// afterwards.
+// The best-first growth of SpeculativeSession::Draft as a state machine, so that the draft
+// forwards of several sessions can run as one batch: while !done(), run batch() (after the
+// committed prefix, node i's K/V in pending slot i) and Absorb its rows' k = expansions() best
+// children. The first forward runs the root; each later one the nodes that joined in the
+// previous round. The caller validated root and shape (ValidateDraftRequest) and drops the
+// pending slots afterwards. Thread safety: none (one owner).
+class DraftTreeGrower {
+ public:
+  DraftTreeGrower(int32_t root, const TreeShape& shape, int64_t committed_length);
+  bool done() const { return done_; }
+  const Batch& batch() const { return batch_; }
+  int32_t expansions() const { return shape_.expansions; }
+  // `children` of every row of batch(), from the draft forward of batch().
+  void Absorb(const DraftRowChoices& children);
+  DraftTree Take() { return std::move(tree_); }
+
+ private:
+  struct Candidate {
+    double logprob;  // cumulative
+    int32_t token;
+    int32_t parent;
+    int32_t depth;
+    bool operator<(const Candidate& other) const;
+  };
+  void MakeBatch();
+
+  const TreeShape shape_;
+  const int64_t committed_length_;
+  DraftTree tree_;
+  std::vector<int32_t> depths_ = {0};
+  std::priority_queue<Candidate> frontier_;
+  int32_t forwarded_ = 0;  // nodes [0, forwarded_) have run
+  Batch batch_;
+  bool done_ = false;
+};
+
+// The whole growth with one forward per round (one session alone).
 absl::StatusOr<DraftTree> GrowDraftTree(int32_t root, const TreeShape& shape,
                                         int64_t committed_length, DraftForwardFn forward);
 
@@ -185,6 +219,31 @@ class SpeculativeSession {
   virtual const DraftTimings& timings() const = 0;
 };
 
+// One session's share of one iteration of the drafter's scheduler: either a chunk of prompt to
+// run and commit, or one whole speculation step (draft a tree from `root`, verify it, walk it,
+// commit the accepted path).
+struct SessionStep {
+  std::vector<int32_t> prefill;  // non-empty: a prefill chunk, and no speculation step
+  int32_t root = 0;              // the next token (not yet committed)
+  TreeShape shape;               // nodes = 0: off (the root alone is verified)
+  SamplingParams sampling;
+  int32_t top_logprobs = 0;
+  bool with_logprobs = false;
+
+  absl::Status status;                // this session's own outcome
+  DraftTree tree;                     // the verified tree (the root alone when off)
+  std::vector<TargetChoice> choices;  // the target's choice after each tree node
+  WalkResult walk;                    // path committed, tokens emitted
+  int64_t draft_ns = 0;               // the iteration's draft forwards (shared by its sessions)
+  int64_t verify_ns = 0;              // the iteration's verifier forward
+  int32_t batch_rows = 0;             // rows of that verifier forward, every session's
+};
+
+// The same iteration through the SpeculativeSession interface, one session after another
+// (Prefill, or Draft, Verify, WalkTree, Commit): for engines without a batched step.
+void StepSessionsOneByOne(std::span<SpeculativeSession* const> sessions,
+                          std::span<SessionStep> steps);
+
 // SpeculativeSession on the CPU: the target and the draft are LlamaModels (the split model in
 // verify and draft mode, or a separate draft GGUF in reference mode).
 class CpuSpeculativeSession final : public SpeculativeSession {
@@ -216,6 +275,15 @@ class CpuSpeculativeSession final : public SpeculativeSession {
                                                    bool with_logprobs) override;
   absl::Status Commit(std::span<const int32_t> path) override;
   const DraftTimings& timings() const override { return timings_; }
+
+  // One iteration of continuous batching over sessions that share their target and draft
+  // models: every session's draft round in one draft forward (ForwardSequences), then every
+  // prefill chunk and every tree in one verifier forward, then each session's sampling, walk and
+  // commit. A session whose step is invalid gets its own error in `steps[i].status` and takes no
+  // part; a failed shared forward fails every session in it (their committed caches unchanged).
+  // Batch invariance makes each session's tokens equal to its steps run alone.
+  static void StepMany(std::span<CpuSpeculativeSession* const> sessions,
+                       std::span<SessionStep> steps);
 
  private:
   CpuSpeculativeSession(LlamaModel& target, ForwardMode target_mode, LlamaModel& draft,

@@ -54,6 +54,11 @@ absl::Status ValidateStepMeasurement(const StepMeasurement& step) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "step times must be >= 0, got draft %d ns, verify %d ns", step.draft_ns, step.verify_ns));
   }
+  if (step.batch_rows != 0 && step.batch_rows < step.verified_nodes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("batch rows must be 0 or at least the %d verified nodes, got %d",
+                        step.verified_nodes, step.batch_rows));
+  }
   if (IsOff(shape)) {
     if (step.verified_nodes != 1 || step.tree_depth != 0 || step.accepted_depth != 0 ||
         step.draft_forwards != 0) {
@@ -207,7 +212,7 @@ std::vector<double> AdaptivePolicy::ShapeAcceptance(const TreeShape& shape, cons
 }
 
 bool AdaptivePolicy::CostsKnown() const {
-  return verify_by_batch_.count(1) > 0 && draft_ns_per_forward_.valid;
+  return !verify_by_batch_.empty() && draft_ns_per_forward_.valid;
 }
 
 double AdaptivePolicy::PredictVerifyNs(int32_t batch) const {
@@ -216,11 +221,15 @@ double AdaptivePolicy::PredictVerifyNs(int32_t batch) const {
   }
   // A larger batch never costs less than a smaller measured one.
   double floor = 0.0;
+  double above = -1.0;  // the smallest measured size above `batch`
   for (const auto& [size, average] : verify_by_batch_) {
     if (size < batch) floor = std::max(floor, average.value);
+    if (size > batch && above < 0.0) above = average.value;
   }
   const double spread = fit_weight_ * fit_xx_ - fit_x_ * fit_x_;
-  if (fit_weight_ <= 0.0 || spread <= 1e-9 * fit_weight_ * fit_weight_) return floor;
+  if (fit_weight_ <= 0.0 || spread <= 1e-9 * fit_weight_ * fit_weight_) {
+    return floor > 0.0 || above < 0.0 ? floor : above;
+  }
   const double slope = std::max(0.0, (fit_weight_ * fit_xy_ - fit_x_ * fit_y_) / spread);
   const double intercept = (fit_y_ - slope * fit_x_) / fit_weight_;
   return std::max(floor, intercept + slope * batch);
@@ -239,12 +248,13 @@ int32_t AdaptivePolicy::PredictDepth(const TreeShape& shape, const ShapeStats* s
   return PriorDepth(shape);
 }
 
-AdaptivePolicy::Estimate AdaptivePolicy::Predict(const TreeShape& shape) const {
+AdaptivePolicy::Estimate AdaptivePolicy::Predict(const TreeShape& shape,
+                                                 const BatchContext& batch) const {
   Estimate estimate;
   estimate.shape = IsOff(shape) ? OffShape() : shape;
   if (!CostsKnown()) return estimate;
   if (IsOff(shape)) {
-    estimate.step_ns = PredictVerifyNs(1);
+    estimate.step_ns = PredictVerifyNs(batch.other_rows + 1);
   } else {
     auto it = shapes_.find(KeyOf(shape));
     const ShapeStats* stats = it != shapes_.end() ? &it->second : nullptr;
@@ -257,21 +267,24 @@ AdaptivePolicy::Estimate AdaptivePolicy::Predict(const TreeShape& shape) const {
     const int32_t verified = stats != nullptr && stats->verified_nodes.valid
                                  ? static_cast<int32_t>(std::lround(stats->verified_nodes.value))
                                  : PriorVerifiedNodes(shape);
-    estimate.step_ns = PredictDraftNs(shape, stats) + PredictVerifyNs(verified);
+    estimate.step_ns = PredictDraftNs(shape, stats) + PredictVerifyNs(batch.other_rows + verified);
   }
-  estimate.tokens_per_second = estimate.expected_tokens * 1e9 / std::max(estimate.step_ns, 1.0);
+  estimate.tokens_per_second =
+      (estimate.expected_tokens + batch.other_tokens) * 1e9 / std::max(estimate.step_ns, 1.0);
   return estimate;
 }
 
-void AdaptivePolicy::Rank(TreeShape* best, TreeShape* runner_up) const {
+void AdaptivePolicy::Rank(const BatchContext& batch, TreeShape* best, TreeShape* runner_up) const {
   std::vector<Estimate> estimates;
-  estimates.push_back(Predict(OffShape()));
-  for (const TreeShape& candidate : options_.candidates) estimates.push_back(Predict(candidate));
+  estimates.push_back(Predict(OffShape(), batch));
+  for (const TreeShape& candidate : options_.candidates) {
+    estimates.push_back(Predict(candidate, batch));
+  }
   // Off first and ties to the earlier (smaller) shape: stable sort keeps the listed order.
   std::stable_sort(estimates.begin(), estimates.end(), [](const Estimate& a, const Estimate& b) {
     return a.tokens_per_second > b.tokens_per_second;
   });
-  const double off_rate = Predict(OffShape()).tokens_per_second;
+  const double off_rate = Predict(OffShape(), batch).tokens_per_second;
   if (!IsOff(estimates[0].shape) &&
       !(estimates[0].tokens_per_second > off_rate * options_.min_gain)) {
     // Not enough gain: off is best, the best speculative shape the runner-up.
@@ -283,10 +296,10 @@ void AdaptivePolicy::Rank(TreeShape* best, TreeShape* runner_up) const {
   *runner_up = estimates[1].shape;
 }
 
-int32_t AdaptivePolicy::EffectiveProbeInterval() const {
+int32_t AdaptivePolicy::EffectiveProbeInterval(const BatchContext& batch) const {
   if (!CostsKnown()) return options_.probe_interval;
-  const Estimate off = Predict(OffShape());
-  const Estimate probe = Predict(options_.probe);
+  const Estimate off = Predict(OffShape(), batch);
+  const Estimate probe = Predict(options_.probe, batch);
   // Off would have produced the probe's tokens in expected_tokens * off.step_ns.
   const double loss_ns = probe.step_ns - probe.expected_tokens * off.step_ns;
   if (!(loss_ns > 0.0) || !(off.step_ns > 0.0)) return options_.probe_interval;
@@ -295,13 +308,13 @@ int32_t AdaptivePolicy::EffectiveProbeInterval() const {
                                          static_cast<double>(options_.max_probe_interval)));
 }
 
-TreeShape AdaptivePolicy::Next() const {
+TreeShape AdaptivePolicy::Next(const BatchContext& batch) const {
   if (off_steps_recorded_ == 0) return OffShape();
   if (speculative_steps_recorded_ == 0) return options_.probe;
   TreeShape best, runner_up;
-  Rank(&best, &runner_up);
+  Rank(batch, &best, &runner_up);
   if (IsOff(best)) {
-    return off_steps_since_speculation_ >= EffectiveProbeInterval() ? options_.probe : best;
+    return off_steps_since_speculation_ >= EffectiveProbeInterval(batch) ? options_.probe : best;
   }
   if (best_steps_since_runner_up_ >= options_.probe_interval) return runner_up;
   return best;
@@ -310,12 +323,13 @@ TreeShape AdaptivePolicy::Next() const {
 absl::Status AdaptivePolicy::Record(const StepMeasurement& step) {
   BITSPLIT_RETURN_IF_ERROR(ValidateStepMeasurement(step));
   TreeShape best = OffShape(), runner_up = OffShape();
-  if (CostsKnown()) Rank(&best, &runner_up);
+  if (CostsKnown()) Rank(BatchContext(), &best, &runner_up);
   best_steps_since_runner_up_ = SameShape(step.shape, best) ? best_steps_since_runner_up_ + 1 : 0;
 
-  Update(verify_by_batch_[step.verified_nodes], static_cast<double>(step.verify_ns));
+  const int32_t rows = step.batch_rows > 0 ? step.batch_rows : step.verified_nodes;
+  Update(verify_by_batch_[rows], static_cast<double>(step.verify_ns));
   const double keep = 1.0 - 1.0 / kFitWindow;
-  const double x = step.verified_nodes, y = static_cast<double>(step.verify_ns);
+  const double x = rows, y = static_cast<double>(step.verify_ns);
   fit_weight_ = fit_weight_ * keep + 1.0;
   fit_x_ = fit_x_ * keep + x;
   fit_y_ = fit_y_ * keep + y;
@@ -341,19 +355,32 @@ absl::Status AdaptivePolicy::Record(const StepMeasurement& step) {
   return absl::OkStatus();
 }
 
-std::string AdaptivePolicy::Describe() const {
+std::string AdaptivePolicy::Describe(const BatchContext& batch) const {
   if (!CostsKnown()) return "adaptive: measuring";
   TreeShape best, runner_up;
-  Rank(&best, &runner_up);
+  Rank(batch, &best, &runner_up);
   if (IsOff(best)) {
     return absl::StrFormat("adaptive: off (probe %s every %d steps)", DescribeShape(options_.probe),
-                           EffectiveProbeInterval());
+                           EffectiveProbeInterval(batch));
   }
-  const Estimate estimate = Predict(best);
-  const Estimate off = Predict(OffShape());
+  const Estimate estimate = Predict(best, batch);
+  const Estimate off = Predict(OffShape(), batch);
   return absl::StrFormat("adaptive: %s (expected %.2f tok/step, %.2fx off)", DescribeShape(best),
                          estimate.expected_tokens,
                          estimate.tokens_per_second / std::max(off.tokens_per_second, 1e-12));
+}
+
+absl::StatusOr<AdaptivePolicy> MakeAdaptivePolicy(const TreeShape& bounds) {
+  AdaptivePolicy::Options options;
+  options.max_nodes = bounds.nodes;
+  options.max_depth = bounds.max_depth;
+  options.probe.nodes = std::min(options.probe.nodes, bounds.nodes);
+  options.probe.max_depth = std::min(options.probe.max_depth, bounds.max_depth);
+  std::erase_if(options.candidates, [&](const TreeShape& shape) {
+    return shape.nodes > bounds.nodes || shape.expansions > bounds.expansions;
+  });
+  if (options.candidates.empty()) options.candidates = {bounds};
+  return AdaptivePolicy::Create(options);
 }
 
 }  // namespace bitsplit::model

@@ -5,18 +5,24 @@
 //
 // Model. One step of shape s emits E(s) tokens in T(s) nanoseconds:
 //   E(s) = 1 + sum_{d=1..D(s)} prod_{j<=d} a_j(s)   (the bonus token, plus the accepted path)
-//   T(s) = draft(s) + verify(nodes(s) + 1)            (off: verify(1), no draft)
+//   T(s) = draft(s) + verify(R + nodes(s) + 1)        (off: verify(R + 1), no draft)
 // where a_d(s) is the probability that some node at depth d is accepted given that depth d-1
-// was, and D(s) the depth the shape's trees reach. The policy runs argmax E/T over the
-// candidate shapes, and `off` unless the best shape's predicted rate beats off's by `min_gain`.
+// was, D(s) the depth the shape's trees reach, and R the rows the other generations of a
+// batched iteration verify in the same forward (BatchContext; 0 alone). The policy runs argmax
+// (E(s) + E_others) / T(s) over the candidate shapes, E_others being the tokens the others are
+// expected to emit: the iteration's rate, so that a tree's rows are worth it only if its extra
+// tokens outweigh the time they add to every batched generation (where rows are cheap, as on a
+// memory-bound GPU, trees win; where verify cost grows with the rows, as on 2 cores, a full
+// batch turns them off). `off` unless the best shape's predicted rate beats off's by `min_gain`.
 //
-// Estimates. verify(n): a per-size moving average where size n was measured, else a
-// least-squares line a + b*n over all verify measurements (b >= 0, never below a smaller
-// measured size). draft(s): the shape's own moving average once it ran, else a pooled cost
-// per draft forward times the shape's forwards. a_d(s): the shape's own decayed
-// success/trial counts at depth d, shrunk towards a prior: for chains the pooled chain
-// acceptance p_d (itself shrunk towards p_{d-1}, and p_1 towards `prior_acceptance`), for a tree
-// that expands k children 1 - (1 - p_d)^k.
+// Estimates. verify(n), n the forward's rows (StepMeasurement::batch_rows): a per-size moving
+// average where size n was measured, else a least-squares line a + b*n over all verify
+// measurements (b >= 0, never below a smaller measured size; the nearest measured size while
+// the line is undetermined). draft(s): the shape's own moving average once it ran, else a pooled
+// cost per draft forward times the shape's forwards. a_d(s): the shape's own decayed success/trial
+// counts at depth d, shrunk towards a prior: for chains the pooled chain acceptance p_d (itself
+// shrunk towards p_{d-1}, and p_1 towards `prior_acceptance`), for a tree that expands k children 1
+// - (1 - p_d)^k.
 //
 // Exploration. While off, a probe step (a short chain) runs every `probe_interval` off steps,
 // stretched so that a probe's measured loss against off stays within `probe_budget` of the off
@@ -50,6 +56,16 @@ struct StepMeasurement {
   int32_t verified_nodes = 1;  // verify batch: tree size including the root (off: 1)
   int32_t tree_depth = 0;      // deepest node of the drafted tree (root 0)
   int32_t accepted_depth = 0;  // accepted tokens beyond the root: path length - 1
+  // Rows of the verifier forward the step ran in, every batched generation's (0: the step ran
+  // alone, verified_nodes). The verify cost is learned against these rows.
+  int32_t batch_rows = 0;
+};
+
+// What the other generations of a batched iteration add to it (continuous batching): their
+// verifier rows, and the tokens they are expected to emit. Zero for a generation alone.
+struct BatchContext {
+  int32_t other_rows = 0;
+  double other_tokens = 0.0;
 };
 // INVALID_ARGUMENT for negative times, verified_nodes outside [1, shape.nodes + 1], a tree
 // depth outside [0, min(verified_nodes - 1, max_depth)] (0 iff off), accepted_depth outside
@@ -91,9 +107,10 @@ class AdaptivePolicy {
   static absl::StatusOr<AdaptivePolicy> Create(const Options& options);
   static absl::StatusOr<AdaptivePolicy> Create() { return Create(Options()); }
 
-  // The shape to run next (nodes = 0: off). Pure: calling it again without Record gives the
-  // same answer. The first step runs off and the second the probe (both costs are needed).
-  TreeShape Next() const;
+  // The shape to run next (nodes = 0: off), in an iteration shared with `batch`. Pure: calling
+  // it again without Record gives the same answer. The first step runs off and the second the
+  // probe (both costs are needed).
+  TreeShape Next(const BatchContext& batch = {}) const;
 
   // Feeds back one step's measurements (any shape, also one Next did not suggest).
   // INVALID_ARGUMENT (ValidateStepMeasurement) leaves the state unchanged.
@@ -101,13 +118,14 @@ class AdaptivePolicy {
 
   // e.g. "adaptive: tree N=16 k=4 depth<=8 (expected 2.31 tok/step, 1.80x off)",
   // "adaptive: off (probe tree N=2 k=1 depth<=2 every 16 steps)", "adaptive: measuring".
-  std::string Describe() const;
+  std::string Describe(const BatchContext& batch = {}) const;
 
   // The prediction for a shape (off included); an unmeasured cost counts as unknown (rate 0)
   // until the first off and first speculative step were recorded.
-  Estimate Predict(const TreeShape& shape) const;
+  // tokens_per_second is the iteration's (this step's tokens and batch.other_tokens).
+  Estimate Predict(const TreeShape& shape, const BatchContext& batch = {}) const;
   // Off steps between probes right now (probe_interval, stretched by the probe budget).
-  int32_t EffectiveProbeInterval() const;
+  int32_t EffectiveProbeInterval(const BatchContext& batch = {}) const;
   int64_t steps_recorded() const { return steps_recorded_; }
   const Options& options() const { return options_; }
 
@@ -142,7 +160,7 @@ class AdaptivePolicy {
   // The counts at depth d (1-based) as of now; zero beyond what was ever tried.
   DecayedRatio CountsAt(const AcceptanceCounts& counts, int32_t depth) const;
   // The best candidate by predicted rate, and the runner-up (off included in both).
-  void Rank(TreeShape* best, TreeShape* runner_up) const;
+  void Rank(const BatchContext& batch, TreeShape* best, TreeShape* runner_up) const;
   bool CostsKnown() const;
   double PredictVerifyNs(int32_t batch) const;
   double PredictDraftNs(const TreeShape& shape, const ShapeStats* stats) const;
@@ -166,5 +184,10 @@ class AdaptivePolicy {
   int32_t off_steps_since_speculation_ = 0;
   int32_t best_steps_since_runner_up_ = 0;
 };
+
+// The adaptive policy for shapes within `bounds` (at most bounds.nodes nodes, depth at most
+// bounds.max_depth, at most bounds.expansions children per expansion): the policy's default
+// candidates that fit, else `bounds` itself.
+absl::StatusOr<AdaptivePolicy> MakeAdaptivePolicy(const TreeShape& bounds);
 
 }  // namespace bitsplit::model

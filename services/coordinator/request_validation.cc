@@ -60,7 +60,7 @@ absl::Status ParseSpeculation(const v1::SpeculationSettings& settings, const Ser
   if (plan.shape.nodes == 0) {
     plan.mode = SpeculationMode::kOff;  // no tree fits: the baseline is the only choice
   } else if (plan.mode == SpeculationMode::kAdaptive) {
-    if (auto policy = MakeAdaptivePolicy(plan.shape); !policy.ok()) {
+    if (auto policy = model::MakeAdaptivePolicy(plan.shape); !policy.ok()) {
       return Prefixed("speculation: adaptive: ", policy.status());
     }
   }
@@ -68,19 +68,6 @@ absl::Status ParseSpeculation(const v1::SpeculationSettings& settings, const Ser
 }
 
 }  // namespace
-
-absl::StatusOr<model::AdaptivePolicy> MakeAdaptivePolicy(const model::TreeShape& bounds) {
-  model::AdaptivePolicy::Options options;
-  options.max_nodes = bounds.nodes;
-  options.max_depth = bounds.max_depth;
-  options.probe.nodes = std::min(options.probe.nodes, bounds.nodes);
-  options.probe.max_depth = std::min(options.probe.max_depth, bounds.max_depth);
-  std::erase_if(options.candidates, [&](const model::TreeShape& shape) {
-    return shape.nodes > bounds.nodes || shape.expansions > bounds.expansions;
-  });
-  if (options.candidates.empty()) options.candidates = {bounds};
-  return model::AdaptivePolicy::Create(options);
-}
 
 std::string_view SpeculationModeName(SpeculationMode mode) {
   switch (mode) {

@@ -67,12 +67,6 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& req
                                                   int64_t max_prompt_tokens = 0,
                                                   int32_t max_token_bytes = 1);
 
-// The adaptive policy for shapes within `bounds` (at most bounds.nodes nodes, depth at most
-// bounds.max_depth, at
-// most bounds.expansions children per expansion): the policy's default candidates that fit, else
-// `bounds` itself.
-absl::StatusOr<model::AdaptivePolicy> MakeAdaptivePolicy(const model::TreeShape& bounds);
-
 // The longest vocabulary entry in bytes (ServerLimits::max_token_bytes).
 int32_t MaxTokenBytes(const text::Tokenizer& tokenizer);
 
