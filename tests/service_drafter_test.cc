@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -30,6 +31,7 @@
 #include "common/model/split_model.h"
 #include "common/rpc/drafter_client.h"
 #include "common/text/tokenizer.h"
+#include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/testing/paths.h"
@@ -655,6 +657,127 @@ TEST_F(DrafterServiceTest, ConcurrentSessionsEachEqualPlainDecode) {
   other.join();
   EXPECT_EQ(got_greedy, expected_greedy);
   EXPECT_EQ(got_sampled, expected_sampled);
+}
+
+// ---- Generate: the drafter runs the whole generation -----------------------------------------
+
+struct GenerateOutcome {
+  absl::Status status;
+  std::vector<int32_t> tokens;
+  int prefill_events = 0;
+  int step_events = 0;
+  bool context_full = false;
+  v1::StepReport last_step;
+};
+
+GenerateOutcome RunGenerate(rpc::DrafterClient& client, const v1::GenerateRequest& request) {
+  GenerateOutcome outcome;
+  std::unique_ptr<rpc::DrafterClient::GenerateCall> call = client.Generate(request);
+  v1::GenerateEvent event;
+  while (call->Read(&event)) {
+    outcome.tokens.insert(outcome.tokens.end(), event.tokens().begin(), event.tokens().end());
+    if (event.has_step()) {
+      ++outcome.step_events;
+      outcome.last_step = event.step();
+      EXPECT_EQ(event.tokens_size(), event.choices_size());
+    } else if (!event.context_full()) {
+      ++outcome.prefill_events;
+    }
+    outcome.context_full = outcome.context_full || event.context_full();
+  }
+  outcome.status = call->Finish();
+  return outcome;
+}
+
+v1::GenerateRequest GenerateRequestFor(int max_tokens, int nodes = 0) {
+  v1::GenerateRequest request;
+  request.mutable_prompt()->Add(Prompt().begin(), Prompt().end());
+  request.set_max_tokens(max_tokens);
+  if (nodes > 0) {
+    request.set_nodes(nodes);
+    request.set_expansions(4);
+    request.set_max_depth(8);
+  }
+  return request;
+}
+
+TEST_F(DrafterServiceTest, GenerateEqualsPlainDecodeAndEndsWhereAsked) {
+  constexpr int kTokens = 12;
+  const std::vector<int32_t> expected = PlainDecode({}, kTokens);
+  ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
+  // Prefill in chunks of 5 rows: the prompt takes several iterations.
+  ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter, {"--prefill-rows", "5"}));
+  for (int nodes : {0, 15}) {
+    SCOPED_TRACE(nodes == 0 ? "off" : "tree");
+    const GenerateOutcome run = RunGenerate(*client_, GenerateRequestFor(kTokens, nodes));
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    EXPECT_EQ(run.tokens, expected);
+    EXPECT_EQ(run.prefill_events, static_cast<int>((Prompt().size() - 1 + 4) / 5));
+    EXPECT_GT(run.last_step.verify_ns(), 0);
+    if (nodes == 0) {
+      EXPECT_EQ(run.last_step.tree_nodes(), 1);
+      EXPECT_EQ(run.step_events, kTokens);
+    } else {
+      EXPECT_GE(run.last_step.tree_nodes(), 2);
+    }
+  }
+  // An end token ends the stream right after it is emitted.
+  v1::GenerateRequest ending = GenerateRequestFor(kTokens);
+  ending.add_end_token_ids(expected[4]);
+  const size_t first = static_cast<size_t>(
+      std::find(expected.begin(), expected.end(), expected[4]) - expected.begin());
+  const GenerateOutcome ended = RunGenerate(*client_, ending);
+  ASSERT_TRUE(ended.status.ok()) << ended.status;
+  EXPECT_EQ(ended.tokens, std::vector<int32_t>(expected.begin(), expected.begin() + first + 1));
+  // A context that holds 3 tokens beyond the prompt: the stream says so after 4 (the last,
+  // the bonus of the final step, needs no slot).
+  v1::GenerateRequest bounded = GenerateRequestFor(100, 15);
+  bounded.set_context(static_cast<int32_t>(Prompt().size()) + 3);
+  const GenerateOutcome full = RunGenerate(*client_, bounded);
+  ASSERT_TRUE(full.status.ok()) << full.status;
+  EXPECT_TRUE(full.context_full);
+  EXPECT_EQ(full.tokens, std::vector<int32_t>(expected.begin(), expected.begin() + 4));
+  EXPECT_EQ(OpenSessions(), 0);  // every stream's session is closed
+}
+
+TEST_F(DrafterServiceTest, BadGenerateRequestsAreRefusedNamingTheField) {
+  ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
+  ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter));
+  struct Case {
+    std::string name;
+    std::function<void(v1::GenerateRequest&)> change;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"no prompt", [](v1::GenerateRequest& r) { r.clear_prompt(); }, "at least one token"},
+      {"token", [](v1::GenerateRequest& r) { r.set_prompt(0, -1); }, "prompt token 0"},
+      {"context", [](v1::GenerateRequest& r) { r.set_context(kMaxContext + 1); }, "context"},
+      {"prompt beyond the context", [](v1::GenerateRequest& r) { r.set_context(3); }, "do not fit"},
+      {"max_tokens", [](v1::GenerateRequest& r) { r.set_max_tokens(0); }, "max_tokens"},
+      {"end token", [](v1::GenerateRequest& r) { r.add_end_token_ids(1 << 30); }, "end token"},
+      {"temperature", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_temperature(-1); },
+       "temperature"},
+      {"logprobs", [](v1::GenerateRequest& r) { r.set_logprobs(99); }, "logprobs"},
+      {"tree", [](v1::GenerateRequest& r) { r.set_nodes(kMaxTreeNodes); }, "nodes"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::GenerateRequest request = GenerateRequestFor(4, 4);
+    c.change(request);
+    const GenerateOutcome refused = RunGenerate(*client_, request);
+    EXPECT_EQ(refused.status.code(), absl::StatusCode::kInvalidArgument) << refused.status;
+    EXPECT_THAT(std::string(refused.status.message()), ::testing::HasSubstr(c.message));
+  }
+  // Every session taken (--max-sessions 2): RESOURCE_EXHAUSTED, and a free one serves again.
+  auto a = client_->OpenSession(32);
+  auto b = client_->OpenSession(32);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(RunGenerate(*client_, GenerateRequestFor(4)).status.code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(client_->CloseSession(a->session_id()).ok());
+  const GenerateOutcome served = RunGenerate(*client_, GenerateRequestFor(4));
+  EXPECT_TRUE(served.status.ok()) << served.status;
+  EXPECT_EQ(served.tokens, PlainDecode({}, 4));
 }
 
 // ---- (5) cpu-residual dies and comes back ------------------------------------------------------

@@ -184,4 +184,67 @@ absl::StatusOr<v1::CommitResponse> DrafterClient::Commit(const v1::CommitRequest
   return response;
 }
 
+std::unique_ptr<DrafterClient::GenerateCall> DrafterClient::Generate(
+    const v1::GenerateRequest& request) {
+  auto call = std::make_unique<GenerateCall>();
+  call->event_timeout_ = rpc_timeout_;
+  call->reader_ = stub_->PrepareAsyncGenerate(&call->context_, request, &call->queue_);
+  return call;
+}
+
+DrafterClient::GenerateCall::~GenerateCall() {
+  queue_.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (queue_.Next(&tag, &ok)) {
+  }
+}
+
+bool DrafterClient::GenerateCall::Await() {
+  void* tag = nullptr;
+  bool ok = false;
+  const auto deadline = std::chrono::system_clock::now() + event_timeout_;
+  switch (queue_.AsyncNext(&tag, &ok, deadline)) {
+    case grpc::CompletionQueue::GOT_EVENT:
+      return ok;
+    case grpc::CompletionQueue::TIMEOUT:
+      timed_out_ = true;
+      context_.TryCancel();
+      (void)queue_.Next(&tag, &ok);  // the cancelled operation comes back
+      return false;
+    case grpc::CompletionQueue::SHUTDOWN:
+      break;
+  }
+  return false;
+}
+
+bool DrafterClient::GenerateCall::Start() {
+  if (started_) return true;
+  started_ = true;
+  reader_->StartCall(this);
+  if (!Await()) ended_ = true;
+  return !ended_;
+}
+
+bool DrafterClient::GenerateCall::Read(v1::GenerateEvent* event) {
+  if (ended_ || !Start()) return false;
+  reader_->Read(event, this);
+  if (!Await()) ended_ = true;
+  return !ended_;
+}
+
+absl::Status DrafterClient::GenerateCall::Finish() {
+  (void)Start();
+  grpc::Status status;
+  reader_->Finish(&status, this);
+  void* tag = nullptr;
+  bool ok = false;
+  (void)queue_.Next(&tag, &ok);  // Finish always completes
+  if (timed_out_) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("drafter: no Generate event within ", event_timeout_.count(), " ms"));
+  }
+  return FromDrafterStatus(status);
+}
+
 }  // namespace bitsplit::rpc

@@ -7,6 +7,11 @@
 //   (*client)->Prefill(request);  ...  Draft / Verify / Commit  ...
 //   (*client)->CloseSession(session->session_id());
 //
+// or, the drafter running every step (what the coordinator does):
+//
+//   auto call = (*client)->Generate(request);
+//   while (call->Read(&event)) ...;  call->Finish();
+//
 // Every RPC carries the client's rpc_timeout as its deadline; a gRPC error comes back as the
 // absl::Status of the same code, its message prefixed with "drafter: ".
 //
@@ -47,6 +52,39 @@ class DrafterClient {
   absl::StatusOr<internal::v1::DraftResponse> Draft(const internal::v1::DraftRequest& request);
   absl::StatusOr<internal::v1::VerifyResponse> Verify(const internal::v1::VerifyRequest& request);
   absl::StatusOr<internal::v1::CommitResponse> Commit(const internal::v1::CommitRequest& request);
+
+  // One Generate stream: the drafter runs the whole generation and sends an event per iteration
+  // it took part in. Each event must come within the client's rpc_timeout of the previous one
+  // (the stream has no overall deadline: a generation takes as long as it takes); otherwise the
+  // stream is cancelled and Finish says DEADLINE_EXCEEDED. Thread safety: Read and Finish on one
+  // thread; Cancel from any.
+  class GenerateCall {
+   public:
+    ~GenerateCall();
+    // The next event; false at the end of the stream (then Finish).
+    bool Read(internal::v1::GenerateEvent* event);
+    // How the stream ended, as every RPC's status ("drafter: " prefixed). Once, last.
+    absl::Status Finish();
+    // Ends the stream early (the drafter closes the session); Read then returns false.
+    void Cancel() { context_.TryCancel(); }
+
+   private:
+    friend class DrafterClient;
+    // Starts the call on the first Read or Finish.
+    bool Start();
+    // Waits for the one operation in flight: its ok, or false when rpc_timeout passed (the call
+    // is then cancelled and the operation collected).
+    bool Await();
+
+    std::chrono::milliseconds event_timeout_{0};
+    grpc::ClientContext context_;
+    grpc::CompletionQueue queue_;
+    std::unique_ptr<grpc::ClientAsyncReader<internal::v1::GenerateEvent>> reader_;
+    bool started_ = false;
+    bool ended_ = false;
+    bool timed_out_ = false;
+  };
+  std::unique_ptr<GenerateCall> Generate(const internal::v1::GenerateRequest& request);
 
   const std::string& target() const { return target_; }
   std::chrono::milliseconds rpc_timeout() const { return rpc_timeout_; }

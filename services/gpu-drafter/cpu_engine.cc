@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/split_model.h"
@@ -58,6 +59,17 @@ absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> CpuEngine::NewSession
                                             .prefill_chunk = options_.prefill_chunk,
                                             .draft_kv = options_.draft_kv}));
   return session;
+}
+
+void CpuEngine::Step(std::span<model::SpeculativeSession* const> sessions,
+                     std::span<model::SessionStep> steps) {
+  std::vector<model::CpuSpeculativeSession*> own;
+  own.reserve(sessions.size());
+  for (model::SpeculativeSession* session : sessions) {
+    // Every session of this engine is one of NewSession's.
+    own.push_back(static_cast<model::CpuSpeculativeSession*>(session));
+  }
+  model::CpuSpeculativeSession::StepMany(own, steps);
 }
 
 }  // namespace bitsplit::drafter

@@ -5,6 +5,7 @@
 // separate GGUF (the ablation of --draft-model).
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -34,6 +35,9 @@ class CpuEngine final : public DrafterEngine {
   bool has_residual() const override { return target_->SupportsMode(model::ForwardMode::kVerify); }
   absl::Status SetResidualSource(model::ResidualSource* source) override;
   absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> NewSession(int64_t context) override;
+  // Batched: model::CpuSpeculativeSession::StepMany.
+  void Step(std::span<model::SpeculativeSession* const> sessions,
+            std::span<model::SessionStep> steps) override;
 
  private:
   CpuEngine() = default;

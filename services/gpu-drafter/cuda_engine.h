@@ -15,6 +15,7 @@
 // service serializes every call); a session may be destroyed on any thread.
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -52,6 +53,12 @@ class CudaEngine final : public DrafterEngine {
   // INVALID_ARGUMENT beyond) bounds what the session accepts, as on the cpu backend.
   // RESOURCE_EXHAUSTED when every planned KV cache is in use.
   absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> NewSession(int64_t context) override;
+  // One session after another (model::StepSessionsOneByOne): the CUDA forward runs one
+  // sequence per call.
+  void Step(std::span<model::SpeculativeSession* const> sessions,
+            std::span<model::SessionStep> steps) override {
+    model::StepSessionsOneByOne(sessions, steps);
+  }
 
   const model::VramPlan& plan() const { return model_->plan(); }
 

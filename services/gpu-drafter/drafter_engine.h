@@ -6,8 +6,9 @@
 // and cuda (cuda_engine.h, built with BITSPLIT_CUDA).
 //
 // Thread safety: an engine and its sessions are NOT thread-safe. The service serializes every
-// call into the engine (one engine lock): one forward runs at a time. A session may be
-// destroyed on any thread (model::SpeculativeSession).
+// call into the engine (one engine lock): one forward runs at a time, and the scheduler's
+// iteration (Step) batches the generations' rows into it. A session may be destroyed on any
+// thread (model::SpeculativeSession).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -66,6 +67,10 @@ class DrafterEngine {
   // A session holding up to `context` tokens (prompt + output + one tree).
   virtual absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> NewSession(
       int64_t context) = 0;
+  // One scheduler iteration over sessions this engine made (model::SessionStep): every step in
+  // shared forwards where the engine batches sessions, else one session after another.
+  virtual void Step(std::span<model::SpeculativeSession* const> sessions,
+                    std::span<model::SessionStep> steps) = 0;
 };
 
 }  // namespace bitsplit::drafter

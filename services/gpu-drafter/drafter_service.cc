@@ -31,23 +31,8 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
-DrafterService::DrafterService(DrafterEngine& backend, ResidualLink* residual_link,
-                               const DrafterServiceOptions& options)
-    : engine_(backend),
-      residual_link_(residual_link),
-      options_(options),
-      vocab_size_(backend.info().config.vocab_size),
-      sessions_(options.max_sessions) {
-  if (residual_link_ != nullptr) {
-    residual_health_ = std::make_unique<rpc::HealthProbe>(residual_link_->target());
-  }
-  for (int i = 0; i < options_.workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
-  reaper_ = std::thread([this] { ReaperLoop(); });
-}
-
-DrafterService::~DrafterService() { StopWorkers(); }
-
 void DrafterService::StopWorkers() {
+  StopScheduler();
   {
     std::lock_guard<std::mutex> lock(reaper_mutex_);
     reaper_stopping_ = true;
@@ -155,6 +140,7 @@ bool DrafterService::EndLease(uint64_t owner_id) {
 }
 
 void DrafterService::EndLeases() {
+  StopScheduler();  // every Generate stream ends (UNAVAILABLE)
   std::map<uint64_t, LeaseReactor*> ending;
   {
     std::lock_guard<std::mutex> lock(lease_mutex_);
@@ -242,6 +228,9 @@ absl::Status DrafterService::DoGetInfo(v1::DrafterInfo* response) const {
   response->set_vram_budget_bytes(info.vram_budget_bytes);
   response->set_open_leases(open_leases());
   response->set_session_idle_timeout_s(static_cast<int32_t>(options_.session_idle_timeout.count()));
+  response->set_scheduler_iterations(scheduler_iterations());
+  response->set_scheduler_steps(scheduler_steps());
+  response->set_prefill_rows(options_.prefill_rows);
   if (residual_link_ == nullptr) {
     response->set_residual("in-process");
     response->set_residual_format(info.residual_format);

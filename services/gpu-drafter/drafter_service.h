@@ -2,14 +2,23 @@
 // The Drafter gRPC service (proto bitsplit/internal/v1/drafter.proto) over a DrafterEngine:
 // sessions and their limits, request validation, the residual link, timings.
 //
-// The engine runs one forward at a time: every backend call holds engine_mutex_, so sessions
-// interleave at RPC granularity. Handlers hand their work to a small pool of worker threads
-// (gRPC's callback threads never block on a forward); GetInfo and CloseSession answer inline.
+// Generate streams are run by one scheduler thread (continuous batching, docs/design.md §3):
+// each iteration it takes every active generation's next piece of work (a prefill chunk within
+// the iteration's prefill row budget, or one speculation step with the shape its policy picks),
+// runs them all through DrafterEngine::Step (one batched draft forward per draft round, one
+// verifier forward) and streams each generation's emitted tokens. Generations join and leave
+// between iterations.
+//
+// The engine runs one forward at a time: every backend call holds engine_mutex_ (the
+// scheduler's iterations and the per-step RPCs alike). The per-step RPCs' handlers hand their
+// work to a small pool of worker threads (gRPC's callback threads never block on a forward);
+// GetInfo and CloseSession answer inline.
 //
 // Sessions belong to an owner's lease (a Lease stream held open by the coordinator): when the
 // stream ends, because the owner cancelled it or its process died and its connection closed,
 // the owner's sessions are closed at once. A reaper thread also closes any session that no RPC
 // has used for session_idle_timeout (an owner that is alive but stuck).
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -22,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "bitsplit/internal/v1/drafter.grpc.pb.h"
 #include "common/rpc/health_probe.h"
@@ -39,6 +49,17 @@ struct DrafterServiceOptions {
   int32_t max_tree_nodes = 64;  // root included
   int32_t max_logprobs = 20;    // top alternatives per node
   int workers = 8;              // threads running the RPCs' work
+  // Prompt rows an iteration prefills, all generations together (the rows of the decoding
+  // generations' trees come on top): a long prompt enters in chunks of this size between the
+  // other streams' steps instead of stalling them.
+  int32_t prefill_rows = 64;
+  // Verifier rows of one iteration, all generations together (prefill chunks and trees): the
+  // rows one residual request carries (cpu-residual's --max-rows must allow it). At least
+  // max_tree_nodes, so that any tree fits.
+  int32_t max_batch_rows = 256;
+  // Generations one iteration takes at most (0: every active one). 1 serializes them: one
+  // generation's step per forward, in turn (the comparison of the concurrency bench).
+  int32_t max_batch_generations = 0;
   std::chrono::seconds session_idle_timeout{300};
 };
 
@@ -55,8 +76,8 @@ class DrafterService final : public internal::v1::Drafter::CallbackService {
   // Finishes the queued work and stops the workers and the reaper (after the server has shut
   // down).
   void StopWorkers();
-  // Ends every lease stream (UNAVAILABLE: shutting down), so that the server's shutdown does not
-  // wait on them. Before the server shuts down.
+  // Ends every lease stream and every Generate stream (UNAVAILABLE: shutting down; the scheduler
+  // stops), so that the server's shutdown does not wait on them. Before the server shuts down.
   void EndLeases();
   int open_leases() const;
   // OK when a session can be opened now: one is free and cpu-residual (when remote) reports
@@ -101,9 +122,27 @@ class DrafterService final : public internal::v1::Drafter::CallbackService {
   grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* context,
                                    const internal::v1::CommitRequest* request,
                                    internal::v1::CommitResponse* response) override;
+  grpc::ServerWriteReactor<internal::v1::GenerateEvent>* Generate(
+      grpc::CallbackServerContext* context, const internal::v1::GenerateRequest* request) override;
+
+  // Iterations the scheduler ran, and generation steps in them (GetInfo).
+  int64_t scheduler_iterations() const { return scheduler_iterations_.load(); }
+  int64_t scheduler_steps() const { return scheduler_steps_.load(); }
 
  private:
   class LeaseReactor;
+  class GenerateReactor;
+  struct Generation;
+  struct AdaptivePolicies;
+  // INVALID_ARGUMENT naming the field; the plan of a valid request.
+  absl::StatusOr<std::unique_ptr<Generation>> PlanGeneration(
+      const internal::v1::GenerateRequest& request);
+  void SchedulerLoop();
+  // Under engine_mutex_, on the scheduler thread: opens the sessions of newly arrived
+  // generations, ends cancelled ones, then runs one iteration over the rest; marks the ones
+  // that ended `finished`.
+  void RunIteration(std::vector<std::unique_ptr<Generation>>& active);
+  void StopScheduler();
   // A lease stream ended: closes its owner's sessions. False when it had ended already.
   bool EndLease(uint64_t owner_id);
   void ReaperLoop();
@@ -140,6 +179,16 @@ class DrafterService final : public internal::v1::Drafter::CallbackService {
   mutable std::mutex lease_mutex_;
   std::map<uint64_t, LeaseReactor*> leases_;
   uint64_t next_owner_id_ = 1;
+
+  // Generations waiting for the scheduler to take them, and the scheduler thread.
+  std::mutex scheduler_mutex_;
+  std::condition_variable scheduler_wake_;
+  std::vector<std::unique_ptr<Generation>> arriving_ ABSL_GUARDED_BY(scheduler_mutex_);
+  bool scheduler_stopping_ ABSL_GUARDED_BY(scheduler_mutex_) = false;
+  std::atomic<int64_t> scheduler_iterations_{0};
+  std::atomic<int64_t> scheduler_steps_{0};
+  std::unique_ptr<AdaptivePolicies> policies_;  // scheduler thread only
+  std::thread scheduler_;
 
   std::mutex reaper_mutex_;
   std::condition_variable reaper_wake_;

@@ -3,7 +3,9 @@
 //   bitsplit-drafter MODEL.base.bsplit [--residual-socket unix:PATH | --residual-file RESIDUAL]
 //                    [--socket PATH | --tcp HOST:PORT] [--backend auto|cpu|cuda] [--threads N]
 //                    [--vram-budget BYTES|auto] [--max-sessions 4] [--max-context 2048]
-//                    [--max-tree-nodes 64] [--session-idle-timeout 300]
+//                    [--max-tree-nodes 64] [--prefill-rows 64] [--max-batch-rows 256]
+//                    [--max-batch-generations 0]
+//                    [--session-idle-timeout 300]
 //                    [--draft-model DRAFT.gguf] [--draft-kv shared|own]
 //                    [--residual-timeout-ms 5000] [--shutdown-grace-ms 200] [--verbose]
 //
@@ -149,6 +151,18 @@ void AddFlags(CLI::App& app, Flags& flags) {
   app.add_option("--max-tree-nodes", service_options.max_tree_nodes,
                  "largest tree (root included) Verify accepts")
       ->capture_default_str();
+  app.add_option("--prefill-rows", service_options.prefill_rows,
+                 "prompt rows one scheduler iteration prefills, all requests together (a long "
+                 "prompt enters in chunks between the other streams' steps)")
+      ->capture_default_str();
+  app.add_option("--max-batch-rows", service_options.max_batch_rows,
+                 "verifier rows of one scheduler iteration, every request's trees and prefill "
+                 "chunks together (cpu-residual's --max-rows must allow it)")
+      ->capture_default_str();
+  app.add_option("--max-batch-generations", service_options.max_batch_generations,
+                 "requests one scheduler iteration batches at most (0: all; 1: one request's "
+                 "step per forward, in turn)")
+      ->capture_default_str();
   app.add_option("--draft-model", flags.draft_model,
                  "draft with this GGUF instead of the base weights (ablation)");
   app.add_option("--draft-kv", flags.draft_kv_name,
@@ -214,6 +228,21 @@ absl::StatusOr<Settings> CheckFlags(Flags& flags) {
     return absl::InvalidArgumentError(absl::StrCat("--max-tree-nodes ",
                                                    service_options.max_tree_nodes,
                                                    " is outside [1, ", kMaxTreeNodesLimit, "]"));
+  }
+  if (service_options.prefill_rows < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefill-rows ", service_options.prefill_rows, " must be at least 1"));
+  }
+  if (service_options.max_batch_rows < service_options.max_tree_nodes ||
+      service_options.max_batch_rows > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-batch-rows ", service_options.max_batch_rows,
+                     " is outside [--max-tree-nodes ", service_options.max_tree_nodes, ", 4096]"));
+  }
+  if (service_options.max_batch_generations < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-batch-generations ",
+                                                   service_options.max_batch_generations,
+                                                   " must be >= 0 (0: no limit)"));
   }
   if (flags.residual_timeout_ms < 1) {
     return absl::InvalidArgumentError(
@@ -281,7 +310,9 @@ absl::StatusOr<std::unique_ptr<ResidualLink>> AttachResidual(const Flags& flags,
       ResidualLinkOptions{.target = flags.residual_socket,
                           .fingerprint = info.fingerprint,
                           .shapes = model::ResidualShapes::FromConfig(info.config),
-                          .max_rows = static_cast<int>(std::max<int64_t>(
+                          .max_rows = std::max<int>(static_cast<int>(kPrefillChunk),
+                                                    flags.service_options.max_batch_rows),
+                          .min_rows = static_cast<int>(std::max<int64_t>(
                               kPrefillChunk, flags.service_options.max_tree_nodes)),
                           .timeout = std::chrono::milliseconds(flags.residual_timeout_ms)});
   BITSPLIT_RETURN_IF_ERROR(residual_link->Ensure());

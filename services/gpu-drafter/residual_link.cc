@@ -1,5 +1,8 @@
 #include "services/gpu-drafter/residual_link.h"
 
+#include <algorithm>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
@@ -12,6 +15,7 @@ void ResidualLink::DropSession() {
   if (session_ != nullptr) (void)engine_.SetResidualSource(nullptr);
   // Detaches; for a service that has exited it removes the segment the service left instead.
   session_.reset();
+  attached_rows_ = 0;
 }
 
 absl::Status ResidualLink::Unavailable(const absl::Status& cause) const {
@@ -58,7 +62,15 @@ absl::Status ResidualLink::Ensure() {
   client_ = *std::move(client);
   auto info = client_->Info();
   if (!info.ok()) return Unavailable(info.status());
-  auto session = client_->Attach(options_.fingerprint, options_.max_rows, &options_.shapes);
+  const int rows = std::min(options_.max_rows, static_cast<int>(info->max_rows()));
+  if (rows < options_.min_rows) {
+    const std::string message = absl::StrCat(
+        "cpu-residual at ", options_.target, " carries at most ", info->max_rows(),
+        " rows per request; the drafter needs ", options_.min_rows, " (raise its --max-rows)");
+    spdlog::warn("{}", message);
+    return absl::FailedPreconditionError(message);
+  }
+  auto session = client_->Attach(options_.fingerprint, rows, &options_.shapes);
   if (!session.ok()) {
     const absl::Status& status = session.status();
     if (status.code() == absl::StatusCode::kUnavailable ||
@@ -71,6 +83,7 @@ absl::Status ResidualLink::Ensure() {
     return status;
   }
   session_ = *std::move(session);
+  attached_rows_ = rows;
   residual_format_ = info->quantization();
   residual_bytes_ = info->file_bytes();
   spdlog::info("attached to cpu-residual at {} (pid {}, channel {})", options_.target,

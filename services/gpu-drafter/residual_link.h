@@ -27,7 +27,10 @@ struct ResidualLinkOptions {
   std::string target;       // gRPC target of cpu-residual ("unix:/run/bitsplit/residual.sock")
   std::string fingerprint;  // the base file's (hex)
   model::ResidualShapes shapes;
-  int max_rows = 64;                        // largest verifier batch
+  // Rows of one residual request: the link asks for max_rows, or the service's maximum when
+  // that is smaller, and refuses a service that cannot carry min_rows.
+  int max_rows = 256;
+  int min_rows = 64;
   std::chrono::milliseconds timeout{5000};  // one (re)attach; one residual round trip
 };
 
@@ -57,6 +60,8 @@ class ResidualLink {
   // From the service's Info at the last attach (the residual file's size, like base_bytes).
   const std::string& residual_format() const { return residual_format_; }
   uint64_t residual_bytes() const { return residual_bytes_; }
+  // Rows one residual request may carry on the current attachment (0 when detached).
+  int attached_rows() const { return attached_rows_; }
 
  private:
   void DropSession();
@@ -70,6 +75,7 @@ class ResidualLink {
   std::unique_ptr<rpc::ResidualChannel> session_;
   std::string residual_format_;
   uint64_t residual_bytes_ = 0;
+  int attached_rows_ = 0;
 };
 
 }  // namespace bitsplit::drafter
