@@ -177,9 +177,7 @@ class E2eGenerationTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(ready_) << "the services did not start (see the suite's first failure)";
     // A test that killed cpu-residual restarts it; a failure half-way must not break the next.
-    if (!stack_->residual.running()) {
-      ASSERT_TRUE(stack_->StartResidual());
-    }
+    ASSERT_TRUE(stack_->RestartStopped());
   }
 
   static std::string DrafterTarget() { return stack_->DrafterTarget(); }

@@ -152,12 +152,6 @@ GenerationServiceImpl::GenerationServiceImpl(const GenerationServiceOptions& opt
                                              const text::Tokenizer& tokenizer,
                                              const text::ChatTemplate* chat_template)
     : options_(options), drafter_(drafter), tokenizer_(tokenizer), chat_template_(chat_template) {
-  if (options_.limits.default_shape.nodes > 0) {
-    if (auto policy = MakeAdaptivePolicy(options_.limits.default_shape); policy.ok()) {
-      shared_policy_ =
-          std::make_unique<SharedAdaptivePolicy>(*std::move(policy), options_.limits.default_shape);
-    }
-  }
   for (int i = 0; i < std::max(1, options_.max_active); ++i) {
     workers_.emplace_back([this] { WorkerLoop(); });
   }
@@ -285,8 +279,7 @@ void GenerationServiceImpl::WorkerLoop() {
 void GenerationServiceImpl::RunOne(GenerateReactor* reactor) {
   const GenerationEnvironment environment{.drafter = &drafter_,
                                           .tokenizer = &tokenizer_,
-                                          .context_length = options_.limits.context_length,
-                                          .shared_policy = shared_policy_.get()};
+                                          .context_length = options_.limits.context_length};
   absl::StatusOr<v1::GenerateComplete> complete =
       RunGeneration(reactor->plan(), environment, *reactor, reactor->arrival());
   const bool stopped_by_server = reactor->stop_requested();

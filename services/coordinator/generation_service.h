@@ -86,8 +86,6 @@ class GenerationServiceImpl final : public GenerationServiceBase {
   rpc::DrafterClient& drafter_;
   const text::Tokenizer& tokenizer_;
   const text::ChatTemplate* const chat_template_;
-  // Adaptive requests within the server's default bounds share what was measured.
-  std::unique_ptr<SharedAdaptivePolicy> shared_policy_;
 
   std::mutex mutex_;
   std::condition_variable work_available_;

@@ -1,7 +1,7 @@
 // bitsplit-coordinator: the public Generation service (services/coordinator/README.md).
 //
 //   bitsplit-coordinator --model MODEL.base.bsplit [--drafter unix:/run/bitsplit/drafter.sock]
-//       [--listen localhost:50051 | --socket PATH] [--max-active 1] [--max-queue 16]
+//       [--listen localhost:50051 | --socket PATH] [--max-active 0] [--max-queue 16]
 //       [--speculation adaptive|tree|off] [--nodes 16] [--expansions 4] [--max-depth 8]
 //       [--max-tokens-limit 4096] [--default-max-tokens 512] [--max-request-bytes 4194304]
 //       [--drafter-timeout-ms 120000] [--connect-timeout-ms 30000] [--shutdown-grace-ms 200]
@@ -53,7 +53,7 @@ struct Flags {
   std::string drafter = "unix:/run/bitsplit/drafter.sock";
   std::string listen = "localhost:50051";
   std::string socket_path;
-  int max_active = 1;
+  int max_active = 0;  // 0: the drafter's session count
   int max_queue = 16;
   std::string speculation = "adaptive";
   model::TreeShape shape;
@@ -85,9 +85,10 @@ void AddFlags(CLI::App& app, Flags& flags) {
   auto* socket = app.add_option("--socket", flags.socket_path,
                                 "serve on this unix socket (mode 0660) instead of TCP");
   socket->excludes(listen);
-  app.add_option("--max-active", flags.max_active, "requests generating at once")
+  app.add_option("--max-active", flags.max_active,
+                 "requests generating at once, batched by the drafter (0: the drafter's sessions)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 64));
+      ->check(CLI::Range(0, 64));
   app.add_option("--max-queue", flags.max_queue,
                  "requests waiting beyond --max-active (more: RESOURCE_EXHAUSTED)")
       ->capture_default_str()
@@ -238,7 +239,7 @@ absl::StatusOr<GenerationServiceOptions> ServiceOptions(const Flags& flags,
         flags.max_active, info.max_sessions());
   }
   GenerationServiceOptions options;
-  options.max_active = flags.max_active;
+  options.max_active = flags.max_active > 0 ? flags.max_active : info.max_sessions();
   options.max_queue = flags.max_queue;
   BITSPLIT_ASSIGN_OR_RETURN(options.limits, Limits(flags, default_mode, loaded, info));
   options.model_info = ModelInfo(loaded, info, options.limits.context_length);
@@ -301,7 +302,7 @@ absl::Status RunCoordinator(const Flags& flags) {
   const std::string description = absl::StrFormat(
       "%s (fingerprint %.12s, drafter %s: %s, speculation %s, max-active %d, max-queue %d)",
       options.model_info.name(), fingerprint, flags.drafter, drafter.info.backend(),
-      flags.speculation, flags.max_active, flags.max_queue);
+      flags.speculation, options.max_active, flags.max_queue);
   return Serve(ServerOptionsFor(flags, *drafter.client, service, fingerprint), service,
                description);
 }

@@ -42,25 +42,6 @@ absl::Status DrafterError(const absl::Status& status) {
   return absl::InternalError("the model backend failed (the server log has the detail)");
 }
 
-// Closes the drafter session on every way out of RunGeneration (errors and cancellation too),
-// so that a session never outlives its request.
-class SessionGuard {
- public:
-  SessionGuard(rpc::DrafterClient& drafter, uint64_t session_id)
-      : drafter_(drafter), session_id_(session_id) {}
-  ~SessionGuard() {
-    if (absl::Status status = drafter_.CloseSession(session_id_); !status.ok()) {
-      spdlog::warn("closing drafter session {}: {}", session_id_, status.ToString());
-    }
-  }
-  SessionGuard(const SessionGuard&) = delete;
-  SessionGuard& operator=(const SessionGuard&) = delete;
-
- private:
-  rpc::DrafterClient& drafter_;
-  const uint64_t session_id_;
-};
-
 // Per-request speculation statistics (SpeculationStats).
 class StepStats {
  public:
@@ -136,6 +117,23 @@ class TokenEmitter {
     return absl::OkStatus();
   }
 
+  // Ends generation for a reason other than a stop string: the held-back text is released.
+  absl::Status Finish(v1::FinishReason reason, v1::GenerateChunk& chunk) {
+    finish_reason_ = reason;
+    const std::string tail = detokenizer_.Finish();
+    decoded_bytes_ += tail.size();
+    if (!pending_.empty()) pending_.back().text_end = decoded_bytes_;
+    EmitText(stop_matcher_.Push(tail), chunk);
+    if (!stop_matcher_.stopped()) {
+      EmitText(stop_matcher_.Flush(), chunk);
+      ReleaseEmitted(chunk);
+    } else {
+      finish_reason_ = v1::FINISH_REASON_STOP;
+      ReleaseAtStop(chunk);
+    }
+    return absl::OkStatus();
+  }
+
   bool finished() const { return finish_reason_ != v1::FINISH_REASON_UNSPECIFIED; }
   v1::FinishReason finish_reason() const { return finish_reason_; }
   int32_t completion_tokens() const { return completion_tokens_; }
@@ -172,23 +170,6 @@ class TokenEmitter {
     pending_.clear();
   }
 
-  // Ends generation for a reason other than a stop string: the held-back text is released.
-  absl::Status Finish(v1::FinishReason reason, v1::GenerateChunk& chunk) {
-    finish_reason_ = reason;
-    const std::string tail = detokenizer_.Finish();
-    decoded_bytes_ += tail.size();
-    if (!pending_.empty()) pending_.back().text_end = decoded_bytes_;
-    EmitText(stop_matcher_.Push(tail), chunk);
-    if (!stop_matcher_.stopped()) {
-      EmitText(stop_matcher_.Flush(), chunk);
-      ReleaseEmitted(chunk);
-    } else {
-      finish_reason_ = v1::FINISH_REASON_STOP;
-      ReleaseAtStop(chunk);
-    }
-    return absl::OkStatus();
-  }
-
   const GenerationPlan& plan_;
   const text::Tokenizer& tokenizer_;
   const std::unordered_set<int32_t> stop_ids_;
@@ -202,10 +183,6 @@ class TokenEmitter {
   v1::FinishReason finish_reason_ = v1::FINISH_REASON_UNSPECIFIED;
 };
 
-bool SameShape(const model::TreeShape& a, const model::TreeShape& b) {
-  return a.nodes == b.nodes && a.expansions == b.expansions && a.max_depth == b.max_depth;
-}
-
 internal_v1::SamplingParams ToProto(const model::SamplingParams& sampling) {
   internal_v1::SamplingParams proto;
   proto.set_temperature(sampling.temperature);
@@ -215,22 +192,49 @@ internal_v1::SamplingParams ToProto(const model::SamplingParams& sampling) {
   return proto;
 }
 
+// The drafter's Generate request for `plan`.
+internal_v1::GenerateRequest DrafterRequest(const GenerationPlan& plan,
+                                            const text::Tokenizer& tokenizer, int64_t capacity) {
+  internal_v1::GenerateRequest request;
+  request.mutable_prompt()->Assign(plan.prompt_tokens.begin(), plan.prompt_tokens.end());
+  request.set_context(static_cast<int32_t>(capacity));
+  *request.mutable_sampling() = ToProto(plan.sampling);
+  request.set_logprobs(plan.logprobs);
+  request.set_max_tokens(plan.max_tokens);
+  for (int32_t id : tokenizer.end_of_generation_ids()) request.add_end_token_ids(id);
+  for (int32_t id : plan.stop_token_ids) request.add_end_token_ids(id);
+  if (plan.mode != SpeculationMode::kOff) {
+    request.set_nodes(plan.shape.nodes);
+    request.set_expansions(plan.shape.expansions);
+    request.set_max_depth(plan.shape.max_depth);
+    request.set_adaptive(plan.mode == SpeculationMode::kAdaptive);
+  }
+  return request;
+}
+
+// Ends the drafter's stream on every way out of RunGeneration (the drafter then closes the
+// session), and reads it to its end.
+class CallGuard {
+ public:
+  explicit CallGuard(rpc::DrafterClient::GenerateCall& call) : call_(call) {}
+  ~CallGuard() {
+    if (finished_) return;
+    call_.Cancel();
+    internal_v1::GenerateEvent ignored;
+    while (call_.Read(&ignored)) {
+    }
+    (void)call_.Finish();
+  }
+  void Finished() { finished_ = true; }
+  CallGuard(const CallGuard&) = delete;
+  CallGuard& operator=(const CallGuard&) = delete;
+
+ private:
+  rpc::DrafterClient::GenerateCall& call_;
+  bool finished_ = false;
+};
+
 }  // namespace
-
-model::TreeShape SharedAdaptivePolicy::Next() const {
-  std::lock_guard lock(mutex_);
-  return policy_.Next();
-}
-
-absl::Status SharedAdaptivePolicy::Record(const model::StepMeasurement& step) {
-  std::lock_guard lock(mutex_);
-  return policy_.Record(step);
-}
-
-std::string SharedAdaptivePolicy::Describe() const {
-  std::lock_guard lock(mutex_);
-  return policy_.Describe();
-}
 
 absl::StatusOr<v1::GenerateComplete> RunGeneration(const GenerationPlan& plan,
                                                    const GenerationEnvironment& environment,
@@ -241,120 +245,53 @@ absl::StatusOr<v1::GenerateComplete> RunGeneration(const GenerationPlan& plan,
   // Room for the prompt, the output and one more tree beyond the last committed token.
   const int64_t capacity = std::min<int64_t>(prompt_length + plan.max_tokens + plan.shape.nodes + 1,
                                              environment.context_length);
-  auto opened = drafter.OpenSession(static_cast<int32_t>(capacity));
-  if (!opened.ok()) return DrafterError(opened.status());
-  const uint64_t session_id = opened->session_id();
-  const int64_t session_capacity = opened->context();
-  SessionGuard guard(drafter, session_id);
+  std::unique_ptr<rpc::DrafterClient::GenerateCall> call =
+      drafter.Generate(DrafterRequest(plan, *environment.tokenizer, capacity));
+  CallGuard guard(*call);
 
-  if (prompt_length > 1) {
-    internal_v1::PrefillRequest prefill;
-    prefill.set_session_id(session_id);
-    prefill.mutable_tokens()->Assign(plan.prompt_tokens.begin(), plan.prompt_tokens.end() - 1);
-    if (auto prefilled = drafter.Prefill(prefill); !prefilled.ok()) {
-      return DrafterError(prefilled.status());
-    }
-  }
-  const Clock::time_point decode_start = Clock::now();
-
-  SharedAdaptivePolicy* policy = nullptr;
-  std::unique_ptr<SharedAdaptivePolicy> own_policy;
-  if (plan.mode == SpeculationMode::kAdaptive) {
-    const SharedAdaptivePolicy* shared = environment.shared_policy;
-    if (shared != nullptr && SameShape(shared->bounds(), plan.shape)) {
-      policy = environment.shared_policy;
-    } else {
-      BITSPLIT_ASSIGN_OR_RETURN(model::AdaptivePolicy made, MakeAdaptivePolicy(plan.shape));
-      own_policy = std::make_unique<SharedAdaptivePolicy>(std::move(made), plan.shape);
-      policy = own_policy.get();
-    }
-  }
   TokenEmitter emitter(plan, *environment.tokenizer);
   StepStats step_stats;
   int64_t draft_ns = 0, verify_ns = 0;
+  std::string policy_shape;  // the adaptive policy's last description
   std::optional<Clock::time_point> first_token_time;
-  int64_t committed = prompt_length - 1;
-  int32_t root = plan.prompt_tokens.back();
-
+  Clock::time_point decode_start = Clock::now();  // once the prompt is in the cache
+  internal_v1::GenerateEvent event;
   while (!emitter.finished()) {
     if (sink.Cancelled()) return absl::CancelledError("the client cancelled the request");
-    model::TreeShape shape = plan.mode == SpeculationMode::kAdaptive ? policy->Next() : plan.shape;
-    // The verify batch (root + nodes) must fit behind the committed tokens.
-    shape.nodes =
-        static_cast<int32_t>(std::clamp<int64_t>(session_capacity - committed - 1, 0, shape.nodes));
-
-    internal_v1::VerifyRequest verify;
-    verify.set_session_id(session_id);
-    int64_t step_draft_ns = 0;
-    int32_t draft_forwards = 0;
-    if (shape.nodes > 0) {
-      internal_v1::DraftRequest draft;
-      draft.set_session_id(session_id);
-      draft.set_root_token(root);
-      draft.set_nodes(shape.nodes);
-      draft.set_expansions(shape.expansions);
-      draft.set_max_depth(shape.max_depth);
-      auto drafted = drafter.Draft(draft);
-      if (!drafted.ok()) return DrafterError(drafted.status());
-      step_draft_ns = drafted->elapsed_ns();
-      draft_forwards = drafted->draft_forwards();
-      *verify.mutable_tokens() = drafted->tokens();
-      *verify.mutable_parents() = drafted->parents();
-    } else {
-      verify.add_tokens(root);
-      verify.add_parents(-1);
-    }
-    *verify.mutable_sampling() = ToProto(plan.sampling);
-    verify.set_logprobs(plan.logprobs);
-    auto verified = drafter.Verify(verify);
-    if (!verified.ok()) return DrafterError(verified.status());
-    if (verified->choices_size() != verify.tokens_size()) {
-      return absl::InternalError(absl::StrFormat("drafter: Verify returned %d choices for %d nodes",
-                                                 verified->choices_size(), verify.tokens_size()));
-    }
-    draft_ns += step_draft_ns;
-    verify_ns += verified->elapsed_ns();
-
-    std::vector<int32_t> targets(verified->choices_size());
-    for (int i = 0; i < verified->choices_size(); ++i) targets[i] = verified->choices(i).token();
-    const std::span<const int32_t> tree_tokens(verify.tokens().data(), verify.tokens_size());
-    const std::span<const int32_t> tree_parents(verify.parents().data(), verify.parents_size());
-    const model::WalkResult walk = model::WalkTree(tree_tokens, tree_parents, targets);
-    const std::vector<int32_t> depths = model::TreeDepths(tree_parents);
-    const int32_t tree_depth = *std::max_element(depths.begin(), depths.end());
-    const int32_t accepted_depth = static_cast<int32_t>(walk.path.size()) - 1;
-    step_stats.Record(tree_depth, accepted_depth, static_cast<int32_t>(walk.tokens.size()));
-    if (policy != nullptr) {
-      const absl::Status recorded = policy->Record({.shape = shape,
-                                                    .draft_ns = step_draft_ns,
-                                                    .draft_forwards = draft_forwards,
-                                                    .verify_ns = verified->elapsed_ns(),
-                                                    .verified_nodes = verify.tokens_size(),
-                                                    .tree_depth = tree_depth,
-                                                    .accepted_depth = accepted_depth});
-      if (!recorded.ok()) spdlog::debug("adaptive policy: {}", recorded.ToString());
-    }
-
-    v1::GenerateChunk chunk;
-    for (size_t i = 0; i < walk.tokens.size() && !emitter.finished(); ++i) {
-      BITSPLIT_RETURN_IF_ERROR(emitter.Add(walk.tokens[i], verified->choices(walk.path[i]), chunk));
-    }
-    if (!emitter.finished()) {
-      internal_v1::CommitRequest commit;
-      commit.set_session_id(session_id);
-      commit.mutable_nodes()->Assign(walk.path.begin(), walk.path.end());
-      if (auto committed_now = drafter.Commit(commit); !committed_now.ok()) {
-        return DrafterError(committed_now.status());
+    if (!call->Read(&event)) {
+      guard.Finished();
+      const absl::Status ended = call->Finish();
+      if (!ended.ok()) return DrafterError(ended);
+      // The drafter ended first: its session's context holds no further token.
+      v1::GenerateChunk chunk;
+      BITSPLIT_RETURN_IF_ERROR(emitter.Finish(v1::FINISH_REASON_LENGTH, chunk));
+      if ((chunk.token_ids_size() > 0 || !chunk.text().empty()) && !sink.Send(chunk)) {
+        return absl::CancelledError("the client went away");
       }
-      committed += static_cast<int64_t>(walk.path.size());
-      root = walk.tokens.back();
+      break;
+    }
+    if (!event.has_step()) {  // a prefill chunk
+      if (event.prefilled() >= prompt_length - 1) decode_start = Clock::now();
+      continue;
+    }
+    const internal_v1::StepReport& step = event.step();
+    if (event.tokens_size() != event.choices_size() || event.tokens_size() == 0) {
+      return absl::InternalError(absl::StrFormat("drafter: a step emitted %d tokens and %d choices",
+                                                 event.tokens_size(), event.choices_size()));
+    }
+    step_stats.Record(step.tree_depth(), step.accepted_depth(), step.accepted_depth() + 1);
+    draft_ns += step.draft_ns();
+    verify_ns += step.verify_ns();
+    policy_shape = step.shape();
+    v1::GenerateChunk chunk;
+    for (int i = 0; i < event.tokens_size() && !emitter.finished(); ++i) {
+      BITSPLIT_RETURN_IF_ERROR(emitter.Add(event.tokens(i), event.choices(i), chunk));
     }
     if (chunk.token_ids_size() > 0 || !chunk.text().empty()) {
       if (!first_token_time) first_token_time = Clock::now();
       if (!sink.Send(chunk)) return absl::CancelledError("the client went away");
     }
   }
-
   const Clock::time_point end = Clock::now();
   v1::GenerateComplete complete;
   complete.set_finish_reason(emitter.finish_reason());
@@ -369,7 +306,7 @@ absl::StatusOr<v1::GenerateComplete> RunGeneration(const GenerationPlan& plan,
       stats.set_shape(model::DescribeShape(plan.shape));
       break;
     case SpeculationMode::kAdaptive:
-      stats.set_shape(policy->Describe());
+      stats.set_shape(policy_shape.empty() ? "adaptive: measuring" : policy_shape);
       break;
   }
   step_stats.Fill(stats);

@@ -1,20 +1,19 @@
 #pragma once
-// One request's generation against the drafter (docs/design.md §3): open a session, prefill the
-// prompt, then per step draft a tree (unless speculation is off), verify it, walk it, commit the
-// accepted path and stream the emitted tokens, until EOS, a stop token or string, max_tokens,
-// cancellation or an error. The session is closed on every path.
+// One request's generation through the drafter (docs/design.md §3): one Generate stream, in which
+// the drafter's scheduler prefills the prompt and runs every speculation step (draft, verify,
+// walk, commit; the adaptive policy included) batched with the other requests', and sends the
+// emitted tokens; here they become text, until EOS, a stop token or string, max_tokens,
+// cancellation or an error. The stream is ended on every path, which closes the session.
 //
 // Text is streamed as complete UTF-8 only (StreamingDetokenizer) and held back while it could
 // still become a stop string (StopMatcher), so a client never sees text that a later token
 // would have cut off.
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "bitsplit/v1/generation.pb.h"
-#include "common/model/speculation_policy.h"
 #include "common/rpc/drafter_client.h"
 #include "common/text/tokenizer.h"
 #include "services/coordinator/request_validation.h"
@@ -32,29 +31,10 @@ class ChunkSink {
   virtual bool Cancelled() const = 0;
 };
 
-// An AdaptivePolicy behind a lock, shared by the requests whose bounds are the server's: costs
-// are the machine's and acceptance the model's, so what one request measured serves the next.
-class SharedAdaptivePolicy {
- public:
-  SharedAdaptivePolicy(model::AdaptivePolicy policy, const model::TreeShape& bounds)
-      : policy_(std::move(policy)), bounds_(bounds) {}
-  model::TreeShape Next() const;
-  absl::Status Record(const model::StepMeasurement& step);
-  std::string Describe() const;
-  const model::TreeShape& bounds() const { return bounds_; }
-
- private:
-  mutable std::mutex mutex_;
-  model::AdaptivePolicy policy_;
-  const model::TreeShape bounds_;
-};
-
 struct GenerationEnvironment {
   rpc::DrafterClient* drafter = nullptr;
   const text::Tokenizer* tokenizer = nullptr;
   int32_t context_length = 2048;  // a session's largest context
-  // Used by adaptive requests with these bounds; others get a policy of their own.
-  SharedAdaptivePolicy* shared_policy = nullptr;
 };
 
 // Runs `plan` to completion. Errors: CANCELLED when the sink reports cancellation or a closed

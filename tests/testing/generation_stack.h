@@ -187,6 +187,13 @@ class GenerationStack {
     return true;
   }
 
+  // Restarts cpu-residual and the drafter where a test killed them; false (with a test failure
+  // naming the service) when one does not come back.
+  bool RestartStopped() {
+    if (!residual.running() && !StartResidual()) return false;
+    return drafter.running() || StartDrafter();
+  }
+
   // Coordinator first, so that it never sees its drafter disappear.
   void KillAll() {
     for (ServiceProcess* process : {&coordinator, &drafter, &residual}) process->Kill(SIGKILL);
