@@ -1,8 +1,9 @@
 #pragma once
-// Speculative decoding of one sequence (docs/design.md §3): the drafter's side of a step (draft a
-// tree with the base weights, verify it with base + residual, commit the accepted path) and the
-// coordinator's walk. The gpu-drafter service runs a SpeculativeSession per client session; the
-// tests and the speculation bench run it in process.
+// Speculative decoding (docs/design.md §3): a step of one sequence (draft a tree with the base
+// weights, verify it with base + residual, walk it, commit the accepted path), and the same
+// step for many sequences at once (SessionStep, CpuSpeculativeSession::StepMany: continuous
+// batching). The gpu-drafter service runs a SpeculativeSession per request and its scheduler
+// steps them together; the tests and the speculation bench run them in process.
 //
 //   step (committed length L, pending root r at position L):
 //     tree    = session.Draft(r, shape)             // best-first growth, draft forwards only
