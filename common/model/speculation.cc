@@ -205,16 +205,21 @@ absl::Status ValidateDraftRequest(int32_t root, const TreeShape& shape, int64_t 
   return absl::OkStatus();
 }
 
-absl::Status ValidateVerifyRequest(std::span<const int32_t> tokens,
-                                   std::span<const int32_t> parents, const SamplingParams& sampling,
-                                   int32_t top_logprobs, int64_t vocab_size, int64_t max_nodes,
-                                   int64_t length, int64_t capacity) {
+absl::Status ValidateTargetSampling(const SamplingParams& sampling, int32_t top_logprobs) {
   BITSPLIT_RETURN_IF_ERROR(ValidateSamplingParams(sampling));
-  BITSPLIT_RETURN_IF_ERROR(ValidateTree(tokens, parents, vocab_size, max_nodes));
   if (top_logprobs < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("top log-probabilities per node must be >= 0, got ", top_logprobs));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateVerifyRequest(std::span<const int32_t> tokens,
+                                   std::span<const int32_t> parents, const SamplingParams& sampling,
+                                   int32_t top_logprobs, int64_t vocab_size, int64_t max_nodes,
+                                   int64_t length, int64_t capacity) {
+  BITSPLIT_RETURN_IF_ERROR(ValidateTargetSampling(sampling, top_logprobs));
+  BITSPLIT_RETURN_IF_ERROR(ValidateTree(tokens, parents, vocab_size, max_nodes));
   if (length + static_cast<int64_t>(tokens.size()) > capacity) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("a tree of %d nodes does not fit: the session holds %d of %d tokens",
@@ -556,11 +561,7 @@ void CpuSpeculativeSession::StepMany(std::span<CpuSpeculativeSession* const> ses
     }
     step.status = ValidateDraftRequest(step.root, step.shape, vocab, session.capacity(), length,
                                        session.capacity());
-    if (step.status.ok()) step.status = ValidateSamplingParams(step.sampling);
-    if (step.status.ok() && step.top_logprobs < 0) {
-      step.status = absl::InvalidArgumentError(
-          absl::StrCat("top log-probabilities per node must be >= 0, got ", step.top_logprobs));
-    }
+    if (step.status.ok()) step.status = ValidateTargetSampling(step.sampling, step.top_logprobs);
     if (step.status.ok() && length + 1 > session.capacity()) {
       step.status = absl::ResourceExhaustedError(
           absl::StrFormat("the session holds %d of %d tokens: no room for the next one", length,

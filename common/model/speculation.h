@@ -143,6 +143,8 @@ absl::Status ValidatePrefill(std::span<const int32_t> tokens, int64_t vocab_size
                              int64_t capacity);
 absl::Status ValidateDraftRequest(int32_t root, const TreeShape& shape, int64_t vocab_size,
                                   int64_t max_nodes, int64_t length, int64_t capacity);
+// The target's sampling of a step: valid parameters and top_logprobs >= 0 (INVALID_ARGUMENT).
+absl::Status ValidateTargetSampling(const SamplingParams& sampling, int32_t top_logprobs);
 absl::Status ValidateVerifyRequest(std::span<const int32_t> tokens,
                                    std::span<const int32_t> parents, const SamplingParams& sampling,
                                    int32_t top_logprobs, int64_t vocab_size, int64_t max_nodes,

@@ -119,15 +119,6 @@ class GenerateStream {
   grpc::Status status_ ABSL_GUARDED_BY(mutex_);
 };
 
-v1::NodeChoice ToProto(const model::TargetChoice& choice) {
-  v1::NodeChoice out;
-  out.set_token(choice.token);
-  out.set_logprob(choice.logprob);
-  out.mutable_top_ids()->Add(choice.top_ids.begin(), choice.top_ids.end());
-  out.mutable_top_logprobs()->Add(choice.top_logprobs.begin(), choice.top_logprobs.end());
-  return out;
-}
-
 }  // namespace
 
 // Owned by gRPC: deleted in OnDone, after Finish.
@@ -229,16 +220,7 @@ absl::StatusOr<std::unique_ptr<DrafterService::Generation>> DrafterService::Plan
     return absl::InvalidArgumentError(
         absl::StrFormat("%d prompt tokens do not fit a context of %d", g.prompt.size(), g.context));
   }
-  g.sampling.temperature = request.sampling().temperature();
-  g.sampling.top_k = request.sampling().top_k();
-  // proto3 cannot tell an unset top_p from 0, which is no valid nucleus: unset means off.
-  g.sampling.top_p = request.sampling().top_p() == 0.0f ? 1.0f : request.sampling().top_p();
-  g.sampling.seed = request.sampling().seed();
-  BITSPLIT_RETURN_IF_ERROR(model::ValidateSamplingParams(g.sampling));
-  if (request.logprobs() < 0 || request.logprobs() > options_.max_logprobs) {
-    return absl::InvalidArgumentError(absl::StrCat("logprobs ", request.logprobs(),
-                                                   " is outside [0, ", options_.max_logprobs, "]"));
-  }
+  BITSPLIT_ASSIGN_OR_RETURN(g.sampling, CheckSampling(request.sampling(), request.logprobs()));
   g.logprobs = request.logprobs();
   if (request.max_tokens() < 1) {
     return absl::InvalidArgumentError(
@@ -301,13 +283,9 @@ void DrafterService::SchedulerLoop() {
       std::unique_lock<std::mutex> lock(scheduler_mutex_);
       scheduler_wake_.wait(
           lock, [&] { return scheduler_stopping_ || !arriving_.empty() || !active.empty(); });
-      if (scheduler_stopping_) {
-        for (auto& generation : arriving_) active.push_back(std::move(generation));
-        arriving_.clear();
-        break;
-      }
       for (auto& generation : arriving_) active.push_back(std::move(generation));
       arriving_.clear();
+      if (scheduler_stopping_) break;
     }
     {
       std::lock_guard<std::mutex> lock(engine_mutex_);
@@ -506,7 +484,7 @@ void DrafterService::RunIteration(std::vector<std::unique_ptr<Generation>>& acti
     for (size_t t = 0; t < step.walk.tokens.size() && !done; ++t) {
       const int32_t token = step.walk.tokens[t];
       event.add_tokens(token);
-      *event.add_choices() = ToProto(step.choices[static_cast<size_t>(step.walk.path[t])]);
+      *event.add_choices() = ToNodeChoice(step.choices[static_cast<size_t>(step.walk.path[t])]);
       if (g.end_tokens.contains(token)) {
         done = true;
       } else if (++g.generated >= g.max_tokens) {

@@ -26,6 +26,15 @@ std::span<const T> Span(const google::protobuf::RepeatedField<T>& field) {
 
 }  // namespace
 
+v1::NodeChoice ToNodeChoice(const model::TargetChoice& choice) {
+  v1::NodeChoice out;
+  out.set_token(choice.token);
+  out.set_logprob(choice.logprob);
+  out.mutable_top_ids()->Add(choice.top_ids.begin(), choice.top_ids.end());
+  out.mutable_top_logprobs()->Add(choice.top_logprobs.begin(), choice.top_logprobs.end());
+  return out;
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
@@ -193,6 +202,22 @@ absl::Status DrafterService::CheckToken(int32_t token, const std::string& what) 
   return absl::OkStatus();
 }
 
+absl::StatusOr<model::SamplingParams> DrafterService::CheckSampling(const v1::SamplingParams& proto,
+                                                                    int32_t logprobs) const {
+  model::SamplingParams sampling;
+  sampling.temperature = proto.temperature();
+  sampling.top_k = proto.top_k();
+  // proto3 cannot tell an unset top_p from 0, which is no valid nucleus: unset means off.
+  sampling.top_p = proto.top_p() == 0.0f ? 1.0f : proto.top_p();
+  sampling.seed = proto.seed();
+  BITSPLIT_RETURN_IF_ERROR(model::ValidateSamplingParams(sampling));
+  if (logprobs < 0 || logprobs > options_.max_logprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logprobs ", logprobs, " is outside [0, ", options_.max_logprobs, "]"));
+  }
+  return sampling;
+}
+
 absl::Status DrafterService::EnsureResidualLocked() {
   if (residual_link_ == nullptr) return absl::OkStatus();
   BITSPLIT_RETURN_IF_ERROR(residual_link_->Ensure());
@@ -327,17 +352,8 @@ absl::Status DrafterService::DoVerify(const v1::VerifyRequest& request,
                             sessions_.Find(request.session_id()));
   BITSPLIT_RETURN_IF_ERROR(model::ValidateTree(Span(request.tokens()), Span(request.parents()),
                                                vocab_size_, options_.max_tree_nodes));
-  model::SamplingParams sampling;
-  sampling.temperature = request.sampling().temperature();
-  sampling.top_k = request.sampling().top_k();
-  // proto3 cannot tell an unset top_p from 0, which is no valid nucleus: unset means off.
-  sampling.top_p = request.sampling().top_p() == 0.0f ? 1.0f : request.sampling().top_p();
-  sampling.seed = request.sampling().seed();
-  BITSPLIT_RETURN_IF_ERROR(model::ValidateSamplingParams(sampling));
-  if (request.logprobs() < 0 || request.logprobs() > options_.max_logprobs) {
-    return absl::InvalidArgumentError(absl::StrCat("logprobs ", request.logprobs(),
-                                                   " is outside [0, ", options_.max_logprobs, "]"));
-  }
+  BITSPLIT_ASSIGN_OR_RETURN(const model::SamplingParams sampling,
+                            CheckSampling(request.sampling(), request.logprobs()));
   std::lock_guard<std::mutex> lock(engine_mutex_);
   const Clock::time_point start = Clock::now();
   BITSPLIT_RETURN_IF_ERROR(EnsureResidualLocked());
@@ -346,13 +362,8 @@ absl::Status DrafterService::DoVerify(const v1::VerifyRequest& request,
                                  request.logprobs(), request.logprobs() > 0);
   if (!choices.ok()) return ForwardErrorLocked(choices.status());
   const uint64_t residual_after = residual_link_ != nullptr ? residual_link_->wait_ns() : 0;
-  for (const model::TargetChoice& choice : *choices) {
-    v1::NodeChoice* out = response->add_choices();
-    out->set_token(choice.token);
-    out->set_logprob(choice.logprob);
-    out->mutable_top_ids()->Add(choice.top_ids.begin(), choice.top_ids.end());
-    out->mutable_top_logprobs()->Add(choice.top_logprobs.begin(), choice.top_logprobs.end());
-  }
+  for (const model::TargetChoice& choice : *choices)
+    *response->add_choices() = ToNodeChoice(choice);
   response->set_elapsed_ns(NanosSince(start));
   response->set_residual_wait_ns(static_cast<int64_t>(residual_after - residual_before));
   return absl::OkStatus();

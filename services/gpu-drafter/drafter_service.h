@@ -65,6 +65,8 @@ struct DrafterServiceOptions {
 
 // Maps a status to gRPC (the one place of this service).
 grpc::Status ToGrpcStatus(const absl::Status& status);
+// The target's choice after a node, as Verify and Generate send it.
+internal::v1::NodeChoice ToNodeChoice(const model::TargetChoice& choice);
 
 class DrafterService final : public internal::v1::Drafter::CallbackService {
  public:
@@ -155,6 +157,10 @@ class DrafterService final : public internal::v1::Drafter::CallbackService {
   // Under engine_mutex_: the status to report for a failed verifier forward.
   absl::Status ForwardErrorLocked(const absl::Status& status);
   absl::Status CheckToken(int32_t token, const std::string& what) const;
+  // The sampling of a Verify or Generate request (an unset top_p means off) and its logprobs
+  // within [0, max_logprobs]; INVALID_ARGUMENT naming the field.
+  absl::StatusOr<model::SamplingParams> CheckSampling(const internal::v1::SamplingParams& sampling,
+                                                      int32_t logprobs) const;
 
   DrafterEngine& engine_;
   ResidualLink* const residual_link_;
