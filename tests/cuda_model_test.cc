@@ -663,6 +663,155 @@ TEST_F(CudaModelTest, FamilySpeculativeOutputEqualsPlainDecoding) {
   }
 }
 
+// ForwardSequences: three sequences with their own caches, prefixes and masks (a tree, a causal
+// chunk, one selected row) in one forward give each sequence exactly the logits of its own
+// forward, in draft and verify mode, for the llama tiny model and every family (past the
+// sliding window), and leave each cache with its own pending slots.
+TEST_F(CudaModelTest, SequencesForwardedTogetherEqualEachForwardedAlone) {
+  std::vector<std::pair<std::string, testing::SplitModelPaths> > models = {
+      {"llama", TinySplitModel()}};
+  for (const char* architecture : kFamilies) {
+    models.emplace_back(architecture, FamilySplitModel(architecture));
+  }
+  for (const auto& [name, paths] : models) {
+    CudaModelOptions options = SmallOptions();
+    options.sessions = 6;
+    Engines e = Load(paths, options);
+    ASSERT_NE(e.cuda, nullptr) << name;
+    const int32_t prefixes[3] = {5, 2 * kFamilyWindow + 3, 9};
+    std::vector<std::unique_ptr<DeviceKvCache> > together, alone;
+    for (int s = 0; s < 3; ++s) {
+      for (auto* caches : {&together, &alone}) {
+        auto cache = e.cuda->NewKvCache();
+        ASSERT_TRUE(cache.ok()) << cache.status();
+        const std::vector<int32_t> prompt = Prompt(static_cast<size_t>(prefixes[s]), 20 + s);
+        ASSERT_TRUE(e.cuda->Forward(Batch::Causal(prompt, 0), **cache, ForwardMode::kVerify).ok());
+        ASSERT_TRUE((*cache)->Commit(prefixes[s]).ok());
+        caches->push_back(*std::move(cache));
+      }
+    }
+    auto tree = Batch::Tree(std::vector<int32_t>{7, 8, 9, 10}, std::vector<int32_t>{-1, 0, 0, 1},
+                            prefixes[0]);
+    ASSERT_TRUE(tree.ok());
+    const Batch chunk = Batch::Causal(Prompt(6, 31), prefixes[1]);
+    Batch selected = Batch::Causal(Prompt(3, 32), prefixes[2]);
+    selected.logit_rows = {2, 0};
+    const Batch* batches[3] = {&*tree, &chunk, &selected};
+    for (const ForwardMode mode : {ForwardMode::kDraft, ForwardMode::kVerify}) {
+      const std::string what = name + " " + std::string(model::ForwardModeName(mode));
+      std::vector<DeviceSequence> sequences;
+      int64_t logit_rows = 0;
+      for (int s = 0; s < 3; ++s) {
+        sequences.push_back({batches[s], together[static_cast<size_t>(s)].get()});
+        logit_rows += batches[s]->num_logit_rows();
+      }
+      ASSERT_TRUE(e.cuda->ForwardSequences(sequences, mode).ok()) << what;
+      std::vector<float> joint(static_cast<size_t>(logit_rows * kVocab));
+      ASSERT_TRUE(e.cuda->CopyLogits(joint).ok());
+      int64_t at = 0;
+      for (int s = 0; s < 3; ++s) {
+        const int64_t rows = batches[s]->num_logit_rows();
+        std::vector<float> own(static_cast<size_t>(rows * kVocab));
+        ASSERT_TRUE(e.cuda->Forward(*batches[s], *alone[static_cast<size_t>(s)], own, mode).ok());
+        EXPECT_EQ(
+            std::vector<float>(joint.begin() + at * kVocab, joint.begin() + (at + rows) * kVocab),
+            own)
+            << what << " sequence " << s;
+        EXPECT_EQ(together[static_cast<size_t>(s)]->pending_length(),
+                  alone[static_cast<size_t>(s)]->pending_length());
+        at += rows;
+      }
+      for (auto* caches : {&together, &alone}) {
+        for (auto& cache : *caches) cache->DiscardPending();
+      }
+    }
+    // One cache twice, or more rows than the largest forward: refused.
+    const DeviceSequence twice[2] = {{&chunk, together[1].get()}, {&selected, together[1].get()}};
+    EXPECT_EQ(e.cuda->ForwardSequences(twice, ForwardMode::kDraft).code(),
+              absl::StatusCode::kInvalidArgument);
+    const Batch wide = Batch::Causal(Prompt(20, 33), prefixes[2]);
+    const DeviceSequence too_many[2] = {{&wide, together[2].get()}, {&wide, together[0].get()}};
+    EXPECT_EQ(e.cuda->ForwardSequences(too_many, ForwardMode::kDraft).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// CudaSpeculativeSession::StepMany: sessions with different prompts, shapes and sampling,
+// stepped together (one joining late with its prompt in chunks beside the others' steps), each
+// give their own plain decoding.
+TEST_F(CudaModelTest, SessionsSteppedTogetherEqualPlainDecoding) {
+  CudaModelOptions options = SmallOptions();
+  options.sessions = 8;
+  options.max_batch_rows = 64;  // four trees and a prompt chunk
+  Engines e = Load(TinySplitModel(), options);
+  ASSERT_NE(e.cuda, nullptr);
+  struct Stream {
+    std::vector<int32_t> prompt;
+    model::TreeShape shape;
+    model::SamplingParams sampling;
+  };
+  const std::vector<Stream> streams = {
+      {Prompt(9, 7), {.nodes = 8, .expansions = 2, .max_depth = 4}, {}},
+      {Prompt(14, 8), {.nodes = 0}, {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 3}},
+      {Prompt(5, 9),
+       {.nodes = 5, .expansions = 1, .max_depth = 5},
+       {.temperature = 0.7f, .seed = 4}},
+      {Prompt(40, 10), {.nodes = 6, .expansions = 2, .max_depth = 3}, {}},
+  };
+  constexpr int kTokens = 20;
+  std::vector<std::vector<int32_t> > plain;
+  for (const Stream& stream : streams) {
+    plain.push_back(Generate(*e.cuda, stream.prompt, {.nodes = 0}, stream.sampling, kTokens));
+  }
+  std::vector<std::unique_ptr<CudaSpeculativeSession> > sessions;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    auto session = CudaSpeculativeSession::Create(*e.cuda, {});
+    ASSERT_TRUE(session.ok()) << session.status();
+    sessions.push_back(*std::move(session));
+  }
+  std::vector<std::vector<int32_t> > out(streams.size());
+  std::vector<size_t> prefilled(streams.size(), 0);
+  for (int iteration = 0; iteration < 200; ++iteration) {
+    std::vector<CudaSpeculativeSession*> stepping;
+    std::vector<model::SessionStep> steps;
+    std::vector<size_t> who;
+    for (size_t i = 0; i < streams.size(); ++i) {
+      if (out[i].size() >= kTokens) continue;
+      if (i == 3 && iteration < 2) continue;  // joins late
+      model::SessionStep step;
+      const size_t prompt_rest = streams[i].prompt.size() - 1;
+      if (prefilled[i] < prompt_rest) {
+        const size_t chunk = std::min<size_t>(16, prompt_rest - prefilled[i]);
+        step.prefill.assign(streams[i].prompt.begin() + prefilled[i],
+                            streams[i].prompt.begin() + prefilled[i] + chunk);
+      } else {
+        step.root = out[i].empty() ? streams[i].prompt.back() : out[i].back();
+        step.shape = streams[i].shape;
+        step.sampling = streams[i].sampling;
+      }
+      stepping.push_back(sessions[i].get());
+      steps.push_back(std::move(step));
+      who.push_back(i);
+    }
+    if (stepping.empty()) break;
+    CudaSpeculativeSession::StepMany(stepping, steps);
+    for (size_t j = 0; j < steps.size(); ++j) {
+      const size_t i = who[j];
+      ASSERT_TRUE(steps[j].status.ok()) << "stream " << i << ": " << steps[j].status;
+      if (!steps[j].prefill.empty()) {
+        prefilled[i] += steps[j].prefill.size();
+      } else {
+        out[i].insert(out[i].end(), steps[j].walk.tokens.begin(), steps[j].walk.tokens.end());
+      }
+    }
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    ASSERT_GE(out[i].size(), static_cast<size_t>(kTokens)) << "stream " << i;
+    out[i].resize(kTokens);
+    EXPECT_EQ(out[i], plain[i]) << "stream " << i;
+  }
+}
+
 TEST_F(CudaModelTest, DraftTreesMatchTheCpuDraftForTheSamePrefix) {
   Engines e = Load(TinySplitModel(), SmallOptions());
   ASSERT_NE(e.cuda, nullptr);

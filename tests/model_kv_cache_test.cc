@@ -46,6 +46,31 @@ KvCache MakeCache() {
   return std::move(*cache);
 }
 
+// What a cache allocates: f32 keys and values per layer and slot, an i32 position per slot.
+TEST(KvCacheTest, BytesAreWhatTheCacheHolds) {
+  EXPECT_EQ(KvCacheBytes(30, 192, 2048), 2u * 30 * 2048 * 192 * 4 + 2048 * 4);  // 94,380,032
+  auto cache = KvCache::Create(3, 5, 7);
+  ASSERT_TRUE(cache.ok());
+  const uint64_t held =
+      2 * static_cast<uint64_t>(cache->keys(1) - cache->keys(0)) * 3 * sizeof(float) +
+      7 * sizeof(int32_t);
+  EXPECT_EQ(KvCacheBytes(3, 5, 7), held);
+}
+
+TEST(KvCacheTest, SessionsThatFitABudget) {
+  auto three = SessionsThatFit(3 * 1000 + 999, 1000, 256, "a session");
+  ASSERT_TRUE(three.ok());
+  EXPECT_EQ(*three, 3);
+  auto capped = SessionsThatFit(1'000'000, 1000, 8, "a session");
+  ASSERT_TRUE(capped.ok());
+  EXPECT_EQ(*capped, 8);
+  auto none = SessionsThatFit(512 << 10, 1 << 20, 8, "a session of 256 tokens");
+  ASSERT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(none.status().message(),
+            "a session of 256 tokens holds 1.0 MiB of KV cache; the budget of 0.5 MiB holds none");
+  EXPECT_EQ(DefaultKvRamBudget(10'000), 5'000u);
+}
+
 TEST(KvCacheTest, RejectsNonPositiveSizes) {
   EXPECT_EQ(KvCache::Create(0, 4, 4).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(KvCache::Create(1, 0, 4).status().code(), absl::StatusCode::kInvalidArgument);

@@ -190,6 +190,32 @@ TEST(VramPlanTest, WindowedGeGluModelPlansItsExtraBuffers) {
   EXPECT_EQ(llama->rope_table_bytes, 4096u * 64 * 8);
 }
 
+// --max-sessions auto on cuda: the SmolLM2 plan above is 64 fixed 2 MiB pages (base 21, constants
+// 15, scratch 28) plus 23 pages of KV cache per session of 2048 tokens.
+TEST(VramPlanTest, SessionsThatFitTheBudget) {
+  VramRequest request;
+  request.config = SmolLm2Config();
+  request.base_format = SplitFormat::kB2Asym;
+  request.base_group = 64;
+  request.embedding_bytes = 49152ull * 576 / 32 * 34;
+  request.context = 2048;
+  request.sessions = 99;  // not read
+  request.max_batch_rows = 64;
+  const uint64_t page = 2 * kMiB;
+  auto five = VramSessionsThatFit(request, (64 + 5 * 23) * page + kMiB, 256);
+  ASSERT_TRUE(five.ok()) << five.status();
+  EXPECT_EQ(*five, 5);
+  auto exact = VramSessionsThatFit(request, (64 + 5 * 23) * page, 256);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_EQ(*exact, 5);
+  auto capped = VramSessionsThatFit(request, (64 + 5 * 23) * page, 3);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(*capped, 3);
+  auto none = VramSessionsThatFit(request, (64 + 23) * page - 1, 256);
+  ASSERT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted) << none.status();
+  EXPECT_THAT(std::string(none.status().message()), HasSubstr("1 sessions x 2048 tokens"));
+}
+
 TEST(VramPlanTest, RefusesAndSaysWhatFits) {
   VramRequest request;
   request.config = EightBClassConfig();

@@ -180,6 +180,12 @@ class DrafterServiceTest : public ::testing::Test {
                                      std::to_string(kMaxTreeNodes),
                                      "--residual-timeout-ms",
                                      std::to_string(kResidualTimeoutMs)};
+    // An --max-sessions in `extra` replaces the default (the flag takes one value).
+    auto own = std::find(extra.begin(), extra.end(), "--max-sessions");
+    if (own != extra.end() && own + 1 != extra.end()) {
+      *(std::find(args.begin(), args.end(), "--max-sessions") + 1) = *(own + 1);
+      extra.erase(own, own + 2);
+    }
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   }
@@ -925,6 +931,64 @@ TEST_F(DrafterServiceTest, AutoBackendWithoutADevicePicksCpu) {
   EXPECT_EQ(*token, PlainDecode({}, 1)[0]);
 }
 
+// --max-sessions auto on the cpu backend: as many sessions as --ram-budget holds KV caches of
+// --max-context tokens (f32 keys and values of every layer, an i32 position per slot), at most
+// --max-batch-rows; a budget without room for one is a start-up error that says so.
+TEST_F(DrafterServiceTest, AutoSessionsFollowTheRamBudget) {
+  auto model = model::LlamaModel::LoadSplit(paths_.base, "", 1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const model::ModelConfig& config = (*model)->config();
+  const uint64_t session_bytes =
+      2ull * config.num_layers * config.kv_dim() * kMaxContext * 4 + 4ull * kMaxContext;
+  auto args_with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--max-sessions", "auto"});
+    return DrafterArgs(std::move(extra));
+  };
+  {
+    ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
+    ASSERT_NO_FATAL_FAILURE(StartResidual(residual));
+    ASSERT_TRUE(drafter.Start(
+        args_with({"--ram-budget", std::to_string(3 * session_bytes + session_bytes / 2)})));
+    ASSERT_TRUE(drafter.WaitServing(drafter_target())) << drafter.Stderr();
+    auto client =
+        rpc::DrafterClient::Connect(drafter_target(), milliseconds(5000), milliseconds(60000));
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto info = (*client)->GetInfo();
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->max_sessions(), 3);
+    std::vector<uint64_t> open;
+    for (int i = 0; i < 3; ++i) {
+      auto opened = (*client)->OpenSession(0);
+      ASSERT_TRUE(opened.ok()) << opened.status();
+      open.push_back(opened->session_id());
+    }
+    EXPECT_EQ((*client)->OpenSession(0).status().code(), absl::StatusCode::kResourceExhausted);
+  }
+  {
+    ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
+    ASSERT_NO_FATAL_FAILURE(StartResidual(residual));
+    ASSERT_TRUE(drafter.Start(args_with({"--ram-budget", "64GiB", "--max-batch-rows", "20"})));
+    ASSERT_TRUE(drafter.WaitServing(drafter_target())) << drafter.Stderr();
+    auto client =
+        rpc::DrafterClient::Connect(drafter_target(), milliseconds(5000), milliseconds(60000));
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto info = (*client)->GetInfo();
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->max_sessions(), 20);  // the batch-row bound
+  }
+  {
+    ServiceProcess drafter(kDrafterBinary);
+    ASSERT_TRUE(drafter.Start(args_with({"--ram-budget", std::to_string(session_bytes - 1)})));
+    EXPECT_EQ(drafter.Wait(milliseconds(60000)), 1) << drafter.Stderr();
+    EXPECT_NE(drafter.Stderr().find("bitsplit-drafter: error: --max-sessions auto: a session of " +
+                                    std::to_string(kMaxContext) + " tokens holds"),
+              std::string::npos)
+        << drafter.Stderr();
+    EXPECT_NE(drafter.Stderr().find("lower --max-context or set --max-sessions"), std::string::npos)
+        << drafter.Stderr();
+  }
+}
+
 // Bad --backend / --vram-budget combinations are command-line errors (exit 2), before any file
 // is read.
 TEST_F(DrafterServiceTest, BadBackendFlagsAreUsageErrors) {
@@ -940,6 +1004,9 @@ TEST_F(DrafterServiceTest, BadBackendFlagsAreUsageErrors) {
       {{"--vram-budget", "12XB"}, "--vram-budget \"12XB\"" + bad_budget},
       {{"--vram-budget", "GiB"}, "--vram-budget \"GiB\"" + bad_budget},
       {{"--vram-budget", "99999999999GiB"}, "--vram-budget \"99999999999GiB\"" + bad_budget},
+      {{"--ram-budget", "0"}, "--ram-budget \"0\"" + bad_budget},
+      {{"--max-sessions", "0"}, "--max-sessions \"0\" is neither auto nor at least 1"},
+      {{"--max-sessions", "many"}, "--max-sessions \"many\" is neither auto nor at least 1"},
 #ifdef BITSPLIT_HAVE_CUDA
       {{"--backend", "cuda", "--draft-kv", "own"},
        "--draft-model and --draft-kv own need --backend cpu"},

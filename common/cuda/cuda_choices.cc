@@ -10,36 +10,62 @@
 
 namespace bitsplit::cuda {
 
+absl::Status CudaModel::CheckLogitRows(int64_t first_row, int64_t rows) const {
+  if (last_logit_rows_ == 0) return absl::FailedPreconditionError("no forward has run");
+  if (first_row < 0 || rows < 1 || first_row + rows > last_logit_rows_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("logit rows [%d, %d) are outside the last forward's %d", first_row,
+                        first_row + rows, last_logit_rows_));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaModel::CopyLogits(std::span<float> logits) {
-  const int64_t count = last_logit_rows_ * config_.vocab_size;
+  if (last_logit_rows_ == 0) return absl::FailedPreconditionError("no forward has run");
+  return CopyLogits(0, last_logit_rows_, logits);
+}
+
+absl::Status CudaModel::CopyLogits(int64_t first_row, int64_t rows, std::span<float> logits) {
+  BITSPLIT_RETURN_IF_ERROR(CheckLogitRows(first_row, rows));
+  const int64_t count = rows * config_.vocab_size;
   if (static_cast<int64_t>(logits.size()) < count) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "logits buffer holds %d floats; the last forward has %d", logits.size(), count));
+        "logits buffer holds %d floats; the rows asked have %d", logits.size(), count));
   }
-  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits.data(), d_.logits, count * sizeof(float),
-                                                cudaMemcpyDeviceToHost, stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(logits.data(), d_.logits + first_row * config_.vocab_size,
+                      count * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int32_t>> CudaModel::ChooseTargets(const model::SamplingParams& sampling,
                                                               std::span<const int64_t> positions) {
-  BITSPLIT_RETURN_IF_ERROR(model::ValidateSamplingParams(sampling));
-  const int64_t rows = last_logit_rows_;
-  if (rows == 0) return absl::FailedPreconditionError("no forward has run");
-  if (static_cast<int64_t>(positions.size()) != rows) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%d positions for the %d logit rows of the last forward", positions.size(), rows));
+  if (last_logit_rows_ == 0) return absl::FailedPreconditionError("no forward has run");
+  if (static_cast<int64_t>(positions.size()) != last_logit_rows_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%d positions for the %d logit rows of the last forward", positions.size(),
+                        last_logit_rows_));
   }
+  return ChooseTargets(sampling, positions, 0);
+}
+
+absl::StatusOr<std::vector<int32_t>> CudaModel::ChooseTargets(const model::SamplingParams& sampling,
+                                                              std::span<const int64_t> positions,
+                                                              int64_t first_row) {
+  BITSPLIT_RETURN_IF_ERROR(model::ValidateSamplingParams(sampling));
+  const int64_t rows = static_cast<int64_t>(positions.size());
+  BITSPLIT_RETURN_IF_ERROR(CheckLogitRows(first_row, rows));
+  const float* logits = d_.logits + first_row * config_.vocab_size;
   if (sampling.temperature == 0.0f) {
     BITSPLIT_CUDA_RETURN_IF_ERROR(
-        kernels::ArgMaxRows(d_.logits, rows, config_.vocab_size, d_.choices, stream_));
+        kernels::ArgMaxRows(logits, rows, config_.vocab_size, d_.choices, stream_));
   } else {
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.choice_positions, positions.data(),
                                                   rows * sizeof(int64_t), cudaMemcpyHostToDevice,
                                                   stream_));
     kernels::SamplingArgs args;
-    args.logits = d_.logits;
+    args.logits = logits;
     args.rows = rows;
     args.vocab = config_.vocab_size;
     args.positions = d_.choice_positions;
@@ -59,14 +85,18 @@ absl::StatusOr<std::vector<int32_t>> CudaModel::ChooseTargets(const model::Sampl
 }
 
 absl::StatusOr<RowTopK> CudaModel::TopK(int32_t k) {
-  const int64_t rows = last_logit_rows_;
-  if (rows == 0) return absl::FailedPreconditionError("no forward has run");
+  if (last_logit_rows_ == 0) return absl::FailedPreconditionError("no forward has run");
+  return TopK(k, 0, last_logit_rows_);
+}
+
+absl::StatusOr<RowTopK> CudaModel::TopK(int32_t k, int64_t first_row, int64_t rows) {
+  BITSPLIT_RETURN_IF_ERROR(CheckLogitRows(first_row, rows));
   if (k < 1 || k > 64 || k > config_.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("top-k needs 1 <= k <= 64, got ", k));
   }
-  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::TopKRows(d_.logits, rows, config_.vocab_size, k,
-                                                  d_.top_ids, d_.top_logits, d_.log_normalizers,
-                                                  stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::TopKRows(d_.logits + first_row * config_.vocab_size, rows,
+                                                  config_.vocab_size, k, d_.top_ids, d_.top_logits,
+                                                  d_.log_normalizers, stream_));
   RowTopK top;
   top.k = k;
   top.ids.resize(static_cast<size_t>(rows * k));

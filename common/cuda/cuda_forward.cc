@@ -154,7 +154,13 @@ absl::Status CudaModel::Linear(LinearGroupId id, const float* x, int64_t rows,
 
 absl::Status CudaModel::Forward(const model::Batch& batch, DeviceKvCache& cache,
                                 model::ForwardMode mode) {
-  absl::Status status = ForwardImpl(batch, cache, mode);
+  const DeviceSequence sequence{&batch, &cache};
+  return ForwardSequences({&sequence, 1}, mode);
+}
+
+absl::Status CudaModel::ForwardSequences(std::span<const DeviceSequence> sequences,
+                                         model::ForwardMode mode) {
+  absl::Status status = ForwardImpl(sequences, mode);
   if (!status.ok() && stream_ != nullptr) {
     // Let whatever was queued finish before the caller reuses the staging buffers or the cache.
     cudaStreamSynchronize(stream_);
@@ -163,7 +169,7 @@ absl::Status CudaModel::Forward(const model::Batch& batch, DeviceKvCache& cache,
   return status;
 }
 
-absl::Status CudaModel::ForwardImpl(const model::Batch& batch, DeviceKvCache& cache,
+absl::Status CudaModel::ForwardImpl(std::span<const DeviceSequence> sequences,
                                     model::ForwardMode mode) {
   if (mode == model::ForwardMode::kReference) {
     return absl::FailedPreconditionError(
@@ -173,34 +179,74 @@ absl::Status CudaModel::ForwardImpl(const model::Batch& batch, DeviceKvCache& ca
   if (verify && residual_ == nullptr) {
     return absl::FailedPreconditionError("verify mode needs a residual source (none attached)");
   }
-  BITSPLIT_RETURN_IF_ERROR(ValidateBatch(batch, cache));
+  if (sequences.empty()) return absl::InvalidArgumentError("a forward needs a sequence");
+  int64_t n = 0, logit_rows = 0;
+  bool selects_rows = false;
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    const DeviceSequence& sequence = sequences[s];
+    BITSPLIT_RETURN_IF_ERROR(ValidateBatch(*sequence.batch, *sequence.cache));
+    for (size_t other = 0; other < s; ++other) {
+      if (sequences[other].cache == sequence.cache) {
+        return absl::InvalidArgumentError("two sequences of one forward share a KV cache");
+      }
+    }
+    n += sequence.batch->size();
+    logit_rows += sequence.batch->num_logit_rows();
+    selects_rows = selects_rows || !sequence.batch->logit_rows.empty();
+  }
+  if (n > options_.max_batch_rows || logit_rows > options_.max_batch_rows) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d sequences of %d tokens (%d logit rows) exceed this drafter's largest forward of %d",
+        sequences.size(), n, logit_rows, options_.max_batch_rows));
+  }
   const Clock::time_point start = Clock::now();
   timings_ = ForwardTimings{};
-  const int64_t n = batch.size();
-  const int64_t prefix_length = cache.committed_length();
-  const int64_t first_slot = prefix_length + batch.pending_prefix;
-  const int64_t width = batch.mask_width();
-  const int64_t logit_rows = batch.num_logit_rows();
-  BITSPLIT_RETURN_IF_ERROR(cache.BeginPending(batch.pending_prefix + n));
 
-  // The batch, through pinned staging: tokens, positions, logit rows, mask, then the step's
-  // prefix length and first slot, at fixed offsets (the device reads the step values from
-  // d_.step, so one captured graph serves every step of a shape). The previous forward's copies
-  // out of it have completed (a forward ends with a stream sync).
+  // The batches, through pinned staging at fixed offsets (StepStagingOffset): the device reads
+  // each sequence's prefix length and first slot from d_.step, so one captured graph serves
+  // every step of a shape. The previous forward's copies out of it have completed (a forward
+  // ends with a stream sync).
   const int64_t t_max = options_.max_batch_rows;
   uint8_t* staging = host_batch_;
-  std::memcpy(staging, batch.tokens.data(), n * sizeof(int32_t));
-  std::memcpy(staging + 4 * t_max, batch.positions.data(), n * sizeof(int32_t));
-  std::memcpy(staging + 8 * t_max, batch.logit_rows.data(),
-              batch.logit_rows.size() * sizeof(int32_t));
-  std::memcpy(staging + 12 * t_max, batch.attention_mask.data(), n * width);
-  const int64_t step[2] = {prefix_length, first_slot};
-  std::memcpy(staging + StepStagingOffset(), step, sizeof(step));
-  const ForwardShape shape{n, width, logit_rows, !batch.logit_rows.empty(), cache.keys(0)};
-  if (!verify && embedding_on_device_ && cuda_graphs_) {
-    BITSPLIT_RETURN_IF_ERROR(LaunchDraftGraph(batch, shape, cache));
+  std::vector<SequenceSlice> slices;
+  slices.reserve(sequences.size());
+  int64_t row = 0, logit_row = 0, mask_offset = 0;
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    const model::Batch& batch = *sequences[s].batch;
+    DeviceKvCache& cache = *sequences[s].cache;
+    const int64_t rows = batch.size();
+    const int64_t width = batch.mask_width();
+    const int64_t prefix_length = cache.committed_length();
+    const int64_t first_slot = prefix_length + batch.pending_prefix;
+    BITSPLIT_RETURN_IF_ERROR(cache.BeginPending(batch.pending_prefix + rows));
+    std::memcpy(staging + 4 * row, batch.tokens.data(), rows * sizeof(int32_t));
+    std::memcpy(staging + 4 * t_max + 4 * row, batch.positions.data(), rows * sizeof(int32_t));
+    int32_t* selected = reinterpret_cast<int32_t*>(staging + 8 * t_max) + logit_row;
+    if (batch.logit_rows.empty()) {
+      for (int64_t r = 0; r < rows; ++r) selected[r] = static_cast<int32_t>(row + r);
+    } else {
+      for (size_t r = 0; r < batch.logit_rows.size(); ++r) {
+        selected[r] = static_cast<int32_t>(row + batch.logit_rows[r]);
+      }
+    }
+    std::memcpy(staging + 12 * t_max + mask_offset, batch.attention_mask.data(), rows * width);
+    const int64_t step[2] = {prefix_length, first_slot};
+    std::memcpy(staging + StepStagingOffset() + 2 * s * sizeof(int64_t), step, sizeof(step));
+    slices.push_back({.cache = &cache,
+                      .first_row = row,
+                      .rows = rows,
+                      .mask_width = width,
+                      .mask_offset = mask_offset});
+    row += rows;
+    logit_row += batch.num_logit_rows();
+    mask_offset += rows * width;
+  }
+  const ForwardShape shape{n, slices.size() == 1 ? slices[0].mask_width : mask_offset, logit_rows,
+                           selects_rows, slices.size() == 1 ? slices[0].cache->keys(0) : nullptr};
+  if (!verify && embedding_on_device_ && cuda_graphs_ && slices.size() == 1) {
+    BITSPLIT_RETURN_IF_ERROR(LaunchDraftGraph(shape, slices[0]));
   } else {
-    BITSPLIT_RETURN_IF_ERROR(EnqueueForward(batch, shape, cache, verify));
+    BITSPLIT_RETURN_IF_ERROR(EnqueueForward(shape, slices, verify));
   }
 
   const Clock::time_point sync_start = Clock::now();
@@ -219,13 +265,14 @@ absl::Status CudaModel::ForwardImpl(const model::Batch& batch, DeviceKvCache& ca
   return absl::OkStatus();
 }
 
-absl::Status CudaModel::EnqueueForward(const model::Batch& batch, const ForwardShape& shape,
-                                       DeviceKvCache& cache, bool verify) {
+absl::Status CudaModel::EnqueueForward(const ForwardShape& shape,
+                                       std::span<const SequenceSlice> slices, bool verify) {
   const model::ModelConfig& c = config_;
   const int64_t n = shape.rows;
-  const int64_t width = shape.mask_width;
   const int64_t logit_rows = shape.logit_rows;
   const int64_t t_max = options_.max_batch_rows;
+  const int64_t mask_bytes =
+      slices.back().mask_offset + slices.back().rows * slices.back().mask_width;
   const uint8_t* staging = host_batch_;
   BITSPLIT_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(d_.tokens, staging, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
@@ -237,17 +284,18 @@ absl::Status CudaModel::EnqueueForward(const model::Batch& batch, const ForwardS
                                                   cudaMemcpyHostToDevice, stream_));
   }
   BITSPLIT_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(d_.mask, staging + 12 * t_max, n * width, cudaMemcpyHostToDevice, stream_));
+      cudaMemcpyAsync(d_.mask, staging + 12 * t_max, mask_bytes, cudaMemcpyHostToDevice, stream_));
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.step, staging + StepStagingOffset(),
-                                                2 * sizeof(int64_t), cudaMemcpyHostToDevice,
-                                                stream_));
+                                                2 * slices.size() * sizeof(int64_t),
+                                                cudaMemcpyHostToDevice, stream_));
 
   if (embedding_on_device_) {
     BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::EmbeddingGather(
         embedding_, embedding_type_, embedding_row_bytes_, c.d_model, d_.tokens, n, d_.x, stream_));
   } else {
+    const int32_t* tokens = reinterpret_cast<const int32_t*>(staging);
     for (int64_t t = 0; t < n; ++t) {
-      ops::DequantizeWeightRow(host_embedding_.token_embd, batch.tokens[t],
+      ops::DequantizeWeightRow(host_embedding_.token_embd, tokens[t],
                                host_embedding_rows_ + t * c.d_model);
     }
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.x, host_embedding_rows_,
@@ -258,38 +306,32 @@ absl::Status CudaModel::EnqueueForward(const model::Batch& batch, const ForwardS
     BITSPLIT_CUDA_RETURN_IF_ERROR(
         kernels::ScaleInPlace(d_.x, n * c.d_model, c.embedding_scale, stream_));
   }
+  // Each sequence's prefix length and first slot on the device.
+  auto prefix_of = [&](size_t s) { return d_.step + 2 * s; };
+  auto first_slot_of = [&](size_t s) { return d_.step + 2 * s + 1; };
   if (c.sliding_window > 0) {
     // The batch's positions go with its keys, and every row's window is listed once: the local
     // layers all have the same window over the same slots.
-    BITSPLIT_CUDA_RETURN_IF_ERROR(
-        kernels::StorePositions(d_.positions, n, cache.positions(), d_.step + 1, stream_));
-    kernels::VisibleSlotsArgs visible;
-    visible.mask = d_.mask;
-    visible.rows = n;
-    visible.prefix_length_on_device = d_.step;
-    visible.mask_width = width;
-    visible.window = c.sliding_window;
-    visible.query_positions = d_.positions;
-    visible.slot_positions = cache.positions();
-    visible.slots = d_.visible_slots;
-    visible.counts = d_.visible_counts;
-    visible.slot_stride = options_.context;
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::VisibleSlots(visible, stream_));
+    for (size_t s = 0; s < slices.size(); ++s) {
+      const SequenceSlice& slice = slices[s];
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StorePositions(d_.positions + slice.first_row,
+                                                            slice.rows, slice.cache->positions(),
+                                                            first_slot_of(s), stream_));
+      kernels::VisibleSlotsArgs visible;
+      visible.mask = d_.mask + slice.mask_offset;
+      visible.rows = slice.rows;
+      visible.prefix_length_on_device = prefix_of(s);
+      visible.mask_width = slice.mask_width;
+      visible.window = c.sliding_window;
+      visible.query_positions = d_.positions + slice.first_row;
+      visible.slot_positions = slice.cache->positions();
+      visible.slots = d_.visible_slots + slice.first_row * options_.context;
+      visible.counts = d_.visible_counts + slice.first_row;
+      visible.slot_stride = options_.context;
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::VisibleSlots(visible, stream_));
+    }
   }
 
-  kernels::AttentionArgs attention;
-  attention.q = d_.q;
-  attention.mask = d_.mask;
-  attention.out = d_.attention;
-  attention.scores = d_.scores;
-  attention.rows = n;
-  attention.prefix_length_on_device = d_.step;
-  attention.mask_width = width;
-  attention.score_stride = options_.context;
-  attention.num_heads = c.num_heads;
-  attention.num_kv_heads = c.num_kv_heads;
-  attention.head_dim = c.head_dim;
-  attention.scale = c.attention_scale;
   const bool halves = c.rope_style == model::RopeStyle::kHalves;
 
   // Each step as LlamaModel::ForwardWith takes it, in the same order.
@@ -324,17 +366,39 @@ absl::Status CudaModel::EnqueueForward(const model::Batch& batch, const ForwardS
     BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(d_.k_new, n, c.num_kv_heads, c.head_dim,
                                                      c.rope_dims, d_.positions, rope_cos, rope_sin,
                                                      halves, stream_));
-    BITSPLIT_CUDA_RETURN_IF_ERROR(
-        kernels::StoreHalf(d_.k_new, n, c.kv_dim(), cache.keys(layer), d_.step + 1, stream_));
-    BITSPLIT_CUDA_RETURN_IF_ERROR(
-        kernels::StoreHalf(d_.v_new, n, c.kv_dim(), cache.values(layer), d_.step + 1, stream_));
-    attention.keys = cache.keys(layer);
-    attention.values = cache.values(layer);
-    // A local layer sees the window's slots (listed above), a global one the mask's.
-    attention.visible_slots = local ? d_.visible_slots : nullptr;
-    attention.visible_counts = local ? d_.visible_counts : nullptr;
-    attention.visible_stride = local ? options_.context : 0;
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::Attention(attention, stream_));
+    // Each sequence's keys and values go to its own cache, and its rows attend over it.
+    for (size_t s = 0; s < slices.size(); ++s) {
+      const SequenceSlice& slice = slices[s];
+      const int64_t r0 = slice.first_row;
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.k_new + r0 * c.kv_dim(), slice.rows,
+                                                       c.kv_dim(), slice.cache->keys(layer),
+                                                       first_slot_of(s), stream_));
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.v_new + r0 * c.kv_dim(), slice.rows,
+                                                       c.kv_dim(), slice.cache->values(layer),
+                                                       first_slot_of(s), stream_));
+      kernels::AttentionArgs attention;
+      attention.q = d_.q + r0 * c.q_dim();
+      attention.keys = slice.cache->keys(layer);
+      attention.values = slice.cache->values(layer);
+      attention.mask = d_.mask + slice.mask_offset;
+      attention.out = d_.attention + r0 * c.q_dim();
+      attention.scores = d_.scores + r0 * c.num_heads * options_.context;
+      attention.rows = slice.rows;
+      attention.prefix_length_on_device = prefix_of(s);
+      attention.mask_width = slice.mask_width;
+      attention.score_stride = options_.context;
+      attention.num_heads = c.num_heads;
+      attention.num_kv_heads = c.num_kv_heads;
+      attention.head_dim = c.head_dim;
+      attention.scale = c.attention_scale;
+      // A local layer sees the window's slots (listed above), a global one the mask's.
+      if (local) {
+        attention.visible_slots = d_.visible_slots + r0 * options_.context;
+        attention.visible_counts = d_.visible_counts + r0;
+        attention.visible_stride = options_.context;
+      }
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::Attention(attention, stream_));
+    }
     float* const projected[] = {d_.projected};
     BITSPLIT_RETURN_IF_ERROR(
         Linear({layer, LinearGroup::kAttnOutput}, d_.attention, n, projected, verify));
@@ -378,14 +442,13 @@ absl::Status CudaModel::EnqueueForward(const model::Batch& batch, const ForwardS
   return absl::OkStatus();
 }
 
-absl::Status CudaModel::LaunchDraftGraph(const model::Batch& batch, const ForwardShape& shape,
-                                         DeviceKvCache& cache) {
+absl::Status CudaModel::LaunchDraftGraph(const ForwardShape& shape, const SequenceSlice& slice) {
   auto found = std::find_if(graphs_.begin(), graphs_.end(),
                             [&](const CapturedForward& g) { return g.shape == shape; });
   if (found == graphs_.end()) {
     BITSPLIT_CUDA_RETURN_IF_ERROR(
         cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    absl::Status status = EnqueueForward(batch, shape, cache, /*verify=*/false);
+    absl::Status status = EnqueueForward(shape, {&slice, 1}, /*verify=*/false);
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
     if (!status.ok() || ended != cudaSuccess) {

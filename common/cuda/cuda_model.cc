@@ -250,6 +250,16 @@ absl::Status CudaModel::PlanMemory(const model::EmbeddingAndNorms& embedding_and
         absl::StrFormat("the VRAM budget of %s exceeds the %s free on %s",
                         model::FormatBytes(budget), model::FormatBytes(free_bytes), device_name_));
   }
+  if (request.sessions == 0) {
+    absl::StatusOr<int64_t> sessions =
+        model::VramSessionsThatFit(request, budget, options.max_sessions);
+    if (!sessions.ok()) {
+      return absl::Status(sessions.status().code(),
+                          absl::StrCat(device_name_, ": ", sessions.status().message()));
+    }
+    request.sessions = *sessions;
+    options_.sessions = *sessions;
+  }
   absl::StatusOr<model::VramPlan> plan = model::PlanVram(request, budget);
   if (!plan.ok()) {
     return absl::Status(plan.status().code(),
@@ -436,8 +446,8 @@ absl::Status CudaModel::CarveScratch() {
   d_.choices = scratch.Take<int32_t>(4 * t);
   d_.choice_positions = scratch.Take<int64_t>(8 * t);
   BITSPLIT_CHECK(scratch.used() == s.total_bytes);
-  // The step's prefix length and first slot (16 bytes outside the plan's slabs).
-  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_.step, 2 * sizeof(int64_t)));
+  // Each sequence's prefix length and first slot (16 bytes a row, outside the plan's slabs).
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_.step, 2 * t * sizeof(int64_t)));
   return absl::OkStatus();
 }
 
@@ -448,13 +458,13 @@ absl::Status CudaModel::AllocatePinnedStaging() {
   const int64_t widest_input = std::max({config_.d_model, config_.q_dim(), config_.d_ff});
   const model::ForwardScratchLayout& s = plan_.scratch;
   // Pinned host staging, carved like the scratch.
-  const uint64_t pinned_bytes = AlignVram(12 * t + 2 * t * t + 2 * sizeof(int64_t)) +
+  const uint64_t pinned_bytes = AlignVram(BatchStagingBytes()) +
                                 AlignVram(t * static_cast<uint64_t>(widest_input)) +
                                 2 * AlignVram(4 * t * bs) + s.residual_output_bytes +
                                 AlignVram(4 * t * static_cast<uint64_t>(d));
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&pinned_, pinned_bytes, cudaHostAllocDefault));
   Carver pinned(pinned_);
-  host_batch_ = pinned.Take<uint8_t>(12 * t + 2 * t * t + 2 * sizeof(int64_t));
+  host_batch_ = pinned.Take<uint8_t>(BatchStagingBytes());
   host_codes_ = pinned.Take<int8_t>(t * static_cast<uint64_t>(widest_input));
   host_scales_ = pinned.Take<float>(4 * t * bs);
   host_sums_ = pinned.Take<float>(4 * t * bs);

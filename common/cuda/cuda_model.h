@@ -45,7 +45,9 @@ namespace bitsplit::cuda {
 struct CudaModelOptions {
   int device = 0;
   int64_t context = 2048;       // tokens per session: every KV cache's capacity
-  int64_t sessions = 1;         // KV caches that may exist at once
+  int64_t sessions = 1;         // KV caches that may exist at once; 0: as many as the budget
+                                // holds, at most max_sessions
+  int64_t max_sessions = 256;   // the bound of sessions = 0
   int64_t max_batch_rows = 64;  // largest forward: tree nodes + 1, prefill chunk
   uint64_t vram_budget = 0;     // 0: model::DefaultVramBudget(free device memory)
   int host_threads = 0;         // threads of an in-process residual (<= 0: every hardware thread)
@@ -132,6 +134,12 @@ class DeviceKvCache {
   model::KvSlotLedger slots_;
 };
 
+// One sequence of a forward over many (CudaModel::ForwardSequences).
+struct DeviceSequence {
+  const model::Batch* batch = nullptr;
+  DeviceKvCache* cache = nullptr;
+};
+
 // The draft children of one forward's logit rows (TopK).
 using RowTopK = model::DraftRowChoices;  // common/model/speculation.h
 
@@ -180,6 +188,12 @@ class CudaModel {
   // The same, then the logits to the host ([num_logit_rows, vocab]).
   absl::Status Forward(const model::Batch& batch, DeviceKvCache& cache, std::span<float> logits,
                        model::ForwardMode mode);
+  // One forward over several sequences, each with its own KV cache (all distinct), positions and
+  // mask: every linear group runs on all the sequences' rows at once (one residual request per
+  // group in verify mode), attention on each sequence's own cache. Together at most
+  // max_batch_rows rows and logit rows; the logit rows are the sequences' in order. Every row's
+  // result is the one its sequence's own Forward gives (the kernels are batch-invariant).
+  absl::Status ForwardSequences(std::span<const DeviceSequence> sequences, model::ForwardMode mode);
 
   // Of the last forward's logit rows: Sampler::Choose per row (greedy or sampled; positions[r] is
   // the sequence index row r's token takes), the top-k children (k <= 64), or the logits.
@@ -187,12 +201,20 @@ class CudaModel {
                                                      std::span<const int64_t> positions);
   absl::StatusOr<RowTopK> TopK(int32_t k);
   absl::Status CopyLogits(std::span<float> logits);
+  // The same for logit rows [first_row, first_row + rows) only (one sequence of
+  // ForwardSequences); rows = positions.size() for ChooseTargets.
+  absl::StatusOr<std::vector<int32_t>> ChooseTargets(const model::SamplingParams& sampling,
+                                                     std::span<const int64_t> positions,
+                                                     int64_t first_row);
+  absl::StatusOr<RowTopK> TopK(int32_t k, int64_t first_row, int64_t rows);
+  absl::Status CopyLogits(int64_t first_row, int64_t rows, std::span<float> logits);
   int64_t last_logit_rows() const { return last_logit_rows_; }
 
   const ForwardTimings& last_timings() const { return timings_; }
 
-  // Draft forwards replay CUDA graphs, one captured per shape (rows, mask width, logit rows,
-  // KV cache), when the embedding is gathered on the device; verify forwards, which wait for the
+  // Draft forwards of one sequence replay CUDA graphs, one captured per shape (rows, mask width,
+  // logit rows, KV cache), when the embedding is gathered on the device (several sequences
+  // launch their kernels one by one); verify forwards, which wait for the
   // host's residual between kernels, launch their kernels one by one. On by default; off gives
   // the same bits (for tests and benchmarks).
   void set_cuda_graphs(bool on) { cuda_graphs_ = on; }
@@ -226,6 +248,14 @@ class CudaModel {
     const uint16_t* cache_keys = nullptr;  // identifies the KV cache (all have one layout)
     bool operator==(const ForwardShape&) const = default;
   };
+  // Where one sequence's rows are in the forward's scratch.
+  struct SequenceSlice {
+    DeviceKvCache* cache = nullptr;
+    int64_t first_row = 0;
+    int64_t rows = 0;
+    int64_t mask_width = 0;
+    int64_t mask_offset = 0;  // bytes into the mask
+  };
   struct CapturedForward {
     ForwardShape shape;
     cudaGraphExec_t exec = nullptr;
@@ -248,18 +278,27 @@ class CudaModel {
   absl::Status CarveScratch();
   absl::Status AllocatePinnedStaging();
   absl::Status ValidateBatch(const model::Batch& batch, const DeviceKvCache& cache) const;
-  absl::Status ForwardImpl(const model::Batch& batch, DeviceKvCache& cache,
-                           model::ForwardMode mode);
+  absl::Status ForwardImpl(std::span<const DeviceSequence> sequences, model::ForwardMode mode);
+  // Checks the logit rows [first_row, first_row + rows) of the last forward.
+  absl::Status CheckLogitRows(int64_t first_row, int64_t rows) const;
   // Resolves (and registers) the residual source's staging memory once per source.
   absl::Status EnsureResidualStaging();
-  // Every copy and kernel of one forward, on stream_ (the batch is in the pinned staging).
-  absl::Status EnqueueForward(const model::Batch& batch, const ForwardShape& shape,
-                              DeviceKvCache& cache, bool verify);
-  // EnqueueForward of a draft forward through the captured graph of its shape (captured first).
-  absl::Status LaunchDraftGraph(const model::Batch& batch, const ForwardShape& shape,
-                                DeviceKvCache& cache);
+  // Every copy and kernel of one forward, on stream_ (the batch is in the pinned staging;
+  // `shape` gives the totals over the slices).
+  absl::Status EnqueueForward(const ForwardShape& shape, std::span<const SequenceSlice> slices,
+                              bool verify);
+  // EnqueueForward of a one-sequence draft forward through the captured graph of its shape
+  // (captured first).
+  absl::Status LaunchDraftGraph(const ForwardShape& shape, const SequenceSlice& slice);
+  // The pinned batch staging: tokens, positions, logit rows (i32 [T] each, at 0, 4T, 8T), the
+  // masks (u8, up to 2T x T, at 12T), then each sequence's prefix length and first slot (i64
+  // 2 x [T]).
   int64_t StepStagingOffset() const {
     return 12 * options_.max_batch_rows + 2 * options_.max_batch_rows * options_.max_batch_rows;
+  }
+  uint64_t BatchStagingBytes() const {
+    return static_cast<uint64_t>(StepStagingOffset()) +
+           2 * static_cast<uint64_t>(options_.max_batch_rows) * sizeof(int64_t);
   }
   // outputs[i] = x · W_iᵀ (+ the residual in verify mode) for group `id`; x is [rows, cols].
   absl::Status Linear(model::LinearGroupId id, const float* x, int64_t rows,
@@ -330,7 +369,8 @@ class CudaModel {
     double* log_normalizers;
     int32_t* choices;
     int64_t* choice_positions;
-    int64_t* step = nullptr;  // [prefix length, first slot] of the running forward
+    // [prefix length, first slot] of each sequence of the running forward (i64 2 x [T]).
+    int64_t* step = nullptr;
   } d_{};
 
   // Pinned host staging (one cudaHostAlloc, so copies are DMA): the batch, the quantized

@@ -50,10 +50,16 @@ class CudaSpeculativeSession final : public model::SpeculativeSession {
   absl::Status Commit(std::span<const int32_t> path) override;
 
   const model::DraftTimings& timings() const override { return timings_; }
+
+  // model::RunBatchedStep over sessions of one CudaModel: each draft round and the verifier pass
+  // of every session in one CudaModel::ForwardSequences.
+  static void StepMany(std::span<CudaSpeculativeSession* const> sessions,
+                       std::span<model::SessionStep> steps);
   // The last Verify's forward: residual wait, GPU wait, GPU idle (CudaModel::last_timings).
   const ForwardTimings& verify_forward_timings() const { return verify_forward_timings_; }
 
  private:
+  friend class CudaBatchedStep;
   CudaSpeculativeSession(CudaModel& model, const Options& options,
                          std::unique_ptr<DeviceKvCache> cache, int64_t capacity)
       : model_(model), options_(options), cache_(std::move(cache)), capacity_(capacity) {}

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "common/model/vram_plan.h"
 #include "common/util/fp16.h"
 #include "common/util/status_macros.h"
 
@@ -115,6 +116,27 @@ void KvCache::MoveSlot(int64_t from, int64_t to) {
     std::copy_n(values_.begin() + source, kv_dim_, values_.begin() + target);
   }
   positions_[static_cast<size_t>(to)] = positions_[static_cast<size_t>(from)];
+}
+
+uint64_t KvCacheBytes(int64_t num_layers, int64_t kv_dim, int64_t capacity) {
+  const uint64_t slots = static_cast<uint64_t>(capacity);
+  return 2 * static_cast<uint64_t>(num_layers) * slots * static_cast<uint64_t>(kv_dim) *
+             sizeof(float) +
+         slots * sizeof(int32_t);
+}
+
+uint64_t DefaultKvRamBudget(uint64_t available_bytes) { return available_bytes / 2; }
+
+absl::StatusOr<int64_t> SessionsThatFit(uint64_t budget_bytes, uint64_t session_bytes, int64_t cap,
+                                        std::string_view what) {
+  BITSPLIT_CHECK(cap >= 1 && session_bytes > 0);
+  const uint64_t fitting = budget_bytes / session_bytes;
+  if (fitting == 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%s holds %s of KV cache; the budget of %s holds none", what,
+                        FormatBytes(session_bytes), FormatBytes(budget_bytes)));
+  }
+  return static_cast<int64_t>(std::min<uint64_t>(fitting, static_cast<uint64_t>(cap)));
 }
 
 }  // namespace bitsplit::model

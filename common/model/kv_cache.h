@@ -13,6 +13,7 @@
 // time.
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -123,5 +124,22 @@ class KvCache {
   std::vector<float> values_;       // [num_layers, capacity, kv_dim]
   std::vector<int32_t> positions_;  // [capacity]
 };
+
+// Host memory a KvCache of `capacity` tokens holds (keys, values and positions).
+uint64_t KvCacheBytes(int64_t num_layers, int64_t kv_dim, int64_t capacity);
+inline uint64_t KvCacheBytes(const ModelConfig& config, int64_t capacity) {
+  return KvCacheBytes(config.num_layers, config.kv_dim(), capacity);
+}
+
+// The host memory the CPU backend's KV caches may take when no budget is given: half of what
+// the kernel reports available (MemAvailable), so the page cache keeps room for the mapped
+// weights and the machine for its other processes.
+uint64_t DefaultKvRamBudget(uint64_t available_bytes);
+
+// How many sessions of `session_bytes` each fit `budget_bytes`, at most `cap` (>= 1).
+// RESOURCE_EXHAUSTED when not even one fits, with both sizes and `what` (the session, e.g. "a
+// session of 2048 tokens") in the message.
+absl::StatusOr<int64_t> SessionsThatFit(uint64_t budget_bytes, uint64_t session_bytes, int64_t cap,
+                                        std::string_view what);
 
 }  // namespace bitsplit::model

@@ -503,73 +503,30 @@ absl::Status CpuSpeculativeSession::Commit(std::span<const int32_t> path) {
   return absl::OkStatus();
 }
 
-void StepSessionsOneByOne(std::span<SpeculativeSession* const> sessions,
-                          std::span<SessionStep> steps) {
-  BITSPLIT_CHECK(sessions.size() == steps.size());
-  for (size_t i = 0; i < sessions.size(); ++i) {
-    SpeculativeSession& session = *sessions[i];
-    SessionStep& step = steps[i];
-    if (!step.prefill.empty()) {
-      step.status = session.Prefill(step.prefill);
-      continue;
-    }
-    absl::StatusOr<DraftTree> tree = session.Draft(step.root, step.shape);
-    if (!tree.ok()) {
-      step.status = tree.status();
-      continue;
-    }
-    step.tree = *std::move(tree);
-    absl::StatusOr<std::vector<TargetChoice>> choices = session.Verify(
-        step.tree.tokens, step.tree.parents, step.sampling, step.top_logprobs, step.with_logprobs);
-    if (!choices.ok()) {
-      step.status = choices.status();
-      continue;
-    }
-    step.choices = *std::move(choices);
-    step.walk = WalkTree(step.tree.tokens, step.tree.parents, TargetTokens(step.choices));
-    step.status = session.Commit(step.walk.path);
-    step.draft_ns = session.timings().draft_ns;
-    step.verify_ns = session.timings().verify_ns;
-    step.batch_rows = step.tree.size();
-  }
-}
-
-void CpuSpeculativeSession::StepMany(std::span<CpuSpeculativeSession* const> sessions,
-                                     std::span<SessionStep> steps) {
-  BITSPLIT_CHECK(sessions.size() == steps.size());
-  if (sessions.empty()) return;
-  LlamaModel& target = sessions[0]->target_;
-  LlamaModel& draft = sessions[0]->draft_;
-  const ForwardMode target_mode = sessions[0]->target_mode_;
-  const ForwardMode draft_mode = sessions[0]->draft_mode_;
-  const int64_t vocab = target.config().vocab_size;
+void RunBatchedStep(BatchedStepModel& model, std::span<SessionStep> steps) {
+  using Sequence = BatchedStepModel::Sequence;
+  const int64_t vocab = model.vocab_size();
 
   // Who takes part: each session's own checks first.
   std::vector<size_t> prefilling, decoding;
-  for (size_t i = 0; i < sessions.size(); ++i) {
-    CpuSpeculativeSession& session = *sessions[i];
+  for (size_t i = 0; i < steps.size(); ++i) {
     SessionStep& step = steps[i];
-    BITSPLIT_CHECK(&session.target_ == &target && &session.draft_ == &draft &&
-                   session.target_mode_ == target_mode && session.draft_mode_ == draft_mode);
-    const int64_t length = session.committed_length();
-    session.pending_tokens_.clear();
-    session.pending_parents_.clear();
+    const int64_t length = model.committed_length(i);
+    const int64_t capacity = model.capacity(i);
+    model.ClearPendingTree(i);
     if (!step.prefill.empty()) {
-      step.status = ValidatePrefill(step.prefill, vocab, length, session.capacity());
+      step.status = ValidatePrefill(step.prefill, vocab, length, capacity);
       if (step.status.ok()) prefilling.push_back(i);
       continue;
     }
-    step.status = ValidateDraftRequest(step.root, step.shape, vocab, session.capacity(), length,
-                                       session.capacity());
+    step.status = ValidateDraftRequest(step.root, step.shape, vocab, model.max_draft_nodes(i),
+                                       length, capacity);
     if (step.status.ok()) step.status = ValidateTargetSampling(step.sampling, step.top_logprobs);
-    if (step.status.ok() && length + 1 > session.capacity()) {
-      step.status = absl::ResourceExhaustedError(
-          absl::StrFormat("the session holds %d of %d tokens: no room for the next one", length,
-                          session.capacity()));
+    if (step.status.ok() && length + 1 > capacity) {
+      step.status = absl::ResourceExhaustedError(absl::StrFormat(
+          "the session holds %d of %d tokens: no room for the next one", length, capacity));
     }
-    if (step.status.ok() && session.draft_cache_ != nullptr && step.shape.nodes > 0) {
-      step.status = session.CatchUpDraftCache();  // own-KV ablation: one session at a time
-    }
+    if (step.status.ok()) step.status = model.PrepareDraft(i, step);
     if (step.status.ok()) decoding.push_back(i);
   }
 
@@ -578,124 +535,213 @@ void CpuSpeculativeSession::StepMany(std::span<CpuSpeculativeSession* const> ses
   std::vector<DraftTreeGrower> growers;
   growers.reserve(decoding.size());
   for (size_t i : decoding) {
-    growers.emplace_back(steps[i].root, steps[i].shape, sessions[i]->committed_length());
+    growers.emplace_back(steps[i].root, steps[i].shape, model.committed_length(i));
   }
-  auto draft_cache = [&](size_t i) -> KvCache& {
-    return sessions[i]->draft_cache_ != nullptr ? *sessions[i]->draft_cache_
-                                                : sessions[i]->target_cache_;
-  };
-  std::vector<float> logits;
+  std::vector<DraftRowChoices> children;
   while (true) {
     std::vector<size_t> round;  // indices into decoding / growers
-    int64_t rows = 0;
+    std::vector<Sequence> sequences;
     for (size_t g = 0; g < growers.size(); ++g) {
       if (!growers[g].done() && steps[decoding[g]].status.ok()) {
         round.push_back(g);
-        rows += growers[g].batch().size();
+        sequences.push_back({.session = decoding[g],
+                             .batch = &growers[g].batch(),
+                             .top_k = growers[g].expansions()});
       }
     }
     if (round.empty()) break;
-    logits.resize(static_cast<size_t>(rows * vocab));
-    std::vector<SequenceForward> forwards;
-    int64_t at = 0;
-    for (size_t g : round) {
-      const Batch& batch = growers[g].batch();
-      forwards.push_back(
-          {.batch = &batch,
-           .cache = &draft_cache(decoding[g]),
-           .logits = std::span<float>(logits).subspan(static_cast<size_t>(at * vocab),
-                                                      static_cast<size_t>(batch.size() * vocab))});
-      at += batch.size();
-    }
-    const absl::Status forwarded = draft.ForwardSequences(forwards, draft_mode);
-    at = 0;
-    for (size_t g : round) {
-      const int64_t batch_rows = growers[g].batch().size();
+    const absl::Status forwarded = model.DraftForward(sequences, &children);
+    for (size_t j = 0; j < round.size(); ++j) {
       if (!forwarded.ok()) {
-        steps[decoding[g]].status = forwarded;
+        steps[decoding[round[j]]].status = forwarded;
         continue;
       }
-      growers[g].Absorb(TopDraftChoices(
-          std::span<const float>(logits).subspan(static_cast<size_t>(at * vocab),
-                                                 static_cast<size_t>(batch_rows * vocab)),
-          batch_rows, vocab, growers[g].expansions()));
-      at += batch_rows;
+      growers[round[j]].Absorb(std::move(children[j]));
     }
   }
   for (size_t g = 0; g < decoding.size(); ++g) {
-    draft_cache(decoding[g]).DiscardPending();
+    model.DiscardDraft(decoding[g]);
     if (steps[decoding[g]].status.ok()) steps[decoding[g]].tree = growers[g].Take();
   }
   const int64_t draft_ns = decoding.empty() ? 0 : NanosSince(draft_start);
 
   // One verifier forward: every prefill chunk (its last row's logits only) and every tree.
   const Clock::time_point verify_start = Clock::now();
-  std::vector<size_t> verifying;
   std::vector<Batch> batches;
+  std::vector<Sequence> sequences;
   for (size_t i : prefilling) {
-    Batch batch =
-        Batch::Causal(steps[i].prefill, static_cast<int32_t>(sessions[i]->committed_length()));
+    Batch batch = Batch::Causal(steps[i].prefill, static_cast<int32_t>(model.committed_length(i)));
     batch.logit_rows = {static_cast<int32_t>(batch.size() - 1)};
-    verifying.push_back(i);
     batches.push_back(std::move(batch));
+    sequences.push_back({.session = i});
   }
   for (size_t i : decoding) {
     if (!steps[i].status.ok()) continue;
-    absl::StatusOr<Batch> batch =
-        Batch::Tree(steps[i].tree.tokens, steps[i].tree.parents,
-                    static_cast<int32_t>(sessions[i]->committed_length()));
+    absl::StatusOr<Batch> batch = Batch::Tree(steps[i].tree.tokens, steps[i].tree.parents,
+                                              static_cast<int32_t>(model.committed_length(i)));
     BITSPLIT_CHECK(batch.ok());  // the grower's tree is well formed
-    verifying.push_back(i);
     batches.push_back(*std::move(batch));
+    sequences.push_back({.session = i});
   }
-  if (verifying.empty()) return;
-  int64_t logit_rows = 0, batch_rows = 0;
-  for (const Batch& batch : batches) {
-    logit_rows += batch.num_logit_rows();
-    batch_rows += batch.size();
+  if (sequences.empty()) return;
+  int64_t batch_rows = 0;
+  for (size_t v = 0; v < sequences.size(); ++v) {
+    sequences[v].batch = &batches[v];
+    batch_rows += batches[v].size();
   }
-  logits.resize(static_cast<size_t>(logit_rows * vocab));
-  std::vector<SequenceForward> forwards;
-  int64_t at = 0;
-  for (size_t v = 0; v < verifying.size(); ++v) {
-    const int64_t rows = batches[v].num_logit_rows();
-    forwards.push_back({.batch = &batches[v],
-                        .cache = &sessions[verifying[v]]->target_cache_,
-                        .logits = std::span<float>(logits).subspan(
-                            static_cast<size_t>(at * vocab), static_cast<size_t>(rows * vocab))});
-    at += rows;
-  }
-  const absl::Status verified = target.ForwardSequences(forwards, target_mode);
+  const absl::Status verified = model.VerifyForward(sequences);
   const int64_t verify_ns = NanosSince(verify_start);
-  for (size_t v = 0; v < verifying.size(); ++v) {
-    CpuSpeculativeSession& session = *sessions[verifying[v]];
-    SessionStep& step = steps[verifying[v]];
+  for (size_t v = 0; v < sequences.size(); ++v) {
+    const size_t i = sequences[v].session;
+    SessionStep& step = steps[i];
     step.draft_ns = step.prefill.empty() && step.shape.nodes > 0 ? draft_ns : 0;
     step.verify_ns = verify_ns;
     step.batch_rows = static_cast<int32_t>(batch_rows);
     if (!verified.ok()) {
-      session.target_cache_.DiscardPending();
+      model.DiscardVerify(i);
       step.status = verified;
       continue;
     }
     if (!step.prefill.empty()) {
-      step.status = session.target_cache_.Commit(batches[v].size());
-      if (step.status.ok()) {
-        session.committed_tokens_.insert(session.committed_tokens_.end(), step.prefill.begin(),
-                                         step.prefill.end());
-      }
+      step.status = model.CommitPrefill(i, step.prefill);
       continue;
     }
-    step.choices = ChooseTargets(forwards[v].logits, batches[v], vocab, step.sampling,
-                                 step.top_logprobs, step.with_logprobs, session.sampler_);
+    absl::StatusOr<std::vector<TargetChoice>> choices = model.Targets(v, step);
+    if (!choices.ok()) {
+      model.DiscardVerify(i);
+      step.status = choices.status();
+      continue;
+    }
+    step.choices = *std::move(choices);
     step.walk = WalkTree(step.tree.tokens, step.tree.parents, TargetTokens(step.choices));
-    step.status = session.target_cache_.CommitSlots(step.walk.path);
-    if (step.status.ok()) {
-      for (int32_t node : step.walk.path) {
-        session.committed_tokens_.push_back(step.tree.tokens[static_cast<size_t>(node)]);
-      }
+    step.status = model.CommitPath(i, step.walk.path, step.tree.tokens);
+  }
+}
+
+// RunBatchedStep over CpuSpeculativeSessions of one target and draft model.
+class CpuBatchedStep final : public BatchedStepModel {
+ public:
+  explicit CpuBatchedStep(std::span<CpuSpeculativeSession* const> sessions)
+      : sessions_(sessions),
+        target_(sessions[0]->target_),
+        draft_(sessions[0]->draft_),
+        target_mode_(sessions[0]->target_mode_),
+        draft_mode_(sessions[0]->draft_mode_),
+        vocab_(target_.config().vocab_size) {
+    for (const CpuSpeculativeSession* session : sessions) {
+      BITSPLIT_CHECK(&session->target_ == &target_ && &session->draft_ == &draft_ &&
+                     session->target_mode_ == target_mode_ && session->draft_mode_ == draft_mode_);
     }
   }
+
+  int64_t vocab_size() const override { return vocab_; }
+  int64_t committed_length(size_t i) const override { return sessions_[i]->committed_length(); }
+  int64_t capacity(size_t i) const override { return sessions_[i]->capacity(); }
+  int64_t max_draft_nodes(size_t i) const override { return sessions_[i]->capacity(); }
+  void ClearPendingTree(size_t i) override {
+    sessions_[i]->pending_tokens_.clear();
+    sessions_[i]->pending_parents_.clear();
+  }
+  absl::Status PrepareDraft(size_t i, const SessionStep& step) override {
+    // The own-KV ablation catches up one session at a time.
+    if (sessions_[i]->draft_cache_ == nullptr || step.shape.nodes == 0) return absl::OkStatus();
+    return sessions_[i]->CatchUpDraftCache();
+  }
+  absl::Status DraftForward(std::span<const Sequence> sequences,
+                            std::vector<DraftRowChoices>* children) override {
+    BITSPLIT_RETURN_IF_ERROR(Forward(draft_, draft_mode_, sequences, /*draft=*/true));
+    children->clear();
+    int64_t at = 0;
+    for (const Sequence& sequence : sequences) {
+      const int64_t rows = sequence.batch->num_logit_rows();  // every row of a draft batch
+      children->push_back(TopDraftChoices(RowsOfLogits(at, rows), rows, vocab_, sequence.top_k));
+      at += rows;
+    }
+    return absl::OkStatus();
+  }
+  void DiscardDraft(size_t i) override { DraftCache(i).DiscardPending(); }
+  absl::Status VerifyForward(std::span<const Sequence> sequences) override {
+    logit_offsets_.clear();
+    int64_t at = 0;
+    for (const Sequence& sequence : sequences) {
+      logit_offsets_.push_back(at);
+      at += sequence.batch->num_logit_rows();
+    }
+    verified_.assign(sequences.begin(), sequences.end());
+    return Forward(target_, target_mode_, sequences, /*draft=*/false);
+  }
+  absl::StatusOr<std::vector<TargetChoice>> Targets(size_t index,
+                                                    const SessionStep& step) override {
+    const Sequence& sequence = verified_[index];
+    CpuSpeculativeSession& session = *sessions_[sequence.session];
+    return ChooseTargets(RowsOfLogits(logit_offsets_[index], sequence.batch->num_logit_rows()),
+                         *sequence.batch, vocab_, step.sampling, step.top_logprobs,
+                         step.with_logprobs, session.sampler_);
+  }
+  void DiscardVerify(size_t i) override { sessions_[i]->target_cache_.DiscardPending(); }
+  absl::Status CommitPrefill(size_t i, std::span<const int32_t> tokens) override {
+    CpuSpeculativeSession& session = *sessions_[i];
+    BITSPLIT_RETURN_IF_ERROR(session.target_cache_.Commit(static_cast<int64_t>(tokens.size())));
+    session.committed_tokens_.insert(session.committed_tokens_.end(), tokens.begin(), tokens.end());
+    return absl::OkStatus();
+  }
+  absl::Status CommitPath(size_t i, std::span<const int32_t> path,
+                          std::span<const int32_t> tree_tokens) override {
+    CpuSpeculativeSession& session = *sessions_[i];
+    BITSPLIT_RETURN_IF_ERROR(session.target_cache_.CommitSlots(path));
+    for (int32_t node : path) {
+      session.committed_tokens_.push_back(tree_tokens[static_cast<size_t>(node)]);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  KvCache& DraftCache(size_t i) {
+    return sessions_[i]->draft_cache_ != nullptr ? *sessions_[i]->draft_cache_
+                                                 : sessions_[i]->target_cache_;
+  }
+  std::span<const float> RowsOfLogits(int64_t first_row, int64_t rows) const {
+    return std::span<const float>(logits_).subspan(static_cast<size_t>(first_row * vocab_),
+                                                   static_cast<size_t>(rows * vocab_));
+  }
+  // ForwardSequences over `sequences`, the logit rows one after another in logits_.
+  absl::Status Forward(LlamaModel& model, ForwardMode mode, std::span<const Sequence> sequences,
+                       bool draft) {
+    int64_t logit_rows = 0;
+    for (const Sequence& sequence : sequences) logit_rows += sequence.batch->num_logit_rows();
+    logits_.resize(static_cast<size_t>(logit_rows * vocab_));
+    std::vector<SequenceForward> forwards;
+    int64_t at = 0;
+    for (const Sequence& sequence : sequences) {
+      const int64_t rows = sequence.batch->num_logit_rows();
+      forwards.push_back(
+          {.batch = sequence.batch,
+           .cache =
+               draft ? &DraftCache(sequence.session) : &sessions_[sequence.session]->target_cache_,
+           .logits = std::span<float>(logits_).subspan(static_cast<size_t>(at * vocab_),
+                                                       static_cast<size_t>(rows * vocab_))});
+      at += rows;
+    }
+    return model.ForwardSequences(forwards, mode);
+  }
+
+  std::span<CpuSpeculativeSession* const> sessions_;
+  LlamaModel& target_;
+  LlamaModel& draft_;
+  const ForwardMode target_mode_;
+  const ForwardMode draft_mode_;
+  const int64_t vocab_;
+  std::vector<float> logits_;
+  std::vector<Sequence> verified_;      // the last VerifyForward's sequences
+  std::vector<int64_t> logit_offsets_;  // their first logit row in logits_
+};
+
+void CpuSpeculativeSession::StepMany(std::span<CpuSpeculativeSession* const> sessions,
+                                     std::span<SessionStep> steps) {
+  BITSPLIT_CHECK(sessions.size() == steps.size());
+  if (sessions.empty()) return;
+  CpuBatchedStep model(sessions);
+  RunBatchedStep(model, steps);
 }
 
 }  // namespace bitsplit::model

@@ -1,9 +1,9 @@
 #pragma once
 // Speculative decoding (docs/design.md §3): a step of one sequence (draft a tree with the base
 // weights, verify it with base + residual, walk it, commit the accepted path), and the same
-// step for many sequences at once (SessionStep, CpuSpeculativeSession::StepMany: continuous
-// batching). The gpu-drafter service runs a SpeculativeSession per request and its scheduler
-// steps them together; the tests and the speculation bench run them in process.
+// step for many sequences at once (SessionStep, RunBatchedStep: continuous batching). The
+// gpu-drafter service runs a SpeculativeSession per request and its scheduler steps them together;
+// the tests and the speculation bench run them in process.
 //
 //   step (committed length L, pending root r at position L):
 //     tree    = session.Draft(r, shape)             // best-first growth, draft forwards only
@@ -242,10 +242,53 @@ struct SessionStep {
   int32_t batch_rows = 0;             // rows of that verifier forward, every session's
 };
 
-// The same iteration through the SpeculativeSession interface, one session after another
-// (Prefill, or Draft, Verify, WalkTree, Commit): for engines without a batched step.
-void StepSessionsOneByOne(std::span<SpeculativeSession* const> sessions,
-                          std::span<SessionStep> steps);
+// What one batched iteration (RunBatchedStep) needs of an engine: its sessions, numbered as the
+// steps are, and forwards that run the rows of many sessions at once, each row with its own
+// session's KV cache, positions and mask. CpuSpeculativeSession::StepMany and
+// cuda::CudaSpeculativeSession::StepMany implement it over their models.
+//
+// Thread safety: none (the engine's lock).
+class BatchedStepModel {
+ public:
+  // One sequence of a shared forward: session `session`'s rows.
+  struct Sequence {
+    size_t session = 0;
+    const Batch* batch = nullptr;
+    int32_t top_k = 0;  // draft forwards: children kept per row
+  };
+
+  virtual ~BatchedStepModel() = default;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t committed_length(size_t session) const = 0;
+  virtual int64_t capacity(size_t session) const = 0;
+  // The largest tree (root included) the session may draft.
+  virtual int64_t max_draft_nodes(size_t session) const = 0;
+  // Forgets a verified tree that was not committed (a new step begins).
+  virtual void ClearPendingTree(size_t session) = 0;
+  // Work a session needs before its draft rounds (the own-KV ablation's catch-up).
+  virtual absl::Status PrepareDraft(size_t session, const SessionStep& step) = 0;
+  // One draft forward over `sequences`; (*children)[j] = sequences[j]'s rows' top-k children.
+  virtual absl::Status DraftForward(std::span<const Sequence> sequences,
+                                    std::vector<DraftRowChoices>* children) = 0;
+  virtual void DiscardDraft(size_t session) = 0;
+  // One verifier forward over `sequences` (their KV stays pending).
+  virtual absl::Status VerifyForward(std::span<const Sequence> sequences) = 0;
+  // After VerifyForward: the target's choice after every row of sequences[index].
+  virtual absl::StatusOr<std::vector<TargetChoice>> Targets(size_t index,
+                                                            const SessionStep& step) = 0;
+  virtual void DiscardVerify(size_t session) = 0;
+  // Keeps a verified prefill chunk (every pending slot) or a tree's accepted path.
+  virtual absl::Status CommitPrefill(size_t session, std::span<const int32_t> tokens) = 0;
+  virtual absl::Status CommitPath(size_t session, std::span<const int32_t> path,
+                                  std::span<const int32_t> tree_tokens) = 0;
+};
+
+// One iteration of continuous batching: every session's draft round in one draft forward, then
+// every prefill chunk and every tree in one verifier forward, then each session's sampling, walk
+// and commit. A session whose step is invalid gets its own error in `steps[i].status` and takes
+// no part; a failed shared forward fails every session in it (their committed caches
+// unchanged). Batch invariance makes each session's tokens equal to its steps run alone.
+void RunBatchedStep(BatchedStepModel& model, std::span<SessionStep> steps);
 
 // SpeculativeSession on the CPU: the target and the draft are LlamaModels (the split model in
 // verify and draft mode, or a separate draft GGUF in reference mode).
@@ -279,16 +322,13 @@ class CpuSpeculativeSession final : public SpeculativeSession {
   absl::Status Commit(std::span<const int32_t> path) override;
   const DraftTimings& timings() const override { return timings_; }
 
-  // One iteration of continuous batching over sessions that share their target and draft
-  // models: every session's draft round in one draft forward (ForwardSequences), then every
-  // prefill chunk and every tree in one verifier forward, then each session's sampling, walk and
-  // commit. A session whose step is invalid gets its own error in `steps[i].status` and takes no
-  // part; a failed shared forward fails every session in it (their committed caches unchanged).
-  // Batch invariance makes each session's tokens equal to its steps run alone.
+  // RunBatchedStep over sessions that share their target and draft models (their forwards are
+  // LlamaModel::ForwardSequences).
   static void StepMany(std::span<CpuSpeculativeSession* const> sessions,
                        std::span<SessionStep> steps);
 
  private:
+  friend class CpuBatchedStep;
   CpuSpeculativeSession(LlamaModel& target, ForwardMode target_mode, LlamaModel& draft,
                         ForwardMode draft_mode, const Options& options, KvCache target_cache);
   // Brings the draft's own cache up to the committed tokens (own-KV mode).

@@ -216,6 +216,20 @@ absl::StatusOr<uint64_t> VramTotalBytes(const VramRequest& request) {
   return Compute(request, base_bytes).total_bytes;
 }
 
+absl::StatusOr<int64_t> VramSessionsThatFit(const VramRequest& request, uint64_t budget_bytes,
+                                            int64_t cap) {
+  VramRequest one = request;
+  one.sessions = 1;
+  BITSPLIT_RETURN_IF_ERROR(PlanVram(one, budget_bytes).status());
+  BITSPLIT_ASSIGN_OR_RETURN(
+      const uint64_t base_bytes,
+      SplitLinearBytes(request.config, request.base_format, request.base_group));
+  return LargestFitting(std::max<int64_t>(cap, 1), [&](int64_t sessions) {
+    one.sessions = sessions;
+    return Compute(one, base_bytes).total_bytes <= budget_bytes;
+  });
+}
+
 absl::StatusOr<VramPlan> PlanVram(const VramRequest& request, uint64_t budget_bytes) {
   BITSPLIT_RETURN_IF_ERROR(ValidateRequest(request));
   BITSPLIT_ASSIGN_OR_RETURN(

@@ -124,6 +124,11 @@ struct VramPlan {
 // fits instead.
 absl::StatusOr<VramPlan> PlanVram(const VramRequest& request, uint64_t budget_bytes);
 
+// The most sessions, at most `cap`, whose plan at request.context fits `budget_bytes`
+// (request.sessions is not read); when not even one fits, PlanVram's refusal of one session.
+absl::StatusOr<int64_t> VramSessionsThatFit(const VramRequest& request, uint64_t budget_bytes,
+                                            int64_t cap);
+
 // Total bytes of `request` regardless of any budget (same validation).
 absl::StatusOr<uint64_t> VramTotalBytes(const VramRequest& request);
 

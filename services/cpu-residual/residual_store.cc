@@ -7,10 +7,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/meminfo.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 #include "spdlog/spdlog.h"
@@ -20,20 +20,6 @@ namespace bitsplit::residual {
 namespace {
 
 std::string Bytes(uint64_t bytes) { return absl::StrCat(bytes, " bytes (", bytes >> 20, " MiB)"); }
-
-// MemTotal and MemAvailable in bytes (0 when unknown).
-void ReadMeminfo(uint64_t* total, uint64_t* available) {
-  *total = *available = 0;
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib) {
-    std::getline(in, unit);
-    if (key == "MemTotal:") *total = kib << 10;
-    if (key == "MemAvailable:") *available = kib << 10;
-  }
-}
 
 std::string RlimitText(rlim_t value) {
   return value == RLIM_INFINITY ? std::string("unlimited") : absl::StrCat(value);
@@ -70,8 +56,8 @@ absl::StatusOr<std::unique_ptr<ResidualStore>> ResidualStore::Open(const std::st
 absl::Status ResidualStore::PrepareMemory() {
   const SplitFile& file = residual_->file();
   const uint64_t size = file.image_size();
-  uint64_t total = 0, available = 0;
-  ReadMeminfo(&total, &available);
+  const MemInfo memory = ReadMemInfo();
+  uint64_t total = memory.total_bytes, available = memory.available_bytes;
   if (options_.memory_total_override != 0) total = available = options_.memory_total_override;
   if (total != 0 && size > total) {
     return absl::ResourceExhaustedError(

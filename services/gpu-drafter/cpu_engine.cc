@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/kv_cache.h"
 #include "common/model/split_model.h"
 #include "common/util/status_macros.h"
 
@@ -59,6 +60,15 @@ absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> CpuEngine::NewSession
                                             .prefill_chunk = options_.prefill_chunk,
                                             .draft_kv = options_.draft_kv}));
   return session;
+}
+
+uint64_t CpuEngine::SessionHostBytes(int64_t context) const {
+  uint64_t bytes = model::KvCacheBytes(target_->config(), context);
+  if (options_.draft_kv == model::DraftKv::kOwn) {
+    const model::LlamaModel& draft = separate_draft_ != nullptr ? *separate_draft_ : *target_;
+    bytes += model::KvCacheBytes(draft.config(), context);
+  }
+  return bytes;
 }
 
 void CpuEngine::Step(std::span<model::SpeculativeSession* const> sessions,

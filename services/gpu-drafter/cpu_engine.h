@@ -35,6 +35,8 @@ class CpuEngine final : public DrafterEngine {
   bool has_residual() const override { return target_->SupportsMode(model::ForwardMode::kVerify); }
   absl::Status SetResidualSource(model::ResidualSource* source) override;
   absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> NewSession(int64_t context) override;
+  // The verifier's KV cache, and the draft model's own one in the own-KV ablation.
+  uint64_t SessionHostBytes(int64_t context) const override;
   // Batched: model::CpuSpeculativeSession::StepMany.
   void Step(std::span<model::SpeculativeSession* const> sessions,
             std::span<model::SessionStep> steps) override;

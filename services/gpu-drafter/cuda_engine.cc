@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -45,7 +46,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const CudaEngineO
           files, {.device = 0,
                   .context = context,
                   .sessions = options.sessions,
-                  .max_batch_rows = std::max(options.max_tree_nodes + 1, options.prefill_chunk),
+                  .max_sessions = options.max_sessions,
+                  .max_batch_rows = std::max(
+                      {options.max_batch_rows, options.max_tree_nodes + 1, options.prefill_chunk}),
                   .vram_budget = options.vram_budget,
                   .host_threads = options.threads}));
   if (files.residual_linear() != nullptr) {
@@ -67,6 +70,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const CudaEngineO
   info.vram_plan = PlanLines(plan);
   info.vram_summary = plan.ToString();
   info.vram_budget_bytes = plan.budget_bytes;
+  info.planned_sessions = plan.sessions;
   return backend;
 }
 
@@ -85,6 +89,17 @@ absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> CudaEngine::NewSessio
       cuda::CudaSpeculativeSession::Create(
           *model_, {.prefill_chunk = options_.prefill_chunk, .capacity = context}));
   return session;
+}
+
+void CudaEngine::Step(std::span<model::SpeculativeSession* const> sessions,
+                      std::span<model::SessionStep> steps) {
+  std::vector<cuda::CudaSpeculativeSession*> own;
+  own.reserve(sessions.size());
+  for (model::SpeculativeSession* session : sessions) {
+    // Every session of this engine is one of NewSession's.
+    own.push_back(static_cast<cuda::CudaSpeculativeSession*>(session));
+  }
+  cuda::CudaSpeculativeSession::StepMany(own, steps);
 }
 
 }  // namespace bitsplit::drafter

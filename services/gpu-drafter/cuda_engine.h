@@ -4,8 +4,10 @@
 // (cuda::CudaSpeculativeSession). The residual half of every verify matmul stays on the CPU:
 // cpu-residual through SetResidualSource, or the residual file in process (--residual-file).
 //
-// The VRAM is planned once at start-up for --max-sessions KV caches of --max-context tokens and
-// forwards of max(--max-tree-nodes + 1, prefill chunk) tokens; Create refuses with the plan's
+// The VRAM is planned once at start-up for --max-sessions KV caches (auto: as many as the budget
+// holds, at most --max-batch-rows) of --max-context tokens and forwards of
+// max(--max-batch-rows, --max-tree-nodes + 1, prefill chunk) tokens (every session's rows of one
+// scheduler iteration); Create refuses with the plan's
 // RESOURCE_EXHAUSTED message (what fits instead) when that does not fit the budget.
 //
 // Device 0 of the visible ones (CUDA_VISIBLE_DEVICES picks it): the service's worker threads run
@@ -28,13 +30,15 @@ namespace bitsplit::drafter {
 
 struct CudaEngineOptions {
   std::string base_path;
-  std::string residual_path;    // non-empty: the residual is computed in process
-  int threads = 0;              // host threads of the residual (<= 0: every hardware thread)
-  int64_t prefill_chunk = 64;   // tokens per prefill forward
-  int64_t context = 2048;       // every session's KV capacity (--max-context)
-  int64_t sessions = 1;         // KV caches held at once (--max-sessions)
-  int64_t max_tree_nodes = 64;  // largest tree, root included (--max-tree-nodes)
-  uint64_t vram_budget = 0;     // 0: free device memory minus model::DefaultVramBudget's margin
+  std::string residual_path;   // non-empty: the residual is computed in process
+  int threads = 0;             // host threads of the residual (<= 0: every hardware thread)
+  int64_t prefill_chunk = 64;  // tokens per prefill forward
+  int64_t context = 2048;      // every session's KV capacity (--max-context)
+  int64_t sessions = 1;  // KV caches held at once (--max-sessions); 0: as many as the budget holds
+  int64_t max_sessions = 256;    // the bound of sessions = 0
+  int64_t max_tree_nodes = 64;   // largest tree, root included (--max-tree-nodes)
+  int64_t max_batch_rows = 256;  // rows of one scheduler iteration (--max-batch-rows)
+  uint64_t vram_budget = 0;      // 0: free device memory minus model::DefaultVramBudget's margin
 };
 
 class CudaEngine final : public DrafterEngine {
@@ -53,12 +57,10 @@ class CudaEngine final : public DrafterEngine {
   // INVALID_ARGUMENT beyond) bounds what the session accepts, as on the cpu backend.
   // RESOURCE_EXHAUSTED when every planned KV cache is in use.
   absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> NewSession(int64_t context) override;
-  // One session after another (model::StepSessionsOneByOne): the CUDA forward runs one
-  // sequence per call.
+  uint64_t SessionHostBytes(int64_t) const override { return 0; }
+  // Batched: cuda::CudaSpeculativeSession::StepMany.
   void Step(std::span<model::SpeculativeSession* const> sessions,
-            std::span<model::SessionStep> steps) override {
-    model::StepSessionsOneByOne(sessions, steps);
-  }
+            std::span<model::SessionStep> steps) override;
 
   const model::VramPlan& plan() const { return model_->plan(); }
 

@@ -45,6 +45,7 @@ struct EngineInfo {
   std::string vram_plan;
   std::string vram_summary;
   uint64_t vram_budget_bytes = 0;
+  int64_t planned_sessions = 0;  // cuda: the KV caches the VRAM plan holds; 0 on cpu
 };
 
 // The fields of EngineInfo that come from the split model's files: model name (general.name,
@@ -67,6 +68,9 @@ class DrafterEngine {
   // A session holding up to `context` tokens (prompt + output + one tree).
   virtual absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> NewSession(
       int64_t context) = 0;
+  // Host memory a session of `context` tokens allocates: its KV caches on the cpu backend; 0 on
+  // cuda, whose caches are part of the VRAM plan.
+  virtual uint64_t SessionHostBytes(int64_t context) const = 0;
   // One scheduler iteration over sessions this engine made (model::SessionStep): every step in
   // shared forwards where the engine batches sessions, else one session after another.
   virtual void Step(std::span<model::SpeculativeSession* const> sessions,

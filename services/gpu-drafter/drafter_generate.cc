@@ -158,6 +158,9 @@ struct DrafterService::Generation {
   int64_t last_rows = 0;     // verifier rows it had in the last iteration
   double last_tokens = 0.0;  // tokens it emitted in the last iteration
   bool finished = false;
+  // How its stream ends: once its session is closed, so a client that saw the end finds the
+  // session gone.
+  absl::Status end_status;
 
   size_t prefill_target() const { return prompt.size() - 1; }
 };
@@ -294,19 +297,21 @@ void DrafterService::SchedulerLoop() {
     for (auto& generation : active) {
       if (!generation->finished) continue;
       if (generation->session_id != 0) (void)sessions_.Remove(generation->session_id);
+      generation->stream->End(generation->end_status);
       generation.reset();
     }
     std::erase(active, nullptr);
   }
   for (auto& generation : active) {
-    generation->stream->End(absl::UnavailableError("the drafter is shutting down"));
     if (generation->session_id != 0) (void)sessions_.Remove(generation->session_id);
+    generation->stream->End(absl::UnavailableError("the drafter is shutting down"));
   }
 }
 
 void DrafterService::RunIteration(std::vector<std::unique_ptr<Generation>>& active) {
   auto end = [](Generation& g, const absl::Status& status) {
-    g.stream->End(status);
+    if (g.finished) return;  // the first reason stands
+    g.end_status = status;
     g.finished = true;
   };
   // Newly arrived generations get their session; cancelled ones leave.

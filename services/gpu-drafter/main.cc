@@ -2,7 +2,8 @@
 //
 //   bitsplit-drafter MODEL.base.bsplit [--residual-socket unix:PATH | --residual-file RESIDUAL]
 //                    [--socket PATH | --tcp HOST:PORT] [--backend auto|cpu|cuda] [--threads N]
-//                    [--vram-budget BYTES|auto] [--max-sessions 4] [--max-context 2048]
+//                    [--vram-budget BYTES|auto] [--ram-budget BYTES|auto]
+//                    [--max-sessions N|auto] [--max-context 2048]
 //                    [--max-tree-nodes 64] [--prefill-rows 64] [--max-batch-rows 256]
 //                    [--max-batch-generations 0]
 //                    [--session-idle-timeout 300]
@@ -29,10 +30,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "common/model/kv_cache.h"
 #include "common/model/remote_residual.h"
 #include "common/model/speculation.h"
 #include "common/model/split_backend.h"
+#include "common/model/vram_plan.h"
 #include "common/rpc/server_runner.h"
+#include "common/util/meminfo.h"
 #include "common/util/status_macros.h"
 #include "services/gpu-drafter/cpu_engine.h"
 #include "services/gpu-drafter/drafter_service.h"
@@ -59,9 +63,9 @@ int Fail(const absl::Status& status, int exit_code = 1) {
 }
 int UsageError(const std::string& message) { return Fail(absl::InvalidArgumentError(message), 2); }
 
-// --vram-budget: "auto" (0: the planner's default, free memory minus a margin) or bytes, with an
-// optional KiB, MiB or GiB suffix.
-absl::StatusOr<uint64_t> ParseVramBudget(const std::string& text) {
+// --vram-budget and --ram-budget: "auto" (0: the default) or bytes, with an optional KiB, MiB or
+// GiB suffix.
+absl::StatusOr<uint64_t> ParseBudget(const std::string& flag, const std::string& text) {
   if (text == "auto") return 0;
   absl::string_view digits(text);
   uint64_t unit = 1;
@@ -76,9 +80,8 @@ absl::StatusOr<uint64_t> ParseVramBudget(const std::string& text) {
   uint64_t value = 0;
   if (digits.empty() || !absl::c_all_of(digits, absl::ascii_isdigit) ||
       !absl::SimpleAtoi(digits, &value) || value == 0 || value > UINT64_MAX / unit) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--vram-budget \"", text,
-                     "\" is neither auto nor a positive size (BYTES, or N KiB/MiB/GiB)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " \"", text, "\" is neither auto nor a positive size (BYTES, or N KiB/MiB/GiB)"));
   }
   return value * unit;
 }
@@ -107,6 +110,8 @@ struct Flags {
   std::string tcp;
   std::string backend_name = "auto";
   std::string vram_budget_text = "auto";
+  std::string ram_budget_text = "auto";
+  std::string max_sessions_text = "auto";
   std::string draft_model;
   std::string draft_kv_name = "shared";
   int threads = 0;
@@ -140,7 +145,14 @@ void AddFlags(CLI::App& app, Flags& flags) {
       ->capture_default_str();
   app.add_option("--threads", flags.threads, "forward threads (0: every hardware thread)")
       ->capture_default_str();
-  app.add_option("--max-sessions", service_options.max_sessions, "sessions open at once")
+  app.add_option("--ram-budget", flags.ram_budget_text,
+                 "cpu: host memory the sessions' KV caches may use, BYTES (or N KiB/MiB/GiB) or "
+                 "auto (half of MemAvailable at start)")
+      ->capture_default_str();
+  app.add_option("--max-sessions", flags.max_sessions_text,
+                 "sessions open at once, or auto: as many KV caches of --max-context tokens as "
+                 "the budget holds (VRAM plan on cuda, --ram-budget on cpu), at most "
+                 "--max-batch-rows")
       ->capture_default_str();
   app.add_option("--max-context", service_options.max_context, "largest context of a session")
       ->capture_default_str();
@@ -180,7 +192,9 @@ void AddFlags(CLI::App& app, Flags& flags) {
 // What the command line means beyond the flags' own values.
 struct Settings {
   model::DraftKv draft_kv = model::DraftKv::kShared;
-  uint64_t vram_budget = 0;  // 0: the planner's default
+  uint64_t vram_budget = 0;           // 0: the planner's default
+  uint64_t ram_budget = 0;            // 0: model::DefaultKvRamBudget
+  bool sessions_from_budget = false;  // --max-sessions auto
   // The separate draft model and its own KV are ablations of the cpu backend.
   bool cpu_only_options = false;
 };
@@ -203,7 +217,17 @@ absl::StatusOr<Settings> CheckFlags(Flags& flags) {
 #endif
   Settings settings;
   BITSPLIT_ASSIGN_OR_RETURN(settings.draft_kv, model::ParseDraftKv(flags.draft_kv_name));
-  BITSPLIT_ASSIGN_OR_RETURN(settings.vram_budget, ParseVramBudget(flags.vram_budget_text));
+  BITSPLIT_ASSIGN_OR_RETURN(settings.vram_budget,
+                            ParseBudget("--vram-budget", flags.vram_budget_text));
+  BITSPLIT_ASSIGN_OR_RETURN(settings.ram_budget,
+                            ParseBudget("--ram-budget", flags.ram_budget_text));
+  settings.sessions_from_budget = flags.max_sessions_text == "auto";
+  if (!settings.sessions_from_budget &&
+      (!absl::SimpleAtoi(flags.max_sessions_text, &service_options.max_sessions) ||
+       service_options.max_sessions < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-sessions \"", flags.max_sessions_text,
+                                                   "\" is neither auto nor at least 1"));
+  }
   settings.cpu_only_options =
       !flags.draft_model.empty() || settings.draft_kv != model::DraftKv::kShared;
   if (backend_name == "cuda" && settings.cpu_only_options) {
@@ -216,10 +240,6 @@ absl::StatusOr<Settings> CheckFlags(Flags& flags) {
         absl::StrCat("--session-idle-timeout ", flags.idle_timeout_s, " must be at least 1"));
   }
   service_options.session_idle_timeout = std::chrono::seconds(flags.idle_timeout_s);
-  if (service_options.max_sessions < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max-sessions ", service_options.max_sessions, " must be at least 1"));
-  }
   if (service_options.max_context < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-context ", service_options.max_context, " must be at least 1"));
@@ -274,14 +294,17 @@ absl::StatusOr<std::unique_ptr<DrafterEngine>> CreateBackend(const Flags& flags,
   const DrafterServiceOptions& service_options = flags.service_options;
   if (use_cuda) {
 #ifdef BITSPLIT_HAVE_CUDA
-    auto cuda_engine = CudaEngine::Create({.base_path = flags.base_path,
-                                           .residual_path = flags.residual_file,
-                                           .threads = flags.threads,
-                                           .prefill_chunk = kPrefillChunk,
-                                           .context = service_options.max_context,
-                                           .sessions = service_options.max_sessions,
-                                           .max_tree_nodes = service_options.max_tree_nodes,
-                                           .vram_budget = settings.vram_budget});
+    auto cuda_engine = CudaEngine::Create(
+        {.base_path = flags.base_path,
+         .residual_path = flags.residual_file,
+         .threads = flags.threads,
+         .prefill_chunk = kPrefillChunk,
+         .context = service_options.max_context,
+         .sessions = settings.sessions_from_budget ? 0 : service_options.max_sessions,
+         .max_sessions = service_options.max_batch_rows,
+         .max_tree_nodes = service_options.max_tree_nodes,
+         .max_batch_rows = service_options.max_batch_rows,
+         .vram_budget = settings.vram_budget});
     if (cuda_engine.ok()) return std::unique_ptr<DrafterEngine>(*std::move(cuda_engine));
     if (flags.backend_name != "auto" || !absl::IsUnimplemented(cuda_engine.status())) {
       return cuda_engine.status();
@@ -298,6 +321,32 @@ absl::StatusOr<std::unique_ptr<DrafterEngine>> CreateBackend(const Flags& flags,
                                        .prefill_chunk = kPrefillChunk});
   if (!cpu_engine.ok()) return cpu_engine.status();
   return std::unique_ptr<DrafterEngine>(*std::move(cpu_engine));
+}
+
+// --max-sessions auto: the VRAM plan's sessions on cuda; on cpu the KV caches of --max-context
+// tokens that --ram-budget holds. At most --max-batch-rows, so every session can take part in
+// each scheduler iteration.
+absl::StatusOr<int64_t> SessionsFromBudget(const Flags& flags, const Settings& settings,
+                                           const DrafterEngine& engine) {
+  const EngineInfo& info = engine.info();
+  if (info.planned_sessions > 0) return info.planned_sessions;
+  const int64_t context = flags.service_options.max_context;
+  const uint64_t budget = settings.ram_budget > 0
+                              ? settings.ram_budget
+                              : model::DefaultKvRamBudget(ReadMemInfo().available_bytes);
+  absl::StatusOr<int64_t> sessions = model::SessionsThatFit(
+      budget, engine.SessionHostBytes(context), flags.service_options.max_batch_rows,
+      absl::StrCat("a session of ", context, " tokens"));
+  if (!sessions.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "--max-sessions auto: ", sessions.status().message(),
+        settings.ram_budget > 0 ? " (--ram-budget)" : " (half of MemAvailable; see --ram-budget)",
+        "; lower --max-context or set --max-sessions"));
+  }
+  spdlog::debug("--max-sessions auto: {} sessions of {} tokens ({} each) in a RAM budget of {}",
+                *sessions, context, model::FormatBytes(engine.SessionHostBytes(context)),
+                model::FormatBytes(budget));
+  return sessions;
 }
 
 // The link to cpu-residual, attached once before serving; none with --residual-file.
@@ -378,6 +427,9 @@ int Run(int argc, char** argv) {
   if (!*use_cuda && settings->vram_budget != 0) {
     spdlog::warn("--vram-budget is ignored on the cpu backend");
   }
+  if (*use_cuda && settings->ram_budget != 0) {
+    spdlog::warn("--ram-budget is ignored on the cuda backend (its KV caches are in VRAM)");
+  }
   auto backend = CreateBackend(flags, *settings, *use_cuda);
   if (!backend.ok()) return Fail(backend.status());
   const EngineInfo& info = (*backend)->info();
@@ -389,6 +441,12 @@ int Run(int argc, char** argv) {
     return UsageError(absl::StrCat("--max-context ", flags.service_options.max_context,
                                    " exceeds the model's context length ",
                                    info.config.context_length));
+  }
+
+  if (settings->sessions_from_budget) {
+    auto sessions = SessionsFromBudget(flags, *settings, **backend);
+    if (!sessions.ok()) return Fail(sessions.status());
+    flags.service_options.max_sessions = static_cast<int>(*sessions);
   }
 
   auto residual_link = AttachResidual(flags, **backend);
