@@ -73,13 +73,8 @@ uint64_t CpuEngine::SessionHostBytes(int64_t context) const {
 
 void CpuEngine::Step(std::span<model::SpeculativeSession* const> sessions,
                      std::span<model::SessionStep> steps) {
-  std::vector<model::CpuSpeculativeSession*> own;
-  own.reserve(sessions.size());
-  for (model::SpeculativeSession* session : sessions) {
-    // Every session of this engine is one of NewSession's.
-    own.push_back(static_cast<model::CpuSpeculativeSession*>(session));
-  }
-  model::CpuSpeculativeSession::StepMany(own, steps);
+  model::CpuSpeculativeSession::StepMany(OwnSessions<model::CpuSpeculativeSession>(sessions),
+                                         steps);
 }
 
 }  // namespace bitsplit::drafter

@@ -93,13 +93,8 @@ absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> CudaEngine::NewSessio
 
 void CudaEngine::Step(std::span<model::SpeculativeSession* const> sessions,
                       std::span<model::SessionStep> steps) {
-  std::vector<cuda::CudaSpeculativeSession*> own;
-  own.reserve(sessions.size());
-  for (model::SpeculativeSession* session : sessions) {
-    // Every session of this engine is one of NewSession's.
-    own.push_back(static_cast<cuda::CudaSpeculativeSession*>(session));
-  }
-  cuda::CudaSpeculativeSession::StepMany(own, steps);
+  cuda::CudaSpeculativeSession::StepMany(OwnSessions<cuda::CudaSpeculativeSession>(sessions),
+                                         steps);
 }
 
 }  // namespace bitsplit::drafter

@@ -54,6 +54,16 @@ struct EngineInfo {
 EngineInfo SplitModelInfo(const model::SplitModelFiles& files, const std::string& base_path,
                           const std::string& residual_path);
 
+// `sessions` as the engine's own session type: every session an engine steps is one of its
+// NewSession's.
+template <class Session>
+std::vector<Session*> OwnSessions(std::span<model::SpeculativeSession* const> sessions) {
+  std::vector<Session*> own;
+  own.reserve(sessions.size());
+  for (model::SpeculativeSession* session : sessions) own.push_back(static_cast<Session*>(session));
+  return own;
+}
+
 class DrafterEngine {
  public:
   virtual ~DrafterEngine() = default;
