@@ -14,10 +14,11 @@ CACHE="${BITSPLIT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/bitsplit}"
 MODELS_DIR="$ROOT/models"
 
 DEB_PACKAGES=(
-  build-essential cmake ninja-build ccache pkg-config python3 python3-pip
+  build-essential cmake ninja-build ccache pkg-config python3 python3-pip python3-venv curl
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev librandom123-dev systemd libssl-dev
+  libcpp-httplib-dev  # the coordinator's HTTP API (services/coordinator/http_api.h)
   clang libclang-rt-14-dev  # the fuzz targets and the sanitized unit tests (scripts/fuzz.sh)
   clang-format-14  # scripts/check_format.sh
 )

@@ -11,7 +11,8 @@
 # models/ into ~/.cache/bitsplit/split/ with the default knobs the first time), --model PREFIX
 # (PREFIX.{base,residual}.bsplit), else the env file's BITSPLIT_BASE_MODEL/BITSPLIT_RESIDUAL_MODEL
 # when both exist, else smollm2.
-# Environment: BITSPLIT_BUILD_DIR (default build/), BITSPLIT_LISTEN (overrides the env file),
+# Environment: BITSPLIT_BUILD_DIR (default build/), BITSPLIT_LISTEN and BITSPLIT_HTTP (override
+# the env file; BITSPLIT_HTTP="" turns the HTTP API off),
 # BITSPLIT_START_TIMEOUT_S (per service, default 300), BITSPLIT_STOP_GRACE_S (default 10).
 set -euo pipefail
 
@@ -73,13 +74,15 @@ endpoint_up() {
 }
 
 load_env() {
-  local env_file=$1 listen_override=${BITSPLIT_LISTEN:-}
+  local env_file=$1 listen_override=${BITSPLIT_LISTEN:-} http_set=${BITSPLIT_HTTP+set}
+  local http_override=${BITSPLIT_HTTP:-}
   [[ -f $env_file ]] || die "settings file $env_file not found"
   set -a
   # shellcheck source=../deploy/bitsplit.env
   source "$env_file"
   set +a
   [[ -n $listen_override ]] && BITSPLIT_LISTEN=$listen_override
+  [[ -n $http_set ]] && BITSPLIT_HTTP=$http_override  # set, even to "" (off), it wins
   return 0
 }
 
@@ -150,6 +153,7 @@ command_of() {
         --max-queue "$BITSPLIT_MAX_QUEUE" --speculation "$BITSPLIT_SPECULATION"
         --nodes "$BITSPLIT_NODES" --expansions "$BITSPLIT_EXPANSIONS"
         --max-depth "$BITSPLIT_MAX_DEPTH" --max-tokens-limit "$BITSPLIT_MAX_TOKENS_LIMIT"
+        --http "${BITSPLIT_HTTP:-}"
         --shutdown-grace-ms "$BITSPLIT_SHUTDOWN_GRACE_MS" "${extra[@]}") ;;
   esac
 }
@@ -231,12 +235,12 @@ start_all() {
       stop_all
       die "bitsplit-$service did not start (logs in $RUN_DIR)"
     fi
-    say "bitsplit-$service serving on $(endpoint_of "$service") (pid $pid, log $(log_file "$service"))"
+    say "bitsplit-$service serving on $(served_endpoint "$service") (pid $pid, log $(log_file "$service"))"
   done
 }
 
-# Where a running service listens, from its own "serving ... on ADDRESS [(port N)]" log line:
-# the address it bound, whatever the env file says now.
+# Where a running service listens, from its own "serving ... on ADDRESS [(port N)]" log line
+# (and the coordinator's "HTTP API on URL" line): what it bound, whatever the env file says now.
 served_endpoint() {
   local line address port
   line=$(grep -a "^bitsplit-$1: serving " "$(log_file "$1")" 2>/dev/null | tail -n 1)
@@ -248,6 +252,9 @@ served_endpoint() {
     address=${address%% *}
     address=${address%:*}:$port
   fi
+  # The coordinator's HTTP API: "HTTP API on http://HOST:PORT (...)".
+  line=$(grep -a "^bitsplit-$1: HTTP API on " "$(log_file "$1")" 2>/dev/null | tail -n 1)
+  [[ -n $line ]] && { line=${line#*HTTP API on }; address="$address ${line%% *}"; }
   echo "$address"
 }
 

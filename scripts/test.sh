@@ -13,6 +13,9 @@ fi
 "$ROOT/scripts/check_layers.py"  # every project #include against the layer order
 "$ROOT/scripts/check_format.sh"  # clang-format of every tracked source
 "$ROOT/scripts/build.sh"
+# The official openai client and prometheus_client for the HTTP API's tests (a cached venv).
+BITSPLIT_TEST_PYTHON="$("$ROOT/scripts/test-venv.sh")"
+export BITSPLIT_TEST_PYTHON
 ctest --test-dir "$BUILD" --output-on-failure -j"$(nproc)" --timeout 900
 "$ROOT/scripts/sanitize.sh"          # the fast unit tests again, ASan + UBSan (clang)
 "$ROOT/scripts/fuzz.sh" --seconds 30  # each libFuzzer target of tests/fuzz, ASan + UBSan

@@ -11,12 +11,15 @@ export BITSPLIT_RUN_DIR=$TMP/run BITSPLIT_BUILD_DIR=$BUILD BITSPLIT_START_TIMEOU
 cleanup() { "$SOURCE/scripts/start-services.sh" stop >/dev/null 2>&1; rm -rf "$TMP"; }
 trap cleanup EXIT
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-BITSPLIT_LISTEN=127.0.0.1:$port "$SOURCE/scripts/start-services.sh" start --model "$PREFIX" \
+BITSPLIT_LISTEN=127.0.0.1:$port BITSPLIT_HTTP=127.0.0.1:0 \
+  "$SOURCE/scripts/start-services.sh" start --model "$PREFIX" \
   >"$TMP/start.log" 2>&1 || { cat "$TMP/start.log"; fail "start-services.sh start failed"; }
 status=$("$SOURCE/scripts/start-services.sh" status 2>&1) || { echo "$status"; fail "status exited non-zero"; }
 echo "$status"
-grep -q "^bitsplit-coordinator .*running .*127.0.0.1:$port\$" <<<"$status" ||
-  fail "status does not name the coordinator's port $port"
+grep -q "^bitsplit-coordinator .*running .*127.0.0.1:$port http://127.0.0.1:[1-9][0-9]*\$" \
+  <<<"$status" || fail "status does not name the coordinator's port $port and its HTTP address"
+http=$(grep -o "http://127.0.0.1:[0-9]*" <<<"$status")
+curl -sf "$http/health" | grep -q '"ok"' || fail "the HTTP API at $http does not answer /health"
 grep -q "50051" <<<"$status" && fail "status names the env file's port, not the running one"
 grep -q "^bitsplit-drafter .*running .*unix:$BITSPLIT_RUN_DIR/drafter.sock\$" <<<"$status" ||
   fail "status does not name the drafter's socket"

@@ -121,8 +121,10 @@ std::unique_ptr<grpc::ClientContext> DrafterClient::Context() const {
 
 absl::StatusOr<v1::DrafterInfo> DrafterClient::GetInfo() { return GetInfo(rpc_timeout_); }
 
-absl::StatusOr<v1::DrafterInfo> DrafterClient::GetInfo(std::chrono::milliseconds timeout) {
+absl::StatusOr<v1::DrafterInfo> DrafterClient::GetInfo(std::chrono::milliseconds timeout,
+                                                       bool include_residual_stats) {
   v1::DrafterInfoRequest request;
+  request.set_include_residual_stats(include_residual_stats);
   v1::DrafterInfo response;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + timeout);

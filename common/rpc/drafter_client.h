@@ -42,8 +42,10 @@ class DrafterClient {
       std::chrono::milliseconds rpc_timeout);
 
   absl::StatusOr<internal::v1::DrafterInfo> GetInfo();
-  // With its own deadline (readiness probes).
-  absl::StatusOr<internal::v1::DrafterInfo> GetInfo(std::chrono::milliseconds timeout);
+  // With its own deadline (readiness probes); `include_residual_stats` asks the drafter for
+  // cpu-residual's counters too (metrics scrapes).
+  absl::StatusOr<internal::v1::DrafterInfo> GetInfo(std::chrono::milliseconds timeout,
+                                                    bool include_residual_stats = false);
   // context 0: the server's max_context. Takes a lease first when none is live.
   absl::StatusOr<internal::v1::OpenSessionResponse> OpenSession(int32_t context);
   absl::Status CloseSession(uint64_t session_id);

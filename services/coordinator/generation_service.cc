@@ -42,9 +42,11 @@ void Serialize(const Message& message, grpc::ByteBuffer* out) {
 
 }  // namespace
 
-// One Generate stream. Owned by gRPC: deleted in OnDone, which gRPC calls only after Finish, so
-// whoever calls Finish (through FinishWith / FinishNow) must not touch the reactor afterwards.
-class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public ChunkSink {
+// One Generate stream, and the queue's job for it. Owned by gRPC: deleted in OnDone, which gRPC
+// calls only after Finish, so whoever calls Finish (through FinishWith / FinishNow) must not
+// touch the reactor afterwards.
+class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
+                              public GenerationJob {
  public:
   GenerateReactor(GenerationServiceImpl* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context), arrival_(std::chrono::steady_clock::now()) {}
@@ -67,15 +69,27 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     return cancelled_ || stop_requested_ || context_->IsCancelled();
   }
 
-  // Asks a running generation to stop at its next step (server shutdown).
-  void RequestStop() {
+  // GenerationJob.
+  const GenerationPlan& plan() const override { return plan_; }
+  std::chrono::steady_clock::time_point arrival() const override { return arrival_; }
+  Api api() const override { return Api::kGrpc; }
+  void RequestStop() override {
     std::lock_guard lock(mutex_);
     stop_requested_ = true;
     write_done_.notify_all();
   }
-  bool stop_requested() const {
+  bool stop_requested() const override {
     std::lock_guard lock(mutex_);
     return stop_requested_;
+  }
+  void Finish(absl::StatusOr<v1::GenerateComplete> result) override {
+    if (result.ok()) {
+      v1::GenerateResponse last;
+      *last.mutable_complete() = *std::move(result);
+      FinishWith(std::move(last), grpc::Status::OK);
+    } else {
+      FinishWithError(ToGrpcStatus(result.status()));
+    }
   }
 
   // Sends `last` (the complete or error event) and then finishes with `status`; a client that is
@@ -85,7 +99,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     write_done_.wait(lock, [this] { return !write_in_flight_; });
     if (cancelled_ || write_failed_) {
       lock.unlock();
-      Finish(status);
+      grpc::ServerWriteReactor<grpc::ByteBuffer>::Finish(status);
       return;
     }
     Serialize(last, &response_);
@@ -100,12 +114,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     error.mutable_error()->set_message(status.error_message());
     FinishWith(std::move(error), status);
   }
-  // Finishes a stream that never wrote (queued or refused).
-  void FinishNow(const grpc::Status& status) { Finish(status); }
+  // Finishes a stream that never wrote (a queued request whose client left).
+  void FinishNow(const grpc::Status& status) {
+    grpc::ServerWriteReactor<grpc::ByteBuffer>::Finish(status);
+  }
 
   void set_plan(GenerationPlan plan) { plan_ = std::move(plan); }
-  const GenerationPlan& plan() const { return plan_; }
-  std::chrono::steady_clock::time_point arrival() const { return arrival_; }
 
   void OnWriteDone(bool ok) override {
     std::optional<grpc::Status> finish;
@@ -116,7 +130,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
       finish = std::exchange(finish_after_write_, std::nullopt);
       write_done_.notify_all();
     }
-    if (finish) Finish(*finish);
+    if (finish) grpc::ServerWriteReactor<grpc::ByteBuffer>::Finish(*finish);
   }
   void OnCancel() override {
     {
@@ -148,58 +162,18 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 };
 
 GenerationServiceImpl::GenerationServiceImpl(const GenerationServiceOptions& options,
-                                             rpc::DrafterClient& drafter,
+                                             RequestQueue& queue, CoordinatorMetrics& metrics,
                                              const text::Tokenizer& tokenizer,
                                              const text::ChatTemplate* chat_template)
-    : options_(options), drafter_(drafter), tokenizer_(tokenizer), chat_template_(chat_template) {
-  for (int i = 0; i < std::max(1, options_.max_active); ++i) {
-    workers_.emplace_back([this] { WorkerLoop(); });
-  }
-}
-
-GenerationServiceImpl::~GenerationServiceImpl() {
-  Shutdown();
-  for (std::thread& worker : workers_) worker.join();
-}
-
-void GenerationServiceImpl::Shutdown() {
-  std::deque<GenerateReactor*> queued;
-  {
-    std::lock_guard lock(mutex_);
-    shutting_down_ = true;
-    queued.swap(queue_);
-    // A running reactor stays alive while it is in running_ (its worker removes it before the
-    // final Finish, under this lock).
-    for (GenerateReactor* reactor : running_) reactor->RequestStop();
-  }
-  work_available_.notify_all();
-  for (GenerateReactor* reactor : queued) {
-    reactor->FinishWithError(
-        grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is shutting down"));
-  }
-}
+    : options_(options),
+      queue_(queue),
+      metrics_(metrics),
+      tokenizer_(tokenizer),
+      chat_template_(chat_template) {}
 
 bool GenerationServiceImpl::WaitForStreamsToFinish(std::chrono::steady_clock::time_point deadline) {
   std::unique_lock lock(mutex_);
   return streams_finished_.wait_until(lock, deadline, [this] { return open_streams_ == 0; });
-}
-
-absl::Status GenerationServiceImpl::CheckCapacity(int drafter_open_sessions,
-                                                  int drafter_max_sessions) {
-  std::lock_guard lock(mutex_);
-  if (shutting_down_) return absl::UnavailableError("shutting down");
-  const size_t capacity = static_cast<size_t>(options_.max_active + options_.max_queue);
-  if (queue_.size() + running_.size() >= capacity) {
-    return absl::ResourceExhaustedError(absl::StrFormat("the queue is full (%d running, %d queued)",
-                                                        running_.size(), queue_.size()));
-  }
-  // Sessions this coordinator holds come back when its requests finish; sessions held by others
-  // (another coordinator) may not.
-  if (drafter_open_sessions >= drafter_max_sessions && running_.empty()) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("all %d drafter sessions are held by other clients", drafter_max_sessions));
-  }
-  return absl::OkStatus();
 }
 
 void GenerationServiceImpl::OnStreamDone() {
@@ -208,14 +182,7 @@ void GenerationServiceImpl::OnStreamDone() {
 }
 
 void GenerationServiceImpl::OnCancelled(GenerateReactor* reactor) {
-  {
-    std::lock_guard lock(mutex_);
-    auto it = std::find(queue_.begin(), queue_.end(), reactor);
-    if (it == queue_.end()) return;  // running (its worker sees the cancellation) or not queued
-    queue_.erase(it);
-  }
-  spdlog::debug("a queued request was cancelled by its client");
-  reactor->FinishNow(grpc::Status::CANCELLED);
+  if (queue_.Withdraw(reactor)) reactor->FinishNow(grpc::Status::CANCELLED);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationServiceImpl::Generate(
@@ -232,77 +199,15 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationServiceImpl::Generate(
                    : absl::StatusOr<GenerationPlan>(request.status());
   if (!plan.ok()) {
     spdlog::debug("Generate refused: {}", plan.status().ToString());
+    metrics_.RecordRefused(Api::kGrpc, plan.status());
     reactor->FinishWithError(ToGrpcStatus(plan.status()));
     return reactor;
   }
   reactor->set_plan(*std::move(plan));
-  std::optional<grpc::Status> refusal;
-  {
-    std::lock_guard lock(mutex_);
-    const size_t capacity = static_cast<size_t>(options_.max_active + options_.max_queue);
-    if (shutting_down_) {
-      refusal = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the coordinator is shutting down");
-    } else if (queue_.size() + running_.size() >= capacity) {
-      spdlog::warn("refused a request: {} running and {} queued (--max-active {}, --max-queue {})",
-                   running_.size(), queue_.size(), options_.max_active, options_.max_queue);
-      refusal = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                             absl::StrFormat("the server is busy: %d requests running and %d "
-                                             "queued; retry later",
-                                             running_.size(), queue_.size()));
-    } else {
-      queue_.push_back(reactor);
-    }
-  }
-  if (refusal) {
-    reactor->FinishWithError(*refusal);
-  } else {
-    work_available_.notify_one();
+  if (absl::Status admitted = queue_.Submit(reactor); !admitted.ok()) {
+    reactor->FinishWithError(ToGrpcStatus(admitted));
   }
   return reactor;
-}
-
-void GenerationServiceImpl::WorkerLoop() {
-  while (true) {
-    GenerateReactor* reactor = nullptr;
-    {
-      std::unique_lock lock(mutex_);
-      work_available_.wait(lock, [this] { return shutting_down_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // shutting down
-      reactor = queue_.front();
-      queue_.pop_front();
-      running_.push_back(reactor);
-    }
-    RunOne(reactor);
-  }
-}
-
-void GenerationServiceImpl::RunOne(GenerateReactor* reactor) {
-  const GenerationEnvironment environment{.drafter = &drafter_,
-                                          .tokenizer = &tokenizer_,
-                                          .context_length = options_.limits.context_length};
-  absl::StatusOr<v1::GenerateComplete> complete =
-      RunGeneration(reactor->plan(), environment, *reactor, reactor->arrival());
-  const bool stopped_by_server = reactor->stop_requested();
-  {
-    std::lock_guard lock(mutex_);
-    running_.erase(std::find(running_.begin(), running_.end(), reactor));
-  }
-  if (complete.ok()) {
-    v1::GenerateResponse last;
-    *last.mutable_complete() = *std::move(complete);
-    reactor->FinishWith(std::move(last), grpc::Status::OK);
-    return;
-  }
-  absl::Status status = complete.status();
-  if (absl::IsCancelled(status) && stopped_by_server) {
-    status = absl::UnavailableError("the coordinator is shutting down");
-  }
-  if (absl::IsCancelled(status)) {
-    spdlog::debug("Generate cancelled: {}", status.ToString());
-  } else {
-    spdlog::warn("Generate failed: {}", status.ToString());
-  }
-  reactor->FinishWithError(ToGrpcStatus(status));
 }
 
 grpc::ServerUnaryReactor* GenerationServiceImpl::Tokenize(grpc::CallbackServerContext* context,

@@ -5,12 +5,17 @@
 //       [--speculation adaptive|tree|off] [--nodes 16] [--expansions 4] [--max-depth 8]
 //       [--max-tokens-limit 4096] [--default-max-tokens 512] [--max-request-bytes 4194304]
 //       [--drafter-timeout-ms 120000] [--connect-timeout-ms 30000] [--shutdown-grace-ms 200]
+//       [--http HOST:PORT] [--api-key-file PATH] [--served-model-name NAME] [--http-threads 0]
 //       [--verbose]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -19,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/io/gguf.h"
 #include "common/model/speculation.h"
 #include "common/model/split_model.h"
@@ -28,6 +34,9 @@
 #include "common/text/tokenizer.h"
 #include "common/util/status_macros.h"
 #include "services/coordinator/generation_service.h"
+#include "services/coordinator/http_api.h"
+#include "services/coordinator/metrics.h"
+#include "services/coordinator/request_queue.h"
 #include "services/coordinator/request_validation.h"
 #include "services/coordinator/speculation_loop.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -63,6 +72,10 @@ struct Flags {
   int drafter_timeout_ms = 120000;
   int connect_timeout_ms = 30000;
   int shutdown_grace_ms = 200;
+  std::string http;  // "": no HTTP listener
+  std::string api_key_file;
+  std::string served_model_name;  // "": the base file's name without .base.bsplit
+  int http_threads = 0;           // 0: --max-active + --max-queue + 16
   bool verbose = false;
 };
 
@@ -126,6 +139,20 @@ void AddFlags(CLI::App& app, Flags& flags) {
   app.add_option("--shutdown-grace-ms", flags.shutdown_grace_ms,
                  "on SIGTERM, report NOT_SERVING this long before stopping")
       ->capture_default_str();
+  app.add_option("--http", flags.http,
+                 "also serve the OpenAI-compatible HTTP API, /health, /ready and /metrics on "
+                 "HOST:PORT (port 0: any; e.g. localhost:8080)");
+  app.add_option("--api-key-file", flags.api_key_file,
+                 "HTTP: require \"Authorization: Bearer KEY\" with the key in this file (all "
+                 "routes but /health and /ready)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--served-model-name", flags.served_model_name,
+                 "HTTP: the model id of /v1/models and requests (default: the base file's name "
+                 "without .base.bsplit)");
+  app.add_option("--http-threads", flags.http_threads,
+                 "HTTP connections served at once (0: --max-active + --max-queue + 16)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
   app.add_flag("--verbose", flags.verbose, "log details to stderr");
 }
 
@@ -239,17 +266,26 @@ absl::StatusOr<GenerationServiceOptions> ServiceOptions(const Flags& flags,
         flags.max_active, info.max_sessions());
   }
   GenerationServiceOptions options;
-  options.max_active = flags.max_active > 0 ? flags.max_active : info.max_sessions();
-  options.max_queue = flags.max_queue;
   BITSPLIT_ASSIGN_OR_RETURN(options.limits, Limits(flags, default_mode, loaded, info));
   options.model_info = ModelInfo(loaded, info, options.limits.context_length);
   return options;
 }
 
+// Ready: the drafter answers, serves this model, and a request sent now would be taken.
+std::function<absl::Status()> Readiness(rpc::DrafterClient& drafter, RequestQueue& queue,
+                                        const std::string& fingerprint) {
+  return [&drafter, &queue, fingerprint]() -> absl::Status {
+    auto now = drafter.GetInfo(std::chrono::milliseconds(1000));
+    if (!now.ok()) return absl::UnavailableError(now.status().message());
+    if (now->fingerprint() != fingerprint) {
+      return absl::FailedPreconditionError("the drafter now serves another model");
+    }
+    return queue.CheckCapacity(now->open_sessions(), now->max_sessions());
+  };
+}
+
 // Where the server listens, its message size bound and its readiness probe.
-rpc::ServerOptions ServerOptionsFor(const Flags& flags, rpc::DrafterClient& drafter,
-                                    GenerationServiceImpl& service,
-                                    const std::string& fingerprint) {
+rpc::ServerOptions ServerOptionsFor(const Flags& flags, std::function<absl::Status()> readiness) {
   rpc::ServerOptions server_options;
   server_options.name = kName;
   if (!flags.socket_path.empty()) {
@@ -260,24 +296,21 @@ rpc::ServerOptions ServerOptionsFor(const Flags& flags, rpc::DrafterClient& draf
   server_options.health_services = {"bitsplit.v1.Generation"};
   server_options.shutdown_grace_ms = flags.shutdown_grace_ms;
   server_options.max_receive_message_bytes = flags.max_request_bytes;
-  // Ready: the drafter answers, serves this model, and a request sent now would be taken.
-  server_options.readiness = [&drafter, &service, fingerprint]() -> absl::Status {
-    auto now = drafter.GetInfo(std::chrono::milliseconds(1000));
-    if (!now.ok()) return absl::UnavailableError(now.status().message());
-    if (now->fingerprint() != fingerprint) {
-      return absl::FailedPreconditionError("the drafter now serves another model");
-    }
-    return service.CheckCapacity(now->open_sessions(), now->max_sessions());
-  };
+  server_options.readiness = std::move(readiness);
   return server_options;
 }
 
 // Serves until SIGTERM/SIGINT, then lets the running streams finish before the server stops.
-absl::Status Serve(const rpc::ServerOptions& server_options, GenerationServiceImpl& service,
-                   const std::string& description) {
+absl::Status Serve(const rpc::ServerOptions& server_options, RequestQueue& queue,
+                   GenerationServiceImpl& service, HttpApi* http, const std::string& description) {
   grpc::Service* services[] = {&service};
-  return rpc::RunServer(server_options, services, description, [&service] {
-    service.Shutdown();
+  return rpc::RunServer(server_options, services, description, [&queue, &service, http] {
+    // Queued requests end now, running ones at their next step.
+    for (GenerationJob* job : queue.Shutdown()) {
+      job->Finish(absl::UnavailableError("the coordinator is shutting down"));
+    }
+    // HTTP connections end as their streams do.
+    if (http != nullptr) http->Stop();
     // The server closes a connection as soon as it has no call left on it, and a client that
     // then writes to it (a flow-control update, a ping acknowledgement) fails its stream with
     // "Broken pipe" without reading the last frames and status already sent (1 SIGTERM in 12-16,
@@ -289,6 +322,44 @@ absl::Status Serve(const rpc::ServerOptions& server_options, GenerationServiceIm
   });
 }
 
+// The HTTP listener of --http, serving; prints its address to stderr.
+absl::StatusOr<std::unique_ptr<HttpApi>> StartHttp(const Flags& flags, HttpApiContext context) {
+  HttpApiOptions options;
+  options.address = flags.http;
+  options.served_model = flags.served_model_name;
+  if (options.served_model.empty()) {
+    const std::string file = std::filesystem::path(flags.model_path).filename().string();
+    absl::string_view name = file;
+    absl::ConsumeSuffix(&name, ".base.bsplit");
+    options.served_model = std::string(name);
+  }
+  if (!flags.api_key_file.empty()) {
+    std::ifstream file(flags.api_key_file);
+    std::stringstream contents;
+    contents << file.rdbuf();
+    options.api_key = std::string(absl::StripAsciiWhitespace(contents.str()));
+    if (!file || options.api_key.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--api-key-file ", flags.api_key_file, ": no key in it"));
+    }
+  } else if (!flags.http.starts_with("localhost:") && !flags.http.starts_with("127.") &&
+             !flags.http.starts_with("[::1]:")) {
+    spdlog::warn("--http {} without --api-key-file: anyone who can reach it may generate",
+                 flags.http);
+  }
+  options.max_request_bytes = flags.max_request_bytes;
+  options.threads = flags.http_threads > 0
+                        ? flags.http_threads
+                        : context.queue->max_active() + context.queue->max_queue() + 16;
+  auto http = std::make_unique<HttpApi>(std::move(options), std::move(context));
+  BITSPLIT_ASSIGN_OR_RETURN(const std::string address, http->Start());
+  std::fprintf(stderr,
+               "%s: HTTP API on http://%s (/v1/chat/completions, /v1/completions, "
+               "/v1/models, /health, /ready, /metrics)\n",
+               kName, address.c_str());
+  return http;
+}
+
 absl::Status RunCoordinator(const Flags& flags) {
   BITSPLIT_ASSIGN_OR_RETURN(const SpeculationMode default_mode,
                             ParseSpeculationMode(flags.speculation));
@@ -297,13 +368,33 @@ absl::Status RunCoordinator(const Flags& flags) {
   BITSPLIT_ASSIGN_OR_RETURN(const Drafter drafter, ConnectDrafter(flags, fingerprint));
   BITSPLIT_ASSIGN_OR_RETURN(const GenerationServiceOptions options,
                             ServiceOptions(flags, default_mode, loaded, drafter.info));
-  GenerationServiceImpl service(options, *drafter.client, *loaded.tokenizer,
-                                loaded.chat_template ? &*loaded.chat_template : nullptr);
+  const text::ChatTemplate* chat_template = loaded.chat_template ? &*loaded.chat_template : nullptr;
+  const int max_active = flags.max_active > 0 ? flags.max_active : drafter.info.max_sessions();
+  CoordinatorMetrics metrics;
+  RequestQueue queue(max_active, flags.max_queue,
+                     GenerationEnvironment{.drafter = drafter.client.get(),
+                                           .tokenizer = loaded.tokenizer.get(),
+                                           .context_length = options.limits.context_length},
+                     metrics);
+  GenerationServiceImpl service(options, queue, metrics, *loaded.tokenizer, chat_template);
+  std::function<absl::Status()> readiness = Readiness(*drafter.client, queue, fingerprint);
+  std::unique_ptr<HttpApi> http;
+  if (!flags.http.empty()) {
+    BITSPLIT_ASSIGN_OR_RETURN(http,
+                              StartHttp(flags, HttpApiContext{.queue = &queue,
+                                                              .metrics = &metrics,
+                                                              .drafter = drafter.client.get(),
+                                                              .tokenizer = loaded.tokenizer.get(),
+                                                              .chat_template = chat_template,
+                                                              .limits = &options.limits,
+                                                              .model_info = &options.model_info,
+                                                              .readiness = readiness}));
+  }
   const std::string description = absl::StrFormat(
       "%s (fingerprint %.12s, drafter %s: %s, speculation %s, max-active %d, max-queue %d)",
       options.model_info.name(), fingerprint, flags.drafter, drafter.info.backend(),
-      flags.speculation, options.max_active, flags.max_queue);
-  return Serve(ServerOptionsFor(flags, *drafter.client, service, fingerprint), service,
+      flags.speculation, max_active, flags.max_queue);
+  return Serve(ServerOptionsFor(flags, std::move(readiness)), queue, service, http.get(),
                description);
 }
 

@@ -238,8 +238,8 @@ class CallGuard {
 
 absl::StatusOr<v1::GenerateComplete> RunGeneration(const GenerationPlan& plan,
                                                    const GenerationEnvironment& environment,
-                                                   ChunkSink& sink,
-                                                   Clock::time_point request_start) {
+                                                   ChunkSink& sink, Clock::time_point request_start,
+                                                   RequestRecorder* recorder) {
   rpc::DrafterClient& drafter = *environment.drafter;
   const int64_t prompt_length = static_cast<int64_t>(plan.prompt_tokens.size());
   // Room for the prompt, the output and one more tree beyond the last committed token.
@@ -265,8 +265,11 @@ absl::StatusOr<v1::GenerateComplete> RunGeneration(const GenerationPlan& plan,
       // The drafter ended first: its session's context holds no further token.
       v1::GenerateChunk chunk;
       BITSPLIT_RETURN_IF_ERROR(emitter.Finish(v1::FINISH_REASON_LENGTH, chunk));
-      if ((chunk.token_ids_size() > 0 || !chunk.text().empty()) && !sink.Send(chunk)) {
-        return absl::CancelledError("the client went away");
+      if (chunk.token_ids_size() > 0 || !chunk.text().empty()) {
+        if (!sink.Send(chunk)) return absl::CancelledError("the client went away");
+        if (recorder != nullptr) {
+          recorder->ChunkSent(chunk.token_ids_size(), !chunk.text().empty(), Clock::now());
+        }
       }
       break;
     }
@@ -280,6 +283,7 @@ absl::StatusOr<v1::GenerateComplete> RunGeneration(const GenerationPlan& plan,
                                                  event.tokens_size(), event.choices_size()));
     }
     step_stats.Record(step.tree_depth(), step.accepted_depth(), step.accepted_depth() + 1);
+    if (recorder != nullptr) recorder->Step(step);
     draft_ns += step.draft_ns();
     verify_ns += step.verify_ns();
     policy_shape = step.shape();
@@ -290,6 +294,9 @@ absl::StatusOr<v1::GenerateComplete> RunGeneration(const GenerationPlan& plan,
     if (chunk.token_ids_size() > 0 || !chunk.text().empty()) {
       if (!first_token_time) first_token_time = Clock::now();
       if (!sink.Send(chunk)) return absl::CancelledError("the client went away");
+      if (recorder != nullptr) {
+        recorder->ChunkSent(chunk.token_ids_size(), !chunk.text().empty(), Clock::now());
+      }
     }
   }
   const Clock::time_point end = Clock::now();

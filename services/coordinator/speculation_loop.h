@@ -16,6 +16,7 @@
 #include "bitsplit/v1/generation.pb.h"
 #include "common/rpc/drafter_client.h"
 #include "common/text/tokenizer.h"
+#include "services/coordinator/metrics.h"
 #include "services/coordinator/request_validation.h"
 
 namespace bitsplit::coordinator {
@@ -41,8 +42,9 @@ struct GenerationEnvironment {
 // stream; the drafter's status otherwise (UNAVAILABLE with "cpu-residual/drafter unavailable: "
 // when the drafter or its residual service cannot be reached or died).
 // `request_start` is when the request arrived (time to first token counts the queue wait).
+// `recorder` (may be null) is told of every speculation step and every chunk sent.
 absl::StatusOr<v1::GenerateComplete> RunGeneration(
     const GenerationPlan& plan, const GenerationEnvironment& environment, ChunkSink& sink,
-    std::chrono::steady_clock::time_point request_start);
+    std::chrono::steady_clock::time_point request_start, RequestRecorder* recorder = nullptr);
 
 }  // namespace bitsplit::coordinator

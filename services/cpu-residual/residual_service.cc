@@ -88,6 +88,11 @@ absl::Status ResidualServiceImpl::DoInfo(v1::InfoResponse* response) {
   response->set_pid(static_cast<int32_t>(getpid()));
   response->set_attached_clients(static_cast<uint32_t>(channels_.size()));
   response->set_shm_layout_version(shm::kShmVersion);
+  const ResidualStore::Counters counters = store_.counters();
+  response->set_requests_served(counters.requests);
+  response->set_rows_served(counters.rows);
+  response->set_weight_bytes_read(counters.weight_bytes_read);
+  response->set_compute_ns(counters.compute_ns);
   return absl::OkStatus();
 }
 

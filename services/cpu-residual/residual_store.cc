@@ -122,9 +122,21 @@ uint64_t ResidualStore::Compute(const model::ResidualGroup& group,
   std::lock_guard<std::mutex> lock(compute_mutex_);
   const auto start = std::chrono::steady_clock::now();
   model::SplitMatMulGroupPacked(group.matrices, x, y, *pool_);
-  return static_cast<uint64_t>(
+  const auto compute_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
           .count());
+  ++counters_.requests;
+  counters_.rows += static_cast<uint64_t>(x.rows);
+  for (const auto& matrix : group.matrices) {
+    counters_.weight_bytes_read += static_cast<uint64_t>(matrix.rows) * matrix.row_stride;
+  }
+  counters_.compute_ns += compute_ns;
+  return compute_ns;
+}
+
+ResidualStore::Counters ResidualStore::counters() const {
+  std::lock_guard<std::mutex> lock(compute_mutex_);
+  return counters_;
 }
 
 }  // namespace bitsplit::residual

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/io/split_file.h"
@@ -65,6 +66,15 @@ class ResidualStore {
   uint64_t Compute(const model::ResidualGroup& group, const model::QuantizedActivations& x,
                    float* y);
 
+  // What Compute did since the service started (InfoResponse; the coordinator's /metrics).
+  struct Counters {
+    uint64_t requests = 0;           // group matmuls computed
+    uint64_t rows = 0;               // activation rows in them
+    uint64_t weight_bytes_read = 0;  // residual bytes of the groups they read
+    uint64_t compute_ns = 0;         // kernel time
+  };
+  Counters counters() const;
+
  private:
   ResidualStore() = default;
   absl::Status PrepareMemory();
@@ -74,7 +84,8 @@ class ResidualStore {
   bool mlocked_ = false;
   std::vector<int> cpus_;
   std::unique_ptr<ThreadPool> pool_;
-  std::mutex compute_mutex_;
+  mutable std::mutex compute_mutex_;
+  Counters counters_ ABSL_GUARDED_BY(compute_mutex_);
 };
 
 }  // namespace bitsplit::residual

@@ -444,6 +444,15 @@ void DrafterService::RunIteration(std::vector<std::unique_ptr<Generation>>& acti
     policies_->last_tokens += running[i]->last_tokens;
   }
   scheduler_steps_.fetch_add(static_cast<int64_t>(steps.size()));
+  // Every step of an iteration reports the iteration's shared forwards: count them once.
+  for (const model::SessionStep& step : steps) {
+    if (!step.status.ok()) continue;
+    forward_totals_.draft_ns.fetch_add(step.draft_ns);
+    forward_totals_.verify_ns.fetch_add(step.verify_ns);
+    forward_totals_.verify_forwards.fetch_add(1);
+    forward_totals_.verify_rows.fetch_add(step.batch_rows);
+    break;
+  }
 
   for (size_t i = 0; i < running.size(); ++i) {
     Generation& g = *running[i];

@@ -232,7 +232,34 @@ absl::Status DrafterService::ForwardErrorLocked(const absl::Status& status) {
   return residual_link_->OnForwardError(status);
 }
 
-absl::Status DrafterService::DoGetInfo(v1::DrafterInfo* response) const {
+absl::StatusOr<v1::ResidualStats> DrafterService::ResidualStatsNow() const {
+  if (residual_link_ == nullptr) return absl::FailedPreconditionError("the residual is in-process");
+  std::lock_guard<std::mutex> lock(residual_stats_mutex_);
+  constexpr std::chrono::milliseconds kStatsTimeout(1000);
+  if (residual_stats_client_ == nullptr) {
+    rpc::ResidualClientOptions options;
+    options.rpc_timeout = kStatsTimeout;
+    BITSPLIT_ASSIGN_OR_RETURN(residual_stats_client_,
+                              rpc::ResidualClient::Connect(residual_link_->target(), options,
+                                                           kStatsTimeout, /*fail_fast=*/true));
+  }
+  absl::StatusOr<v1::InfoResponse> info = residual_stats_client_->Info();
+  if (!info.ok()) {
+    residual_stats_client_.reset();
+    return info.status();
+  }
+  v1::ResidualStats stats;
+  stats.set_requests_served(info->requests_served());
+  stats.set_rows_served(info->rows_served());
+  stats.set_weight_bytes_read(info->weight_bytes_read());
+  stats.set_compute_ns(info->compute_ns());
+  stats.set_attached_clients(info->attached_clients());
+  stats.set_weight_bytes(info->weight_bytes());
+  return stats;
+}
+
+absl::Status DrafterService::DoGetInfo(v1::DrafterInfo* response,
+                                       bool include_residual_stats) const {
   const EngineInfo& info = engine_.info();
   response->set_name(info.model_name);
   response->set_architecture(info.config.architecture);
@@ -256,6 +283,18 @@ absl::Status DrafterService::DoGetInfo(v1::DrafterInfo* response) const {
   response->set_scheduler_iterations(scheduler_iterations());
   response->set_scheduler_steps(scheduler_steps());
   response->set_prefill_rows(options_.prefill_rows);
+  response->set_draft_ns_total(forward_totals_.draft_ns.load());
+  response->set_verify_ns_total(forward_totals_.verify_ns.load());
+  response->set_verify_forwards(forward_totals_.verify_forwards.load());
+  response->set_verify_rows(forward_totals_.verify_rows.load());
+  if (include_residual_stats && residual_link_ != nullptr) {
+    absl::StatusOr<v1::ResidualStats> stats = ResidualStatsNow();
+    if (stats.ok()) {
+      *response->mutable_residual_stats() = *std::move(stats);
+    } else {
+      spdlog::debug("cpu-residual's counters: {}", stats.status().ToString());
+    }
+  }
   if (residual_link_ == nullptr) {
     response->set_residual("in-process");
     response->set_residual_format(info.residual_format);
@@ -382,8 +421,11 @@ absl::Status DrafterService::DoCommit(const v1::CommitRequest& request,
 // ---- gRPC handlers -------------------------------------------------------------------------
 
 grpc::ServerUnaryReactor* DrafterService::GetInfo(grpc::CallbackServerContext* context,
-                                                  const v1::DrafterInfoRequest* /*request*/,
+                                                  const v1::DrafterInfoRequest* request,
                                                   v1::DrafterInfo* response) {
+  if (request->include_residual_stats()) {  // an RPC to cpu-residual: not on gRPC's thread
+    return Defer(context, [this, response] { return DoGetInfo(response, true); });
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(DoGetInfo(response)));
   return reactor;

@@ -87,7 +87,9 @@ class DrafterService final : public internal::v1::Drafter::CallbackService {
   absl::Status Readiness() const;
 
   // The RPCs' work, also callable without gRPC (tests, tools).
-  absl::Status DoGetInfo(internal::v1::DrafterInfo* response) const;
+  // With `include_residual_stats`, cpu-residual's counters too (an RPC to it).
+  absl::Status DoGetInfo(internal::v1::DrafterInfo* response,
+                         bool include_residual_stats = false) const;
   absl::Status DoOpenSession(const internal::v1::OpenSessionRequest& request,
                              internal::v1::OpenSessionResponse* response);
   absl::Status DoCloseSession(const internal::v1::CloseSessionRequest& request);
@@ -174,6 +176,12 @@ class DrafterService final : public internal::v1::Drafter::CallbackService {
   mutable std::mutex info_mutex_;
   std::string residual_format_;
   uint64_t residual_bytes_ = 0;
+  // cpu-residual's counters for GetInfo(include_residual_stats): a control connection of its own
+  // (the link's belongs to the engine lock), made on first use and dropped when a call fails.
+  absl::StatusOr<internal::v1::ResidualStats> ResidualStatsNow() const;
+  mutable std::mutex residual_stats_mutex_;
+  mutable std::unique_ptr<rpc::ResidualClient> residual_stats_client_
+      ABSL_GUARDED_BY(residual_stats_mutex_);
 
   std::mutex queue_mutex_;
   std::condition_variable queue_changed_;
@@ -193,6 +201,13 @@ class DrafterService final : public internal::v1::Drafter::CallbackService {
   bool scheduler_stopping_ ABSL_GUARDED_BY(scheduler_mutex_) = false;
   std::atomic<int64_t> scheduler_iterations_{0};
   std::atomic<int64_t> scheduler_steps_{0};
+  // The scheduler's batched forwards (GetInfo): time, verifier forwards and their rows.
+  struct ForwardTotals {
+    std::atomic<int64_t> draft_ns{0};
+    std::atomic<int64_t> verify_ns{0};
+    std::atomic<int64_t> verify_forwards{0};
+    std::atomic<int64_t> verify_rows{0};
+  } forward_totals_;
   std::unique_ptr<AdaptivePolicies> policies_;  // scheduler thread only
   std::thread scheduler_;
 

@@ -1,0 +1,105 @@
+#pragma once
+// The OpenAI-compatible face of the coordinator, as data: request bodies of
+// POST /v1/chat/completions and /v1/completions become the bitsplit.v1.GenerateRequest the gRPC
+// API takes (so one validation, ValidateRequest, with the same messages, serves both), and the
+// generation's chunks and end become OpenAI's response objects and stream chunks. No I/O here;
+// http_api.cc serves them.
+//
+// What differs from the gRPC defaults: an unset temperature is 1.0 and an unset top_p is 1.0, as
+// OpenAI's API documents (the gRPC API's unset temperature is greedy).
+//
+// Extension field "bitsplit" (both endpoints): {"speculation": {"mode": "adaptive"|"tree"|"off",
+// "nodes": N, "expansions": k, "max_depth": D}} in a request; {"speculation": {...stats},
+// "token_ids": [...]} in a response (streaming: in the chunk that carries finish_reason), and
+// {"base_format", "residual_format", "fingerprint", ...} in /v1/models.
+//
+// Thread safety: free functions and a per-response accumulator (one thread).
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "bitsplit/v1/generation.pb.h"
+#include "common/text/tokenizer.h"
+#include "nlohmann/json.hpp"
+
+namespace bitsplit::coordinator::openai {
+
+enum class Endpoint { kChatCompletions, kCompletions };
+
+struct OpenAiRequest {
+  Endpoint endpoint = Endpoint::kChatCompletions;
+  v1::GenerateRequest request;  // what the gRPC API would be sent
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  // Chat: "logprobs": true, with "top_logprobs" alternatives; completions: "logprobs": N.
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+  std::string model;  // as the request named it
+};
+
+// Reads a request body. INVALID_ARGUMENT (HTTP 400) naming the field for a body that is not a JSON
+// object, a field of the wrong type or out of range, or something this server does not do
+// (n other than 1, tools, response_format, penalties, logit_bias, several prompts, echo,
+// best_of, suffix), said plainly rather than ignored; NOT_FOUND (404) for a model other than
+// `served_model`. Range checks of the generation itself (max_tokens, temperature, top_p, stop
+// strings, the context) are ValidateRequest's, after this.
+absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, std::string_view body,
+                                           std::string_view served_model);
+
+// Who is answering: the fields every response and chunk repeats.
+struct ResponseIdentity {
+  std::string id;       // "chatcmpl-..." or "cmpl-..."
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+  std::string system_fingerprint;  // the split model's fingerprint, shortened
+};
+
+// Builds the answer from the generation's chunks (in order) and its end.
+class ResponseBuilder {
+ public:
+  // `tokenizer` must outlive the builder.
+  ResponseBuilder(const OpenAiRequest& request, ResponseIdentity identity,
+                  const text::Tokenizer& tokenizer);
+
+  // Streaming: the chunk objects (each becomes one "data: " event) for the first chunk: the
+  // assistant role, for chat; nothing for completions.
+  std::vector<nlohmann::json> StreamStart();
+  // A generation chunk: its stream event (none when it carries neither text nor tokens); the
+  // text, ids and log-probabilities are also kept for the whole response.
+  std::optional<nlohmann::json> AddChunk(const v1::GenerateChunk& chunk);
+  // The end: the stream events (the one with finish_reason and the bitsplit extension, then the
+  // usage chunk when asked for).
+  std::vector<nlohmann::json> StreamEnd(const v1::GenerateComplete& complete);
+  // The non-streaming response object, from everything added.
+  nlohmann::json Response(const v1::GenerateComplete& complete) const;
+
+ private:
+  nlohmann::json ChunkObject(nlohmann::json choice) const;
+  nlohmann::json LogprobsOf(const v1::GenerateChunk& chunk) const;
+  nlohmann::json Extension(const v1::GenerateComplete& complete) const;
+
+  const OpenAiRequest& request_;
+  const ResponseIdentity identity_;
+  const text::Tokenizer& tokenizer_;
+  std::string text_;
+  std::vector<int32_t> token_ids_;
+  nlohmann::json logprobs_;  // chat: the "content" list; completions: the four lists
+  int64_t text_offset_ = 0;  // completions' text_offset of the next token
+};
+
+// "stop" for EOS, a stop string or a stop token id; "length" for max_tokens or the context.
+std::string_view FinishReasonName(v1::FinishReason reason);
+
+// OpenAI's error object: {"error": {"message", "type", "param": null, "code"}}.
+nlohmann::json ErrorBody(std::string_view message, std::string_view type, std::string_view code);
+
+// GET /v1/models' list with the one model this server holds.
+nlohmann::json ModelList(const v1::ModelInfo& info, std::string_view served_model, int64_t created);
+
+// JSON text for the wire: invalid UTF-8 (none is expected) replaced rather than thrown on.
+std::string Dump(const nlohmann::json& value);
+
+}  // namespace bitsplit::coordinator::openai
