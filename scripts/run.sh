@@ -53,5 +53,6 @@ fi
 LISTEN="${BITSPLIT_LISTEN:-$(set -a; source "$ROOT/deploy/bitsplit.env"; echo "$BITSPLIT_LISTEN")}"
 "$BUILD/tools/bitsplit/bitsplit" chat --server "$LISTEN" -n 200 "${CHAT_FLAGS[@]}" "$QUESTION"
 if [[ $KEEP == true ]]; then
-  echo "run: services left running (scripts/start-services.sh status | stop)" >&2
+  echo "run: services left running (scripts/start-services.sh status | stop):" >&2
+  "$ROOT/scripts/start-services.sh" status >&2 || true
 fi

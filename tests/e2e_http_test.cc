@@ -668,6 +668,43 @@ TEST_F(E2eHttpTest, ApiKeyAndAFullQueue) {
   guarded.Kill(SIGKILL);
 }
 
+// SIGTERM with an HTTP stream running: the stream ends with an error event and [DONE], its
+// session is closed, and the process exits 0.
+TEST_F(E2eHttpTest, SigtermEndsHttpStreamsAndExitsCleanly) {
+  ServiceProcess coordinator(kCoordinatorBinary);
+  ASSERT_TRUE(coordinator.Start({"--model", testing::SmolLm2SplitModel().base, "--drafter",
+                                 stack_->DrafterTarget(), "--socket",
+                                 stack_->dir() + "/sigterm.sock", "--http", "127.0.0.1:0"}));
+  ASSERT_TRUE(coordinator.WaitServing("unix:" + stack_->dir() + "/sigterm.sock"))
+      << coordinator.Stderr();
+  const int port = HttpPortOf(coordinator);
+  ASSERT_GT(port, 0);
+  const json body = {
+      {"model", "smollm2_split"}, {"prompt", kPrompt},
+      {"max_tokens", 1000},       {"temperature", 0},
+      {"stream", true},           {"bitsplit", {{"speculation", {{"mode", "off"}}}}}};
+  RawConnection stream(port);
+  ASSERT_TRUE(stream.SendRequest("POST", "/v1/completions", body.dump()));
+  std::optional<HttpResponse> head = stream.ReadHead();
+  ASSERT_TRUE(head.has_value());
+  ASSERT_EQ(head->status, 200);
+  ASSERT_TRUE(stream.ReadChunk(*head).has_value());
+  coordinator.Signal(SIGTERM);
+  std::string rest;
+  while (std::optional<std::string> chunk = stream.ReadChunk(*head)) {
+    if (chunk->empty()) break;
+    rest += *chunk;
+  }
+  const std::vector<std::string> events = SseData(rest);
+  ASSERT_GE(events.size(), 2u) << rest;
+  EXPECT_EQ(events.back(), "[DONE]");
+  const json error = ParseJson(events[events.size() - 2]);
+  ASSERT_TRUE(error.contains("error")) << events[events.size() - 2];
+  EXPECT_THAT(error["error"]["message"].get<std::string>(), HasSubstr("shutting down"));
+  EXPECT_EQ(coordinator.Wait(std::chrono::seconds(20)), 0) << coordinator.Stderr();
+  EXPECT_TRUE(WaitForNoSessions(std::chrono::seconds(5)));
+}
+
 TEST_F(E2eHttpTest, OfficialOpenAiClientAndPrometheusParser) {
   // scripts/test.sh exports the venv's python; otherwise the script makes (once) and names it.
   std::string python;
