@@ -547,9 +547,10 @@ TEST_F(CudaKernelsTest, SiluMulIsCloseToCpu) {
   }
 }
 
-// The fp16 GELU table of the host and the kernel's lookup: ops::GeluTanhMul bit for bit, on every
-// fp16 value in (-10, 10), random gates of several scales, and the two clamped ranges.
-TEST_F(CudaKernelsTest, GeluTanhMulMatchesCpuBitForBit) {
+// GeGLU in f32: ops::GeluTanhMul within a few ulp (the device's tanhf is within 2 ulp; where
+// 1 + tanh cancels for negative gates the error is |gate|·|up|·2^-21 at most), on every fp16 value
+// in (-12, 12), random gates of several scales, and large ones.
+TEST_F(CudaKernelsTest, GeluTanhMulMatchesCpuWithinF32Rounding) {
   std::vector<float> gate;
   for (uint32_t bits = 0; bits < 65536; ++bits) {
     const float x = Fp16ToFp32(static_cast<uint16_t>(bits));
@@ -559,18 +560,19 @@ TEST_F(CudaKernelsTest, GeluTanhMulMatchesCpuBitForBit) {
     const std::vector<float> more = RandomFloats(50000, 53 + static_cast<uint32_t>(scale), scale);
     gate.insert(gate.end(), more.begin(), more.end());
   }
-  for (const float edge : {-10.0f, 10.0f, std::nextafter(-10.0f, 0.0f), std::nextafter(10.0f, 0.0f),
-                           -1e4f, 1e4f, 0.0f, -0.0f}) {
-    gate.push_back(edge);
-  }
+  for (const float edge : {-10.0f, 10.0f, -1e4f, 1e4f, 0.0f, -0.0f}) gate.push_back(edge);
   const int64_t n = static_cast<int64_t>(gate.size());
   const std::vector<float> up = RandomFloats(gate.size(), 57);
   std::vector<float> expected(gate.size());
   ops::GeluTanhMul(gate.data(), up.data(), n, expected.data());
   DeviceVector<float> dg(gate), du(up);
-  DeviceVector<uint16_t> table(GeluTanhTable());
-  ASSERT_CUDA(kernels::GeluTanhMul(dg.get(), du.get(), n, table.get(), dg.get(), nullptr));
-  ExpectBitsEqual(dg.ToHost(), expected, "geglu");
+  ASSERT_CUDA(kernels::GeluTanhMul(dg.get(), du.get(), n, dg.get(), nullptr));
+  const std::vector<float> actual = dg.ToHost();
+  EXPECT_LT(Nmse(actual, expected), 1e-12);
+  for (int64_t i = 0; i < n; ++i) {
+    const float bound = std::fabs(gate[i]) * std::fabs(up[i]) * std::ldexp(1.0f, -21) + 1e-30f;
+    ASSERT_NEAR(actual[i], expected[i], bound) << "gate " << gate[i];
+  }
 }
 
 // The slots ops::AttentionWithContext visits for one token under a window (for the test).
@@ -923,8 +925,6 @@ TEST_F(CudaKernelsTest, LaunchersRejectBadArguments) {
   EXPECT_EQ(kernels::EmbeddingGather(nullptr, 2, 0, 32, nullptr, 1, nullptr, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(kernels::ApplyRope(nullptr, 1, 1, 64, 65, nullptr, nullptr, nullptr, true, nullptr),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(kernels::GeluTanhMul(nullptr, nullptr, 4, nullptr, nullptr, nullptr),
             cudaErrorInvalidValue);
   kernels::VisibleSlotsArgs visible;
   visible.rows = 1;

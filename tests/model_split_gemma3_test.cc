@@ -35,7 +35,8 @@ class Gemma3SplitTest : public ::testing::Test {
 
   // The oracle fixture's prompt `name` (llama.cpp's tokens, BOS first).
   static std::vector<int32_t> OraclePrompt(const std::string& name) {
-    std::ifstream in(testing::SourcePath("tests/fixtures/oracle/gemma3_f32_logits.json"));
+    std::ifstream in(
+        testing::SourcePath("tests/fixtures/oracle/gemma3_f32_exact_gelu_logits.json"));
     const nlohmann::json fixture = nlohmann::json::parse(in);
     for (const auto& c : fixture["cases"]) {
       if (c["name"] == name) return c["tokens"].get<std::vector<int32_t>>();

@@ -143,7 +143,7 @@ TEST(VramPlanTest, EightBKvCacheAndScratch) {
 }
 
 // A gemma3-1B-shaped config: what the device holds beyond the llama layer (every per-layer
-// vector, the local layers' RoPE table, the GELU table, each slot's position, the windowed
+// vector, the local layers' RoPE table, each slot's position, the windowed
 // layers' slot lists), and none of it for llama.
 TEST(VramPlanTest, WindowedGeGluModelPlansItsExtraBuffers) {
   ModelConfig c = EightBClassConfig();
@@ -175,7 +175,6 @@ TEST(VramPlanTest, WindowedGeGluModelPlansItsExtraBuffers) {
   EXPECT_EQ(plan->norms_bytes, 537'088u);
   // Two tables (global and local base) of 4096 positions x 128 pairs x cos, sin.
   EXPECT_EQ(plan->rope_table_bytes, 2u * 4096 * 128 * 8);
-  EXPECT_EQ(plan->activation_table_bytes, 65536u * 2);
   // Keys and values 2 x 26 x 4096 x 256 x 2 = 109,051,904 (52 pages) + positions 4 x 4096.
   EXPECT_EQ(plan->kv_positions_bytes, 16'384u);
   EXPECT_EQ(plan->kv_bytes_per_session, 53 * 2 * kMiB);
@@ -184,7 +183,6 @@ TEST(VramPlanTest, WindowedGeGluModelPlansItsExtraBuffers) {
   request.config = EightBClassConfig();
   auto llama = PlanVram(request, 80 * kGiB);
   ASSERT_TRUE(llama.ok()) << llama.status();
-  EXPECT_EQ(llama->activation_table_bytes, 0u);
   EXPECT_EQ(llama->kv_positions_bytes, 0u);
   EXPECT_EQ(llama->scratch.visible_slots_bytes, 0u);
   EXPECT_EQ(llama->rope_table_bytes, 4096u * 64 * 8);

@@ -420,7 +420,7 @@ absl::Status CudaModel::EnqueueForward(const ForwardShape& shape,
         break;
       case model::FfnActivation::kGeluTanh:
         BITSPLIT_CUDA_RETURN_IF_ERROR(
-            kernels::GeluTanhMul(d_.gate, d_.up, n * c.d_ff, gelu_table_, d_.gate, stream_));
+            kernels::GeluTanhMul(d_.gate, d_.up, n * c.d_ff, d_.gate, stream_));
         break;
     }
     BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kDown}, d_.gate, n, projected, verify));

@@ -113,14 +113,6 @@ std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq
   return table;
 }
 
-std::vector<uint16_t> GeluTanhTable() {
-  std::vector<uint16_t> table(65536);
-  for (uint32_t bits = 0; bits < 65536; ++bits) {
-    table[bits] = Fp32ToFp16(ops::GeluTanh(Fp16ToFp32(static_cast<uint16_t>(bits))));
-  }
-  return table;
-}
-
 // ---- CudaModel: loading ----------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<CudaModel>> CudaModel::Create(const model::SplitModelFiles& files,
@@ -393,12 +385,6 @@ absl::Status CudaModel::UploadConstants(const model::EmbeddingAndNorms& embeddin
     }
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpy(
         hadamard_masks_, masks.data(), masks.size() * sizeof(uint32_t), cudaMemcpyHostToDevice));
-  }
-  if (config.ffn_activation == model::FfnActivation::kGeluTanh) {
-    gelu_table_ = constants.Take<uint16_t>(plan_.activation_table_bytes);
-    const std::vector<uint16_t> table = GeluTanhTable();
-    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpy(
-        gelu_table_, table.data(), table.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
   }
   BITSPLIT_CHECK(constants.used() <= plan_.constants_slab_bytes);
   return absl::OkStatus();

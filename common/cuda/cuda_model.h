@@ -78,10 +78,6 @@ std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq
 std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq_factors,
                              int64_t positions);
 
-// fp16(ops::GeluTanh(x)) at every fp16 value x (index = x's bits), as fp16 bits: the table
-// ops::GeluTanhMul looks up, for kernels::GeluTanhMul.
-std::vector<uint16_t> GeluTanhTable();
-
 // One session's KV cache in device memory, fp16, [layer][slot][kv_dim] for keys and values, with
 // model::KvCache's committed / pending bookkeeping and errors; for a sliding-window model also
 // each slot's position (int32 [capacity], as KvCache::positions: what the window compares).
@@ -338,7 +334,6 @@ class CudaModel {
   float* rope_local_cos_ = nullptr;  // the local layers' (sliding-window models only)
   float* rope_local_sin_ = nullptr;
   uint32_t* hadamard_masks_ = nullptr;
-  uint16_t* gelu_table_ = nullptr;  // GeGLU models only
 
   struct Scratch {
     int32_t* tokens;

@@ -173,11 +173,10 @@ cudaError_t Attention(const AttentionArgs& args, cudaStream_t stream);
 // out[i] = gate[i] / (1 + expf(-gate[i])) * up[i] (ops::SiluMul's formula); out may alias gate.
 cudaError_t SiluMul(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
 
-// ops::GeluTanhMul: out[i] = gelu(gate[i]) * up[i] with gelu(g) = 0 for g <= -10, g for g >= 10,
-// else the fp16 value gelu_table[fp16(g)] (round to nearest even), gelu_table being the host's
-// fp16(ops::GeluTanh(x)) at every fp16 x (GeluTanhTable). out may alias gate.
-cudaError_t GeluTanhMul(const float* gate, const float* up, int64_t n, const uint16_t* gelu_table,
-                        float* out, cudaStream_t stream);
+// ops::GeluTanhMul: out[i] = GeluTanh(gate[i]) * up[i] in f32, within a few ulp of the CPU's
+// (the device's tanhf). out may alias gate.
+cudaError_t GeluTanhMul(const float* gate, const float* up, int64_t n, float* out,
+                        cudaStream_t stream);
 
 // KvCache::CommitSlots on the device: for i in order, slot committed + i = slot committed +
 // pending_indices[i] in keys and values of every layer (`layer_stride` elements apart), and in

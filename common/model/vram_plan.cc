@@ -81,12 +81,8 @@ VramPlan Compute(const VramRequest& r, uint64_t base_bytes) {
   const uint64_t rope_tables = c.sliding_window > 0 ? 2 : 1;
   plan.rope_table_bytes = rope_tables * AlignVram(U(r.context) * U(c.rope_dims / 2) * 2 * 4);
   plan.hadamard_bytes = AlignVram(4 * U(WidestInput(c)));
-  if (c.ffn_activation == FfnActivation::kGeluTanh) {
-    plan.activation_table_bytes = AlignVram(65536 * 2);
-  }
-  plan.constants_slab_bytes =
-      RoundVramSlab(plan.embedding_bytes + plan.norms_bytes + plan.rope_table_bytes +
-                    plan.hadamard_bytes + plan.activation_table_bytes);
+  plan.constants_slab_bytes = RoundVramSlab(plan.embedding_bytes + plan.norms_bytes +
+                                            plan.rope_table_bytes + plan.hadamard_bytes);
   plan.kv_bytes_per_token = 2 * U(c.num_layers) * U(c.kv_dim()) * U(r.kv_element_bytes);
   const uint64_t one_side =
       AlignVram(U(c.num_layers) * U(r.context) * U(c.kv_dim()) * U(r.kv_element_bytes));

@@ -97,7 +97,6 @@ struct VramPlan {
   uint64_t norms_bytes = 0;       // every per-layer vector (LayerVectorSpecs) and the output norm
   uint64_t rope_table_bytes = 0;  // cos/sin per position; twice that with local (windowed) layers
   uint64_t hadamard_bytes = 0;
-  uint64_t activation_table_bytes = 0;  // GeGLU: the fp16 GELU of every fp16 value (else 0)
   uint64_t constants_slab_bytes = 0;
   uint64_t kv_bytes_per_token = 0;  // one session, all layers, keys and values
   // Sliding-window models: each slot's position, i32 [context] per session (else 0).

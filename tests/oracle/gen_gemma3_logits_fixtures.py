@@ -13,8 +13,15 @@ Per prompt the fixture stores the tokens, llama.cpp's 48-token greedy continuati
 position, the top-K logits, the log-sum-exp and TAIL_SAMPLES token ids drawn from the
 distribution outside the top-K (see gen_logits_fixtures.py for the KL estimate they give).
 
-Rerun (needs the oracle environment, see scripts/oracle-env.sh):
+Two oracles, two fixtures:
     $(scripts/oracle-env.sh) tests/oracle/gen_gemma3_logits_fixtures.py
+        llama.cpp as released: its CPU GELU looks the value up at the input rounded to fp16
+        -> tests/fixtures/oracle/gemma3_f32_logits.json (not committed: what that table changes
+        is measured once in docs/design.md §10)
+    $(scripts/oracle-env.sh --exact-gelu) tests/oracle/gen_gemma3_logits_fixtures.py --exact-gelu
+        the same llama.cpp built with GGML_GELU_FP16 undefined: the f32 GELU formula, as its CUDA
+        and Metal backends compute it -> tests/fixtures/oracle/gemma3_f32_exact_gelu_logits.json,
+        the fixture of tests/model_oracle_logits_test.cc
 """
 import ctypes
 import json
@@ -51,6 +58,7 @@ def render_gemma_chat(llm: Llama, messages) -> str:
 
 
 def main() -> int:
+    exact_gelu = "--exact-gelu" in sys.argv[1:]
     make_f32_copy(MODEL, F32_COPY)
     prompts = json.loads((ROOT / "tests/oracle/gemma3_logit_prompts.json").read_text())
     llm = Llama(model_path=str(F32_COPY), n_ctx=2048, n_batch=512, n_threads=2, logits_all=True,
@@ -74,10 +82,14 @@ def main() -> int:
     tails = np.array(tails)
     print(f"positions {len(tails)}; mass outside top-{TOP_K}: mean {tails.mean():.2e}, "
           f"max {tails.max():.2e}")
-    out = ROOT / "tests/fixtures/oracle/gemma3_f32_logits.json"
+    name = "gemma3_f32_exact_gelu_logits.json" if exact_gelu else "gemma3_f32_logits.json"
+    out = ROOT / "tests/fixtures/oracle" / name
     out.write_text(json.dumps({
         "model": MODEL.name, "llama_cpp_python": "0.3.36", "kv_cache": "f32", "n_threads": 2,
-        "oracle": "llama.cpp on an F32 copy (gguf-py dequantized)", "top_k": TOP_K,
+        "oracle": "llama.cpp on an F32 copy (gguf-py dequantized)" +
+                  (", built with GGML_GELU_FP16 undefined (f32 GELU formula)" if exact_gelu
+                   else ", as released (fp16 GELU lookup table)"),
+        "top_k": TOP_K,
         "tail_samples": TAIL_SAMPLES, "cases": cases}))
     return 0
 
