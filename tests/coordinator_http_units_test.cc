@@ -182,6 +182,15 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
     ASSERT_FALSE(parsed.ok()) << body;
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
   }
+  // Deep nesting (a body of the 4 MiB limit) is an error, not a stack overflow.
+  for (const std::string& body : {std::string(4 << 20, '['),
+                                 std::string(1 << 20, '[') + std::string(1 << 20, ']'),
+                                 "{\"messages\": " + std::string(1 << 20, '[') +
+                                     std::string(1 << 20, ']') + "}"}) {
+    const auto parsed = ParseRequest(Endpoint::kChatCompletions, body, "m");
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  }
   // What OpenAI's own clients send by default is taken.
   EXPECT_TRUE(Chat({{"messages", kUser},
                     {"n", 1},
