@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Prefill (256-token prompt) and decode tokens/s of bitsplit's reference engine and of llama.cpp
 # (llama-cpp-python, built by scripts/oracle-env.sh), same model, same threads, one run.
-#   bench/compare_llamacpp.sh [MODEL] [THREADS]
+#   bench/compare_llamacpp.sh [--exact-gelu] [MODEL] [THREADS]
+# --exact-gelu: llama.cpp built with its CPU GELU as the f32 formula (oracle-env.sh --exact-gelu),
+# the arithmetic bitsplit computes; it differs from the release only in gemma's GELU.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ENV_FLAGS=()
+if [[ "${1:-}" == --exact-gelu ]]; then ENV_FLAGS=(--exact-gelu); shift; fi
 MODEL="${1:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 THREADS="${2:-$(nproc)}"
-PY="$("$ROOT/scripts/oracle-env.sh")"
+PY="$("$ROOT/scripts/oracle-env.sh" "${ENV_FLAGS[@]}")"
 "$ROOT/scripts/build.sh" >/dev/null
 ours=$("$ROOT/build/bench/engine_speed_bench" --model "$MODEL" --threads "$THREADS" \
   --benchmark_format=json 2>/dev/null)
