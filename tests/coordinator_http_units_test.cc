@@ -183,10 +183,9 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
   }
   // Deep nesting (a body of the 4 MiB limit) is an error, not a stack overflow.
-  for (const std::string& body : {std::string(4 << 20, '['),
-                                 std::string(1 << 20, '[') + std::string(1 << 20, ']'),
-                                 "{\"messages\": " + std::string(1 << 20, '[') +
-                                     std::string(1 << 20, ']') + "}"}) {
+  for (const std::string& body :
+       {std::string(4 << 20, '['), std::string(1 << 20, '[') + std::string(1 << 20, ']'),
+        "{\"messages\": " + std::string(1 << 20, '[') + std::string(1 << 20, ']') + "}"}) {
     const auto parsed = ParseRequest(Endpoint::kChatCompletions, body, "m");
     ASSERT_FALSE(parsed.ok());
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
