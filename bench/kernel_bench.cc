@@ -92,6 +92,7 @@ struct Case {
 const Case kCases[] = {
     {SplitFormat::kB2Sym, 64},  {SplitFormat::kB2Asym, 64}, {SplitFormat::kB3Sym, 64},
     {SplitFormat::kB3Asym, 64}, {SplitFormat::kB4Sym, 64},  {SplitFormat::kB4Asym, 64},
+    {SplitFormat::kR3, 32},     {SplitFormat::kR4, 32},     {SplitFormat::kR5, 32},
     {SplitFormat::kR6, 32},     {SplitFormat::kR6, 128},    {SplitFormat::kR8, 32},
     {SplitFormat::kR8, 128},    {SplitFormat::kQ8_0, 32},
 };

@@ -223,6 +223,13 @@ TEST(EvalConfigSpecTest, ParsesSpecsIntoCanonicalLabels) {
   EXPECT_EQ(spec->quantization.base_format, quant::SplitFormat::kB2Asym);
   EXPECT_EQ(spec->quantization.residual_format, quant::SplitFormat::kR6);
   EXPECT_EQ(spec->quantization.rotation.block, 64);
+  for (const auto& [name, format] :
+       {std::pair{"b4+r3", quant::SplitFormat::kR3}, std::pair{"b4+r4", quant::SplitFormat::kR4},
+        std::pair{"b3+r5", quant::SplitFormat::kR5}, std::pair{"b2+r8", quant::SplitFormat::kR8}}) {
+    auto residual = ParseEvalConfigSpec(name, defaults);
+    ASSERT_TRUE(residual.ok()) << name << ": " << residual.status();
+    EXPECT_EQ(residual->quantization.residual_format, format) << name;
+  }
 
   spec = ParseEvalConfigSpec("b2+r8:g64", defaults);
   ASSERT_TRUE(spec.ok()) << spec.status();

@@ -48,10 +48,14 @@ template <SplitFormat kFormat>
 __device__ __forceinline__ int Codes4(const uint8_t* sub, int k) {
   if constexpr (kFormat == SplitFormat::kB2Sym || kFormat == SplitFormat::kB2Asym) {
     return static_cast<int>(Plane2(sub, k));
-  } else if constexpr (kFormat == SplitFormat::kB3Sym || kFormat == SplitFormat::kB3Asym) {
+  } else if constexpr (kFormat == SplitFormat::kB3Sym || kFormat == SplitFormat::kB3Asym ||
+                       kFormat == SplitFormat::kR3) {
     return static_cast<int>(Plane2(sub, k) | (Plane1(sub + 8, k) << 2));
-  } else if constexpr (kFormat == SplitFormat::kB4Sym || kFormat == SplitFormat::kB4Asym) {
+  } else if constexpr (kFormat == SplitFormat::kB4Sym || kFormat == SplitFormat::kB4Asym ||
+                       kFormat == SplitFormat::kR4) {
     return static_cast<int>(Plane4(sub, k));
+  } else if constexpr (kFormat == SplitFormat::kR5) {
+    return static_cast<int>(Plane4(sub, k) | (Plane1(sub + 16, k) << 4));
   } else if constexpr (kFormat == SplitFormat::kR6) {
     return static_cast<int>(Plane4(sub, k) | (Plane2(sub + 16, k) << 4));
   } else {  // SplitFormat::kR8, SplitFormat::kQ8_0: int8 codes in element order
@@ -392,6 +396,12 @@ cudaError_t SplitMatMul(const GroupMatMul& group, const DeviceActivations& x, bo
       return LaunchSplitMatMul<SplitFormat::kB4Sym>(group, x, accumulate, stream);
     case SplitFormat::kB4Asym:
       return LaunchSplitMatMul<SplitFormat::kB4Asym>(group, x, accumulate, stream);
+    case SplitFormat::kR3:
+      return LaunchSplitMatMul<SplitFormat::kR3>(group, x, accumulate, stream);
+    case SplitFormat::kR4:
+      return LaunchSplitMatMul<SplitFormat::kR4>(group, x, accumulate, stream);
+    case SplitFormat::kR5:
+      return LaunchSplitMatMul<SplitFormat::kR5>(group, x, accumulate, stream);
     case SplitFormat::kR6:
       return LaunchSplitMatMul<SplitFormat::kR6>(group, x, accumulate, stream);
     case SplitFormat::kR8:

@@ -167,17 +167,18 @@ absl::StatusOr<EvalConfigSpec> ParseEvalConfigSpec(std::string_view spec,
     const std::vector<std::string> halves = absl::StrSplit(head, '+');
     if (halves.size() > 2 || halves[0].size() != 2 || halves[0][0] != 'b' ||
         (halves[0][1] != '2' && halves[0][1] != '3' && halves[0][1] != '4')) {
-      return SpecError(spec, "expected ref, q8_0, gguf:PATH, bN or bN+rM (N in 2..4, M in 6, 8)");
+      return SpecError(spec,
+                       "expected ref, q8_0, gguf:PATH, bN or bN+rM (N in 2..4, M in 3..6 or 8)");
     }
     base_bits = halves[0][1] - '0';
     if (halves.size() == 2) {
-      if (halves[1] == "r6") {
-        residual_bits = 6;
-      } else if (halves[1] == "r8") {
-        residual_bits = 8;
-      } else {
-        return SpecError(spec, absl::StrCat("unknown residual \"", halves[1], "\" (r6 or r8)"));
+      const std::string& residual = halves[1];
+      if (residual.size() != 2 || residual[0] != 'r' ||
+          !quant::ResidualFormatOfBits(residual[1] - '0').ok()) {
+        return SpecError(
+            spec, absl::StrCat("unknown residual \"", residual, "\" (r3, r4, r5, r6 or r8)"));
       }
+      residual_bits = residual[1] - '0';
     }
   }
 
@@ -242,7 +243,7 @@ absl::StatusOr<EvalConfigSpec> ParseEvalConfigSpec(std::string_view spec,
   std::string groups = absl::StrCat("g", base_group);
   if (residual_bits != 0) {
     BITSPLIT_RETURN_IF_ERROR(CheckGroup(spec, residual_group));
-    q.residual_format = residual_bits == 6 ? quant::SplitFormat::kR6 : quant::SplitFormat::kR8;
+    q.residual_format = *quant::ResidualFormatOfBits(residual_bits);
     q.residual_group = residual_group;
     if (residual_group != base_group)
       groups = absl::StrCat("bg", base_group, ":rg", residual_group);

@@ -419,8 +419,8 @@ absl::Status ValidateSplitQuantization(const SplitQuantization& q, const ModelCo
         "a q8_0 base is the Q8_0 reference configuration and takes no residual (residual bits 0)");
   }
   if (q.residual_format && !quant::GetSplitFormatInfo(*q.residual_format).is_residual) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(FormatName(*q.residual_format), " is not a residual format (r6 or r8)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        FormatName(*q.residual_format), " is not a residual format (r3, r4, r5, r6 or r8)"));
   }
   const std::vector<InputDim> dims = DistinctInputDims(config);
   BITSPLIT_RETURN_IF_ERROR(CheckGroup("base", q.base_format, q.base_group, dims));

@@ -30,8 +30,11 @@ enum class SplitFormat : uint32_t {
   kR6 = 6,
   kR8 = 7,
   kQ8_0 = 8,
+  kR3 = 9,
+  kR4 = 10,
+  kR5 = 11,
 };
-inline constexpr int kNumSplitFormats = 9;
+inline constexpr int kNumSplitFormats = 12;
 
 // Elements per sub-block: the unit of code packing and of the integer dot products.
 inline constexpr int kSplitSubBlock = 32;
@@ -40,7 +43,7 @@ inline constexpr int kSplitSubBlock = 32;
 struct SplitFormatTraits {
   int bits;             // bits per code
   bool is_base;         // kB*: produced by QuantizeBaseRow
-  bool is_residual;     // kR6 / kR8: produced by QuantizeResidualRow
+  bool is_residual;     // kR3 .. kR8: produced by QuantizeResidualRow
   bool has_min;         // the row stores an fp16 min m per group after the scales
   bool signed_codes;    // codes are int8 (kR8, kQ8_0); otherwise unsigned with an offset
   float code_offset;    // y = d * (q - code_offset) for the unsigned symmetric formats
@@ -68,6 +71,12 @@ BITSPLIT_HOST_DEVICE constexpr SplitFormatTraits SplitFormatTraitsOf(SplitFormat
       return {8, false, true, false, true, 0.0f, 32};
     case SplitFormat::kQ8_0:
       return {8, false, false, false, true, 0.0f, 32};
+    case SplitFormat::kR3:
+      return {3, false, true, false, false, 4.0f, 12};
+    case SplitFormat::kR4:
+      return {4, false, true, false, false, 8.0f, 16};
+    case SplitFormat::kR5:
+      return {5, false, true, false, false, 16.0f, 20};
   }
   return {0, false, false, false, false, 0.0f, 0};
 }
@@ -86,6 +95,10 @@ struct SubBlock3 {
 struct SubBlock4 {
   uint8_t qs[16];  // Plane4 of the 4-bit codes
 };
+struct SubBlock5 {
+  uint8_t ql[16];  // Plane4 of code bits 0-3
+  uint8_t qh[4];   // Plane1 of code bit 4
+};
 struct SubBlock6 {
   uint8_t ql[16];  // Plane4 of code bits 0-3
   uint8_t qh[8];   // Plane2 of code bits 4-5
@@ -95,11 +108,14 @@ struct SubBlock8 {
 };
 
 static_assert(sizeof(SubBlock2) == 8 && sizeof(SubBlock3) == 12 && sizeof(SubBlock4) == 16);
-static_assert(sizeof(SubBlock6) == 24 && sizeof(SubBlock8) == 32);
+static_assert(sizeof(SubBlock5) == 20 && sizeof(SubBlock6) == 24 && sizeof(SubBlock8) == 32);
 static_assert(std::is_trivially_copyable_v<SubBlock6> && std::is_standard_layout_v<SubBlock6>);
 static_assert(SplitFormatTraitsOf(SplitFormat::kB2Sym).sub_block_bytes == sizeof(SubBlock2));
 static_assert(SplitFormatTraitsOf(SplitFormat::kB3Sym).sub_block_bytes == sizeof(SubBlock3));
 static_assert(SplitFormatTraitsOf(SplitFormat::kB4Sym).sub_block_bytes == sizeof(SubBlock4));
+static_assert(SplitFormatTraitsOf(SplitFormat::kR3).sub_block_bytes == sizeof(SubBlock3));
+static_assert(SplitFormatTraitsOf(SplitFormat::kR4).sub_block_bytes == sizeof(SubBlock4));
+static_assert(SplitFormatTraitsOf(SplitFormat::kR5).sub_block_bytes == sizeof(SubBlock5));
 static_assert(SplitFormatTraitsOf(SplitFormat::kR6).sub_block_bytes == sizeof(SubBlock6));
 static_assert(SplitFormatTraitsOf(SplitFormat::kR8).sub_block_bytes == sizeof(SubBlock8));
 

@@ -27,7 +27,8 @@ constexpr SplitFormatInfo kFormatInfo[kNumSplitFormats] = {
     Info(SplitFormat::kB3Sym, "b3_sym"), Info(SplitFormat::kB3Asym, "b3_asym"),
     Info(SplitFormat::kB4Sym, "b4_sym"), Info(SplitFormat::kB4Asym, "b4_asym"),
     Info(SplitFormat::kR6, "r6"),        Info(SplitFormat::kR8, "r8"),
-    Info(SplitFormat::kQ8_0, "q8_0"),
+    Info(SplitFormat::kQ8_0, "q8_0"),    Info(SplitFormat::kR3, "r3"),
+    Info(SplitFormat::kR4, "r4"),        Info(SplitFormat::kR5, "r5"),
 };
 static_assert(sizeof(BlockQ8_0) == 2 + sizeof(SubBlock8));
 
@@ -56,14 +57,20 @@ void PackSubBlock(SplitFormat format, const uint8_t* codes, uint8_t* out) {
       PackPlane2(codes, out);
       return;
     case SplitFormat::kB3Sym:
-    case SplitFormat::kB3Asym: {
+    case SplitFormat::kB3Asym:
+    case SplitFormat::kR3: {
       PackPlane2(codes, out);
       PackPlane1(codes, 2, out + 8);
       return;
     }
     case SplitFormat::kB4Sym:
     case SplitFormat::kB4Asym:
+    case SplitFormat::kR4:
       PackPlane4(codes, out);
+      return;
+    case SplitFormat::kR5:
+      PackPlane4(codes, out);
+      PackPlane1(codes, 4, out + 16);
       return;
     case SplitFormat::kR6: {
       PackPlane4(codes, out);
@@ -338,6 +345,14 @@ const SplitFormatInfo& GetSplitFormatInfo(SplitFormat format) {
   return kFormatInfo[index];
 }
 
+absl::StatusOr<SplitFormat> ResidualFormatOfBits(int bits) {
+  for (const SplitFormatInfo& info : kFormatInfo) {
+    if (info.is_residual && info.bits == bits) return static_cast<SplitFormat>(&info - kFormatInfo);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("no residual format of ", bits, " bits (3, 4, 5, 6 or 8)"));
+}
+
 absl::StatusOr<SplitFormat> ParseSplitFormat(std::string_view name) {
   for (int i = 0; i < kNumSplitFormats; ++i) {
     if (name == kFormatInfo[i].name) return static_cast<SplitFormat>(i);
@@ -427,7 +442,9 @@ absl::Status QuantizeResidualRow(SplitFormat format, int group, const float* r, 
     return absl::InvalidArgumentError(absl::StrCat(info.name, " is not a residual format"));
   }
   if (!AllFinite(r, cols)) return absl::InvalidArgumentError("residual values are not finite");
-  const int max_code = (1 << (info.bits - 1)) - 1;  // 31 or 127: symmetric, no -2^(b-1)
+  // N = 2^(b-1) - 1 (3, 7, 15, 31, 127): symmetric, no -2^(b-1). The unsigned formats store
+  // q = c + offset (offset = N + 1), so q is in 1..2N + 1 and never 0.
+  const int max_code = (1 << (info.bits - 1)) - 1;
   const SplitRowLayout layout = GetSplitRowLayout(format, group, cols);
   uint8_t codes[kSplitSubBlock];
   for (int64_t g = 0; g < layout.groups; ++g) {
@@ -451,8 +468,9 @@ absl::Status QuantizeResidualRow(SplitFormat format, int group, const float* r, 
         const float c = d != 0.0f ? std::nearbyint(x / d) : 0.0f;
         const int code = static_cast<int>(
             std::clamp(c, -static_cast<float>(max_code), static_cast<float>(max_code)));
-        codes[j] = format == SplitFormat::kR6 ? static_cast<uint8_t>(code + 32)
-                                              : static_cast<uint8_t>(static_cast<int8_t>(code));
+        codes[j] = info.signed_codes
+                       ? static_cast<uint8_t>(static_cast<int8_t>(code))
+                       : static_cast<uint8_t>(code + static_cast<int>(info.code_offset));
       }
       PackSubBlock(format, codes,
                    out + layout.code_offset + (first_sub_block + s) * layout.code_stride);
@@ -501,11 +519,16 @@ void UnpackSubBlock(SplitFormat format, const uint8_t* p, int codes[kSplitSubBlo
         break;
       case SplitFormat::kB3Sym:
       case SplitFormat::kB3Asym:
+      case SplitFormat::kR3:
         codes[j] = Plane2(p, j) | (Plane1(p + 8, j) << 2);
         break;
       case SplitFormat::kB4Sym:
       case SplitFormat::kB4Asym:
+      case SplitFormat::kR4:
         codes[j] = Plane4(p, j);
+        break;
+      case SplitFormat::kR5:
+        codes[j] = Plane4(p, j) | (Plane1(p + 16, j) << 4);
         break;
       case SplitFormat::kR6:
         codes[j] = Plane4(p, j) | (Plane2(p + 16, j) << 4);

@@ -1,6 +1,6 @@
 #pragma once
 // The split-quantization formats: every linear weight W is stored as a low-bit base B (the
-// draft model, 2/3/4-bit group-wise codes) plus a residual R (6- or 8-bit symmetric codes of
+// draft model, 2/3/4-bit group-wise codes) plus a residual R (3- to 8-bit symmetric codes of
 // W - B), with W ~= B + R. Also Q8_0 (ggml's format, bit-exact quantizer) as a reference point.
 //
 // A row of `cols` elements stores, in this order (SplitRowLayout):
@@ -19,6 +19,9 @@
 //   kB3Sym  y = d * (q - 4)     q in 0..7   (d may be negative: the extra level goes either way)
 //   kB4Sym  y = d * (q - 8)     q in 0..15  (likewise)
 //   kBnAsym y = d * q + m       q in 0..2^n-1
+//   kR3     y = d * (q - 4)     q in 1..7   (c = q - 4 in -3..3; the quantizer never writes 0)
+//   kR4     y = d * (q - 8)     q in 1..15  (c in -7..7; packed as kB4Sym)
+//   kR5     y = d * (q - 16)    q in 1..31  (c in -15..15; SubBlock5: a nibble and a bit plane)
 //   kR6     y = d * (q - 32)    q in 1..63  (c = q - 32 in -31..31; the quantizer never writes 0)
 //   kR8     y = d * c           c in -127..127
 //   kQ8_0   y = d * c           ggml's Q8_0 values (group must be 32); c in -128..127 when read
@@ -42,6 +45,9 @@ struct SplitFormatInfo : SplitFormatTraits {
 };
 const SplitFormatInfo& GetSplitFormatInfo(SplitFormat format);
 absl::StatusOr<SplitFormat> ParseSplitFormat(std::string_view name);
+// The residual format of `bits` per code: 3, 4, 5, 6 or 8 (kR3 .. kR8); INVALID_ARGUMENT
+// naming those otherwise.
+absl::StatusOr<SplitFormat> ResidualFormatOfBits(int bits);
 
 // OK when `group` is a positive multiple of 32 (exactly 32 for kQ8_0) and `cols` a positive
 // multiple of `group`; INVALID_ARGUMENT otherwise. Every other function here requires it and
@@ -66,7 +72,8 @@ SplitRowLayout GetSplitRowLayout(SplitFormat format, int group, int64_t cols);
 absl::Status QuantizeBaseRow(SplitFormat format, int group, const float* w, const float* importance,
                              int64_t cols, uint8_t* out);
 
-// Residual codes of one row (kR6 or kR8). Per group d = max|r| / N (N = 31 or 127) rounded UP
+// Residual codes of one row (kR3 .. kR8). Per group d = max|r| / N (N = 2^(bits-1) - 1: 3, 7,
+// 15, 31 or 127) rounded UP
 // to fp16, codes c = round(r / d): no code clips, so |r - d * c| <= d / 2 (plus float rounding
 // of the division). INVALID_ARGUMENT for a bad layout/format, non-finite r, or max|r| / N
 // beyond the fp16 range.
@@ -98,7 +105,7 @@ float SplitGroupScale(SplitFormat format, int group, int64_t cols, const uint8_t
                       int64_t group_index);
 
 // Unpacks the 32 codes of one sub-block into `codes` in element order: the unsigned q for the
-// base formats and kR6, the signed c for kR8 / kQ8_0 (as int).
+// base formats and kR3 .. kR6, the signed c for kR8 / kQ8_0 (as int).
 void UnpackSubBlock(SplitFormat format, const uint8_t* sub_block, int codes[kSplitSubBlock]);
 
 }  // namespace bitsplit::quant

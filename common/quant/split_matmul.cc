@@ -122,18 +122,9 @@ struct Traits {
                                      kFormat == SplitFormat::kB4Asym;
   static constexpr bool kMinTerm = !kSigned;  // stored min, or the implied -offset * d
   // y = d * (q - offset) for the offset formats (split_format.h).
-  static constexpr float kCodeOffset = kFormat == SplitFormat::kB2Sym   ? 1.5f
-                                       : kFormat == SplitFormat::kB3Sym ? 4.0f
-                                       : kFormat == SplitFormat::kB4Sym ? 8.0f
-                                       : kFormat == SplitFormat::kR6    ? 32.0f
-                                                                        : 0.0f;
+  static constexpr float kCodeOffset = kStoredMin ? 0.0f : SplitFormatTraitsOf(kFormat).code_offset;
   // Bytes from one sub-block's codes to the next.
-  static constexpr int64_t kCodeStride =
-      kFormat == SplitFormat::kR8                                         ? 32
-      : kFormat == SplitFormat::kR6                                       ? 24
-      : kFormat == SplitFormat::kB4Sym || kFormat == SplitFormat::kB4Asym ? 16
-      : kFormat == SplitFormat::kB3Sym || kFormat == SplitFormat::kB3Asym ? 12
-                                                                          : 8;
+  static constexpr int64_t kCodeStride = SplitFormatTraitsOf(kFormat).sub_block_bytes;
 };
 
 // AVX-512 prepared activation vectors (PrepareActivationPairs) per token and block pair: the

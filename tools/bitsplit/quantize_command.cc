@@ -17,6 +17,7 @@
 #include "common/model/llama_model.h"
 #include "common/model/split_quantizer.h"
 #include "common/quant/split_format.h"
+#include "common/util/status_macros.h"
 #include "tools/bitsplit/calibration.h"
 #include "tools/bitsplit/commands.h"
 
@@ -89,8 +90,8 @@ absl::StatusOr<model::SplitQuantization> QuantizationFrom(const QuantizeOptions&
   if (options.residual_bits == 0) {
     q.residual_format = std::nullopt;
   } else {
-    q.residual_format =
-        options.residual_bits == 6 ? quant::SplitFormat::kR6 : quant::SplitFormat::kR8;
+    BITSPLIT_ASSIGN_OR_RETURN(q.residual_format,
+                              quant::ResidualFormatOfBits(options.residual_bits));
   }
   q.residual_group = options.residual_group;
   if (options.rotate) q.rotation = {.block = options.rotate_block, .seed = options.seed};
@@ -205,8 +206,8 @@ Command AddQuantizeCommand(CLI::App& app) {
       ->check(CLI::IsMember({"sym", "asym"}))
       ->capture_default_str();
   sub->add_option("--residual-bits", options->residual_bits,
-                  "residual bits: 6, 8, or 0 (base only, e.g. for q8_0)")
-      ->check(CLI::IsMember({0, 6, 8}))
+                  "residual bits: 3, 4, 5, 6, 8, or 0 (base only, e.g. for q8_0)")
+      ->check(CLI::IsMember({0, 3, 4, 5, 6, 8}))
       ->capture_default_str();
   sub->add_option("--group", options->group,
                   "base quantization group (a multiple of 32 dividing every input width)")
