@@ -180,6 +180,28 @@ TEST(SpeculationPolicyTest, HighAcceptanceWithCheapDraftsPicksADeepShape) {
   EXPECT_NE(policy.Describe().find(MostRun(result)), std::string::npos) << policy.Describe();
 }
 
+// Deep trees where rows are nearly free and the draft is good (a GPU's memory-bound verify: a
+// row costs 1/1000 of the forward): the policy grows to the large candidates (64-128 nodes,
+// depth 12-16). Where a row costs about the forward (2 CPU cores, compute-bound), it stays small.
+TEST(SpeculationPolicyTest, CheapRowsGrowTheTreeAndDearRowsShrinkIt) {
+  Machine cheap_rows;
+  cheap_rows.acceptance = 0.9;
+  cheap_rows.draft_forward_ns = 2e4;
+  cheap_rows.verify_per_node_ns = 1e3;
+  AdaptivePolicy policy = NewPolicy();
+  const RunResult result = Simulate(policy, cheap_rows, 1500, 21);
+  const TreeShape chosen = policy.Next();
+  EXPECT_GE(chosen.nodes, 64) << DescribeShape(chosen);
+  EXPECT_GE(chosen.max_depth, 12) << DescribeShape(chosen);
+  EXPECT_GE(result.Rate(), BestFixedRate(policy, cheap_rows) * 0.85);
+
+  Machine dear_rows = cheap_rows;
+  dear_rows.verify_per_node_ns = 1e6;  // a row costs as much as the forward's fixed part
+  AdaptivePolicy small = NewPolicy();
+  Simulate(small, dear_rows, 1500, 21);
+  EXPECT_LE(small.Next().nodes, 16) << DescribeShape(small.Next());
+}
+
 // Batched beside other generations, a tree's rows lengthen every generation's forward. Where a
 // verify row costs a tenth of the fixed cost, a tree pays alone (its extra tokens beat one
 // row's cost) but not beside 31 generations decoding one row each: there the iteration already
@@ -321,7 +343,7 @@ TEST(SpeculationPolicyTest, CreateRejectsBadOptions) {
   EXPECT_TRUE(rejected(options));
   options.candidates = {{4, 1, 65}};
   EXPECT_TRUE(rejected(options));
-  options.candidates = {{128, 4, 8}};  // none within max_nodes = 64
+  options.candidates = {{256, 4, 8}};  // none within max_nodes = 128
   EXPECT_TRUE(rejected(options));
   options = {};
   options.probe = {0, 1, 1};

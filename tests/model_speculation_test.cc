@@ -209,6 +209,29 @@ TEST_F(SpeculationTest, SpeculativeOutputEqualsPlainDecoding) {
   EXPECT_GT(accepted_beyond_root, 100);
 }
 
+// A 128-node tree of depth up to 16 (twice the default depth cap, more rows than a 64-row
+// residual request): lossless greedy and sampled; with the verifier as a perfect drafter greedy
+// steps accept several tokens (best-first growth spends nodes on likely siblings too, so the
+// accepted path is shorter than 16; measured: 20 greedy tokens in 4 steps).
+TEST_F(SpeculationTest, DeepTreesOf128NodesAreLossless) {
+  const TreeShape deep = {.nodes = 128, .expansions = 8, .max_depth = 16};
+  const std::vector<int32_t> prompt = OraclePrompts(24)[1];
+  constexpr int kTokens = 16;
+  for (const SamplingParams& sampling :
+       {SamplingParams{}, SamplingParams{.temperature = 0.8f, .seed = 11}}) {
+    const std::vector<int32_t> expected = PlainDecode(prompt, sampling, kTokens);
+    EXPECT_EQ(SpeculativeDecode(prompt, sampling, kTokens, deep, ForwardMode::kDraft).tokens,
+              expected)
+        << "T=" << sampling.temperature;
+    const testing::SpecRun perfect =
+        SpeculativeDecode(prompt, sampling, kTokens, deep, ForwardMode::kVerify);
+    EXPECT_EQ(perfect.tokens, expected) << "T=" << sampling.temperature;
+    if (sampling.temperature == 0.0f) {
+      EXPECT_LT(perfect.verify_steps, kTokens / 2);  // more than 2 tokens per step
+    }
+  }
+}
+
 TEST_F(SpeculationTest, OwnDraftKvIsLosslessToo) {
   const std::vector<int32_t> prompt = OraclePrompts(24)[3];
   for (const SamplingParams& sampling :

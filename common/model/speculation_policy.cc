@@ -185,13 +185,24 @@ void AdaptivePolicy::UpdateAcceptance(AcceptanceCounts& counts, const StepMeasur
   }
 }
 
+// The draft's first choice at depth d, from every step: a shape that keeps k children and
+// accepted at depth d with rate a counts as first-choice rate 1 - (1 - a)^(1 / sqrt(k)) (the
+// inverse of ShapeAcceptance's model), weighted by its trials.
 std::vector<double> AdaptivePolicy::PooledChainAcceptance(int32_t depth) const {
   std::vector<double> acceptance(depth);
   double prior = options_.prior_acceptance;
   for (int32_t d = 1; d <= depth; ++d) {
-    const DecayedRatio counts = CountsAt(chain_acceptance_, d);
-    acceptance[d - 1] = (counts.successes + options_.prior_strength * prior) /
-                        (counts.trials + options_.prior_strength);
+    double weighted = 0.0, trials = 0.0;
+    for (const auto& [expansions, pooled] : acceptance_by_expansions_) {
+      const DecayedRatio counts = CountsAt(pooled, d);
+      if (!(counts.trials > 0.0)) continue;
+      const double rate = counts.successes / counts.trials;
+      weighted += counts.trials *
+                  (1.0 - std::pow(1.0 - rate, 1.0 / std::sqrt(static_cast<double>(expansions))));
+      trials += counts.trials;
+    }
+    acceptance[d - 1] =
+        (weighted + options_.prior_strength * prior) / (trials + options_.prior_strength);
     prior = acceptance[d - 1];  // an untried depth accepts like the one before it
   }
   return acceptance;
@@ -202,8 +213,14 @@ std::vector<double> AdaptivePolicy::ShapeAcceptance(const TreeShape& shape, cons
   std::vector<double> acceptance = PooledChainAcceptance(depth);
   for (int32_t d = 1; d <= depth; ++d) {
     double prior = acceptance[d - 1];
-    // k children of the accepted node are candidates for the target's choice at depth d.
-    if (shape.expansions > 1) prior = 1.0 - std::pow(1.0 - prior, shape.expansions);
+    // k children of the accepted node are candidates for the target's choice at depth d, but
+    // the draft's 2nd..k-th choices are accepted far less often than its first: as if sqrt(k)
+    // independent tries (measured depth-1 acceptance, chain -> tree k = 4: SmolLM2 b2 0.25 ->
+    // 0.49, b4 0.80 -> 0.97, gemma b2 0.50 -> 0.65; sqrt(k) predicts 0.44, 0.96, 0.75 and k
+    // 0.68, 1.00, 0.94, which would try wide trees on drafts that cannot fill them).
+    if (shape.expansions > 1) {
+      prior = 1.0 - std::pow(1.0 - prior, std::sqrt(static_cast<double>(shape.expansions)));
+    }
     const DecayedRatio counts = stats != nullptr ? CountsAt(stats->acceptance, d) : DecayedRatio{};
     acceptance[d - 1] = (counts.successes + options_.prior_strength * prior) /
                         (counts.trials + options_.prior_strength);
@@ -349,7 +366,7 @@ absl::Status AdaptivePolicy::Record(const StepMeasurement& step) {
     Update(stats.verified_nodes, step.verified_nodes);
     Update(draft_ns_per_forward_, static_cast<double>(step.draft_ns) / step.draft_forwards);
     UpdateAcceptance(stats.acceptance, step);
-    if (step.shape.expansions == 1) UpdateAcceptance(chain_acceptance_, step);
+    UpdateAcceptance(acceptance_by_expansions_[step.shape.expansions], step);
   }
   ++steps_recorded_;
   return absl::OkStatus();

@@ -20,9 +20,11 @@
 // measurements (b >= 0, never below a smaller measured size; the nearest measured size while
 // the line is undetermined). draft(s): the shape's own moving average once it ran, else a pooled
 // cost per draft forward times the shape's forwards. a_d(s): the shape's own decayed success/trial
-// counts at depth d, shrunk towards a prior: for chains the pooled chain acceptance p_d (itself
-// shrunk towards p_{d-1}, and p_1 towards `prior_acceptance`), for a tree that expands k children 1
-// - (1 - p_d)^k.
+// counts at depth d, shrunk towards a prior: for chains the pooled first-choice acceptance p_d,
+// for a tree that keeps k children 1 - (1 - p_d)^sqrt(k) (a draft's lower choices are accepted
+// less often than its first; the measured fit is in speculation_policy.cc). p_d pools every
+// shape's steps, each converted back through that model, and is itself shrunk towards p_{d-1},
+// p_1 towards `prior_acceptance`: what a 16-node tree saw informs the 128-node tree's prior.
 //
 // Exploration. While off, a probe step (a short chain) runs every `probe_interval` off steps,
 // stretched so that a probe's measured loss against off stays within `probe_budget` of the off
@@ -78,11 +80,12 @@ class AdaptivePolicy {
     // Speculative shapes to choose from (off is always a candidate). Shapes with more than
     // `max_nodes` nodes are dropped; depths are capped at `max_depth`.
     std::vector<TreeShape> candidates = {
-        {2, 1, 2}, {4, 1, 4},  {8, 1, 8},   // chains
-        {8, 2, 8}, {16, 4, 8}, {32, 4, 8},  // trees
+        {2, 1, 2},   {4, 1, 4},   {8, 1, 8},    {16, 1, 16},  // chains
+        {8, 2, 8},   {16, 4, 8},  {32, 4, 8},                 // trees
+        {64, 8, 12}, {96, 8, 16}, {128, 8, 16},               // deep trees, for cheap rows
     };
-    int32_t max_nodes = 64;
-    int32_t max_depth = 8;
+    int32_t max_nodes = 128;
+    int32_t max_depth = 16;
     TreeShape probe = {2, 1, 2};  // the step run now and then while off
     int32_t probe_interval = 16;  // off steps between probes (at least; see probe_budget)
     double probe_budget = 0.03;   // probe loss / off time in between, at most
@@ -173,7 +176,8 @@ class AdaptivePolicy {
 
   Options options_;
   std::map<ShapeKey, ShapeStats> shapes_;
-  AcceptanceCounts chain_acceptance_;  // pooled over every chain step
+  // Pooled over every step of the shapes that keep k children, by k.
+  std::map<int32_t, AcceptanceCounts> acceptance_by_expansions_;
   std::map<int32_t, MovingAverage> verify_by_batch_;
   MovingAverage draft_ns_per_forward_;
   // Decayed sums of the verify-cost line fit.

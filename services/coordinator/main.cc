@@ -3,6 +3,7 @@
 //   bitsplit-coordinator --model MODEL.base.bsplit [--drafter unix:/run/bitsplit/drafter.sock]
 //       [--listen localhost:50051 | --socket PATH] [--max-active 0] [--max-queue 16]
 //       [--speculation adaptive|tree|off] [--nodes 16] [--expansions 4] [--max-depth 8]
+//       [--adaptive-max-nodes 128] [--adaptive-max-depth 16]
 //       [--max-tokens-limit 4096] [--default-max-tokens 512] [--max-request-bytes 4194304]
 //       [--drafter-timeout-ms 120000] [--connect-timeout-ms 30000] [--shutdown-grace-ms 200]
 //       [--http HOST:PORT] [--api-key-file PATH] [--served-model-name NAME] [--http-threads 0]
@@ -66,6 +67,8 @@ struct Flags {
   int max_queue = 16;
   std::string speculation = "adaptive";
   model::TreeShape shape;
+  int adaptive_max_nodes = 128;
+  int adaptive_max_depth = 16;
   int max_tokens_limit = 4096;
   int default_max_tokens = 512;
   int max_request_bytes = 4 << 20;
@@ -117,6 +120,15 @@ void AddFlags(CLI::App& app, Flags& flags) {
       ->capture_default_str();
   app.add_option("--max-depth", flags.shape.max_depth, "draft tree depth cap")
       ->capture_default_str();
+  app.add_option("--adaptive-max-nodes", flags.adaptive_max_nodes,
+                 "adaptive mode: the largest tree the policy may pick (capped by the drafter's "
+                 "--max-tree-nodes)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--adaptive-max-depth", flags.adaptive_max_depth,
+                 "adaptive mode: the deepest tree the policy may pick")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   app.add_option("--max-tokens-limit", flags.max_tokens_limit, "largest max_tokens of a request")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -220,6 +232,9 @@ absl::StatusOr<ServerLimits> Limits(const Flags& flags, SpeculationMode default_
   limits.max_tree_nodes = std::max(0, info.max_tree_nodes() - 1);
   limits.default_mode = default_mode;
   limits.default_shape = flags.shape;
+  limits.adaptive_shape = {.nodes = std::min(flags.adaptive_max_nodes, limits.max_tree_nodes),
+                           .expansions = 8,
+                           .max_depth = flags.adaptive_max_depth};
   if (default_mode != SpeculationMode::kOff) {
     if (absl::Status status = model::ValidateTreeShape(flags.shape, limits.max_tree_nodes);
         !status.ok()) {

@@ -47,7 +47,8 @@ absl::Status ParseSpeculation(const v1::SpeculationSettings& settings, const Ser
           absl::StrCat("speculation: unknown mode ", static_cast<int>(settings.mode()),
                        " (expected MODE_OFF, MODE_TREE or MODE_ADAPTIVE)"));
   }
-  plan.shape = limits.default_shape;
+  plan.shape =
+      plan.mode == SpeculationMode::kAdaptive ? limits.adaptive_shape : limits.default_shape;
   if (settings.has_nodes()) plan.shape.nodes = settings.nodes();
   if (settings.has_expansions_per_step()) plan.shape.expansions = settings.expansions_per_step();
   if (settings.has_max_depth()) plan.shape.max_depth = settings.max_depth();

@@ -39,7 +39,10 @@ struct ServerLimits {
   int32_t max_tree_nodes = 63;  // drafted nodes beyond the root (drafter max_tree_nodes - 1)
   int32_t max_logprobs = 20;
   SpeculationMode default_mode = SpeculationMode::kAdaptive;
-  model::TreeShape default_shape;  // tree mode's shape, adaptive mode's largest shape
+  model::TreeShape default_shape;  // tree mode's shape when a request sets none
+  // Adaptive mode's largest shape when a request sets none: the policy picks among the shapes
+  // within it (up to 128 nodes and depth 16: where verify rows are cheap, deep trees pay).
+  model::TreeShape adaptive_shape = {.nodes = 128, .expansions = 8, .max_depth = 16};
 };
 
 struct GenerationPlan {

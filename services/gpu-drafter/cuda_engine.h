@@ -36,7 +36,7 @@ struct CudaEngineOptions {
   int64_t context = 2048;      // every session's KV capacity (--max-context)
   int64_t sessions = 1;  // KV caches held at once (--max-sessions); 0: as many as the budget holds
   int64_t max_sessions = 256;    // the bound of sessions = 0
-  int64_t max_tree_nodes = 64;   // largest tree, root included (--max-tree-nodes)
+  int64_t max_tree_nodes = 129;  // largest tree, root included (--max-tree-nodes)
   int64_t max_batch_rows = 256;  // rows of one scheduler iteration (--max-batch-rows)
   uint64_t vram_budget = 0;      // 0: free device memory minus model::DefaultVramBudget's margin
 };

@@ -46,9 +46,9 @@ inline constexpr char kDrafterServiceName[] = "bitsplit.internal.v1.Drafter";
 struct DrafterServiceOptions {
   int max_sessions = 4;
   int32_t max_context = 2048;
-  int32_t max_tree_nodes = 64;  // root included
-  int32_t max_logprobs = 20;    // top alternatives per node
-  int workers = 8;              // threads running the RPCs' work
+  int32_t max_tree_nodes = 129;  // root included: 128 drafted nodes
+  int32_t max_logprobs = 20;     // top alternatives per node
+  int workers = 8;               // threads running the RPCs' work
   // Prompt rows an iteration prefills, all generations together (the rows of the decoding
   // generations' trees come on top): a long prompt enters in chunks of this size between the
   // other streams' steps instead of stalling them.

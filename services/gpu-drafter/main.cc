@@ -4,7 +4,7 @@
 //                    [--socket PATH | --tcp HOST:PORT] [--backend auto|cpu|cuda] [--threads N]
 //                    [--vram-budget BYTES|auto] [--ram-budget BYTES|auto]
 //                    [--max-sessions N|auto] [--max-context 2048]
-//                    [--max-tree-nodes 64] [--prefill-rows 64] [--max-batch-rows 256]
+//                    [--max-tree-nodes 129] [--prefill-rows 64] [--max-batch-rows 256]
 //                    [--max-batch-generations 0]
 //                    [--session-idle-timeout 300]
 //                    [--draft-model DRAFT.gguf] [--draft-kv shared|own]
