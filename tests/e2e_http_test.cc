@@ -576,7 +576,7 @@ TEST_F(E2eHttpTest, EightConcurrentStreamsAllComplete) {
   }
 }
 
-TEST_F(E2eHttpTest, HealthAndReadinessFollowTheDrafter) {
+TEST_F(E2eHttpTest, HealthAndReadinessFollowTheDrafterAndTheResidual) {
   std::optional<HttpResponse> health = Request(port_, "GET", "/health");
   ASSERT_TRUE(health.has_value());
   EXPECT_EQ(health->status, 200);
@@ -599,12 +599,29 @@ TEST_F(E2eHttpTest, HealthAndReadinessFollowTheDrafter) {
   EXPECT_EQ(ParseJson(refused->body)["error"]["type"], "server_error");
 
   ASSERT_TRUE(stack_->RestartStopped());
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (Clock::now() < deadline) {
-    ready = Request(port_, "GET", "/ready");
-    if (ready && ready->status == 200) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  auto wait_ready = [this](int status) {
+    std::optional<HttpResponse> last;
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < deadline) {
+      last = Request(port_, "GET", "/ready");
+      if (last && last->status == status) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return last;
+  };
+  ready = wait_ready(200);
+  ASSERT_TRUE(ready.has_value());
+  EXPECT_EQ(ready->status, 200) << ready->body;
+
+  // cpu-residual down: not ready (the drafter answers, its residual does not), ready again
+  // once it is back.
+  stack_->residual.Kill(SIGKILL);
+  ready = wait_ready(503);
+  ASSERT_TRUE(ready.has_value());
+  EXPECT_EQ(ready->status, 503) << ready->body;
+  EXPECT_THAT(ready->body, HasSubstr("cpu-residual"));
+  ASSERT_TRUE(stack_->RestartStopped());
+  ready = wait_ready(200);
   ASSERT_TRUE(ready.has_value());
   EXPECT_EQ(ready->status, 200) << ready->body;
 }

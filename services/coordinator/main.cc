@@ -286,14 +286,18 @@ absl::StatusOr<GenerationServiceOptions> ServiceOptions(const Flags& flags,
   return options;
 }
 
-// Ready: the drafter answers, serves this model, and a request sent now would be taken.
+// Ready: the drafter answers, serves this model, reaches its cpu-residual (when it has a remote
+// one), and a request sent now would be taken.
 std::function<absl::Status()> Readiness(rpc::DrafterClient& drafter, RequestQueue& queue,
                                         const std::string& fingerprint) {
   return [&drafter, &queue, fingerprint]() -> absl::Status {
-    auto now = drafter.GetInfo(std::chrono::milliseconds(1000));
+    auto now = drafter.GetInfo(std::chrono::milliseconds(1000), /*include_residual_stats=*/true);
     if (!now.ok()) return absl::UnavailableError(now.status().message());
     if (now->fingerprint() != fingerprint) {
       return absl::FailedPreconditionError("the drafter now serves another model");
+    }
+    if (now->residual() != "in-process" && !now->has_residual_stats()) {
+      return absl::UnavailableError("the drafter's cpu-residual does not answer");
     }
     return queue.CheckCapacity(now->open_sessions(), now->max_sessions());
   };
