@@ -180,8 +180,9 @@ TEST(SplitQuantizationTest, RecordVersionIsChecked) {
   EXPECT_EQ(*old_split, split);
   EXPECT_THAT(SplitRecordQuantization(record(q8_0, 1)).status().message(),
               HasSubstr("q8_0 model of split record version 1"));
-  EXPECT_THAT(SplitRecordQuantization(record(split, kSplitRecordVersion + 1)).status().message(),
-              HasSubstr("not one this build reads"));
+  EXPECT_THAT(
+      SplitRecordQuantization(record(split, kSplitRecordVersionWithPlan + 1)).status().message(),
+      HasSubstr("not one this build reads"));
   EXPECT_THAT(SplitRecordQuantization(record(split, 0)).status().message(),
               HasSubstr("not one this build reads"));
   EXPECT_THAT(SplitRecordQuantization(record(split, nullptr)).status().message(),
@@ -411,9 +412,9 @@ TEST(SplitModelFilesTest, RefusesAVersion1Q8_0BaseFile) {
   EXPECT_EQ(q8_0.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(q8_0.message(), HasSubstr("record.base.bsplit"));
   EXPECT_THAT(q8_0.message(), HasSubstr("q8_0 model of split record version 1"));
-  const absl::Status newer = open_with_record(testing::SplitFixtureQuantization(), 3);
+  const absl::Status newer = open_with_record(testing::SplitFixtureQuantization(), 4);
   EXPECT_EQ(newer.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(newer.message(), HasSubstr("version 3 is not one this build reads"));
+  EXPECT_THAT(newer.message(), HasSubstr("version 4 is not one this build reads"));
   const absl::Status old_b2 = open_with_record(testing::SplitFixtureQuantization(), 1);
   EXPECT_EQ(old_b2.code(), absl::StatusCode::kNotFound) << old_b2;
 }

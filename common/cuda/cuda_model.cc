@@ -220,8 +220,7 @@ absl::Status CudaModel::PlanMemory(const model::EmbeddingAndNorms& embedding_and
   const CudaModelOptions& options = options_;
   // The embedding table goes to the device when the gather kernel reads its type.
   const ops::WeightMatrix& embedding = embedding_and_norms.token_embd;
-  embedding_on_device_ = embedding.type == GgmlType::kF32 || embedding.type == GgmlType::kF16 ||
-                         embedding.type == GgmlType::kQ8_0;
+  embedding_on_device_ = model::EmbeddingGatheredOnDevice(embedding.type);
   embedding_type_ = static_cast<int32_t>(embedding.type);
   embedding_row_bytes_ = embedding.row_bytes;
   host_embedding_ = embedding_and_norms;
@@ -230,8 +229,11 @@ absl::Status CudaModel::PlanMemory(const model::EmbeddingAndNorms& embedding_and
   request.config = config;
   request.base_format = quantization.base_format;
   request.base_group = quantization.base_group;
+  for (const auto& [name, formats] : quantization.tensor_formats) {
+    request.base_tensor_formats.emplace(name, formats.base);
+  }
   request.embedding_bytes =
-      embedding_on_device_ ? static_cast<uint64_t>(embedding.rows * embedding.row_bytes) : 0;
+      model::DeviceEmbeddingBytes(embedding.type, embedding.rows, embedding.row_bytes);
   request.context = options.context;
   request.sessions = options.sessions;
   request.max_batch_rows = options.max_batch_rows;
@@ -275,15 +277,18 @@ absl::Status CudaModel::UploadBaseWeights(const model::SplitLinearWeights& base)
     }
     group.cols = views[0].cols;
     group.matmul.count = static_cast<int32_t>(views.size());
+    const std::vector<std::string> names = model::LinearGroupTensorNames(id);
     for (size_t i = 0; i < views.size(); ++i) {
       const quant::MatrixView& view = views[i];
-      if (view.format != quantization.base_format || view.group != quantization.base_group ||
-          view.cols != group.cols) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: matrix %d is %s/g%d with %d columns; the model's base is %s/g%d",
-            model::LinearGroupIdString(id), i, quant::GetSplitFormatInfo(view.format).name,
-            view.group, view.cols, quant::GetSplitFormatInfo(quantization.base_format).name,
-            quantization.base_group));
+      // One kernel runs a group, so its matrices share the format (ValidateTensorFormats).
+      const quant::SplitFormat format = quantization.BaseFormatOf(names[i]);
+      if (view.format != format || view.format != views[0].format ||
+          view.group != quantization.base_group || view.cols != group.cols) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: matrix %d is %s/g%d with %d columns; the model's base is %s/g%d",
+                            model::LinearGroupIdString(id), i,
+                            quant::GetSplitFormatInfo(view.format).name, view.group, view.cols,
+                            quant::GetSplitFormatInfo(format).name, quantization.base_group));
       }
       const uint64_t row_bytes = quant::SplitRowBytes(view.format, view.group, view.cols);
       const uint64_t stride = model::DeviceRowStride(view.format, view.group, view.cols);

@@ -158,6 +158,16 @@ absl::StatusOr<EvalConfigSpec> ParseEvalConfigSpec(std::string_view spec,
     out.label = std::string(spec);
     return out;
   }
+  for (const auto& [prefix, verify] :
+       {std::pair<std::string_view, bool>{"split:", true}, {"split-base:", false}}) {
+    if (!StartsWith(spec, prefix)) continue;
+    out.kind = EvalConfigSpec::Kind::kSplitFiles;
+    out.split_prefix = std::string(spec.substr(prefix.size()));
+    if (out.split_prefix.empty()) return SpecError(spec, "needs the model's output prefix");
+    out.verify = verify;
+    out.label = std::string(spec);
+    return out;
+  }
   const std::vector<std::string> parts = absl::StrSplit(Absl(spec), ':');
   const std::string& head = parts[0];
   const bool is_q8_0 = head == "q8_0";

@@ -6,6 +6,8 @@
 // Spec syntax (one configuration):
 //   ref                the reference itself (the source GGUF, reference engine): KL exactly 0
 //   gguf:PATH          another GGUF run by the reference engine (e.g. llama.cpp's Q2_K)
+//   split:PREFIX       a split model `bitsplit quantize` wrote (e.g. a bit plan), base + residual
+//   split-base:PREFIX  the same model's base alone (its draft)
 //   q8_0               Q8_0 from our own quantizer (split base-only format kQ8_0, group 32)
 //   bN                 split base only, N in {2, 3, 4}: the draft model (ForwardMode::kDraft)
 //   bN+rM              base + residual, M in {6, 8}: the verifier (ForwardMode::kVerify)
@@ -45,10 +47,11 @@ struct EvalSpecDefaults {
 };
 
 struct EvalConfigSpec {
-  enum class Kind { kReference, kGguf, kSplit };
+  enum class Kind { kReference, kGguf, kSplit, kSplitFiles };
   Kind kind = Kind::kSplit;
-  std::string label;      // canonical, e.g. "b2+r6:g64:asym:rot64:noimp"
-  std::string gguf_path;  // kGguf
+  std::string label;         // canonical, e.g. "b2+r6:g64:asym:rot64:noimp"
+  std::string gguf_path;     // kGguf
+  std::string split_prefix;  // kSplitFiles (verify: base + residual, else the base alone)
   // kSplit: what to quantize (residual_format nullopt for base-only specs and q8_0) and whether
   // the calibration activations weight the base fit; `verify` runs base + residual.
   SplitQuantization quantization;

@@ -37,22 +37,22 @@ absl::Status ResidualFile::LoadGroups() {
   if (num_layers_ == 0) return bad("no layers (tensor blk.0.attn_q.weight is missing)");
   size_t matrices = 0;
   shapes_.num_layers = num_layers_;
-  const uint32_t expected_format = SplitTensorFormat(static_cast<uint32_t>(*q->residual_format));
   for (const LinearGroupId id : AllLinearGroups(num_layers_)) {
     ResidualGroup group;
     group.id = id;
     for (const std::string& name : LinearGroupTensorNames(id)) {
       BITSPLIT_ASSIGN_OR_RETURN(const SplitTensor* tensor, file.GetTensor(name));
-      if (tensor->format != expected_format ||
+      const quant::SplitFormat format = *q->ResidualFormatOf(name);
+      if (tensor->format != SplitTensorFormat(static_cast<uint32_t>(format)) ||
           tensor->group_size != static_cast<uint32_t>(q->residual_group) ||
           tensor->dims.size() != 2) {
-        return bad(absl::StrCat("tensor ", name, " is not a 2-D ", quantization_string_,
-                                " residual matrix (format ", TensorFormatName(tensor->format),
-                                ", group ", tensor->group_size, ", ", tensor->dims.size(),
-                                " dims)"));
+        return bad(absl::StrCat("tensor ", name, " is not a 2-D ", SplitFormatName(format), "/g",
+                                q->residual_group, " residual matrix (format ",
+                                TensorFormatName(tensor->format), ", group ", tensor->group_size,
+                                ", ", tensor->dims.size(), " dims)"));
       }
-      auto view = quant::MakeMatrixView(*q->residual_format, q->residual_group, tensor->rows(),
-                                        tensor->cols(), tensor->data, tensor->num_bytes);
+      auto view = quant::MakeMatrixView(format, q->residual_group, tensor->rows(), tensor->cols(),
+                                        tensor->data, tensor->num_bytes);
       if (!view.ok()) return bad(absl::StrCat("tensor ", name, ": ", view.status().message()));
       if (group.matrices.empty()) group.cols = view->cols;
       if (view->cols != group.cols) {

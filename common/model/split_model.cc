@@ -1,6 +1,9 @@
 #include "common/model/split_model.h"
 
+#include <map>
+#include <set>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -120,9 +123,10 @@ absl::StatusOr<quant::MatrixView> SplitMatrix(const SplitFile& file, const std::
   return *view;
 }
 
-// Views of every linear weight of `file`, quantized as (format, group).
+// Views of every linear weight of `file`, each quantized as format_of(its name) with `group`.
+template <typename FormatOf>
 absl::StatusOr<SplitLinearWeights> LinearWeights(const SplitFile& file, const ModelConfig& config,
-                                                 quant::SplitFormat format, int group) {
+                                                 FormatOf format_of, int group) {
   SplitLinearWeights weights(config);
   for (const LinearGroupId id : AllLinearGroups(config)) {
     const std::vector<std::string> names = LinearGroupTensorNames(id);
@@ -130,8 +134,9 @@ absl::StatusOr<SplitLinearWeights> LinearWeights(const SplitFile& file, const Mo
     const int64_t cols = LinearGroupInputDim(config, id.group);
     std::vector<quant::MatrixView>& views = weights.mutable_group(id);
     for (size_t i = 0; i < names.size(); ++i) {
-      BITSPLIT_ASSIGN_OR_RETURN(quant::MatrixView view,
-                                SplitMatrix(file, names[i], format, group, rows[i], cols));
+      BITSPLIT_ASSIGN_OR_RETURN(
+          quant::MatrixView view,
+          SplitMatrix(file, names[i], format_of(names[i]), group, rows[i], cols));
       views.push_back(view);
     }
   }
@@ -156,6 +161,34 @@ absl::StatusOr<SplitQuantization> QuantizationOf(const SplitFile& file) {
 
 }  // namespace
 
+absl::Status ValidateTensorFormats(const SplitQuantization& q, const ModelConfig& config) {
+  size_t planned = 0;
+  for (const LinearGroupId id : AllLinearGroups(config)) {
+    const std::vector<std::string> names = LinearGroupTensorNames(id);
+    for (const std::string& name : names) {
+      if (q.tensor_formats.contains(name)) ++planned;
+      if (q.BaseFormatOf(name) != q.BaseFormatOf(names[0]) ||
+          q.ResidualFormatOf(name) != q.ResidualFormatOf(names[0])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "bit plan: tensor ", name, " and tensor ", names[0],
+            " are in one linear group and must share their formats (one kernel runs the group)"));
+      }
+    }
+  }
+  if (planned == q.tensor_formats.size()) return absl::OkStatus();
+  std::set<std::string, std::less<>> linear;
+  for (const LinearGroupId id : AllLinearGroups(config)) {
+    for (std::string& name : LinearGroupTensorNames(id)) linear.insert(std::move(name));
+  }
+  for (const auto& [name, formats] : q.tensor_formats) {
+    if (!linear.contains(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bit plan: tensor ", name, " is not a linear weight of this model"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<SplitQuantization> SplitRecordQuantization(const nlohmann::json& record) {
   if (!record.is_object() || !record.contains("quantization")) {
     return absl::InvalidArgumentError("the split record has no quantization");
@@ -165,12 +198,18 @@ absl::StatusOr<SplitQuantization> SplitRecordQuantization(const nlohmann::json& 
     return absl::InvalidArgumentError("the split record has no integer \"version\"");
   }
   const int64_t number = version->get<int64_t>();
-  if (number < 1 || number > kSplitRecordVersion) {
+  if (number < 1 || number > kSplitRecordVersionWithPlan) {
     return absl::InvalidArgumentError(
         absl::StrCat("split record version ", number, " is not one this build reads (1..",
-                     kSplitRecordVersion, "); quantize the model again with this build"));
+                     kSplitRecordVersionWithPlan, "); quantize the model again with this build"));
   }
   BITSPLIT_ASSIGN_OR_RETURN(SplitQuantization q, SplitQuantizationFromJson(record["quantization"]));
+  if (number < kSplitRecordVersionWithPlan && !q.tensor_formats.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("a split record of version ", number,
+                                                   " holds a bit plan (tensor_formats), which "
+                                                   "only version ",
+                                                   kSplitRecordVersionWithPlan, " records have"));
+  }
   if (number == 1 && q.base_format == quant::SplitFormat::kQ8_0) {
     return absl::InvalidArgumentError(
         "a q8_0 model of split record version 1 (ggml's interleaved 34-byte blocks, which this "
@@ -192,7 +231,33 @@ nlohmann::json SplitQuantizationToJson(const SplitQuantization& q) {
       {"calibration_tokens", q.calibration_tokens},
       {"calibration_window", q.calibration_window},
   };
+  // Written only when there is a plan, so that uniform models keep their records (and with
+  // them their fingerprints) as before plans existed.
+  if (!q.tensor_formats.empty()) {
+    nlohmann::json plan = nlohmann::json::object();
+    for (const auto& [name, formats] : q.tensor_formats) {
+      plan[name] = {
+          SplitFormatName(formats.base),
+          formats.residual ? nlohmann::json(SplitFormatName(*formats.residual)) : nlohmann::json()};
+    }
+    json["tensor_formats"] = std::move(plan);
+  }
   return json;
+}
+
+int SplitRecordVersionOf(const SplitQuantization& q) {
+  return q.tensor_formats.empty() ? kSplitRecordVersion : kSplitRecordVersionWithPlan;
+}
+
+quant::SplitFormat SplitQuantization::BaseFormatOf(std::string_view tensor) const {
+  const auto it = tensor_formats.find(tensor);
+  return it != tensor_formats.end() ? it->second.base : base_format;
+}
+
+std::optional<quant::SplitFormat> SplitQuantization::ResidualFormatOf(
+    std::string_view tensor) const {
+  const auto it = tensor_formats.find(tensor);
+  return it != tensor_formats.end() ? it->second.residual : residual_format;
 }
 
 absl::StatusOr<SplitQuantization> SplitQuantizationFromJson(const nlohmann::json& json) {
@@ -239,13 +304,71 @@ absl::StatusOr<SplitQuantization> SplitQuantizationFromJson(const nlohmann::json
                                                    SplitFormatName(*q.residual_format),
                                                    " is not a residual format"));
   }
+  if (const auto plan = json.find("tensor_formats"); plan != json.end()) {
+    if (!plan->is_object()) return FieldError("tensor_formats", "an object");
+    for (const auto& [name, entry] : plan->items()) {
+      auto bad = [&](std::string_view detail) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("quantization record: tensor_formats[\"", name, "\"] ", Absl(detail)));
+      };
+      if (!entry.is_array() || entry.size() != 2 || !entry[0].is_string() ||
+          !(entry[1].is_string() || entry[1].is_null())) {
+        return bad("is not [base format, residual format or null]");
+      }
+      TensorSplitFormats formats;
+      absl::StatusOr<quant::SplitFormat> base =
+          quant::ParseSplitFormat(entry[0].get<std::string>());
+      if (!base.ok()) return bad(std::string(base.status().message()));
+      if (!quant::GetSplitFormatInfo(*base).is_base) return bad("has no base format for its base");
+      formats.base = *base;
+      if (!entry[1].is_null()) {
+        absl::StatusOr<quant::SplitFormat> residual =
+            quant::ParseSplitFormat(entry[1].get<std::string>());
+        if (!residual.ok()) return bad(std::string(residual.status().message()));
+        if (!quant::GetSplitFormatInfo(*residual).is_residual) {
+          return bad("has no residual format for its residual");
+        }
+        formats.residual = *residual;
+      }
+      if (formats.residual.has_value() != q.residual_format.has_value()) {
+        return bad(q.residual_format ? "has no residual in a model with one"
+                                     : "has a residual in a base-only model");
+      }
+      q.tensor_formats.emplace(name, formats);
+    }
+  }
   return q;
 }
 
+namespace {
+
+// "b2_asym" for a uniform model; "{b2_asym x120, b4_asym x91}" for a planned one (every linear
+// tensor counted once; `of` gives a tensor's format).
+template <typename FormatOf>
+std::string FormatsString(const SplitQuantization& q, quant::SplitFormat uniform, FormatOf of) {
+  if (q.tensor_formats.empty()) return SplitFormatName(uniform);
+  std::map<std::string, int> counts;
+  for (const auto& [name, formats] : q.tensor_formats) ++counts[SplitFormatName(of(formats))];
+  std::vector<std::string> parts;
+  for (const auto& [name, count] : counts) parts.push_back(absl::StrCat(name, " x", count));
+  return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
+}
+
+std::string BaseFormatsString(const SplitQuantization& q) {
+  return FormatsString(q, q.base_format, [](const TensorSplitFormats& f) { return f.base; });
+}
+
+std::string ResidualFormatsString(const SplitQuantization& q) {
+  return FormatsString(q, *q.residual_format,
+                       [](const TensorSplitFormats& f) { return *f.residual; });
+}
+
+}  // namespace
+
 std::string SplitQuantizationString(const SplitQuantization& q) {
-  std::string text = absl::StrCat(SplitFormatName(q.base_format), "/g", q.base_group);
+  std::string text = absl::StrCat(BaseFormatsString(q), "/g", q.base_group);
   if (q.residual_format) {
-    absl::StrAppend(&text, " + ", SplitFormatName(*q.residual_format), "/g", q.residual_group);
+    absl::StrAppend(&text, " + ", ResidualFormatsString(q), "/g", q.residual_group);
   } else {
     absl::StrAppend(&text, " (base only)");
   }
@@ -259,7 +382,7 @@ std::string SplitQuantizationString(const SplitQuantization& q) {
 }
 
 std::string SplitBaseString(const SplitQuantization& q) {
-  std::string text = absl::StrCat(SplitFormatName(q.base_format), "/g", q.base_group);
+  std::string text = absl::StrCat(BaseFormatsString(q), "/g", q.base_group);
   if (q.rotation.enabled()) {
     absl::StrAppend(&text, ", hadamard ", q.rotation.block, " (seed ", q.rotation.seed, ")");
   }
@@ -268,7 +391,7 @@ std::string SplitBaseString(const SplitQuantization& q) {
 
 std::string SplitResidualString(const SplitQuantization& q) {
   if (!q.residual_format) return "";
-  return absl::StrCat(SplitFormatName(*q.residual_format), "/g", q.residual_group);
+  return absl::StrCat(ResidualFormatsString(q), "/g", q.residual_group);
 }
 
 std::string SplitFormatName(quant::SplitFormat format) {
@@ -375,12 +498,18 @@ absl::StatusOr<std::unique_ptr<SplitModelFiles>> SplitModelFiles::Open(
   }
 
   // Linear weights.
-  BITSPLIT_ASSIGN_OR_RETURN(files->base_linear_,
-                            LinearWeights(base, config, q.base_format, q.base_group));
+  BITSPLIT_RETURN_IF_ERROR(ValidateTensorFormats(q, config));
+  BITSPLIT_ASSIGN_OR_RETURN(
+      files->base_linear_,
+      LinearWeights(
+          base, config, [&](const std::string& name) { return q.BaseFormatOf(name); },
+          q.base_group));
   if (files->residual_ != nullptr) {
     BITSPLIT_ASSIGN_OR_RETURN(
         files->residual_linear_,
-        LinearWeights(*files->residual_, config, *q.residual_format, q.residual_group));
+        LinearWeights(
+            *files->residual_, config,
+            [&](const std::string& name) { return *q.ResidualFormatOf(name); }, q.residual_group));
   }
   return files;
 }

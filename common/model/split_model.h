@@ -4,9 +4,11 @@
 // metadata for config and tokenizer) and optionally a residual file (the residual of every
 // linear weight, the output head included). This header names what is in them and loads them.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "common/io/gguf.h"
@@ -26,6 +28,16 @@ inline constexpr char kGgufMetadataTensor[] = "gguf.metadata";
 // Top-level key of the split files' JSON metadata under which the quantizer writes its record.
 inline constexpr char kSplitMetadataKey[] = "bitsplit";
 
+// One linear weight's formats where a bit plan (bitsplit quantize --vram-budget) departs from the
+// quantization's defaults.
+struct TensorSplitFormats {
+  quant::SplitFormat base = quant::SplitFormat::kB2Asym;
+  // nullopt exactly when the model is base only.
+  std::optional<quant::SplitFormat> residual;
+
+  bool operator==(const TensorSplitFormats&) const = default;
+};
+
 // The quantizer knobs that shape the files (and so are part of the fingerprint).
 struct SplitQuantization {
   quant::SplitFormat base_format = quant::SplitFormat::kB2Asym;
@@ -39,23 +51,44 @@ struct SplitQuantization {
   std::string calibration_sha256;
   int64_t calibration_tokens = 0;
   int64_t calibration_window = 0;
+  // A bit plan: formats per linear weight, by tensor name ("blk.3.ffn_down.weight",
+  // "output.weight"); tensors absent use base_format / residual_format. The matrices of one
+  // linear group (q|k|v, gate|up) share their formats, so that one kernel runs the group. Groups
+  // (base_group, residual_group) are the same for every tensor. Empty for uniform models.
+  std::map<std::string, TensorSplitFormats, std::less<>> tensor_formats;
+
+  // The formats of linear weight `tensor`.
+  quant::SplitFormat BaseFormatOf(std::string_view tensor) const;
+  std::optional<quant::SplitFormat> ResidualFormatOf(std::string_view tensor) const;
 
   bool operator==(const SplitQuantization&) const = default;
 };
 nlohmann::json SplitQuantizationToJson(const SplitQuantization& quantization);
 absl::StatusOr<SplitQuantization> SplitQuantizationFromJson(const nlohmann::json& json);
 
+// OK when every tensor a bit plan names is a linear weight of `config` and the matrices of each
+// linear group share their formats; INVALID_ARGUMENT naming the tensor otherwise.
+absl::Status ValidateTensorFormats(const SplitQuantization& quantization,
+                                   const ModelConfig& config);
+
 // The "version" the quantizer writes into its record. 2: q8_0 bases in the split row layout
 // (docs/formats.md); version 1 files held them in ggml's interleaved 34-byte blocks, which this
-// build refuses (the other formats are unchanged, so version 1 files of them still load).
+// build refuses (the other formats are unchanged, so version 1 files of them still load). 3: a
+// record with a bit plan (tensor_formats), written only for planned models so that builds which
+// cannot read a plan refuse the file by its version instead of by a tensor's format.
 inline constexpr int kSplitRecordVersion = 2;
+inline constexpr int kSplitRecordVersionWithPlan = 3;
+// The version a record of `quantization` carries.
+int SplitRecordVersionOf(const SplitQuantization& quantization);
 
 // The quantization in a split file's record (its metadata[kSplitMetadataKey] object), after
 // checking the record's version. INVALID_ARGUMENT for a missing or unknown version, a version 1
 // q8_0 base, or a malformed quantization.
 absl::StatusOr<SplitQuantization> SplitRecordQuantization(const nlohmann::json& record);
 
-// One line for messages and summaries: "b2_asym/g64 + r8/g64, hadamard 64 (seed 1)".
+// One line for messages and summaries: "b2_asym/g64 + r8/g64, hadamard 64 (seed 1)"; a planned
+// model names its formats with their tensor counts: "{b2_asym x120, b4_asym x91}/g64 + {r4 x91,
+// r6 x120}/g32, ...".
 std::string SplitQuantizationString(const SplitQuantization& quantization);
 // Its halves: the base "b2_asym/g64, hadamard 64 (seed 1)" (the rotation applies to the base
 // matmul's input) and the residual "r8/g64" ("" for a base-only model).

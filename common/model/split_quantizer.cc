@@ -267,20 +267,21 @@ absl::Status DeclareTensors(const FilePlan& plan, const SplitQuantization& q, Sp
     }
     for (const SplitJob& job : step.jobs) {
       const std::vector<int64_t> dims = {job.source.cols, job.source.rows};
+      const quant::SplitFormat base_format = q.BaseFormatOf(job.name);
       BITSPLIT_ASSIGN_OR_RETURN(
           const uint64_t base_bytes,
-          base.DeclareTensor(job.name, SplitTensorFormat(static_cast<uint32_t>(q.base_format)),
+          base.DeclareTensor(job.name, SplitTensorFormat(static_cast<uint32_t>(base_format)),
                              static_cast<uint32_t>(q.base_group), dims));
       summary->base_linear_bytes += base_bytes;
-      ++summary->base_format_counts[FormatName(q.base_format)];
+      ++summary->base_format_counts[FormatName(base_format)];
       if (residual != nullptr) {
+        const quant::SplitFormat residual_format = *q.ResidualFormatOf(job.name);
         BITSPLIT_RETURN_IF_ERROR(
             residual
-                ->DeclareTensor(job.name,
-                                SplitTensorFormat(static_cast<uint32_t>(*q.residual_format)),
+                ->DeclareTensor(job.name, SplitTensorFormat(static_cast<uint32_t>(residual_format)),
                                 static_cast<uint32_t>(q.residual_group), dims)
                 .status());
-        ++summary->residual_format_counts[FormatName(*q.residual_format)];
+        ++summary->residual_format_counts[FormatName(residual_format)];
       }
     }
   }
@@ -297,10 +298,10 @@ class MatrixSplitter {
   absl::Status Run(const SplitJob& job, const float* importance, std::vector<uint8_t>* base,
                    std::vector<uint8_t>* residual) {
     const ops::WeightMatrix& w = job.source;
-    const size_t base_row_bytes = quant::SplitRowBytes(q_.base_format, q_.base_group, w.cols);
+    const TensorSplitFormats formats = {q_.BaseFormatOf(job.name), q_.ResidualFormatOf(job.name)};
+    const size_t base_row_bytes = quant::SplitRowBytes(formats.base, q_.base_group, w.cols);
     const size_t residual_row_bytes =
-        q_.residual_format ? quant::SplitRowBytes(*q_.residual_format, q_.residual_group, w.cols)
-                           : 0;
+        formats.residual ? quant::SplitRowBytes(*formats.residual, q_.residual_group, w.cols) : 0;
     base->resize(static_cast<size_t>(w.rows) * base_row_bytes);
     residual->resize(static_cast<size_t>(w.rows) * residual_row_bytes);
     scratch_.resize(static_cast<size_t>(pool_.num_threads()));
@@ -315,7 +316,7 @@ class MatrixSplitter {
       float* rest = scratch.data() + w.cols;
       for (int64_t r = begin; r < end; ++r) {
         absl::Status status =
-            SplitRow(w, r, importance, row, rest, base->data() + r * base_row_bytes,
+            SplitRow(formats, w, r, importance, row, rest, base->data() + r * base_row_bytes,
                      residual->data() + r * residual_row_bytes);
         if (!status.ok()) {
           std::lock_guard<std::mutex> lock(errors.mutex);
@@ -333,20 +334,21 @@ class MatrixSplitter {
 
  private:
   // row, rest: scratch of w.cols floats each.
-  absl::Status SplitRow(const ops::WeightMatrix& w, int64_t r, const float* importance, float* row,
-                        float* rest, uint8_t* base_out, uint8_t* residual_out) const {
+  absl::Status SplitRow(const TensorSplitFormats& formats, const ops::WeightMatrix& w, int64_t r,
+                        const float* importance, float* row, float* rest, uint8_t* base_out,
+                        uint8_t* residual_out) const {
     ops::DequantizeWeightRow(w, r, row);
     RotateRows(q_.rotation, row, 1, w.cols);
-    if (q_.base_format == quant::SplitFormat::kQ8_0) {
+    if (formats.base == quant::SplitFormat::kQ8_0) {
       quant::QuantizeQ8_0SplitRow(row, w.cols, base_out);
     } else {
       BITSPLIT_RETURN_IF_ERROR(
-          quant::QuantizeBaseRow(q_.base_format, q_.base_group, row, importance, w.cols, base_out));
+          quant::QuantizeBaseRow(formats.base, q_.base_group, row, importance, w.cols, base_out));
     }
-    if (!q_.residual_format) return absl::OkStatus();
-    quant::DequantizeSplitRow(q_.base_format, q_.base_group, base_out, w.cols, rest);
+    if (!formats.residual) return absl::OkStatus();
+    quant::DequantizeSplitRow(formats.base, q_.base_group, base_out, w.cols, rest);
     for (int64_t i = 0; i < w.cols; ++i) rest[i] = row[i] - rest[i];
-    return quant::QuantizeResidualRow(*q_.residual_format, q_.residual_group, rest, w.cols,
+    return quant::QuantizeResidualRow(*formats.residual, q_.residual_group, rest, w.cols,
                                       residual_out);
   }
 
@@ -427,6 +429,25 @@ absl::Status ValidateSplitQuantization(const SplitQuantization& q, const ModelCo
   if (q.residual_format) {
     BITSPLIT_RETURN_IF_ERROR(CheckGroup("residual", *q.residual_format, q.residual_group, dims));
   }
+  for (const auto& [name, formats] : q.tensor_formats) {
+    if (!quant::GetSplitFormatInfo(formats.base).is_base) {
+      return absl::InvalidArgumentError(absl::StrCat("bit plan: tensor ", name, "'s base ",
+                                                     FormatName(formats.base),
+                                                     " is not a base format (b2/b3/b4 sym/asym)"));
+    }
+    if (formats.residual.has_value() != q.residual_format.has_value() ||
+        (formats.residual && !quant::GetSplitFormatInfo(*formats.residual).is_residual)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bit plan: tensor ", name,
+                       q.residual_format ? " needs a residual format (r3, r4, r5, r6 or r8)"
+                                         : " has a residual in a base-only quantization"));
+    }
+    BITSPLIT_RETURN_IF_ERROR(CheckGroup("base", formats.base, q.base_group, dims));
+    if (formats.residual) {
+      BITSPLIT_RETURN_IF_ERROR(CheckGroup("residual", *formats.residual, q.residual_group, dims));
+    }
+  }
+  BITSPLIT_RETURN_IF_ERROR(ValidateTensorFormats(q, config));
   if (q.rotation.enabled()) {
     for (const InputDim& dim : dims) {
       if (quant::ValidateHadamard(q.rotation.block, dim.cols).ok()) continue;
@@ -491,7 +512,7 @@ absl::StatusOr<QuantizeSummary> QuantizeSplitModel(const std::string& gguf_path,
 
   const nlohmann::json metadata = {
       {kSplitMetadataKey,
-       {{"version", kSplitRecordVersion},
+       {{"version", SplitRecordVersionOf(q)},
         {"quantization", SplitQuantizationToJson(q)},
         {"source",
          {{"file", std::filesystem::path(gguf_path).filename().string()},

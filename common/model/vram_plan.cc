@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/model/linear_backend.h"
 #include "common/model/weights.h"
 #include "common/util/status_macros.h"
@@ -61,6 +65,12 @@ absl::Status ValidateRequest(const VramRequest& r) {
   if (!info.is_base && r.base_format != quant::SplitFormat::kQ8_0) {
     return absl::InvalidArgumentError(
         absl::StrCat(info.name, " is not a base format (b2/b3/b4 sym/asym or q8_0)"));
+  }
+  for (const auto& [name, format] : r.base_tensor_formats) {
+    if (!quant::GetSplitFormatInfo(format).is_base) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", name, "'s ", quant::GetSplitFormatInfo(format).name, " is not a base format"));
+    }
   }
   return absl::OkStatus();
 }
@@ -128,30 +138,31 @@ uint64_t DeviceRowStride(quant::SplitFormat format, int group, int64_t cols) {
   return RoundUp(quant::SplitRowBytes(format, group, cols), kDeviceRowAlign);
 }
 
-absl::StatusOr<uint64_t> SplitLinearBytes(const ModelConfig& config, quant::SplitFormat format,
-                                          int group) {
+absl::StatusOr<uint64_t> SplitLinearBytes(
+    const ModelConfig& config, quant::SplitFormat format, int group,
+    const std::map<std::string, quant::SplitFormat, std::less<>>* tensor_formats) {
   BITSPLIT_RETURN_IF_ERROR(ValidateConfig(config));
-  for (const LinearGroup g : {LinearGroup::kQkv, LinearGroup::kAttnOutput, LinearGroup::kDown}) {
-    const int64_t cols = LinearGroupInputDim(config, g);
-    const absl::Status layout = quant::ValidateSplitLayout(format, group, cols);
-    if (!layout.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("base %s does not fit the %d-wide input of %s: %s",
-                          FormatName(format, group), cols, LinearGroupName(g), layout.message()));
-    }
-  }
   uint64_t total = 0;
-  auto add_group = [&](LinearGroup g, int64_t copies) {
-    const uint64_t row_bytes = DeviceRowStride(format, group, LinearGroupInputDim(config, g));
-    for (const int64_t rows : LinearGroupOutputDims(config, g)) {
-      total += AlignVram(U(rows) * row_bytes) * U(copies);
+  for (const LinearGroupId id : AllLinearGroups(config)) {
+    const int64_t cols = LinearGroupInputDim(config, id.group);
+    const std::vector<std::string> names = LinearGroupTensorNames(id);
+    const std::vector<int64_t> rows = LinearGroupOutputDims(config, id.group);
+    for (size_t i = 0; i < names.size(); ++i) {
+      quant::SplitFormat matrix_format = format;
+      if (tensor_formats != nullptr) {
+        if (const auto it = tensor_formats->find(names[i]); it != tensor_formats->end()) {
+          matrix_format = it->second;
+        }
+      }
+      const absl::Status layout = quant::ValidateSplitLayout(matrix_format, group, cols);
+      if (!layout.ok()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "base %s does not fit the %d-wide input of %s: %s", FormatName(matrix_format, group),
+            cols, LinearGroupName(id.group), layout.message()));
+      }
+      total += AlignVram(U(rows[i]) * DeviceRowStride(matrix_format, group, cols));
     }
-  };
-  for (const LinearGroup g :
-       {LinearGroup::kQkv, LinearGroup::kAttnOutput, LinearGroup::kGateUp, LinearGroup::kDown}) {
-    add_group(g, config.num_layers);
   }
-  add_group(LinearGroup::kOutputHead, 1);
   return total;
 }
 
@@ -206,9 +217,9 @@ std::string VramPlan::ToString() const {
 
 absl::StatusOr<uint64_t> VramTotalBytes(const VramRequest& request) {
   BITSPLIT_RETURN_IF_ERROR(ValidateRequest(request));
-  BITSPLIT_ASSIGN_OR_RETURN(
-      const uint64_t base_bytes,
-      SplitLinearBytes(request.config, request.base_format, request.base_group));
+  BITSPLIT_ASSIGN_OR_RETURN(const uint64_t base_bytes,
+                            SplitLinearBytes(request.config, request.base_format,
+                                             request.base_group, &request.base_tensor_formats));
   return Compute(request, base_bytes).total_bytes;
 }
 
@@ -217,9 +228,9 @@ absl::StatusOr<int64_t> VramSessionsThatFit(const VramRequest& request, uint64_t
   VramRequest one = request;
   one.sessions = 1;
   BITSPLIT_RETURN_IF_ERROR(PlanVram(one, budget_bytes).status());
-  BITSPLIT_ASSIGN_OR_RETURN(
-      const uint64_t base_bytes,
-      SplitLinearBytes(request.config, request.base_format, request.base_group));
+  BITSPLIT_ASSIGN_OR_RETURN(const uint64_t base_bytes,
+                            SplitLinearBytes(request.config, request.base_format,
+                                             request.base_group, &request.base_tensor_formats));
   return LargestFitting(std::max<int64_t>(cap, 1), [&](int64_t sessions) {
     one.sessions = sessions;
     return Compute(one, base_bytes).total_bytes <= budget_bytes;
@@ -228,9 +239,9 @@ absl::StatusOr<int64_t> VramSessionsThatFit(const VramRequest& request, uint64_t
 
 absl::StatusOr<VramPlan> PlanVram(const VramRequest& request, uint64_t budget_bytes) {
   BITSPLIT_RETURN_IF_ERROR(ValidateRequest(request));
-  BITSPLIT_ASSIGN_OR_RETURN(
-      const uint64_t base_bytes,
-      SplitLinearBytes(request.config, request.base_format, request.base_group));
+  BITSPLIT_ASSIGN_OR_RETURN(const uint64_t base_bytes,
+                            SplitLinearBytes(request.config, request.base_format,
+                                             request.base_group, &request.base_tensor_formats));
   VramPlan plan = Compute(request, base_bytes);
   plan.budget_bytes = budget_bytes;
   if (plan.total_bytes <= budget_bytes) return plan;
@@ -288,15 +299,44 @@ absl::StatusOr<VramPlan> PlanVram(const VramRequest& request, uint64_t budget_by
   return absl::ResourceExhaustedError(absl::StrFormat(
       "the VRAM budget of %s is too small for base %s (%s) + embedding/norms/tables %s + KV cache "
       "%d sessions x %d tokens (%s) + scratch %s = %s; %s",
-      FormatBytes(budget_bytes), FormatName(request.base_format, request.base_group),
+      FormatBytes(budget_bytes),
+      request.base_tensor_formats.empty() ? FormatName(request.base_format, request.base_group)
+                                          : absl::StrCat("bit plan /g", request.base_group),
       FormatBytes(plan.base_weights_bytes), FormatBytes(plan.constants_slab_bytes),
       request.sessions, request.context, FormatBytes(plan.kv_cache_bytes),
       FormatBytes(plan.scratch_slab_bytes), FormatBytes(plan.total_bytes), what_fits));
 }
 
+bool EmbeddingGatheredOnDevice(GgmlType type) {
+  return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kQ8_0;
+}
+
+uint64_t DeviceEmbeddingBytes(GgmlType type, int64_t rows, int64_t row_bytes) {
+  return EmbeddingGatheredOnDevice(type) ? U(rows) * U(row_bytes) : 0;
+}
+
 uint64_t DefaultVramBudget(uint64_t free_bytes) {
   const uint64_t margin = std::max<uint64_t>(512ull << 20, free_bytes / 20);
   return free_bytes > margin ? free_bytes - margin : 0;
+}
+
+absl::StatusOr<uint64_t> ParseBytes(std::string_view text) {
+  absl::string_view digits(text.data(), text.size());
+  uint64_t unit = 1;
+  for (const auto& [suffix, bytes] : {std::pair<const char*, uint64_t>{"KiB", 1ull << 10},
+                                      {"MiB", 1ull << 20},
+                                      {"GiB", 1ull << 30}}) {
+    if (absl::ConsumeSuffix(&digits, suffix)) {
+      unit = bytes;
+      break;
+    }
+  }
+  uint64_t value = 0;
+  if (digits.empty() || !absl::c_all_of(digits, absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(digits, &value) || value == 0 || value > UINT64_MAX / unit) {
+    return absl::InvalidArgumentError("is not a positive size (BYTES, or N KiB/MiB/GiB)");
+  }
+  return value * unit;
 }
 
 std::string FormatBytes(uint64_t bytes) {

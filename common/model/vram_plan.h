@@ -9,10 +9,14 @@
 // the longest context at the requested session count, the most sessions at the requested
 // context, and the base formats with fewer bits that fit as requested.
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/io/ggml_type.h"
 #include "common/model/config.h"
 #include "common/quant/split_format.h"
 
@@ -36,8 +40,11 @@ uint64_t DeviceRowStride(quant::SplitFormat format, int group, int64_t cols);
 // them: each matrix (q, k, v, o, gate, up, down of every layer, then the output head) is rows x
 // DeviceRowStride, aligned to kVramAlign. INVALID_ARGUMENT when the group does not divide an input
 // width (d_model, q_dim, d_ff) or the config has a non-positive dimension.
-absl::StatusOr<uint64_t> SplitLinearBytes(const ModelConfig& config, quant::SplitFormat format,
-                                          int group);
+// `tensor_formats` (nullable): a bit plan's per-tensor base formats (tensor name -> format),
+// overriding `format` for the tensors it names.
+absl::StatusOr<uint64_t> SplitLinearBytes(
+    const ModelConfig& config, quant::SplitFormat format, int group,
+    const std::map<std::string, quant::SplitFormat, std::less<>>* tensor_formats = nullptr);
 
 // The scratch of one forward of up to `max_rows` tokens whose sessions hold up to `max_context`
 // tokens. Every field is one device buffer's size in bytes (aligned); the CUDA backend carves its
@@ -75,6 +82,9 @@ struct VramRequest {
   ModelConfig config;
   quant::SplitFormat base_format = quant::SplitFormat::kB2Asym;
   int base_group = 64;
+  // A bit plan's base formats by tensor name, overriding base_format (SplitQuantization's
+  // tensor_formats); empty for a uniform base.
+  std::map<std::string, quant::SplitFormat, std::less<>> base_tensor_formats;
   // The embedding table's bytes on the device; 0 when the backend gathers embedding rows on
   // the host (a type its gather kernel does not read).
   uint64_t embedding_bytes = 0;
@@ -131,9 +141,18 @@ absl::StatusOr<int64_t> VramSessionsThatFit(const VramRequest& request, uint64_t
 // Total bytes of `request` regardless of any budget (same validation).
 absl::StatusOr<uint64_t> VramTotalBytes(const VramRequest& request);
 
+// The embedding table's device bytes: its whole size when the CUDA gather kernel reads `type`
+// (F32, F16, Q8_0), else 0 (the backend gathers rows on the host).
+bool EmbeddingGatheredOnDevice(GgmlType type);
+uint64_t DeviceEmbeddingBytes(GgmlType type, int64_t rows, int64_t row_bytes);
+
 // The default budget: free device memory minus a margin for the CUDA runtime and other users
 // (5% of the free memory, at least 512 MiB); 0 when less than the margin is free.
 uint64_t DefaultVramBudget(uint64_t free_bytes);
+
+// A positive size in bytes: digits with an optional KiB, MiB or GiB suffix ("512MiB").
+// INVALID_ARGUMENT otherwise, saying the syntax (the caller names the flag).
+absl::StatusOr<uint64_t> ParseBytes(std::string_view text);
 
 // "7.50 GiB", "512.0 MiB": sizes in messages.
 std::string FormatBytes(uint64_t bytes);

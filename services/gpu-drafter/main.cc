@@ -67,23 +67,12 @@ int UsageError(const std::string& message) { return Fail(absl::InvalidArgumentEr
 // GiB suffix.
 absl::StatusOr<uint64_t> ParseBudget(const std::string& flag, const std::string& text) {
   if (text == "auto") return 0;
-  absl::string_view digits(text);
-  uint64_t unit = 1;
-  for (const auto& [suffix, bytes] : {std::pair<const char*, uint64_t>{"KiB", 1ull << 10},
-                                      {"MiB", 1ull << 20},
-                                      {"GiB", 1ull << 30}}) {
-    if (absl::ConsumeSuffix(&digits, suffix)) {
-      unit = bytes;
-      break;
-    }
-  }
-  uint64_t value = 0;
-  if (digits.empty() || !absl::c_all_of(digits, absl::ascii_isdigit) ||
-      !absl::SimpleAtoi(digits, &value) || value == 0 || value > UINT64_MAX / unit) {
+  absl::StatusOr<uint64_t> bytes = model::ParseBytes(text);
+  if (!bytes.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         flag, " \"", text, "\" is neither auto nor a positive size (BYTES, or N KiB/MiB/GiB)"));
   }
-  return value * unit;
+  return *bytes;
 }
 
 // Whether the cuda backend can run here: built with it and a device visible.

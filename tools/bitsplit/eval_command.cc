@@ -335,6 +335,9 @@ class RowBuilder {
         case model::EvalConfigSpec::Kind::kSplit:
           code = SplitRow(row);
           break;
+        case model::EvalConfigSpec::Kind::kSplitFiles:
+          code = SplitFilesRow(row);
+          break;
       }
       if (code != kExitOk) return code;
     }
@@ -387,6 +390,30 @@ class RowBuilder {
     row.weights = *stats;
     row.has_weight_stats = true;
     if (spec.head_q8_0) return AddQ8_0Head(row);
+    return kExitOk;
+  }
+
+  // A split model already on disk (split:PREFIX / split-base:PREFIX).
+  int SplitFilesRow(Row& row) {
+    const model::EvalConfigSpec& spec = row.spec;
+    const std::string base_path = model::SplitBasePath(spec.split_prefix);
+    const std::string residual_path =
+        spec.verify ? model::SplitResidualPath(spec.split_prefix) : "";
+    auto loaded = model::LlamaModel::LoadSplit(base_path, residual_path, options_.threads);
+    if (!loaded.ok()) return Fail(kExitBadInput, loaded.status().message());
+    if ((*loaded)->config().vocab_size != config_.vocab_size) {
+      return Fail(kExitBadInput, base_path + ": a different vocabulary");
+    }
+    row.model = loaded->get();
+    row.forward_mode = spec.verify ? model::ForwardMode::kVerify : model::ForwardMode::kDraft;
+    row.mode = spec.verify ? "verify" : "draft";
+    row.files = base_path + (spec.verify ? " + " + residual_path : "");
+    auto stats = model::MeasureSplitWeights(source_.weights, config_, *row.model->split_files(),
+                                            spec.verify, pool_);
+    if (!stats.ok()) return Fail(kExitBadInput, stats.status().message());
+    row.weights = *stats;
+    row.has_weight_stats = true;
+    split_file_models_.push_back(std::move(*loaded));
     return kExitOk;
   }
 
@@ -484,6 +511,7 @@ class RowBuilder {
   ThreadPool& pool_;
   std::vector<std::unique_ptr<SplitJob>> jobs_;
   std::vector<std::unique_ptr<model::LlamaModel>> gguf_models_;
+  std::vector<std::unique_ptr<model::LlamaModel>> split_file_models_;
   std::map<std::string, model::Calibration> calibrations_;
 };
 
@@ -547,6 +575,8 @@ nlohmann::json RowJson(const Row& row, const model::EvalResult& result) {
   if (row.spec.kind == model::EvalConfigSpec::Kind::kSplit) {
     c["quantization"] = model::SplitQuantizationToJson(row.spec.quantization);
     c["importance"] = row.spec.importance;
+  } else if (row.spec.kind == model::EvalConfigSpec::Kind::kSplitFiles) {
+    c["quantization"] = model::SplitQuantizationToJson(row.model->split_files()->quantization());
   }
   c["aligned_with_source_grid"] = AlignmentLabel(row);
   if (row.has_weight_stats) {

@@ -3,19 +3,26 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/model/bit_allocator.h"
 #include "common/model/config.h"
 #include "common/model/llama_model.h"
 #include "common/model/split_quantizer.h"
+#include "common/model/vram_plan.h"
+#include "common/model/weights.h"
 #include "common/quant/split_format.h"
 #include "common/util/status_macros.h"
 #include "tools/bitsplit/calibration.h"
@@ -44,6 +51,16 @@ struct QuantizeOptions {
   std::optional<std::string> calibration_path;
   int calibration_window = 512;
   int threads = 0;
+  // Bits by budget (model/bit_allocator.h): set when --vram-budget is given.
+  std::optional<std::string> vram_budget;
+  std::string quality = "q8_0";
+  int64_t plan_context = 2048;  // the drafter's --max-context default
+  int64_t plan_sessions = 1;
+  int64_t plan_batch_rows = 256;  // the drafter's --max-batch-rows default
+  double ram_gbps = 60;
+  double vram_gbps = 1000;
+  std::optional<std::string> plan_json_path;
+  bool bits_given = false;  // --base-bits or --residual-bits on the command line
 };
 
 int Fail(int code, std::string_view message) { return ReportError("quantize", code, message); }
@@ -130,7 +147,134 @@ std::string Counts(const std::map<std::string, int>& counts) {
   });
 }
 
+// --quality: "q8_0" (every group's verifier error at most its Q8_0 error) or "q8_0*F" (F times
+// that); the factor.
+absl::StatusOr<double> QualityFactor(const std::string& text) {
+  if (text == "q8_0") return 1.0;
+  double factor = 0;
+  if (absl::StartsWith(text, "q8_0*") && absl::SimpleAtod(text.substr(5), &factor) && factor > 0 &&
+      std::isfinite(factor)) {
+    return factor;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--quality \"", text, "\" is neither q8_0 nor q8_0*F with a positive factor F"));
+}
+
+// Bytes of every linear weight in Q8_0 (the yardstick of --vram-budget N%).
+uint64_t Q8_0LinearBytes(const model::ModelConfig& config) {
+  uint64_t bytes = 0;
+  for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
+    const int64_t cols = model::LinearGroupInputDim(config, id.group);
+    for (const int64_t rows : model::LinearGroupOutputDims(config, id.group)) {
+      bytes +=
+          static_cast<uint64_t>(rows) * quant::SplitRowBytes(quant::SplitFormat::kQ8_0, 32, cols);
+    }
+  }
+  return bytes;
+}
+
+// --vram-budget: a size, or N%: the base weights get N% of the linear weights' Q8_0 bytes on top
+// of what the rest of the plan (`vram` with uniform bases: constants, KV cache, scratch) needs.
+absl::StatusOr<uint64_t> BudgetBytes(const std::string& text, const model::VramRequest& vram) {
+  if (absl::EndsWith(text, "%")) {
+    double percent = 0;
+    if (absl::SimpleAtod(text.substr(0, text.size() - 1), &percent) && percent > 0 &&
+        percent <= 1000) {
+      BITSPLIT_ASSIGN_OR_RETURN(const uint64_t total, model::VramTotalBytes(vram));
+      BITSPLIT_ASSIGN_OR_RETURN(const model::VramPlan plan, model::PlanVram(vram, total));
+      return total - plan.base_weights_bytes +
+             static_cast<uint64_t>(percent / 100 *
+                                   static_cast<double>(Q8_0LinearBytes(vram.config)));
+    }
+  } else if (absl::StatusOr<uint64_t> bytes = model::ParseBytes(text); bytes.ok()) {
+    return *bytes;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--vram-budget \"", text,
+      "\" is neither a size (BYTES, or N KiB/MiB/GiB) nor N% (of the linear weights' Q8_0 bytes, "
+      "for the base weights)"));
+}
+
+// Chooses per linear group the base and residual formats for --vram-budget and prints the plan.
+absl::StatusOr<model::SplitQuantization> PlanBits(const QuantizeOptions& options,
+                                                  model::SplitQuantization quantization,
+                                                  const model::Calibration* calibration) {
+  BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<gguf::File> source,
+                            gguf::File::Open(options.input_path));
+  BITSPLIT_ASSIGN_OR_RETURN(const model::ModelConfig config, model::ModelConfigFromGguf(*source));
+  BITSPLIT_ASSIGN_OR_RETURN(const model::ModelWeights weights,
+                            model::ModelWeightsFromGguf(*source, config));
+  model::BitCandidates candidates;
+  if (options.base_format == "sym") {
+    candidates.bases = {quant::SplitFormat::kB2Sym, quant::SplitFormat::kB3Sym,
+                        quant::SplitFormat::kB4Sym};
+  }
+  model::AllocationRequest request;
+  BITSPLIT_ASSIGN_OR_RETURN(request.error_factor, QualityFactor(options.quality));
+  request.vram.config = config;
+  request.vram.base_format = candidates.bases.front();
+  request.vram.base_group = quantization.base_group;
+  request.vram.embedding_bytes = model::DeviceEmbeddingBytes(
+      weights.token_embd.type, weights.token_embd.rows, weights.token_embd.row_bytes);
+  request.vram.context = options.plan_context;
+  request.vram.sessions = options.plan_sessions;
+  request.vram.max_batch_rows = std::min(options.plan_batch_rows, options.plan_context);
+  BITSPLIT_ASSIGN_OR_RETURN(request.budget_bytes, BudgetBytes(*options.vram_budget, request.vram));
+  request.machine.ram_bytes_per_second = options.ram_gbps * 1e9;
+  request.machine.vram_bytes_per_second = options.vram_gbps * 1e9;
+  // Refuse an impossible budget before the measurement (minutes on a large model).
+  if (absl::StatusOr<model::VramPlan> smallest =
+          model::PlanVram(request.vram, request.budget_bytes);
+      !smallest.ok()) {
+    return absl::Status(smallest.status().code(),
+                        absl::StrCat("even the fewest base bits (every linear weight ",
+                                     quant::GetSplitFormatInfo(candidates.bases.front()).name,
+                                     ") do not fit: ", smallest.status().message()));
+  }
+  std::fprintf(stderr,
+               "[quantize] budget %s: measuring every linear group at %zu bases x %zu "
+               "residuals%s\n",
+               model::FormatBytes(request.budget_bytes).c_str(), candidates.bases.size(),
+               candidates.residuals.size(),
+               calibration != nullptr ? ", weighted by the calibration activations"
+                                      : " (unweighted: pass --calib for activation-weighted "
+                                        "sensitivities)");
+  const auto start = std::chrono::steady_clock::now();
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  BITSPLIT_ASSIGN_OR_RETURN(
+      const std::vector<model::GroupSensitivity> groups,
+      model::MeasureSensitivities(
+          weights, config, quantization, candidates, calibration, options.threads,
+          [&](int64_t done, int64_t total) {
+            if (!tty) return;
+            const double seconds =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            std::fprintf(stderr, "\r[quantize] measured %lld/%lld groups  ETA %4.0f s   ",
+                         static_cast<long long>(done), static_cast<long long>(total),
+                         seconds / static_cast<double>(done) * static_cast<double>(total - done));
+            if (done == total) std::fputc('\n', stderr);
+            std::fflush(stderr);
+          }));
+  BITSPLIT_ASSIGN_OR_RETURN(const model::BitPlan plan,
+                            model::AllocateBits(groups, candidates, request));
+  std::printf("%s", model::BitPlanReport(groups, candidates, plan, request).c_str());
+  if (options.plan_json_path) {
+    std::ofstream out(*options.plan_json_path);
+    out << model::BitPlanJson(groups, candidates, plan, request).dump(1) << "\n";
+    if (!out) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot write --plan-json ", *options.plan_json_path));
+    }
+  }
+  return model::ApplyBitPlan(groups, candidates, plan, std::move(quantization));
+}
+
 int RunQuantize(const QuantizeOptions& options) {
+  if (options.vram_budget && options.bits_given) {
+    return Fail(kExitBadInput,
+                "--vram-budget chooses the base and residual bits per tensor: drop --base-bits and "
+                "--residual-bits (they are for uniform models)");
+  }
   auto quantization = QuantizationFrom(options);
   if (!quantization.ok()) return FailWith(quantization.status());
   // Check the knobs against the model before the (slower) calibration pass.
@@ -151,6 +295,11 @@ int RunQuantize(const QuantizeOptions& options) {
                               /*max_tokens=*/0, options.calibration_window, options.threads);
     if (!collected.ok()) return FailWith(collected.status());
     calibration = std::move(*collected);
+  }
+  if (options.vram_budget) {
+    auto planned = PlanBits(options, *quantization, calibration ? &*calibration : nullptr);
+    if (!planned.ok()) return FailWith(planned.status());
+    quantization = std::move(*planned);
   }
 
   ProgressLine progress;
@@ -199,16 +348,18 @@ Command AddQuantizeCommand(CLI::App& app) {
   sub->add_option("-o,--output", options->output_prefix,
                   "output prefix: writes PREFIX.base.bsplit and PREFIX.residual.bsplit")
       ->required();
-  sub->add_option("--base-bits", options->base_bits, "base bits: 2, 3, 4, or 8 (= q8_0)")
-      ->check(CLI::IsMember({2, 3, 4, 8}))
-      ->capture_default_str();
+  CLI::Option* base_bits =
+      sub->add_option("--base-bits", options->base_bits, "base bits: 2, 3, 4, or 8 (= q8_0)")
+          ->check(CLI::IsMember({2, 3, 4, 8}))
+          ->capture_default_str();
   sub->add_option("--base-format", options->base_format, "base grid: sym or asym")
       ->check(CLI::IsMember({"sym", "asym"}))
       ->capture_default_str();
-  sub->add_option("--residual-bits", options->residual_bits,
-                  "residual bits: 3, 4, 5, 6, 8, or 0 (base only, e.g. for q8_0)")
-      ->check(CLI::IsMember({0, 3, 4, 5, 6, 8}))
-      ->capture_default_str();
+  CLI::Option* residual_bits =
+      sub->add_option("--residual-bits", options->residual_bits,
+                      "residual bits: 3, 4, 5, 6, 8, or 0 (base only, e.g. for q8_0)")
+          ->check(CLI::IsMember({0, 3, 4, 5, 6, 8}))
+          ->capture_default_str();
   sub->add_option("--group", options->group,
                   "base quantization group (a multiple of 32 dividing every input width)")
       ->capture_default_str();
@@ -231,7 +382,38 @@ Command AddQuantizeCommand(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--threads,-t", options->threads, "worker threads (0 = all cores)")
       ->capture_default_str();
-  return {sub, [options] { return RunQuantize(*options); }};
+  sub->add_option("--vram-budget", options->vram_budget,
+                  "choose base and residual bits per linear group so that the CUDA drafter's "
+                  "VRAM plan fits SIZE (BYTES or N KiB/MiB/GiB), or so that the base weights take "
+                  "N% of the linear weights' Q8_0 bytes beside the plan's KV cache, scratch and "
+                  "tables; --calib weighs the measured errors by the model's activations");
+  sub->add_option("--quality", options->quality,
+                  "with --vram-budget: q8_0 (every group's base + residual error at most its "
+                  "Q8_0 error) or q8_0*F (F times that)")
+      ->capture_default_str();
+  sub->add_option("--plan-context", options->plan_context,
+                  "with --vram-budget: tokens per session the VRAM plan holds (drafter "
+                  "--max-context)")
+      ->capture_default_str();
+  sub->add_option("--plan-sessions", options->plan_sessions,
+                  "with --vram-budget: KV caches the VRAM plan holds")
+      ->capture_default_str();
+  sub->add_option("--plan-batch-rows", options->plan_batch_rows,
+                  "with --vram-budget: rows of the largest forward (drafter --max-batch-rows)")
+      ->capture_default_str();
+  sub->add_option("--ram-gbps", options->ram_gbps,
+                  "with --vram-budget: RAM bandwidth of the projection, GB/s")
+      ->capture_default_str();
+  sub->add_option("--vram-gbps", options->vram_gbps,
+                  "with --vram-budget: VRAM bandwidth of the projection, GB/s")
+      ->capture_default_str();
+  sub->add_option("--plan-json", options->plan_json_path,
+                  "with --vram-budget: write the measured sensitivities and the plan here");
+  return {sub, [options, base_bits, residual_bits] {
+            QuantizeOptions run = *options;
+            run.bits_given = base_bits->count() > 0 || residual_bits->count() > 0;
+            return RunQuantize(run);
+          }};
 }
 
 }  // namespace bitsplit::cli

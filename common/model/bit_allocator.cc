@@ -1,0 +1,570 @@
+#include "common/model/bit_allocator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/model/split_backend.h"
+#include "common/ops/matmul.h"
+#include "common/quant/split_format.h"
+#include "common/util/status_macros.h"
+#include "common/util/thread_pool.h"
+
+namespace bitsplit::model {
+namespace {
+
+std::string Name(quant::SplitFormat format) { return quant::GetSplitFormatInfo(format).name; }
+
+double WeightedSquaredError(const float* a, const float* b, const float* weight, int64_t n) {
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const double d = static_cast<double>(a[j]) - b[j];
+    sum += (weight != nullptr ? weight[j] : 1.0) * d * d;
+  }
+  return sum;
+}
+
+absl::Status ValidateCandidates(const BitCandidates& c, const SplitQuantization& q,
+                                const ModelConfig& config) {
+  if (c.bases.empty() || c.residuals.empty()) {
+    return absl::InvalidArgumentError("the allocator needs at least one base and one residual");
+  }
+  for (const quant::SplitFormat f : c.bases) {
+    if (!quant::GetSplitFormatInfo(f).is_base) {
+      return absl::InvalidArgumentError(absl::StrCat(Name(f), " is not a base format"));
+    }
+  }
+  for (const quant::SplitFormat f : c.residuals) {
+    if (!quant::GetSplitFormatInfo(f).is_residual) {
+      return absl::InvalidArgumentError(absl::StrCat(Name(f), " is not a residual format"));
+    }
+  }
+  // Every candidate must fit every input width with the quantization's groups.
+  for (const quant::SplitFormat base : c.bases) {
+    for (const quant::SplitFormat residual : c.residuals) {
+      SplitQuantization trial = q;
+      trial.base_format = base;
+      trial.residual_format = residual;
+      trial.tensor_formats.clear();
+      BITSPLIT_RETURN_IF_ERROR(ValidateSplitQuantization(trial, config));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Per row of one matrix: signal, Q8_0 error, and per base its error and its verify errors.
+struct RowErrors {
+  double signal = 0;
+  double q8_0 = 0;
+  std::vector<double> base;    // [base]
+  std::vector<double> verify;  // [base * residuals + residual]
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
+    const ModelWeights& weights, const ModelConfig& config, const SplitQuantization& q,
+    const BitCandidates& candidates, const Calibration* calibration, int num_threads,
+    const std::function<void(int64_t, int64_t)>& progress) {
+  BITSPLIT_RETURN_IF_ERROR(ValidateCandidates(candidates, q, config));
+  const std::vector<LinearGroupId> ids = AllLinearGroups(config);
+  if (calibration != nullptr && calibration->importance.size() != ids.size()) {
+    return absl::InvalidArgumentError("calibration was collected on a different model");
+  }
+  const size_t num_bases = candidates.bases.size();
+  const size_t num_residuals = candidates.residuals.size();
+  ThreadPool pool(num_threads);
+  std::vector<GroupSensitivity> groups;
+  groups.reserve(ids.size());
+  for (size_t g = 0; g < ids.size(); ++g) {
+    const LinearGroupId id = ids[g];
+    const int64_t cols = LinearGroupInputDim(config, id.group);
+    const float* importance = nullptr;
+    if (calibration != nullptr) {
+      if (static_cast<int64_t>(calibration->importance[g].size()) != cols) {
+        return absl::InvalidArgumentError("calibration was collected on a different model");
+      }
+      importance = calibration->importance[g].data();
+    }
+    GroupSensitivity group;
+    group.id = id;
+    group.tensors = LinearGroupTensorNames(id);
+    group.residual_bytes.assign(num_residuals, 0);
+    group.bases.resize(num_bases);
+    for (size_t b = 0; b < num_bases; ++b) {
+      group.bases[b].base = candidates.bases[b];
+      group.bases[b].verify_error.assign(num_residuals, 0);
+    }
+    for (const ops::WeightMatrix* matrix : GroupMatricesOf(weights, id).span()) {
+      const ops::WeightMatrix& w = *matrix;
+      if (w.cols != cols) {
+        return absl::InternalError(absl::StrCat(LinearGroupIdString(id), ": a matrix has ", w.cols,
+                                                " columns, expected ", cols));
+      }
+      group.weights += w.rows * w.cols;
+      group.q8_0_bytes += static_cast<uint64_t>(w.rows) *
+                          quant::SplitRowBytes(quant::SplitFormat::kQ8_0, 32, w.cols);
+      for (size_t r = 0; r < num_residuals; ++r) {
+        group.residual_bytes[r] +=
+            static_cast<uint64_t>(w.rows) *
+            quant::SplitRowBytes(candidates.residuals[r], q.residual_group, w.cols);
+      }
+      for (size_t b = 0; b < num_bases; ++b) {
+        group.bases[b].device_bytes +=
+            AlignVram(static_cast<uint64_t>(w.rows) *
+                      DeviceRowStride(candidates.bases[b], q.base_group, w.cols));
+      }
+      // Per-row sums are kept and added in row order, so the totals do not depend on threads.
+      std::vector<RowErrors> rows(static_cast<size_t>(w.rows));
+      std::mutex error_mutex;
+      absl::Status first_error;
+      pool.ParallelFor(w.rows, [&](int64_t begin, int64_t end, int) {
+        const size_t n = static_cast<size_t>(w.cols);
+        std::vector<float> row(n), approx(n), rest(n), residual_approx(n);
+        std::vector<uint8_t> codes(quant::SplitRowBytes(quant::SplitFormat::kQ8_0, 32, w.cols));
+        for (int64_t r = begin; r < end; ++r) {
+          RowErrors& out = rows[static_cast<size_t>(r)];
+          out.base.resize(num_bases);
+          out.verify.resize(num_bases * num_residuals);
+          ops::DequantizeWeightRow(w, r, row.data());
+          // Q8_0 of the source basis (the product's q8_0 configuration is not rotated); its
+          // error vector is rotated so that the rotated-basis weights apply to it.
+          quant::QuantizeQ8_0SplitRow(row.data(), w.cols, codes.data());
+          quant::DequantizeSplitRow(quant::SplitFormat::kQ8_0, 32, codes.data(), w.cols,
+                                    approx.data());
+          for (size_t j = 0; j < n; ++j) rest[j] = row[j] - approx[j];
+          RotateRows(q.rotation, rest.data(), 1, w.cols);
+          std::fill(approx.begin(), approx.end(), 0.0f);
+          out.q8_0 = WeightedSquaredError(rest.data(), approx.data(), importance, w.cols);
+          RotateRows(q.rotation, row.data(), 1, w.cols);
+          for (size_t j = 0; j < n; ++j) {
+            out.signal += (importance != nullptr ? importance[j] : 1.0) *
+                          static_cast<double>(row[j]) * row[j];
+          }
+          for (size_t b = 0; b < num_bases; ++b) {
+            const quant::SplitFormat base = candidates.bases[b];
+            codes.resize(quant::SplitRowBytes(base, q.base_group, w.cols));
+            absl::Status status = quant::QuantizeBaseRow(base, q.base_group, row.data(), importance,
+                                                         w.cols, codes.data());
+            if (!status.ok()) {
+              std::lock_guard<std::mutex> lock(error_mutex);
+              if (first_error.ok()) first_error = status;
+              return;
+            }
+            quant::DequantizeSplitRow(base, q.base_group, codes.data(), w.cols, approx.data());
+            out.base[b] = WeightedSquaredError(row.data(), approx.data(), importance, w.cols);
+            for (size_t j = 0; j < n; ++j) rest[j] = row[j] - approx[j];
+            for (size_t k = 0; k < num_residuals; ++k) {
+              const quant::SplitFormat residual = candidates.residuals[k];
+              codes.resize(quant::SplitRowBytes(residual, q.residual_group, w.cols));
+              status = quant::QuantizeResidualRow(residual, q.residual_group, rest.data(), w.cols,
+                                                  codes.data());
+              if (!status.ok()) {
+                std::lock_guard<std::mutex> lock(error_mutex);
+                if (first_error.ok()) first_error = status;
+                return;
+              }
+              quant::DequantizeSplitRow(residual, q.residual_group, codes.data(), w.cols,
+                                        residual_approx.data());
+              out.verify[b * num_residuals + k] =
+                  WeightedSquaredError(rest.data(), residual_approx.data(), importance, w.cols);
+            }
+          }
+        }
+      });
+      if (!first_error.ok()) {
+        return absl::Status(first_error.code(),
+                            absl::StrCat(LinearGroupIdString(id), ": ", first_error.message()));
+      }
+      for (const RowErrors& row : rows) {
+        group.signal += row.signal;
+        group.q8_0_error += row.q8_0;
+        for (size_t b = 0; b < num_bases; ++b) {
+          group.bases[b].base_error += row.base[b];
+          for (size_t k = 0; k < num_residuals; ++k) {
+            group.bases[b].verify_error[k] += row.verify[b * num_residuals + k];
+          }
+        }
+      }
+    }
+    groups.push_back(std::move(group));
+    if (progress) progress(static_cast<int64_t>(groups.size()), static_cast<int64_t>(ids.size()));
+  }
+  return groups;
+}
+
+namespace {
+
+// A group's error relative to its signal (a group of zeros counts as signal 1).
+double Relative(double error, double signal) { return error / std::max(signal, 1e-30); }
+
+double VerifyError(const GroupSensitivity& group, size_t base, size_t residual) {
+  return Relative(group.bases[base].verify_error[residual], group.signal);
+}
+
+// Tokens per verify for a draft distortion, between the prior's uniform low and high points.
+double ProjectedTau(double distortion, double low_distortion, double high_distortion,
+                    const AcceptancePrior& prior) {
+  if (distortion >= low_distortion) return prior.low_bits_tau;
+  if (distortion <= high_distortion) return prior.high_bits_tau;
+  const double t = (std::log(low_distortion) - std::log(distortion)) /
+                   (std::log(low_distortion) - std::log(high_distortion));
+  return prior.low_bits_tau + t * (prior.high_bits_tau - prior.low_bits_tau);
+}
+
+// The residual of `group` on base `base` minimizing bytes + price x relative verify error.
+size_t CheapestResidual(const GroupSensitivity& group, size_t base, double price) {
+  size_t best = 0;
+  double best_cost = 0;
+  for (size_t k = 0; k < group.residual_bytes.size(); ++k) {
+    const double cost =
+        static_cast<double>(group.residual_bytes[k]) + price * VerifyError(group, base, k);
+    if (k == 0 || cost < best_cost) {
+      best = k;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+// Every group's residual for the given bases: the fewest RAM bytes whose summed relative verify
+// error stays within `target`. A Lagrangian price (bytes per unit of error) found by bisection
+// gives each group its own choice; the slack the discrete choices leave is then spent, fewest
+// bytes per unit of error first. When even the most residual bits exceed the target, every
+// group takes them (feasible = false).
+struct ResidualSolution {
+  std::vector<size_t> residual;
+  uint64_t bytes = 0;
+  double error = 0;
+  double price = 0;  // the price the choices were made at (for pricing a change of base)
+  bool feasible = true;
+};
+
+ResidualSolution SolveResiduals(const std::vector<GroupSensitivity>& groups,
+                                const std::vector<size_t>& bases, double target) {
+  const size_t num_groups = groups.size();
+  const size_t last = groups[0].residual_bytes.size() - 1;
+  ResidualSolution solution;
+  auto choose = [&](double price) {
+    solution.residual.assign(num_groups, last);
+    solution.error = 0;
+    for (size_t g = 0; g < num_groups; ++g) {
+      solution.residual[g] = price < 0 ? last : CheapestResidual(groups[g], bases[g], price);
+      solution.error += VerifyError(groups[g], bases[g], solution.residual[g]);
+    }
+  };
+  choose(-1);  // the most bits everywhere
+  solution.price = std::numeric_limits<double>::infinity();
+  if (solution.error > target) {
+    solution.feasible = false;
+  } else {
+    // The error is non-increasing in the price: the smallest price (in log space) meeting it.
+    double low = -6, high = 24;  // log10 of bytes per unit of relative error
+    for (int i = 0; i < 80; ++i) {
+      const double mid = 0.5 * (low + high);
+      choose(std::pow(10.0, mid));
+      (solution.error <= target ? high : low) = mid;
+    }
+    solution.price = std::pow(10.0, high);
+    choose(solution.price);
+    // Spend the slack: the fewer-bits step saving the most bytes per unit of added error.
+    for (;;) {
+      std::optional<std::pair<size_t, size_t>> best;
+      double best_ratio = -1;
+      for (size_t g = 0; g < num_groups; ++g) {
+        const size_t current = solution.residual[g];
+        for (size_t k = 0; k < current; ++k) {
+          const double added =
+              VerifyError(groups[g], bases[g], k) - VerifyError(groups[g], bases[g], current);
+          if (solution.error + added > target) continue;
+          const double saved = static_cast<double>(groups[g].residual_bytes[current]) -
+                               static_cast<double>(groups[g].residual_bytes[k]);
+          const double ratio = saved / std::max(added, 1e-300);
+          if (saved > 0 && ratio > best_ratio) {
+            best_ratio = ratio;
+            best = {g, k};
+          }
+        }
+      }
+      if (!best) break;
+      solution.error +=
+          VerifyError(groups[best->first], bases[best->first], best->second) -
+          VerifyError(groups[best->first], bases[best->first], solution.residual[best->first]);
+      solution.residual[best->first] = best->second;
+    }
+  }
+  solution.bytes = 0;
+  for (size_t g = 0; g < num_groups; ++g) {
+    solution.bytes += groups[g].residual_bytes[solution.residual[g]];
+  }
+  return solution;
+}
+
+}  // namespace
+
+absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups,
+                                     const BitCandidates& candidates,
+                                     const AllocationRequest& request) {
+  const std::vector<LinearGroupId> ids = AllLinearGroups(request.vram.config);
+  if (groups.size() != ids.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the sensitivities cover ", groups.size(),
+                                                   " linear groups; the model has ", ids.size()));
+  }
+  for (const GroupSensitivity& group : groups) {
+    if (group.bases.size() != candidates.bases.size() ||
+        group.residual_bytes.size() != candidates.residuals.size() || group.tensors.empty()) {
+      return absl::InvalidArgumentError("the sensitivities were measured for other candidates");
+    }
+  }
+  if (!(request.error_factor > 0) || !(request.machine.ram_bytes_per_second > 0) ||
+      !(request.machine.vram_bytes_per_second > 0) ||
+      !(request.machine.draft_forwards_per_verify >= 0) || !(request.prior.low_bits_tau >= 1) ||
+      !(request.prior.high_bits_tau >= request.prior.low_bits_tau)) {
+    return absl::InvalidArgumentError(
+        "allocation needs a positive quality factor and bandwidths, and tokens per verify >= 1 "
+        "rising with bits");
+  }
+
+  // The device plan with group g on base bases[g].
+  auto vram_request_of = [&](const std::vector<size_t>& bases) {
+    VramRequest vram = request.vram;
+    vram.base_format = candidates.bases.front();
+    vram.base_tensor_formats.clear();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (const std::string& name : groups[g].tensors) {
+        vram.base_tensor_formats.emplace(name, candidates.bases[bases[g]]);
+      }
+    }
+    return vram;
+  };
+
+  std::vector<size_t> bases(groups.size(), 0);
+  absl::StatusOr<VramPlan> smallest = PlanVram(vram_request_of(bases), request.budget_bytes);
+  if (!smallest.ok()) {
+    return absl::Status(smallest.status().code(),
+                        absl::StrCat("even the fewest base bits (every linear weight ",
+                                     Name(candidates.bases.front()),
+                                     ") do not fit: ", smallest.status().message()));
+  }
+  // Everything but the base weights' slab is independent of the bases.
+  uint64_t base_bytes = 0;
+  double low_distortion = 0, high_distortion = 0, q8_0_error = 0;
+  for (const GroupSensitivity& group : groups) {
+    base_bytes += group.bases.front().device_bytes;
+    low_distortion += Relative(group.bases.front().base_error, group.signal);
+    high_distortion += Relative(group.bases.back().base_error, group.signal);
+    q8_0_error += Relative(group.q8_0_error, group.signal);
+  }
+  BITSPLIT_CHECK(RoundVramSlab(base_bytes) == smallest->base_weights_bytes);
+  const uint64_t other_bytes = smallest->total_bytes - smallest->base_weights_bytes;
+  auto fits = [&](uint64_t bytes) {
+    return RoundVramSlab(bytes) + other_bytes <= request.budget_bytes;
+  };
+  const double target = request.error_factor * q8_0_error;
+
+  const MachineModel& machine = request.machine;
+  auto seconds_per_token = [&](uint64_t base, uint64_t residual, double distortion) {
+    const double base_seconds = static_cast<double>(base) / machine.vram_bytes_per_second;
+    const double verify =
+        static_cast<double>(residual) / machine.ram_bytes_per_second + base_seconds;
+    const double draft = machine.draft_forwards_per_verify * base_seconds;
+    return (verify + draft) /
+           ProjectedTau(distortion, low_distortion, high_distortion, request.prior);
+  };
+  double distortion = low_distortion;
+  ResidualSolution residuals = SolveResiduals(groups, bases, target);
+
+  // Greedy base upgrades: the most time saved per VRAM byte among those that fit, the changed
+  // group's residual priced at the current solution's price; the residuals are solved again
+  // after every upgrade.
+  for (;;) {
+    const double now = seconds_per_token(base_bytes, residuals.bytes, distortion);
+    double best_gain = 0;
+    std::optional<std::pair<size_t, size_t>> best;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const GroupSensitivity& group = groups[g];
+      const size_t current = bases[g];
+      for (size_t b = current + 1; b < group.bases.size(); ++b) {
+        const uint64_t trial_base =
+            base_bytes - group.bases[current].device_bytes + group.bases[b].device_bytes;
+        if (trial_base <= base_bytes || !fits(trial_base)) continue;
+        const size_t residual = residuals.feasible ? CheapestResidual(group, b, residuals.price)
+                                                   : group.residual_bytes.size() - 1;
+        const uint64_t trial_residual = residuals.bytes -
+                                        group.residual_bytes[residuals.residual[g]] +
+                                        group.residual_bytes[residual];
+        const double trial_distortion = distortion -
+                                        Relative(group.bases[current].base_error, group.signal) +
+                                        Relative(group.bases[b].base_error, group.signal);
+        const double gain =
+            (now - seconds_per_token(trial_base, trial_residual, trial_distortion)) /
+            static_cast<double>(trial_base - base_bytes);
+        if (gain > best_gain) {
+          best_gain = gain;
+          best = {g, b};
+        }
+      }
+    }
+    if (!best) break;
+    const GroupSensitivity& group = groups[best->first];
+    base_bytes +=
+        group.bases[best->second].device_bytes - group.bases[bases[best->first]].device_bytes;
+    distortion += Relative(group.bases[best->second].base_error, group.signal) -
+                  Relative(group.bases[bases[best->first]].base_error, group.signal);
+    bases[best->first] = best->second;
+    residuals = SolveResiduals(groups, bases, target);
+  }
+
+  absl::StatusOr<VramPlan> vram = PlanVram(vram_request_of(bases), request.budget_bytes);
+  BITSPLIT_CHECK(vram.ok());  // every accepted upgrade was checked to fit
+  BitPlan plan;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    plan.choices.push_back({bases[g], residuals.residual[g]});
+    plan.q8_0_bytes += groups[g].q8_0_bytes;
+  }
+  plan.vram = *vram;
+  plan.base_linear_bytes = base_bytes;
+  plan.residual_bytes = residuals.bytes;
+  plan.verify_error = residuals.error;
+  plan.q8_0_error = q8_0_error;
+  plan.error_target = target;
+  plan.meets_quality = residuals.feasible;
+  plan.draft_distortion = distortion;
+  plan.projected_tau = ProjectedTau(distortion, low_distortion, high_distortion, request.prior);
+  const double base_seconds = static_cast<double>(base_bytes) / machine.vram_bytes_per_second;
+  plan.verify_seconds =
+      static_cast<double>(residuals.bytes) / machine.ram_bytes_per_second + base_seconds;
+  plan.draft_seconds = machine.draft_forwards_per_verify * base_seconds;
+  return plan;
+}
+
+SplitQuantization ApplyBitPlan(const std::vector<GroupSensitivity>& groups,
+                               const BitCandidates& candidates, const BitPlan& plan,
+                               SplitQuantization quantization) {
+  BITSPLIT_CHECK(plan.choices.size() == groups.size());
+  quantization.base_format = candidates.bases.front();
+  quantization.residual_format = candidates.residuals.front();
+  quantization.tensor_formats.clear();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const TensorSplitFormats formats = {candidates.bases[plan.choices[g].base],
+                                        candidates.residuals[plan.choices[g].residual]};
+    for (const std::string& name : groups[g].tensors) {
+      quantization.tensor_formats.emplace(name, formats);
+    }
+  }
+  return quantization;
+}
+
+std::string BitPlanReport(const std::vector<GroupSensitivity>& groups,
+                          const BitCandidates& candidates, const BitPlan& plan,
+                          const AllocationRequest& request) {
+  // Per matrix kind, in AllLinearGroups order of first appearance.
+  std::vector<LinearGroup> kinds;
+  std::map<LinearGroup, std::map<std::string, int>> bases, residuals;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const LinearGroup kind = groups[g].id.group;
+    if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
+    ++bases[kind][Name(candidates.bases[plan.choices[g].base])];
+    ++residuals[kind][Name(candidates.residuals[plan.choices[g].residual])];
+  }
+  auto counts = [](const std::map<std::string, int>& of) {
+    return absl::StrJoin(of, "  ", [](std::string* out, const auto& entry) {
+      absl::StrAppend(out, entry.first, " x", entry.second);
+    });
+  };
+  int64_t linear_weights = 0;
+  for (const GroupSensitivity& group : groups) linear_weights += group.weights;
+  std::string text =
+      absl::StrFormat("bit plan for a VRAM budget of %s:\n", FormatBytes(request.budget_bytes));
+  for (const LinearGroup kind : kinds) {
+    absl::StrAppendFormat(&text, "  %-12s base %-40s residual %s\n", LinearGroupName(kind),
+                          counts(bases[kind]), counts(residuals[kind]));
+  }
+  absl::StrAppendFormat(
+      &text, "GPU: %s of %s (linear weights %s, %.2f bits/weight)\n",
+      FormatBytes(plan.vram.total_bytes), FormatBytes(request.budget_bytes),
+      FormatBytes(plan.base_linear_bytes),
+      8.0 * static_cast<double>(plan.base_linear_bytes) / static_cast<double>(linear_weights));
+  absl::StrAppendFormat(&text, "     %s\n", plan.vram.ToString());
+  absl::StrAppendFormat(
+      &text, "RAM: residual %s read per verify, %.3f x Q8_0's %s (%.2f bits/weight)\n",
+      FormatBytes(plan.residual_bytes),
+      static_cast<double>(plan.residual_bytes) / static_cast<double>(plan.q8_0_bytes),
+      FormatBytes(plan.q8_0_bytes),
+      8.0 * static_cast<double>(plan.residual_bytes) / static_cast<double>(linear_weights));
+  absl::StrAppendFormat(&text,
+                        "quality: verifier error %.3f x Q8_0's (sum over groups of the weighted "
+                        "error over the weighted signal), target %.3f x%s\n",
+                        plan.verify_error / plan.q8_0_error, request.error_factor,
+                        plan.meets_quality ? ""
+                                           : ": MISSED, even the most residual bits everywhere "
+                                             "exceed it");
+  absl::StrAppendFormat(
+      &text,
+      "projected (RAM %.0f GB/s, VRAM %.0f GB/s): verify floor %.3f ms + draft %.3f ms, %.2f "
+      "tokens per verify (16-node tree), %.0f tokens/s\n",
+      request.machine.ram_bytes_per_second / 1e9, request.machine.vram_bytes_per_second / 1e9,
+      1e3 * plan.verify_seconds, 1e3 * plan.draft_seconds, plan.projected_tau,
+      1.0 / plan.seconds_per_token());
+  return text;
+}
+
+nlohmann::json BitPlanJson(const std::vector<GroupSensitivity>& groups,
+                           const BitCandidates& candidates, const BitPlan& plan,
+                           const AllocationRequest& request) {
+  nlohmann::json json_groups = nlohmann::json::array();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const GroupSensitivity& group = groups[g];
+    nlohmann::json bases = nlohmann::json::array();
+    for (const BaseOption& base : group.bases) {
+      bases.push_back({{"format", Name(base.base)},
+                       {"device_bytes", base.device_bytes},
+                       {"base_error", base.base_error},
+                       {"verify_error", base.verify_error}});
+    }
+    json_groups.push_back(
+        {{"group", LinearGroupIdString(group.id)},
+         {"kind", std::string(LinearGroupName(group.id.group))},
+         {"layer", group.id.layer},
+         {"tensors", group.tensors},
+         {"weights", group.weights},
+         {"signal", group.signal},
+         {"q8_0_error", group.q8_0_error},
+         {"q8_0_bytes", group.q8_0_bytes},
+         {"residual_bytes", group.residual_bytes},
+         {"bases", std::move(bases)},
+         {"chosen_base", Name(candidates.bases[plan.choices[g].base])},
+         {"chosen_residual", Name(candidates.residuals[plan.choices[g].residual])}});
+  }
+  nlohmann::json residual_names = nlohmann::json::array();
+  for (const quant::SplitFormat f : candidates.residuals) residual_names.push_back(Name(f));
+  return {{"budget_bytes", request.budget_bytes},
+          {"error_factor", request.error_factor},
+          {"ram_bytes_per_second", request.machine.ram_bytes_per_second},
+          {"vram_bytes_per_second", request.machine.vram_bytes_per_second},
+          {"draft_forwards_per_verify", request.machine.draft_forwards_per_verify},
+          {"prior_tau", {request.prior.low_bits_tau, request.prior.high_bits_tau}},
+          {"residual_formats", std::move(residual_names)},
+          {"vram_total_bytes", plan.vram.total_bytes},
+          {"base_linear_bytes", plan.base_linear_bytes},
+          {"residual_bytes", plan.residual_bytes},
+          {"q8_0_bytes", plan.q8_0_bytes},
+          {"verify_error", plan.verify_error},
+          {"q8_0_error", plan.q8_0_error},
+          {"error_target", plan.error_target},
+          {"meets_quality", plan.meets_quality},
+          {"draft_distortion", plan.draft_distortion},
+          {"projected_tau", plan.projected_tau},
+          {"verify_seconds", plan.verify_seconds},
+          {"draft_seconds", plan.draft_seconds},
+          {"groups", std::move(json_groups)}};
+}
+
+}  // namespace bitsplit::model

@@ -1,0 +1,163 @@
+#pragma once
+// Bits by budget (`bitsplit quantize --vram-budget`, docs/design.md §4): per linear group (the
+// q|k|v, o, gate|up and down matrices of each layer, and the output head) a base format that the
+// VRAM budget pays for and the residual format that the quality target needs.
+//
+// Sensitivities (MeasureSensitivities) are measured, not assumed: every group is quantized with
+// every candidate base and, on top of each base, every candidate residual, and each result's
+// error is weighed by the calibration activations, sum_j E[x_j^2] (w_j - w'_j)^2 over the group's
+// rows, the expected squared error of the group's output when input columns are uncorrelated.
+// Q8_0's error of the same weights, measured the same way, is the quality yardstick: a plan meets
+// `--quality q8_0` when the sum over groups of verifier error (base + residual) over signal is at
+// most the same sum for Q8_0; the residuals spend that error where it saves the most RAM bytes.
+//
+// The allocation (AllocateBits) starts with every group on the fewest base bits, refuses a budget
+// that even that plan exceeds (with what would fit), then upgrades one group at a time, each time
+// the upgrade that most lowers the projected time per emitted token per VRAM byte, until no
+// upgrade fits the budget or lowers the time. The projection (docs/design.md §4):
+//   verify   = residual bytes / RAM bandwidth + base bytes / VRAM bandwidth
+//   draft    = draft forwards per verify x base bytes / VRAM bandwidth
+//   tau      = tokens per verify, interpolated in log(draft distortion) between the acceptance
+//              prior's measured uniform low-bit and high-bit bases, where the draft distortion is
+//              sum over groups of (base error / signal), each group's relative output noise
+//   time per token = (verify + draft) / tau
+// Every plan the search visits is checked against the budget with PlanVram, so the result fits
+// exactly as the CUDA backend allocates.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/config.h"
+#include "common/model/linear_backend.h"
+#include "common/model/split_model.h"
+#include "common/model/split_quantizer.h"
+#include "common/model/vram_plan.h"
+#include "common/model/weights.h"
+#include "nlohmann/json.hpp"
+
+namespace bitsplit::model {
+
+// The formats the allocator chooses among, each list in ascending bits.
+struct BitCandidates {
+  std::vector<quant::SplitFormat> bases = {quant::SplitFormat::kB2Asym, quant::SplitFormat::kB3Asym,
+                                           quant::SplitFormat::kB4Asym};
+  std::vector<quant::SplitFormat> residuals = {quant::SplitFormat::kR3, quant::SplitFormat::kR4,
+                                               quant::SplitFormat::kR5, quant::SplitFormat::kR6,
+                                               quant::SplitFormat::kR8};
+};
+
+// One candidate base of one group.
+struct BaseOption {
+  quant::SplitFormat base = quant::SplitFormat::kB2Asym;
+  uint64_t device_bytes = 0;  // VRAM of the group's matrices (device row strides, aligned)
+  double base_error = 0;      // weighted squared error of W - B
+  // Weighted squared error of W - B - R for each candidate residual (BitCandidates order).
+  std::vector<double> verify_error;
+};
+
+// What quantizing one group costs and loses, for every candidate.
+struct GroupSensitivity {
+  LinearGroupId id;
+  std::vector<std::string> tensors;  // LinearGroupTensorNames order
+  int64_t weights = 0;
+  double signal = 0;  // weighted squared weights, sum_j E[x_j^2] w_j^2
+  // Weighted squared error of Q8_0 (group 32) of the same weights in the source basis (the q8_0
+  // configuration is never rotated), its error vector rotated into the weights' basis.
+  double q8_0_error = 0;
+  uint64_t q8_0_bytes = 0;
+  std::vector<uint64_t> residual_bytes;  // RAM bytes per candidate residual
+  std::vector<BaseOption> bases;         // per candidate base
+};
+
+// Quantizes every linear group of `weights` with every candidate (in the basis of
+// `quantization.rotation`, with its groups; calibration importance weighting the base fit exactly
+// as QuantizeSplitModel does) and measures the errors. `calibration` (nullable) weighs the
+// errors and the fit; without it every column weighs 1. `progress(done, total)` is called after
+// every group on the calling thread. INVALID_ARGUMENT for candidates that are not base/residual
+// formats or do not fit the model.
+absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
+    const ModelWeights& weights, const ModelConfig& config, const SplitQuantization& quantization,
+    const BitCandidates& candidates, const Calibration* calibration, int num_threads,
+    const std::function<void(int64_t done, int64_t total)>& progress = {});
+
+// The machine the projection is for.
+struct MachineModel {
+  double ram_bytes_per_second = 60e9;
+  double vram_bytes_per_second = 1e12;
+  // Draft forwards per verify: a 16-node tree of depth 4 drafts 4 times.
+  double draft_forwards_per_verify = 4;
+};
+
+// Tokens per verify of a 16-node tree (k = 4) with uniform bases of the fewest and the most
+// candidate bits. Defaults: SmolLM2-135M-Instruct, b2_asym/g64 and b4_asym/g64 + r8/g32 over the
+// committed prompt set (docs/performance.md, acceptance).
+struct AcceptancePrior {
+  double low_bits_tau = 1.72;
+  double high_bits_tau = 4.18;
+};
+
+struct AllocationRequest {
+  // Config, base group, embedding bytes, context, sessions and batch rows of the device plan;
+  // its base formats are the allocator's to choose.
+  VramRequest vram;
+  uint64_t budget_bytes = 0;
+  // The residuals keep sum(verify error / signal) <= error_factor x sum(Q8_0 error / signal).
+  double error_factor = 1.0;
+  MachineModel machine;
+  AcceptancePrior prior;
+};
+
+struct BitPlan {
+  // Per group (sensitivities order): the chosen base and residual (indices into BitCandidates).
+  struct Choice {
+    size_t base = 0;
+    size_t residual = 0;
+  };
+  std::vector<Choice> choices;
+  VramPlan vram;                   // the device plan of the chosen bases
+  uint64_t base_linear_bytes = 0;  // device bytes of the linear weights
+  uint64_t residual_bytes = 0;     // RAM bytes read by one verify
+  uint64_t q8_0_bytes = 0;         // Q8_0's bytes of the same weights
+  // Sums over the groups of (weighted error / weighted signal): the verifier's, Q8_0's, and the
+  // bound the residuals were chosen to meet (error_factor x Q8_0's).
+  double verify_error = 0;
+  double q8_0_error = 0;
+  double error_target = 0;
+  bool meets_quality = true;    // false: even the most residual bits exceed the bound
+  double draft_distortion = 0;  // the same sum of the bases' errors
+  double projected_tau = 0;
+  double verify_seconds = 0;
+  double draft_seconds = 0;
+
+  double seconds_per_token() const { return (verify_seconds + draft_seconds) / projected_tau; }
+};
+
+// The plan (see the header comment). INVALID_ARGUMENT for empty or inconsistent sensitivities,
+// RESOURCE_EXHAUSTED (PlanVram's message: what fits instead) when even the fewest base bits do
+// not fit the budget.
+absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups,
+                                     const BitCandidates& candidates,
+                                     const AllocationRequest& request);
+
+// `quantization` with the plan's formats for every linear tensor (tensor_formats) and the fewest
+// candidate bits as its defaults.
+SplitQuantization ApplyBitPlan(const std::vector<GroupSensitivity>& groups,
+                               const BitCandidates& candidates, const BitPlan& plan,
+                               SplitQuantization quantization);
+
+// What `bitsplit quantize` prints: per matrix kind the groups on each base and residual, bytes on
+// the GPU and in RAM beside Q8_0's, the projected verify floor and tokens/s.
+std::string BitPlanReport(const std::vector<GroupSensitivity>& groups,
+                          const BitCandidates& candidates, const BitPlan& plan,
+                          const AllocationRequest& request);
+
+// The sensitivities, the plan and its projection as JSON (`bitsplit quantize --plan-json`): for
+// studies of the allocator and its proxy.
+nlohmann::json BitPlanJson(const std::vector<GroupSensitivity>& groups,
+                           const BitCandidates& candidates, const BitPlan& plan,
+                           const AllocationRequest& request);
+
+}  // namespace bitsplit::model

@@ -1,0 +1,551 @@
+// Bits by budget: the bit plan in the split record, the measured sensitivities against the
+// files the quantizer writes, the allocator's budget (checked with PlanVram, the CUDA backend's
+// own arithmetic) and quality bound, and a planned model's speculation against plain decoding.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/io/gguf.h"
+#include "common/model/bit_allocator.h"
+#include "common/model/config.h"
+#include "common/model/linear_backend.h"
+#include "common/model/llama_model.h"
+#include "common/model/residual_file.h"
+#include "common/model/split_model.h"
+#include "common/model/split_quantizer.h"
+#include "common/model/vram_plan.h"
+#include "common/model/weights.h"
+#include "common/ops/matmul.h"
+#include "common/quant/split_format.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/gguf_builder.h"
+#include "tests/testing/speculation_runs.h"
+#include "tests/testing/synthetic_weights.h"
+
+namespace bitsplit::model {
+namespace {
+
+using quant::SplitFormat;
+using ::testing::HasSubstr;
+
+constexpr int kThreads = 2;
+
+// A small random-weight llama: 2 layers, d_model 128, d_ff 256, 4 heads over 2 KV heads, vocab
+// 320, an untied output head; F32 tensors from the counter-based rule of synthetic_weights.h.
+std::string WriteTinyModel() {
+  static const std::string path = [] {
+    testing::GgufBuilder b;
+    b.AddString("general.architecture", "llama");
+    b.AddUint32("llama.block_count", 2);
+    b.AddUint32("llama.context_length", 256);
+    b.AddUint32("llama.embedding_length", 128);
+    b.AddUint32("llama.feed_forward_length", 256);
+    b.AddUint32("llama.attention.head_count", 4);
+    b.AddUint32("llama.attention.head_count_kv", 2);
+    b.AddFloat32("llama.rope.freq_base", 10000.0f);
+    b.AddFloat32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    auto add = [&](const std::string& name, std::vector<uint64_t> dims, double scale,
+                   double offset) {
+      uint64_t count = 1;
+      for (uint64_t d : dims) count *= d;
+      b.AddF32Tensor(name, dims, testing::SyntheticValues("llama", name, count, scale, offset));
+    };
+    add("token_embd.weight", {128, 320}, 1.0, 0.0);
+    add("output_norm.weight", {128}, 0.25, 1.0);
+    add("output.weight", {128, 320}, 0.2, 0.0);
+    for (int layer = 0; layer < 2; ++layer) {
+      const std::string p = absl::StrCat("blk.", layer, ".");
+      add(p + "attn_norm.weight", {128}, 0.25, 1.0);
+      add(p + "attn_q.weight", {128, 128}, 0.2, 0.0);
+      add(p + "attn_k.weight", {128, 64}, 0.2, 0.0);
+      add(p + "attn_v.weight", {128, 64}, 0.2, 0.0);
+      add(p + "attn_output.weight", {128, 128}, 0.2, 0.0);
+      add(p + "ffn_norm.weight", {128}, 0.25, 1.0);
+      add(p + "ffn_gate.weight", {128, 256}, 0.2, 0.0);
+      add(p + "ffn_up.weight", {128, 256}, 0.2, 0.0);
+      add(p + "ffn_down.weight", {256, 128}, 0.15, 0.0);
+    }
+    const std::string file = (std::filesystem::temp_directory_path() /
+                              absl::StrCat("bitsplit-tiny-plan-", getpid(), ".gguf"))
+                                 .string();
+    EXPECT_TRUE(testing::WriteFileBytes(file, b.Build()));
+    return file;
+  }();
+  return path;
+}
+
+struct Tiny {
+  std::unique_ptr<gguf::File> file;
+  ModelConfig config;
+  ModelWeights weights;
+};
+const Tiny& TinyModel() {
+  static const Tiny* const tiny = [] {
+    auto* t = new Tiny();
+    auto file = gguf::File::Open(WriteTinyModel());
+    EXPECT_TRUE(file.ok()) << file.status();
+    t->file = std::move(*file);
+    auto config = ModelConfigFromGguf(*t->file);
+    EXPECT_TRUE(config.ok()) << config.status();
+    t->config = *config;
+    auto weights = ModelWeightsFromGguf(*t->file, t->config);
+    EXPECT_TRUE(weights.ok()) << weights.status();
+    t->weights = *weights;
+    return t;
+  }();
+  return *tiny;
+}
+
+SplitQuantization RotatedQuantization() {
+  SplitQuantization q;
+  q.base_format = SplitFormat::kB2Asym;
+  q.base_group = 64;
+  q.residual_format = SplitFormat::kR8;
+  q.residual_group = 32;
+  q.rotation = {.block = 64, .seed = 1};
+  return q;
+}
+
+// Every linear tensor of a group gets `formats`.
+void PlanGroup(const LinearGroupId id, TensorSplitFormats formats, SplitQuantization* q) {
+  for (const std::string& name : LinearGroupTensorNames(id)) q->tensor_formats[name] = formats;
+}
+
+// A mixed plan: layer 0 b4 + r3, layer 1 b2 + r8 (its down projection b3 + r5), head b3 + r4.
+SplitQuantization MixedPlan() {
+  SplitQuantization q = RotatedQuantization();
+  for (const LinearGroupId id : AllLinearGroups(TinyModel().config)) {
+    TensorSplitFormats formats{SplitFormat::kB2Asym, SplitFormat::kR8};
+    if (id.group == LinearGroup::kOutputHead) {
+      formats = {SplitFormat::kB3Asym, SplitFormat::kR4};
+    } else if (id.layer == 0) {
+      formats = {SplitFormat::kB4Asym, SplitFormat::kR3};
+    } else if (id.group == LinearGroup::kDown) {
+      formats = {SplitFormat::kB3Asym, SplitFormat::kR5};
+    }
+    PlanGroup(id, formats, &q);
+  }
+  return q;
+}
+
+std::string TempPrefix(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / absl::StrCat("bitsplit-", name, "-", getpid()))
+      .string();
+}
+
+// ---- The plan in the record -----------------------------------------------------------------
+
+TEST(BitPlanRecordTest, RoundTripsThroughJsonWithItsOwnVersion) {
+  const SplitQuantization uniform = RotatedQuantization();
+  EXPECT_FALSE(SplitQuantizationToJson(uniform).contains("tensor_formats"));
+  EXPECT_EQ(SplitRecordVersionOf(uniform), kSplitRecordVersion);
+
+  const SplitQuantization planned = MixedPlan();
+  const nlohmann::json json = SplitQuantizationToJson(planned);
+  ASSERT_TRUE(json.contains("tensor_formats"));
+  EXPECT_EQ(json["tensor_formats"]["blk.1.ffn_down.weight"], nlohmann::json({"b3_asym", "r5"}));
+  absl::StatusOr<SplitQuantization> back = SplitQuantizationFromJson(json);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, planned);
+  EXPECT_EQ(back->BaseFormatOf("blk.0.attn_k.weight"), SplitFormat::kB4Asym);
+  EXPECT_EQ(back->ResidualFormatOf("output.weight"), SplitFormat::kR4);
+  EXPECT_EQ(SplitRecordVersionOf(planned), kSplitRecordVersionWithPlan);
+  EXPECT_EQ(SplitQuantizationString(planned),
+            "{b2_asym x6, b3_asym x2, b4_asym x7}/g64 + {r3 x7, r4 x1, r5 x1, r8 x6}/g32, "
+            "hadamard 64 (seed 1)");
+
+  // A plan needs a version 3 record; older versions never had one.
+  EXPECT_TRUE(SplitRecordQuantization({{"version", 3}, {"quantization", json}}).ok());
+  EXPECT_THAT(SplitRecordQuantization({{"version", 2}, {"quantization", json}}).status().message(),
+              HasSubstr("holds a bit plan"));
+}
+
+TEST(BitPlanRecordTest, MalformedPlansAreRejectedNamingTheTensor) {
+  nlohmann::json json = SplitQuantizationToJson(MixedPlan());
+  json["tensor_formats"]["blk.0.attn_q.weight"] = {"r4", "r4"};
+  EXPECT_THAT(SplitQuantizationFromJson(json).status().message(),
+              HasSubstr("tensor_formats[\"blk.0.attn_q.weight\"] has no base format"));
+  json["tensor_formats"]["blk.0.attn_q.weight"] = {"b2_asym", nullptr};
+  EXPECT_THAT(SplitQuantizationFromJson(json).status().message(),
+              HasSubstr("has no residual in a model with one"));
+  json["tensor_formats"]["blk.0.attn_q.weight"] = "b2_asym";
+  EXPECT_THAT(SplitQuantizationFromJson(json).status().message(), HasSubstr("is not [base"));
+
+  // One group, one format: the kernels run a group's matrices together.
+  SplitQuantization split_group = MixedPlan();
+  split_group.tensor_formats["blk.0.attn_v.weight"] = {SplitFormat::kB2Asym, SplitFormat::kR3};
+  EXPECT_THAT(ValidateSplitQuantization(split_group, TinyModel().config).message(),
+              HasSubstr("must share their formats"));
+  SplitQuantization unknown = MixedPlan();
+  unknown.tensor_formats["blk.7.attn_q.weight"] = {SplitFormat::kB2Asym, SplitFormat::kR8};
+  EXPECT_THAT(ValidateSplitQuantization(unknown, TinyModel().config).message(),
+              HasSubstr("blk.7.attn_q.weight is not a linear weight"));
+}
+
+// ---- A planned model through the files, the loaders and speculation ---------------------------
+
+TEST(BitPlanFilesTest, PlannedModelLoadsWithItsFormatsAndSpeculatesLosslessly) {
+  const SplitQuantization q = MixedPlan();
+  const std::string prefix = TempPrefix("mixed-plan");
+  absl::StatusOr<QuantizeSummary> summary =
+      QuantizeSplitModel(WriteTinyModel(), SplitBasePath(prefix), SplitResidualPath(prefix),
+                         {.quantization = q, .num_threads = kThreads});
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->base_format_counts.at("b4_asym"), 7);
+  EXPECT_EQ(summary->residual_format_counts.at("r3"), 7);
+
+  absl::StatusOr<std::unique_ptr<SplitModelFiles>> files =
+      SplitModelFiles::Open(SplitBasePath(prefix), SplitResidualPath(prefix));
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ((*files)->quantization(), summary->quantization);
+  const ModelConfig& config = (*files)->config();
+  std::map<std::string, SplitFormat, std::less<>> base_formats;
+  for (const LinearGroupId id : AllLinearGroups(config)) {
+    const std::vector<std::string> names = LinearGroupTensorNames(id);
+    for (size_t i = 0; i < names.size(); ++i) {
+      EXPECT_EQ((*files)->base_linear().group(id)[i].format, q.BaseFormatOf(names[i])) << names[i];
+      EXPECT_EQ((*files)->residual_linear()->group(id)[i].format, *q.ResidualFormatOf(names[i]))
+          << names[i];
+      base_formats[names[i]] = q.BaseFormatOf(names[i]);
+    }
+  }
+  // The residual service's loader reads the same per-tensor formats.
+  absl::StatusOr<std::unique_ptr<ResidualFile>> residual =
+      ResidualFile::Open(SplitResidualPath(prefix));
+  ASSERT_TRUE(residual.ok()) << residual.status();
+  // The device plan counts every matrix at its own format: the sum of its rows' device strides.
+  uint64_t expected = 0, expected_residual = 0;
+  for (const LinearGroupId id : AllLinearGroups(config)) {
+    const std::vector<std::string> names = LinearGroupTensorNames(id);
+    const std::vector<int64_t> rows = LinearGroupOutputDims(config, id.group);
+    const int64_t cols = LinearGroupInputDim(config, id.group);
+    for (size_t i = 0; i < names.size(); ++i) {
+      expected += AlignVram(static_cast<uint64_t>(rows[i]) *
+                            ((quant::SplitRowBytes(base_formats[names[i]], 64, cols) + 3) / 4 * 4));
+      expected_residual += static_cast<uint64_t>(rows[i]) *
+                           quant::SplitRowBytes(*q.ResidualFormatOf(names[i]), 32, cols);
+    }
+  }
+  EXPECT_EQ((*residual)->weight_bytes(), expected_residual);
+  absl::StatusOr<uint64_t> planned_bytes =
+      SplitLinearBytes(config, SplitFormat::kB2Asym, 64, &base_formats);
+  ASSERT_TRUE(planned_bytes.ok()) << planned_bytes.status();
+  EXPECT_EQ(*planned_bytes, expected);
+
+  // Mixed formats in one forward: speculation with the draft base emits exactly what plain
+  // decoding with the verifier emits.
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
+      LlamaModel::LoadSplit(SplitBasePath(prefix), SplitResidualPath(prefix), kThreads);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int32_t> prompt = {1, 17, 42, 99, 7, 250, 3, 64};
+  const std::vector<int32_t> plain = testing::PlainDecode(**model, prompt, {}, 40);
+  for (const TreeShape shape : {TreeShape{16, 4, 4}, TreeShape{128, 8, 16}}) {
+    const testing::SpecRun run =
+        testing::SpeculativeDecode(**model, prompt, {}, 40, shape, ForwardMode::kDraft);
+    EXPECT_EQ(run.tokens, plain) << shape.nodes << " nodes";
+  }
+  std::filesystem::remove(SplitBasePath(prefix));
+  std::filesystem::remove(SplitResidualPath(prefix));
+}
+
+// ---- Sensitivities ----------------------------------------------------------------------------
+
+// Unweighted squared error of the rows of `view` (dequantized) against `expected` rows.
+double SquaredError(const quant::MatrixView& view, const std::vector<std::vector<float>>& expected,
+                    const quant::MatrixView* residual = nullptr) {
+  double sum = 0;
+  std::vector<float> row(static_cast<size_t>(view.cols)), extra(static_cast<size_t>(view.cols));
+  for (int64_t r = 0; r < view.rows; ++r) {
+    quant::DequantizeSplitRow(view.format, view.group, view.data + r * view.row_stride, view.cols,
+                              row.data());
+    if (residual != nullptr) {
+      quant::DequantizeSplitRow(residual->format, residual->group,
+                                residual->data + r * residual->row_stride, view.cols, extra.data());
+      for (int64_t j = 0; j < view.cols; ++j) row[j] += extra[j];
+    }
+    for (int64_t j = 0; j < view.cols; ++j) {
+      const double d = static_cast<double>(expected[r][j]) - row[j];
+      sum += d * d;
+    }
+  }
+  return sum;
+}
+
+TEST(SensitivitiesTest, MatchTheErrorsOfTheFilesTheQuantizerWrites) {
+  const Tiny& tiny = TinyModel();
+  const SplitQuantization q = MixedPlan();
+  const BitCandidates candidates;
+  absl::StatusOr<std::vector<GroupSensitivity>> groups =
+      MeasureSensitivities(tiny.weights, tiny.config, q, candidates, nullptr, kThreads);
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  ASSERT_EQ(groups->size(), AllLinearGroups(tiny.config).size());
+
+  const std::string prefix = TempPrefix("sensitivity");
+  ASSERT_TRUE(QuantizeSplitModel(WriteTinyModel(), SplitBasePath(prefix), SplitResidualPath(prefix),
+                                 {.quantization = q, .num_threads = kThreads})
+                  .ok());
+  SplitQuantization q8_0;
+  q8_0.base_format = SplitFormat::kQ8_0;
+  q8_0.base_group = 32;
+  q8_0.residual_format.reset();
+  const std::string q8_prefix = TempPrefix("sensitivity-q8");
+  ASSERT_TRUE(QuantizeSplitModel(WriteTinyModel(), SplitBasePath(q8_prefix), "",
+                                 {.quantization = q8_0, .num_threads = kThreads})
+                  .ok());
+  auto files = SplitModelFiles::Open(SplitBasePath(prefix), SplitResidualPath(prefix));
+  auto q8_files = SplitModelFiles::Open(SplitBasePath(q8_prefix), "");
+  ASSERT_TRUE(files.ok() && q8_files.ok());
+
+  for (const GroupSensitivity& group : *groups) {
+    const std::span<const quant::MatrixView> base = (*files)->base_linear().group(group.id);
+    const std::span<const quant::MatrixView> residual =
+        (*files)->residual_linear()->group(group.id);
+    const std::span<const quant::MatrixView> q8 = (*q8_files)->base_linear().group(group.id);
+    const size_t b = std::find(candidates.bases.begin(), candidates.bases.end(),
+                               q.BaseFormatOf(group.tensors[0])) -
+                     candidates.bases.begin();
+    const size_t k = std::find(candidates.residuals.begin(), candidates.residuals.end(),
+                               *q.ResidualFormatOf(group.tensors[0])) -
+                     candidates.residuals.begin();
+    double base_error = 0, verify_error = 0, q8_error = 0, signal = 0, source_signal = 0;
+    const GgufGroupMatrices sources = GroupMatricesOf(tiny.weights, group.id);
+    for (size_t m = 0; m < sources.count; ++m) {
+      const ops::WeightMatrix& w = sources[m];
+      std::vector<std::vector<float>> rotated(static_cast<size_t>(w.rows)),
+          plain(static_cast<size_t>(w.rows));
+      for (int64_t r = 0; r < w.rows; ++r) {
+        plain[r].resize(static_cast<size_t>(w.cols));
+        ops::DequantizeWeightRow(w, r, plain[r].data());
+        rotated[r] = plain[r];
+        RotateRows(q.rotation, rotated[r].data(), 1, w.cols);
+        for (int64_t j = 0; j < w.cols; ++j) {
+          signal += static_cast<double>(rotated[r][j]) * rotated[r][j];
+          source_signal += static_cast<double>(plain[r][j]) * plain[r][j];
+        }
+      }
+      base_error += SquaredError(base[m], rotated);
+      verify_error += SquaredError(base[m], rotated, &residual[m]);
+      q8_error += SquaredError(q8[m], plain);  // unweighted: the rotation keeps its norm
+    }
+    const std::string what = LinearGroupIdString(group.id);
+    EXPECT_NEAR(group.signal, signal, 1e-9 * signal) << what;
+    EXPECT_NEAR(group.signal, source_signal, 1e-5 * source_signal) << what;  // orthonormal
+    EXPECT_NEAR(group.bases[b].base_error, base_error, 1e-9 * base_error) << what;
+    // The measurement subtracts the residual from W - B, the files' sum adds B + R in float
+    // first: the two differ by float rounding only.
+    EXPECT_NEAR(group.bases[b].verify_error[k], verify_error, 1e-6 * verify_error) << what;
+    EXPECT_NEAR(group.q8_0_error, q8_error, 1e-4 * q8_error) << what;
+    // More bits, less error, for the base and for every residual on it.
+    for (size_t i = 1; i < group.bases.size(); ++i) {
+      EXPECT_LT(group.bases[i].base_error, group.bases[i - 1].base_error) << what;
+    }
+    for (const BaseOption& option : group.bases) {
+      for (size_t i = 1; i < option.verify_error.size(); ++i) {
+        EXPECT_LT(option.verify_error[i], option.verify_error[i - 1]) << what;
+      }
+      EXPECT_LT(option.verify_error.front(), option.base_error) << what;
+    }
+  }
+  for (const std::string& p : {prefix, q8_prefix}) {
+    std::filesystem::remove(SplitBasePath(p));
+    std::filesystem::remove(SplitResidualPath(p));
+  }
+}
+
+// ---- The allocation ---------------------------------------------------------------------------
+
+// SmolLM2-135M's shapes with made-up errors: every extra base bit divides a group's base error
+// by 4 and every residual bit its verify error by 4, with group-to-group variation, so that the
+// budget arithmetic runs at a real model's sizes without measuring one.
+ModelConfig SmolLm2Shapes() {
+  ModelConfig c;
+  c.num_layers = 30;
+  c.d_model = 576;
+  c.d_ff = 1536;
+  c.num_heads = 9;
+  c.num_kv_heads = 3;
+  c.head_dim = 64;
+  c.rope_dims = 64;
+  c.vocab_size = 49152;
+  c.context_length = 8192;
+  return c;
+}
+
+std::vector<GroupSensitivity> SyntheticSensitivities(const ModelConfig& config,
+                                                     const BitCandidates& candidates) {
+  std::vector<GroupSensitivity> groups;
+  uint64_t state = 7;
+  for (const LinearGroupId id : AllLinearGroups(config)) {
+    GroupSensitivity g;
+    g.id = id;
+    g.tensors = LinearGroupTensorNames(id);
+    const int64_t cols = LinearGroupInputDim(config, id.group);
+    g.signal = 1;
+    state = testing::SplitMix64(state);
+    const double variation = 0.5 + static_cast<double>(state >> 11) * 0x1p-53;
+    g.q8_0_error = 1e-5 * variation;
+    g.residual_bytes.assign(candidates.residuals.size(), 0);
+    for (const int64_t rows : LinearGroupOutputDims(config, id.group)) {
+      g.weights += rows * cols;
+      g.q8_0_bytes +=
+          static_cast<uint64_t>(rows) * quant::SplitRowBytes(SplitFormat::kQ8_0, 32, cols);
+      for (size_t k = 0; k < candidates.residuals.size(); ++k) {
+        g.residual_bytes[k] +=
+            static_cast<uint64_t>(rows) * quant::SplitRowBytes(candidates.residuals[k], 32, cols);
+      }
+    }
+    for (const SplitFormat base : candidates.bases) {
+      BaseOption option;
+      option.base = base;
+      for (const int64_t rows : LinearGroupOutputDims(config, id.group)) {
+        option.device_bytes +=
+            AlignVram(static_cast<uint64_t>(rows) * DeviceRowStride(base, 64, cols));
+      }
+      const int bits = quant::GetSplitFormatInfo(base).bits;
+      option.base_error = variation * std::pow(4.0, -bits);
+      for (const SplitFormat residual : candidates.residuals) {
+        option.verify_error.push_back(option.base_error *
+                                      std::pow(4.0, -quant::GetSplitFormatInfo(residual).bits));
+      }
+      g.bases.push_back(option);
+    }
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+AllocationRequest RequestFor(const ModelConfig& config) {
+  AllocationRequest request;
+  request.vram.config = config;
+  request.vram.base_group = 64;
+  request.vram.embedding_bytes = 0;
+  request.vram.context = 2048;
+  request.vram.sessions = 1;
+  request.vram.max_batch_rows = 256;
+  return request;
+}
+
+// The device plan of per-group bases, by PlanVram (the CUDA backend's arithmetic).
+VramRequest VramRequestOf(const AllocationRequest& request,
+                          const std::vector<GroupSensitivity>& groups,
+                          const BitCandidates& candidates, const std::vector<size_t>& bases) {
+  VramRequest vram = request.vram;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const std::string& name : groups[g].tensors) {
+      vram.base_tensor_formats[name] = candidates.bases[bases[g]];
+    }
+  }
+  return vram;
+}
+
+TEST(AllocateBitsTest, FitsEveryBudgetExactlyAndLeavesNoUpgradeThatWouldFit) {
+  const ModelConfig config = SmolLm2Shapes();
+  const BitCandidates candidates;
+  const std::vector<GroupSensitivity> groups = SyntheticSensitivities(config, candidates);
+  AllocationRequest request = RequestFor(config);
+  const std::vector<size_t> lowest(groups.size(), 0), highest(groups.size(), 2);
+  const uint64_t low = *VramTotalBytes(VramRequestOf(request, groups, candidates, lowest));
+  const uint64_t high = *VramTotalBytes(VramRequestOf(request, groups, candidates, highest));
+  ASSERT_GT(high, low + (8ull << 20));
+  int upgraded_plans = 0;
+  for (uint64_t budget = low; budget <= high + (1ull << 20); budget += (high - low) / 23) {
+    request.budget_bytes = budget;
+    absl::StatusOr<BitPlan> plan = AllocateBits(groups, candidates, request);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    std::vector<size_t> bases;
+    for (const BitPlan::Choice& choice : plan->choices) bases.push_back(choice.base);
+    const VramRequest chosen = VramRequestOf(request, groups, candidates, bases);
+    absl::StatusOr<VramPlan> vram = PlanVram(chosen, budget);
+    ASSERT_TRUE(vram.ok()) << "budget " << budget << ": " << vram.status();
+    EXPECT_EQ(vram->total_bytes, plan->vram.total_bytes);
+    EXPECT_LE(plan->vram.total_bytes, budget);
+    // Maximal: every single-step upgrade left would exceed the budget.
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (bases[g] + 1 >= candidates.bases.size()) continue;
+      std::vector<size_t> more = bases;
+      ++more[g];
+      EXPECT_EQ(PlanVram(VramRequestOf(request, groups, candidates, more), budget).status().code(),
+                absl::StatusCode::kResourceExhausted)
+          << "budget " << budget << ": " << groups[g].tensors[0] << " could still be upgraded";
+    }
+    if (plan->base_linear_bytes > groups.size()) ++upgraded_plans;
+    EXPECT_LE(plan->verify_error, plan->error_target * (1 + 1e-12));
+    EXPECT_TRUE(plan->meets_quality);
+  }
+  EXPECT_GT(upgraded_plans, 10);
+  // With VRAM reads free every extra base bit only helps, so a budget for all of them takes all.
+  request.budget_bytes = high;
+  request.machine.vram_bytes_per_second = 1e30;
+  absl::StatusOr<BitPlan> all = AllocateBits(groups, candidates, request);
+  ASSERT_TRUE(all.ok());
+  for (const BitPlan::Choice& choice : all->choices) EXPECT_EQ(choice.base, 2u);
+}
+
+TEST(AllocateBitsTest, RefusesABudgetBelowTheFewestBitsSayingWhatFits) {
+  const ModelConfig config = SmolLm2Shapes();
+  const BitCandidates candidates;
+  const std::vector<GroupSensitivity> groups = SyntheticSensitivities(config, candidates);
+  AllocationRequest request = RequestFor(config);
+  const std::vector<size_t> lowest(groups.size(), 0);
+  request.budget_bytes = *VramTotalBytes(VramRequestOf(request, groups, candidates, lowest)) - 1;
+  const absl::Status status = AllocateBits(groups, candidates, request).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(status.message(),
+              HasSubstr("even the fewest base bits (every linear weight b2_asym)"));
+  EXPECT_THAT(status.message(), HasSubstr("fits: context"));
+}
+
+TEST(AllocateBitsTest, ResidualsMeetTheBoundWithNearlyTheFewestBytes) {
+  // 2 layers: 9 groups, 5^9 residual choices, few enough to search them all.
+  const ModelConfig config = TinyModel().config;
+  const BitCandidates candidates;
+  std::vector<GroupSensitivity> groups = SyntheticSensitivities(config, candidates);
+  AllocationRequest request = RequestFor(config);
+  request.vram.context = 256;
+  request.vram.max_batch_rows = 64;
+  request.budget_bytes = 1ull << 30;
+  for (const double factor : {0.05, 0.3, 1.0, 3.0}) {
+    request.error_factor = factor;
+    absl::StatusOr<BitPlan> plan = AllocateBits(groups, candidates, request);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(plan->meets_quality);
+    EXPECT_LE(plan->verify_error, plan->error_target * (1 + 1e-12));
+    // The cheapest residual bytes meeting the bound on the same bases, by exhaustion.
+    const size_t n = groups.size(), options = candidates.residuals.size();
+    uint64_t best = UINT64_MAX;
+    std::vector<size_t> choice(n, 0);
+    for (;;) {
+      double error = 0;
+      uint64_t bytes = 0;
+      for (size_t g = 0; g < n; ++g) {
+        error += groups[g].bases[plan->choices[g].base].verify_error[choice[g]] / groups[g].signal;
+        bytes += groups[g].residual_bytes[choice[g]];
+      }
+      if (error <= plan->error_target) best = std::min(best, bytes);
+      size_t g = 0;
+      while (g < n && ++choice[g] == options) choice[g++] = 0;
+      if (g == n) break;
+    }
+    // The Lagrangian choice plus the slack pass is not exact; it stays within 5% here.
+    EXPECT_LE(plan->residual_bytes, best * 105 / 100) << "factor " << factor;
+    EXPECT_GE(plan->residual_bytes, best) << "factor " << factor;
+  }
+  // A bound even the most residual bits miss: all of them, and the plan says so.
+  request.error_factor = 1e-9;
+  absl::StatusOr<BitPlan> missed = AllocateBits(groups, candidates, request);
+  ASSERT_TRUE(missed.ok());
+  EXPECT_FALSE(missed->meets_quality);
+  for (const BitPlan::Choice& choice : missed->choices) EXPECT_EQ(choice.residual, 4u);
+  EXPECT_THAT(BitPlanReport(groups, candidates, *missed, request), HasSubstr("MISSED"));
+}
+
+}  // namespace
+}  // namespace bitsplit::model
