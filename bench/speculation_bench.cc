@@ -3,11 +3,12 @@
 //
 //   speculation_bench --split PREFIX[=LABEL] [--split ...] [--q2k DRAFT.gguf]
 //                     [--prompts bench/prompts/prompts.jsonl] [--tokens 32] [--threads 2]
-//                     [--json OUT.json]
+//                     [--json OUT.json] [--deep-tree] [--no-own-kv]
 //
 // For every split model (the verifier = base + residual, computed in process): plain decoding
 // (`off`, the verifier alone, one token per step) and speculation with a 16-node tree (k = 4,
-// depth <= 8) and an 8-token chain, drafted by
+// depth <= 8), an 8-token chain and with --deep-tree a 64-node tree (k = 8, depth <= 12), drafted
+// by
 //   * the model's own base weights reading the verifier's KV (the design),
 //   * the base computing its own KV for the prefix (ablation: what KV sharing buys),
 //   * llama.cpp's Q2_K quantization of the same source model (--q2k; ablation: what our 2-bit
@@ -173,6 +174,7 @@ int Run(int argc, char** argv) {
   CLI::App app{"speculation_bench: acceptance and speed of speculative decoding, in process"};
   std::vector<std::string> splits;
   std::string q2k_path, json_path;
+  bool deep_tree = false, no_own_kv = false;
   std::string prompts_path = std::string(BITSPLIT_SOURCE_DIR) + "/bench/prompts/prompts.jsonl";
   int tokens = 32, threads = 2, max_prompts = 0;
   app.add_option("--split", splits, "split model PREFIX[=LABEL] (verifier in process)")->required();
@@ -183,6 +185,8 @@ int Run(int argc, char** argv) {
   app.add_option("--max-prompts", max_prompts, "use the first N prompts (0 = all)");
   app.add_option("--threads", threads, "engine threads")->capture_default_str();
   app.add_option("--json", json_path, "write the rows as JSON here");
+  app.add_flag("--deep-tree", deep_tree, "also a 64-node tree (k = 8, depth <= 12)");
+  app.add_flag("--no-own-kv", no_own_kv, "skip the own-KV draft ablation");
   CLI11_PARSE(app, argc, argv);
 
   std::unique_ptr<LlamaModel> q2k;
@@ -266,15 +270,19 @@ int Run(int argc, char** argv) {
     report("- (verifier alone)", off_shape, off);
 
     std::vector<Draft> drafts = {
-        {"base, shared KV", target.get(), ForwardMode::kDraft, DraftKv::kShared},
-        {"base, own KV", target.get(), ForwardMode::kDraft, DraftKv::kOwn}};
+        {"base, shared KV", target.get(), ForwardMode::kDraft, DraftKv::kShared}};
+    if (!no_own_kv) {
+      drafts.push_back({"base, own KV", target.get(), ForwardMode::kDraft, DraftKv::kOwn});
+    }
+    std::vector<TreeShape> shapes = {TreeShape{.nodes = 16, .expansions = 4, .max_depth = 8},
+                                     TreeShape{.nodes = 8, .expansions = 1, .max_depth = 8}};
+    if (deep_tree) shapes.push_back(TreeShape{.nodes = 64, .expansions = 8, .max_depth = 12});
     if (q2k != nullptr) {
       drafts.push_back(
           {"llama.cpp Q2_K, shared KV", q2k.get(), ForwardMode::kReference, DraftKv::kShared});
     }
     for (const Draft& draft : drafts) {
-      for (const TreeShape& shape : {TreeShape{.nodes = 16, .expansions = 4, .max_depth = 8},
-                                     TreeShape{.nodes = 8, .expansions = 1, .max_depth = 8}}) {
+      for (const TreeShape& shape : shapes) {
         Totals t;
         for (size_t i = 0; i < prompts.size(); ++i) {
           const std::vector<int32_t> out =

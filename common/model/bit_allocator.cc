@@ -87,11 +87,15 @@ absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
     const LinearGroupId id = ids[g];
     const int64_t cols = LinearGroupInputDim(config, id.group);
     const float* importance = nullptr;
+    const float* source_importance = nullptr;
     if (calibration != nullptr) {
-      if (static_cast<int64_t>(calibration->importance[g].size()) != cols) {
+      if (static_cast<int64_t>(calibration->importance[g].size()) != cols ||
+          calibration->source_importance.size() != ids.size() ||
+          static_cast<int64_t>(calibration->source_importance[g].size()) != cols) {
         return absl::InvalidArgumentError("calibration was collected on a different model");
       }
       importance = calibration->importance[g].data();
+      source_importance = calibration->source_importance[g].data();
     }
     GroupSensitivity group;
     group.id = id;
@@ -134,15 +138,13 @@ absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
           out.base.resize(num_bases);
           out.verify.resize(num_bases * num_residuals);
           ops::DequantizeWeightRow(w, r, row.data());
-          // Q8_0 of the source basis (the product's q8_0 configuration is not rotated); its
-          // error vector is rotated so that the rotated-basis weights apply to it.
+          // Q8_0 in the source basis (the product's q8_0 configuration is not rotated), weighed
+          // by the source basis's activations: its error meets the activations' outlier
+          // channels unspread.
           quant::QuantizeQ8_0SplitRow(row.data(), w.cols, codes.data());
           quant::DequantizeSplitRow(quant::SplitFormat::kQ8_0, 32, codes.data(), w.cols,
                                     approx.data());
-          for (size_t j = 0; j < n; ++j) rest[j] = row[j] - approx[j];
-          RotateRows(q.rotation, rest.data(), 1, w.cols);
-          std::fill(approx.begin(), approx.end(), 0.0f);
-          out.q8_0 = WeightedSquaredError(rest.data(), approx.data(), importance, w.cols);
+          out.q8_0 = WeightedSquaredError(row.data(), approx.data(), source_importance, w.cols);
           RotateRows(q.rotation, row.data(), 1, w.cols);
           for (size_t j = 0; j < n; ++j) {
             out.signal += (importance != nullptr ? importance[j] : 1.0) *

@@ -65,7 +65,7 @@ struct GroupSensitivity {
   int64_t weights = 0;
   double signal = 0;  // weighted squared weights, sum_j E[x_j^2] w_j^2
   // Weighted squared error of Q8_0 (group 32) of the same weights in the source basis (the q8_0
-  // configuration is never rotated), its error vector rotated into the weights' basis.
+  // configuration is never rotated), weighed by the source-basis activations.
   double q8_0_error = 0;
   uint64_t q8_0_bytes = 0;
   std::vector<uint64_t> residual_bytes;  // RAM bytes per candidate residual

@@ -43,6 +43,7 @@ class ActivationRecorder final : public LinearBackend {
     for (const LinearGroupId id : AllLinearGroups(config)) {
       sums_.emplace_back(static_cast<size_t>(LinearGroupInputDim(config, id.group)), 0.0);
     }
+    source_sums_ = sums_;
     rows_.assign(sums_.size(), 0);
   }
 
@@ -53,22 +54,29 @@ class ActivationRecorder final : public LinearBackend {
     rotated_.assign(x, x + num_tokens * cols);
     RotateRows(rotation_, rotated_.data(), num_tokens, cols);
     std::vector<double>& sums = sums_[index];
+    std::vector<double>& source_sums = source_sums_[index];
     for (int64_t t = 0; t < num_tokens; ++t) {
       const float* row = rotated_.data() + t * cols;
-      for (int64_t j = 0; j < cols; ++j) sums[j] += static_cast<double>(row[j]) * row[j];
+      const float* source_row = x + t * cols;
+      for (int64_t j = 0; j < cols; ++j) {
+        sums[j] += static_cast<double>(row[j]) * row[j];
+        source_sums[j] += static_cast<double>(source_row[j]) * source_row[j];
+      }
     }
     rows_[index] += num_tokens;
     return inner_.Apply(id, x, num_tokens, outputs, pool);
   }
 
-  // Mean squared activation per group and column.
-  std::vector<std::vector<float>> Importance() const {
-    std::vector<std::vector<float>> importance(sums_.size());
-    for (size_t g = 0; g < sums_.size(); ++g) {
-      importance[g].resize(sums_[g].size());
-      for (size_t j = 0; j < sums_[g].size(); ++j) {
+  // Mean squared activation per group and column, in the rotated basis (source = false) or the
+  // source's.
+  std::vector<std::vector<float>> Importance(bool source = false) const {
+    const std::vector<std::vector<double>>& of = source ? source_sums_ : sums_;
+    std::vector<std::vector<float>> importance(of.size());
+    for (size_t g = 0; g < of.size(); ++g) {
+      importance[g].resize(of[g].size());
+      for (size_t j = 0; j < of[g].size(); ++j) {
         importance[g][j] =
-            rows_[g] > 0 ? static_cast<float>(sums_[g][j] / static_cast<double>(rows_[g])) : 0.0f;
+            rows_[g] > 0 ? static_cast<float>(of[g][j] / static_cast<double>(rows_[g])) : 0.0f;
       }
     }
     return importance;
@@ -78,9 +86,10 @@ class ActivationRecorder final : public LinearBackend {
   LinearBackend& inner_;
   const ModelConfig config_;
   const HadamardRotation rotation_;
-  std::vector<std::vector<double>> sums_;  // [LinearGroupIndex][input dim]
-  std::vector<int64_t> rows_;              // [LinearGroupIndex]
-  std::vector<float> rotated_;             // scratch
+  std::vector<std::vector<double>> sums_;         // [LinearGroupIndex][input dim], rotated
+  std::vector<std::vector<double>> source_sums_;  // the same before the rotation
+  std::vector<int64_t> rows_;                     // [LinearGroupIndex]
+  std::vector<float> rotated_;                    // scratch
 };
 
 // ---- Validation -------------------------------------------------------------------------------
@@ -407,6 +416,7 @@ absl::StatusOr<Calibration> CollectCalibration(LlamaModel& model, std::span<cons
   calibration.tokens = static_cast<int64_t>(tokens.size());
   calibration.window = window;
   calibration.importance = recorder.Importance();
+  calibration.source_importance = recorder.Importance(/*source=*/true);
   return calibration;
 }
 

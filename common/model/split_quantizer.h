@@ -39,6 +39,9 @@ struct Calibration {
   int64_t tokens = 0;       // tokens run through the reference model
   int64_t window = 0;       // tokens per forward (each window starts from an empty cache)
   std::vector<std::vector<float>> importance;  // [LinearGroupIndex][input dim]
+  // The same in the source basis (equal to `importance` without rotation): what weighs the
+  // errors of a configuration that is not rotated (the bit allocator's Q8_0 yardstick).
+  std::vector<std::vector<float>> source_importance;
 };
 
 // Runs `model` (a reference GGUF model) over `tokens` in windows of `window` tokens, each from an

@@ -74,6 +74,7 @@ int ExitCodeFor(const absl::Status& status) {
     case absl::StatusCode::kUnimplemented:
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kResourceExhausted:  // a --vram-budget nothing fits
       return kExitBadInput;
     default:
       return kExitFailure;
