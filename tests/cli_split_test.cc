@@ -115,20 +115,25 @@ std::string QuantizeQ8_0(const std::string& name) {
 TEST(QuantizeCommandTest, VramBudgetRefusesWhatCannotFitAndFixedBits) {
   // SmolLM2's fewest base bits need 42 MiB for the linear weights, 338 MiB with a 2048-token
   // session and the scratch of 256-row forwards; the refusal comes before any measurement.
-  Result result =
-      Bitsplit({"quantize", SourceModel(), "-o", TempPath("budget"), "--vram-budget", "300MiB"});
+  const std::string calib = testing::SourcePath("README.md");
+  Result result = Bitsplit({"quantize", SourceModel(), "-o", TempPath("budget"), "--vram-budget",
+                            "300MiB", "--calib", calib});
   ExpectOneLineBadInput(result, "even the fewest base bits (every linear weight b2_asym)");
   EXPECT_THAT(result.err, HasSubstr("base b2_asym/g64 (42.0 MiB)"));
   EXPECT_THAT(result.err, HasSubstr("fits: context"));
-  result = Bitsplit({"quantize", SourceModel(), "-o", TempPath("budget"), "--vram-budget", "25%"});
+  result = Bitsplit({"quantize", SourceModel(), "-o", TempPath("budget"), "--vram-budget", "25%",
+                     "--calib", calib});
   ExpectOneLineBadInput(result, "even the fewest base bits");
+  result = Bitsplit({"quantize", SourceModel(), "-o", TempPath("budget"), "--vram-budget", "40%"});
+  ExpectOneLineBadInput(result, "pass --calib FILE");
   result = Bitsplit({"quantize", SourceModel(), "-o", TempPath("budget"), "--vram-budget", "40%",
-                     "--base-bits", "3"});
+                     "--calib", calib, "--base-bits", "3"});
   ExpectOneLineBadInput(result, "drop --base-bits and --residual-bits");
-  result = Bitsplit({"quantize", SourceModel(), "-o", TempPath("budget"), "--vram-budget", "lots"});
+  result = Bitsplit({"quantize", SourceModel(), "-o", TempPath("budget"), "--vram-budget", "lots",
+                     "--calib", calib});
   ExpectOneLineBadInput(result, "--vram-budget \"lots\" is neither a size");
   result = Bitsplit({"quantize", SourceModel(), "-o", TempPath("budget"), "--vram-budget", "40%",
-                     "--quality", "q9"});
+                     "--calib", calib, "--quality", "q9"});
   ExpectOneLineBadInput(result, "--quality \"q9\" is neither q8_0 nor q8_0*F");
   EXPECT_FALSE(std::filesystem::exists(TempPath("budget.base.bsplit")));
 }

@@ -389,6 +389,7 @@ std::vector<GroupSensitivity> SyntheticSensitivities(const ModelConfig& config,
     g.tensors = LinearGroupTensorNames(id);
     const int64_t cols = LinearGroupInputDim(config, id.group);
     g.signal = 1;
+    g.kl_per_error = g.draft_kl_per_error = 1;
     state = testing::SplitMix64(state);
     const double variation = 0.5 + static_cast<double>(state >> 11) * 0x1p-53;
     g.q8_0_error = 1e-5 * variation;

@@ -11,8 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/model/eval.h"
+#include "common/model/kv_cache.h"
 #include "common/model/split_backend.h"
 #include "common/ops/matmul.h"
+#include "common/quant/split_common.h"
 #include "common/quant/split_format.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
@@ -196,6 +199,7 @@ absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
         }
       }
     }
+    group.kl_per_error = group.draft_kl_per_error = 1.0 / std::max(group.signal, 1e-30);
     groups.push_back(std::move(group));
     if (progress) progress(static_cast<int64_t>(groups.size()), static_cast<int64_t>(ids.size()));
   }
@@ -204,11 +208,14 @@ absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
 
 namespace {
 
-// A group's error relative to its signal (a group of zeros counts as signal 1).
-double Relative(double error, double signal) { return error / std::max(signal, 1e-30); }
+// A group's predicted KL from its weighted error.
+double Kl(const GroupSensitivity& group, double error) { return group.kl_per_error * error; }
+double DraftKl(const GroupSensitivity& group, double error) {
+  return group.draft_kl_per_error * error;
+}
 
 double VerifyError(const GroupSensitivity& group, size_t base, size_t residual) {
-  return Relative(group.bases[base].verify_error[residual], group.signal);
+  return Kl(group, group.bases[base].verify_error[residual]);
 }
 
 // Tokens per verify for a draft distortion, between the prior's uniform low and high points.
@@ -321,8 +328,10 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
   }
   for (const GroupSensitivity& group : groups) {
     if (group.bases.size() != candidates.bases.size() ||
-        group.residual_bytes.size() != candidates.residuals.size() || group.tensors.empty()) {
-      return absl::InvalidArgumentError("the sensitivities were measured for other candidates");
+        group.residual_bytes.size() != candidates.residuals.size() || group.tensors.empty() ||
+        !(group.kl_per_error > 0) || !(group.draft_kl_per_error > 0)) {
+      return absl::InvalidArgumentError(
+          "the sensitivities were measured for other candidates or have no KL factor");
     }
   }
   if (!(request.error_factor > 0) || !(request.machine.ram_bytes_per_second > 0) ||
@@ -360,9 +369,9 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
   double low_distortion = 0, high_distortion = 0, q8_0_error = 0;
   for (const GroupSensitivity& group : groups) {
     base_bytes += group.bases.front().device_bytes;
-    low_distortion += Relative(group.bases.front().base_error, group.signal);
-    high_distortion += Relative(group.bases.back().base_error, group.signal);
-    q8_0_error += Relative(group.q8_0_error, group.signal);
+    low_distortion += DraftKl(group, group.bases.front().base_error);
+    high_distortion += DraftKl(group, group.bases.back().base_error);
+    q8_0_error += Kl(group, group.q8_0_error);
   }
   BITSPLIT_CHECK(RoundVramSlab(base_bytes) == smallest->base_weights_bytes);
   const uint64_t other_bytes = smallest->total_bytes - smallest->base_weights_bytes;
@@ -402,9 +411,8 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
         const uint64_t trial_residual = residuals.bytes -
                                         group.residual_bytes[residuals.residual[g]] +
                                         group.residual_bytes[residual];
-        const double trial_distortion = distortion -
-                                        Relative(group.bases[current].base_error, group.signal) +
-                                        Relative(group.bases[b].base_error, group.signal);
+        const double trial_distortion = distortion - Kl(group, group.bases[current].base_error) +
+                                        Kl(group, group.bases[b].base_error);
         const double gain =
             (now - seconds_per_token(trial_base, trial_residual, trial_distortion)) /
             static_cast<double>(trial_base - base_bytes);
@@ -418,8 +426,8 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
     const GroupSensitivity& group = groups[best->first];
     base_bytes +=
         group.bases[best->second].device_bytes - group.bases[bases[best->first]].device_bytes;
-    distortion += Relative(group.bases[best->second].base_error, group.signal) -
-                  Relative(group.bases[bases[best->first]].base_error, group.signal);
+    distortion += DraftKl(group, group.bases[best->second].base_error) -
+                  DraftKl(group, group.bases[bases[best->first]].base_error);
     bases[best->first] = best->second;
     residuals = SolveResiduals(groups, bases, target);
   }
@@ -445,6 +453,114 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
       static_cast<double>(residuals.bytes) / machine.ram_bytes_per_second + base_seconds;
   plan.draft_seconds = machine.draft_forwards_per_verify * base_seconds;
   return plan;
+}
+
+namespace {
+
+// Adds Gaussian noise to the outputs of the linear groups of one kind: group g's outputs get
+// independent noise of variance energy[g] / (its output rows) per element, so that its expected
+// squared output error per token is energy[g], as a weight error of weighted energy E would give.
+// The noise is a function of (group, matrix, token, row) alone. Thread safety: one forward at a
+// time, like every LinearBackend wrapper.
+class OutputNoise final : public LinearBackend {
+ public:
+  OutputNoise(LinearBackend& inner, const ModelConfig& config, LinearGroup kind,
+              const std::vector<double>& energy)
+      : inner_(inner), config_(config), kind_(kind), energy_(energy) {}
+
+  absl::Status Apply(LinearGroupId id, const float* x, int64_t num_tokens,
+                     std::span<float* const> outputs, ThreadPool& pool) override {
+    BITSPLIT_RETURN_IF_ERROR(inner_.Apply(id, x, num_tokens, outputs, pool));
+    if (id.group != kind_) return absl::OkStatus();
+    const int64_t index = LinearGroupIndex(config_, id);
+    const std::vector<int64_t> rows = LinearGroupOutputDims(config_, id.group);
+    int64_t total_rows = 0;
+    for (const int64_t r : rows) total_rows += r;
+    const double sigma = std::sqrt(energy_[static_cast<size_t>(index)] / total_rows);
+    for (size_t m = 0; m < outputs.size(); ++m) {
+      const uint64_t seed = (static_cast<uint64_t>(index) << 8) | m;
+      for (int64_t i = 0; i < num_tokens * rows[m]; ++i) {
+        // Box-Muller from two uniforms in (0, 1].
+        const double u1 = 1.0 - PhiloxUniform(seed, 2 * i);
+        const double u2 = PhiloxUniform(seed, 2 * i + 1);
+        outputs[m][i] += static_cast<float>(sigma * std::sqrt(-2.0 * std::log(u1)) *
+                                            std::cos(6.283185307179586 * u2));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  LinearBackend& inner_;
+  const ModelConfig config_;
+  const LinearGroup kind_;
+  const std::vector<double>& energy_;
+};
+
+}  // namespace
+
+absl::Status MeasureKlSensitivities(LlamaModel& model, const Calibration& calibration,
+                                    std::vector<GroupSensitivity>& groups) {
+  const ModelConfig& config = model.config();
+  const std::vector<LinearGroupId> ids = AllLinearGroups(config);
+  if (groups.size() != ids.size()) {
+    return absl::InvalidArgumentError("the sensitivities are of another model");
+  }
+  const std::vector<int32_t>& tokens = calibration.first_window;
+  if (tokens.size() < 2) {
+    return absl::InvalidArgumentError("the calibration has no window of 2 or more tokens");
+  }
+  LinearBackend* reference = model.backend(ForwardMode::kReference);
+  if (reference == nullptr) {
+    return absl::FailedPreconditionError("the KL probe needs the source model (reference mode)");
+  }
+  // Two probes per kind: at a verifier's error (the fewest-bits base under the middle residual)
+  // and at a draft's (the fewest-bits base alone); KL per unit of error differs between them.
+  std::vector<double> verify_energy(groups.size()), draft_energy(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::vector<double>& errors = groups[g].bases.front().verify_error;
+    verify_energy[g] = errors[errors.size() / 2];
+    draft_energy[g] = groups[g].bases.front().base_error;
+  }
+  const Batch batch = Batch::Causal(tokens, 0);
+  const size_t vocab = static_cast<size_t>(config.vocab_size);
+  BITSPLIT_ASSIGN_OR_RETURN(KvCache cache, model.NewKvCache(static_cast<int64_t>(tokens.size())));
+  std::vector<float> clean(tokens.size() * vocab), noisy(tokens.size() * vocab);
+  BITSPLIT_RETURN_IF_ERROR(model.ForwardWith(*reference, batch, cache, clean));
+  std::vector<std::vector<double>> clean_log(tokens.size());
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    LogSoftmax(std::span<const float>(clean).subspan(t * vocab, vocab), &clean_log[t]);
+  }
+  std::vector<double> noisy_log;
+  // Mean KL over the window with noise of `energy` on the groups of `kind`, per unit of energy.
+  auto kl_per_unit = [&](LinearGroup kind,
+                         const std::vector<double>& energy) -> absl::StatusOr<double> {
+    double kind_energy = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (ids[g].group == kind) kind_energy += energy[g];
+    }
+    if (!(kind_energy > 0)) return 1e-30;
+    OutputNoise noise(*reference, config, kind, energy);
+    cache.Clear();
+    BITSPLIT_RETURN_IF_ERROR(model.ForwardWith(noise, batch, cache, noisy));
+    double kl = 0;
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      LogSoftmax(std::span<const float>(noisy).subspan(t * vocab, vocab), &noisy_log);
+      kl += KlDivergence(clean_log[t], noisy_log);
+    }
+    return std::max(kl / static_cast<double>(tokens.size()), 1e-30) / kind_energy;
+  };
+  for (const LinearGroup kind : {LinearGroup::kQkv, LinearGroup::kAttnOutput, LinearGroup::kGateUp,
+                                 LinearGroup::kDown, LinearGroup::kOutputHead}) {
+    BITSPLIT_ASSIGN_OR_RETURN(const double verify, kl_per_unit(kind, verify_energy));
+    BITSPLIT_ASSIGN_OR_RETURN(const double draft, kl_per_unit(kind, draft_energy));
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (ids[g].group != kind) continue;
+      groups[g].kl_per_error = verify;
+      groups[g].draft_kl_per_error = draft;
+    }
+  }
+  return absl::OkStatus();
 }
 
 SplitQuantization ApplyBitPlan(const std::vector<GroupSensitivity>& groups,
@@ -502,9 +618,10 @@ std::string BitPlanReport(const std::vector<GroupSensitivity>& groups,
       FormatBytes(plan.q8_0_bytes),
       8.0 * static_cast<double>(plan.residual_bytes) / static_cast<double>(linear_weights));
   absl::StrAppendFormat(&text,
-                        "quality: verifier error %.3f x Q8_0's (sum over groups of the weighted "
-                        "error over the weighted signal), target %.3f x%s\n",
-                        plan.verify_error / plan.q8_0_error, request.error_factor,
+                        "quality: verifier's predicted KL %.3f x Q8_0's weights' (%.2e vs "
+                        "%.2e nats), target %.3f x%s\n",
+                        plan.verify_error / plan.q8_0_error, plan.verify_error, plan.q8_0_error,
+                        request.error_factor,
                         plan.meets_quality ? ""
                                            : ": MISSED, even the most residual bits everywhere "
                                              "exceed it");
@@ -538,6 +655,8 @@ nlohmann::json BitPlanJson(const std::vector<GroupSensitivity>& groups,
          {"tensors", group.tensors},
          {"weights", group.weights},
          {"signal", group.signal},
+         {"kl_per_error", group.kl_per_error},
+         {"draft_kl_per_error", group.draft_kl_per_error},
          {"q8_0_error", group.q8_0_error},
          {"q8_0_bytes", group.q8_0_bytes},
          {"residual_bytes", group.residual_bytes},

@@ -3,13 +3,22 @@
 // q|k|v, o, gate|up and down matrices of each layer, and the output head) a base format that the
 // VRAM budget pays for and the residual format that the quality target needs.
 //
-// Sensitivities (MeasureSensitivities) are measured, not assumed: every group is quantized with
-// every candidate base and, on top of each base, every candidate residual, and each result's
-// error is weighed by the calibration activations, sum_j E[x_j^2] (w_j - w'_j)^2 over the group's
-// rows, the expected squared error of the group's output when input columns are uncorrelated.
-// Q8_0's error of the same weights, measured the same way, is the quality yardstick: a plan meets
-// `--quality q8_0` when the sum over groups of verifier error (base + residual) over signal is at
-// most the same sum for Q8_0; the residuals spend that error where it saves the most RAM bytes.
+// Sensitivities are measured, not assumed, in two steps:
+//   * MeasureSensitivities quantizes every group with every candidate base and, on top of each
+//     base, every candidate residual, and weighs each result's error by the calibration
+//     activations: E = sum_j E[x_j^2] (w_j - w'_j)^2 over the group's rows, the expected squared
+//     error of the group's output when input columns are uncorrelated.
+//   * MeasureKlSensitivities converts output error into KL: per matrix kind (q|k|v, o, gate|up,
+//     down, head) it runs the reference model on the calibration text with Gaussian noise of
+//     known energy added to that kind's outputs and divides the KL it causes by the energy.
+//     Errors of different kinds differ by orders of magnitude in KL per unit (the head's errors
+//     land on the logits directly); within a kind the factor is shared.
+// The predicted KL of a plan is sum over groups of kl_per_error x E; it is additive for small
+// errors (the regime of a verifier), and for drafts it only ranks plans. Q8_0's predicted KL from
+// the same weights is the quality yardstick: a plan meets `--quality q8_0` when its verifier's
+// predicted KL is at most Q8_0's; the residuals spend that KL where it saves the most RAM bytes.
+// (The measured KL of Q8_0 is higher than its weights predict: it also quantizes unrotated
+// activations to 8 bits. docs/quality.md compares predictions with measurements.)
 //
 // The allocation (AllocateBits) starts with every group on the fewest base bits, refuses a budget
 // that even that plan exceeds (with what would fit), then upgrades one group at a time, each time
@@ -19,7 +28,7 @@
 //   draft    = draft forwards per verify x base bytes / VRAM bandwidth
 //   tau      = tokens per verify, interpolated in log(draft distortion) between the acceptance
 //              prior's measured uniform low-bit and high-bit bases, where the draft distortion is
-//              sum over groups of (base error / signal), each group's relative output noise
+//              the bases' predicted KL (with the draft-size KL factors)
 //   time per token = (verify + draft) / tau
 // Every plan the search visits is checked against the budget with PlanVram, so the result fits
 // exactly as the CUDA backend allocates.
@@ -32,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/config.h"
 #include "common/model/linear_backend.h"
+#include "common/model/llama_model.h"
 #include "common/model/split_model.h"
 #include "common/model/split_quantizer.h"
 #include "common/model/vram_plan.h"
@@ -68,6 +78,10 @@ struct GroupSensitivity {
   // configuration is never rotated), weighed by the source-basis activations.
   double q8_0_error = 0;
   uint64_t q8_0_bytes = 0;
+  // Predicted KL per unit of E at a verifier's error size and at a draft's: 1 / signal (the
+  // relative error) until MeasureKlSensitivities sets them from the model.
+  double kl_per_error = 0;
+  double draft_kl_per_error = 0;
   std::vector<uint64_t> residual_bytes;  // RAM bytes per candidate residual
   std::vector<BaseOption> bases;         // per candidate base
 };
@@ -82,6 +96,15 @@ absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
     const ModelWeights& weights, const ModelConfig& config, const SplitQuantization& quantization,
     const BitCandidates& candidates, const Calibration* calibration, int num_threads,
     const std::function<void(int64_t done, int64_t total)>& progress = {});
+
+// Sets every group's kl_per_error and draft_kl_per_error from `model` (the reference: a GGUF
+// model) on the calibration's first window: per matrix kind, the mean KL(clean || noisy) over
+// the window's positions when every group of that kind gets Gaussian output noise of energy
+// E_probe, divided by the kind's total E_probe; E_probe is the group's fewest-bits base under its
+// middle residual (verify) or alone (draft). INVALID_ARGUMENT
+// without a calibration window or for sensitivities of another model.
+absl::Status MeasureKlSensitivities(LlamaModel& model, const Calibration& calibration,
+                                    std::vector<GroupSensitivity>& groups);
 
 // The machine the projection is for.
 struct MachineModel {
@@ -104,7 +127,7 @@ struct AllocationRequest {
   // its base formats are the allocator's to choose.
   VramRequest vram;
   uint64_t budget_bytes = 0;
-  // The residuals keep sum(verify error / signal) <= error_factor x sum(Q8_0 error / signal).
+  // The residuals keep the verifier's predicted KL <= error_factor x Q8_0's.
   double error_factor = 1.0;
   MachineModel machine;
   AcceptancePrior prior;
@@ -121,13 +144,13 @@ struct BitPlan {
   uint64_t base_linear_bytes = 0;  // device bytes of the linear weights
   uint64_t residual_bytes = 0;     // RAM bytes read by one verify
   uint64_t q8_0_bytes = 0;         // Q8_0's bytes of the same weights
-  // Sums over the groups of (weighted error / weighted signal): the verifier's, Q8_0's, and the
+  // Predicted KL (sums over the groups of kl_per_error x E): the verifier's, Q8_0's, and the
   // bound the residuals were chosen to meet (error_factor x Q8_0's).
   double verify_error = 0;
   double q8_0_error = 0;
   double error_target = 0;
   bool meets_quality = true;    // false: even the most residual bits exceed the bound
-  double draft_distortion = 0;  // the same sum of the bases' errors
+  double draft_distortion = 0;  // the same sum for the bases alone
   double projected_tau = 0;
   double verify_seconds = 0;
   double draft_seconds = 0;

@@ -399,7 +399,7 @@ absl::StatusOr<Calibration> CollectCalibration(LlamaModel& model, std::span<cons
   ActivationRecorder recorder(*reference, config, rotation);
   BITSPLIT_ASSIGN_OR_RETURN(KvCache cache, model.NewKvCache(window));
   std::vector<float> logits;
-  std::vector<int32_t> chunk;
+  std::vector<int32_t> chunk, first_window;
   for (size_t begin = 0; begin < tokens.size();) {
     const size_t count = std::min(tokens.size() - begin, static_cast<size_t>(window - prefix));
     chunk.clear();
@@ -410,9 +410,11 @@ absl::StatusOr<Calibration> CollectCalibration(LlamaModel& model, std::span<cons
     logits.resize(chunk.size() * static_cast<size_t>(config.vocab_size));
     cache.Clear();
     BITSPLIT_RETURN_IF_ERROR(model.ForwardWith(recorder, batch, cache, logits));
+    if (begin == 0) first_window = chunk;
     begin += count;
   }
   Calibration calibration;
+  calibration.first_window = std::move(first_window);
   calibration.tokens = static_cast<int64_t>(tokens.size());
   calibration.window = window;
   calibration.importance = recorder.Importance();

@@ -42,6 +42,9 @@ struct Calibration {
   // The same in the source basis (equal to `importance` without rotation): what weighs the
   // errors of a configuration that is not rotated (the bit allocator's Q8_0 yardstick).
   std::vector<std::vector<float>> source_importance;
+  // The first window's tokens (BOS included when the model adds one), for probes that run the
+  // model on the calibration text again (the bit allocator's sensitivities).
+  std::vector<int32_t> first_window;
 };
 
 // Runs `model` (a reference GGUF model) over `tokens` in windows of `window` tokens, each from an

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -19,6 +20,8 @@
 #include "absl/strings/str_join.h"
 #include "common/model/bit_allocator.h"
 #include "common/model/config.h"
+#include "common/model/eval.h"
+#include "common/model/kv_cache.h"
 #include "common/model/llama_model.h"
 #include "common/model/split_quantizer.h"
 #include "common/model/vram_plan.h"
@@ -60,6 +63,7 @@ struct QuantizeOptions {
   double ram_gbps = 60;
   double vram_gbps = 1000;
   std::optional<std::string> plan_json_path;
+  int check_rounds = 3;
   bool bits_given = false;  // --base-bits or --residual-bits on the command line
 };
 
@@ -196,23 +200,32 @@ absl::StatusOr<uint64_t> BudgetBytes(const std::string& text, const model::VramR
       "for the base weights)"));
 }
 
-// Chooses per linear group the base and residual formats for --vram-budget and prints the plan.
-absl::StatusOr<model::SplitQuantization> PlanBits(const QuantizeOptions& options,
-                                                  model::SplitQuantization quantization,
-                                                  const model::Calibration* calibration) {
-  BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<gguf::File> source,
-                            gguf::File::Open(options.input_path));
-  BITSPLIT_ASSIGN_OR_RETURN(const model::ModelConfig config, model::ModelConfigFromGguf(*source));
-  BITSPLIT_ASSIGN_OR_RETURN(const model::ModelWeights weights,
-                            model::ModelWeightsFromGguf(*source, config));
+// What --vram-budget plans with: the source's weights, the candidates and the request, checked
+// (an impossible budget refused) before the slow calibration and measurement.
+struct BudgetPlanning {
+  std::unique_ptr<gguf::File> source;
+  model::ModelConfig config;
+  model::ModelWeights weights;
   model::BitCandidates candidates;
+  model::AllocationRequest request;
+};
+
+absl::StatusOr<std::unique_ptr<BudgetPlanning>> PrepareBudget(
+    const QuantizeOptions& options, const model::SplitQuantization& quantization) {
+  auto planning = std::make_unique<BudgetPlanning>();
+  BITSPLIT_ASSIGN_OR_RETURN(planning->source, gguf::File::Open(options.input_path));
+  BITSPLIT_ASSIGN_OR_RETURN(planning->config, model::ModelConfigFromGguf(*planning->source));
+  BITSPLIT_ASSIGN_OR_RETURN(planning->weights,
+                            model::ModelWeightsFromGguf(*planning->source, planning->config));
+  model::BitCandidates& candidates = planning->candidates;
   if (options.base_format == "sym") {
     candidates.bases = {quant::SplitFormat::kB2Sym, quant::SplitFormat::kB3Sym,
                         quant::SplitFormat::kB4Sym};
   }
-  model::AllocationRequest request;
+  model::AllocationRequest& request = planning->request;
   BITSPLIT_ASSIGN_OR_RETURN(request.error_factor, QualityFactor(options.quality));
-  request.vram.config = config;
+  const model::ModelWeights& weights = planning->weights;
+  request.vram.config = planning->config;
   request.vram.base_format = candidates.bases.front();
   request.vram.base_group = quantization.base_group;
   request.vram.embedding_bytes = model::DeviceEmbeddingBytes(
@@ -223,7 +236,6 @@ absl::StatusOr<model::SplitQuantization> PlanBits(const QuantizeOptions& options
   BITSPLIT_ASSIGN_OR_RETURN(request.budget_bytes, BudgetBytes(*options.vram_budget, request.vram));
   request.machine.ram_bytes_per_second = options.ram_gbps * 1e9;
   request.machine.vram_bytes_per_second = options.vram_gbps * 1e9;
-  // Refuse an impossible budget before the measurement (minutes on a large model).
   if (absl::StatusOr<model::VramPlan> smallest =
           model::PlanVram(request.vram, request.budget_bytes);
       !smallest.ok()) {
@@ -232,18 +244,116 @@ absl::StatusOr<model::SplitQuantization> PlanBits(const QuantizeOptions& options
                                      quant::GetSplitFormatInfo(candidates.bases.front()).name,
                                      ") do not fit: ", smallest.status().message()));
   }
+  return planning;
+}
+
+// Mean KL(reference || candidate) over the positions of one window, each model from an empty
+// cache.
+absl::StatusOr<double> WindowKl(model::LlamaModel& reference, model::LlamaModel& candidate,
+                                model::ForwardMode mode, const std::vector<int32_t>& tokens) {
+  const size_t vocab = static_cast<size_t>(reference.config().vocab_size);
+  const model::Batch batch = model::Batch::Causal(tokens, 0);
+  std::vector<float> a(tokens.size() * vocab), b(tokens.size() * vocab);
+  BITSPLIT_ASSIGN_OR_RETURN(model::KvCache cache_a,
+                            reference.NewKvCache(static_cast<int64_t>(tokens.size())));
+  BITSPLIT_ASSIGN_OR_RETURN(model::KvCache cache_b,
+                            candidate.NewKvCache(static_cast<int64_t>(tokens.size())));
+  BITSPLIT_RETURN_IF_ERROR(reference.Forward(batch, cache_a, a, model::ForwardMode::kReference));
+  BITSPLIT_RETURN_IF_ERROR(candidate.Forward(batch, cache_b, b, mode));
+  std::vector<double> log_a, log_b;
+  double kl = 0;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    model::LogSoftmax(std::span<const float>(a).subspan(t * vocab, vocab), &log_a);
+    model::LogSoftmax(std::span<const float>(b).subspan(t * vocab, vocab), &log_b);
+    kl += model::KlDivergence(log_a, log_b);
+  }
+  return kl / static_cast<double>(tokens.size());
+}
+
+// Quantizes `q` into PREFIX.check.* and returns its verifier's (base-only model: its base's) KL
+// on the calibration window; the files are removed.
+absl::StatusOr<double> MeasuredWindowKl(const QuantizeOptions& options,
+                                        model::LlamaModel& reference,
+                                        const model::SplitQuantization& q,
+                                        const model::Calibration& calibration) {
+  const std::string prefix = options.output_prefix + ".check";
+  const std::string base = model::SplitBasePath(prefix);
+  const std::string residual = q.residual_format ? model::SplitResidualPath(prefix) : "";
+  const bool calibrated = q.base_format != quant::SplitFormat::kQ8_0;
+  BITSPLIT_RETURN_IF_ERROR(
+      model::QuantizeSplitModel(options.input_path, base, residual,
+                                {.quantization = q, .num_threads = options.threads},
+                                calibrated ? &calibration : nullptr)
+          .status());
+  absl::StatusOr<double> kl = [&]() -> absl::StatusOr<double> {
+    BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> model,
+                              model::LlamaModel::LoadSplit(base, residual, options.threads));
+    return WindowKl(reference, *model,
+                    residual.empty() ? model::ForwardMode::kDraft : model::ForwardMode::kVerify,
+                    calibration.first_window);
+  }();
+  std::error_code ignored;
+  std::filesystem::remove(base, ignored);
+  if (!residual.empty()) std::filesystem::remove(residual, ignored);
+  return kl;
+}
+
+// The predicted KL of a plan is a model; the measurement is the truth. Quantizes Q8_0 and the
+// plan, measures both verifiers' KL on the calibration window, and while the plan's exceeds
+// --quality's multiple of Q8_0's, scales the predicted bound by the shortfall and plans again
+// (at most --check-rounds plans). `checked` ends with the bound the returned plan was made for.
+absl::StatusOr<model::BitPlan> CheckPlan(const QuantizeOptions& options,
+                                         const BudgetPlanning& planning,
+                                         const model::SplitQuantization& quantization,
+                                         const model::Calibration& calibration,
+                                         const std::vector<model::GroupSensitivity>& groups,
+                                         model::AllocationRequest& checked) {
+  BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> reference,
+                            model::LlamaModel::Load(options.input_path, options.threads));
+  model::SplitQuantization q8_0;
+  q8_0.base_format = quant::SplitFormat::kQ8_0;
+  q8_0.base_group = 32;
+  q8_0.residual_format.reset();
+  q8_0.residual_group = 0;
+  BITSPLIT_ASSIGN_OR_RETURN(const double q8_0_kl,
+                            MeasuredWindowKl(options, *reference, q8_0, calibration));
+  const double target = planning.request.error_factor * q8_0_kl;
+  std::optional<model::BitPlan> plan;
+  for (int round = 1; round <= options.check_rounds; ++round) {
+    BITSPLIT_ASSIGN_OR_RETURN(plan, model::AllocateBits(groups, planning.candidates, checked));
+    const model::SplitQuantization q =
+        model::ApplyBitPlan(groups, planning.candidates, *plan, quantization);
+    BITSPLIT_ASSIGN_OR_RETURN(const double kl,
+                              MeasuredWindowKl(options, *reference, q, calibration));
+    std::fprintf(stderr,
+                 "[quantize] check %d/%d: verifier KL %.3g on the calibration window (%zu "
+                 "tokens), target %.3g = %.3g x Q8_0's %.3g; predicted %.3g\n",
+                 round, options.check_rounds, kl, calibration.first_window.size(), target,
+                 planning.request.error_factor, q8_0_kl, plan->verify_error);
+    if (kl <= target || round == options.check_rounds) break;
+    checked.error_factor *= target / kl;
+  }
+  return *plan;
+}
+
+// Chooses per linear group the base and residual formats for --vram-budget and prints the plan.
+absl::StatusOr<model::SplitQuantization> PlanBits(const QuantizeOptions& options,
+                                                  const BudgetPlanning& planning,
+                                                  model::SplitQuantization quantization,
+                                                  const model::Calibration* calibration) {
+  const model::ModelConfig& config = planning.config;
+  const model::ModelWeights& weights = planning.weights;
+  const model::BitCandidates& candidates = planning.candidates;
+  const model::AllocationRequest& request = planning.request;
   std::fprintf(stderr,
                "[quantize] budget %s: measuring every linear group at %zu bases x %zu "
-               "residuals%s\n",
+               "residuals, weighted by the calibration activations\n",
                model::FormatBytes(request.budget_bytes).c_str(), candidates.bases.size(),
-               candidates.residuals.size(),
-               calibration != nullptr ? ", weighted by the calibration activations"
-                                      : " (unweighted: pass --calib for activation-weighted "
-                                        "sensitivities)");
+               candidates.residuals.size());
   const auto start = std::chrono::steady_clock::now();
   const bool tty = isatty(STDERR_FILENO) != 0;
   BITSPLIT_ASSIGN_OR_RETURN(
-      const std::vector<model::GroupSensitivity> groups,
+      std::vector<model::GroupSensitivity> groups,
       model::MeasureSensitivities(
           weights, config, quantization, candidates, calibration, options.threads,
           [&](int64_t done, int64_t total) {
@@ -256,12 +366,22 @@ absl::StatusOr<model::SplitQuantization> PlanBits(const QuantizeOptions& options
             if (done == total) std::fputc('\n', stderr);
             std::fflush(stderr);
           }));
-  BITSPLIT_ASSIGN_OR_RETURN(const model::BitPlan plan,
-                            model::AllocateBits(groups, candidates, request));
-  std::printf("%s", model::BitPlanReport(groups, candidates, plan, request).c_str());
+  std::fprintf(stderr, "[quantize] measuring the KL each matrix kind's error causes\n");
+  {
+    BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> reference,
+                              model::LlamaModel::Load(options.input_path, options.threads));
+    BITSPLIT_RETURN_IF_ERROR(model::MeasureKlSensitivities(*reference, *calibration, groups));
+  }
+  BITSPLIT_ASSIGN_OR_RETURN(model::BitPlan plan, model::AllocateBits(groups, candidates, request));
+  model::AllocationRequest checked = request;
+  if (options.check_rounds > 0) {
+    BITSPLIT_ASSIGN_OR_RETURN(
+        plan, CheckPlan(options, planning, quantization, *calibration, groups, checked));
+  }
+  std::printf("%s", model::BitPlanReport(groups, candidates, plan, checked).c_str());
   if (options.plan_json_path) {
     std::ofstream out(*options.plan_json_path);
-    out << model::BitPlanJson(groups, candidates, plan, request).dump(1) << "\n";
+    out << model::BitPlanJson(groups, candidates, plan, checked).dump(1) << "\n";
     if (!out) {
       return absl::PermissionDeniedError(
           absl::StrCat("cannot write --plan-json ", *options.plan_json_path));
@@ -271,6 +391,11 @@ absl::StatusOr<model::SplitQuantization> PlanBits(const QuantizeOptions& options
 }
 
 int RunQuantize(const QuantizeOptions& options) {
+  if (options.vram_budget && !options.calibration_path) {
+    return Fail(kExitBadInput,
+                "--vram-budget measures what each tensor's error costs on calibration text: pass "
+                "--calib FILE");
+  }
   if (options.vram_budget && options.bits_given) {
     return Fail(kExitBadInput,
                 "--vram-budget chooses the base and residual bits per tensor: drop --base-bits and "
@@ -288,6 +413,11 @@ int RunQuantize(const QuantizeOptions& options) {
       return FailWith(status);
     }
   }
+  std::optional<absl::StatusOr<std::unique_ptr<BudgetPlanning>>> budget;
+  if (options.vram_budget) {
+    budget = PrepareBudget(options, *quantization);
+    if (!budget->ok()) return FailWith(budget->status());
+  }
   std::optional<model::Calibration> calibration;
   if (options.calibration_path) {
     std::fprintf(stderr, "[quantize] calibrating on %s\n", options.calibration_path->c_str());
@@ -297,8 +427,8 @@ int RunQuantize(const QuantizeOptions& options) {
     if (!collected.ok()) return FailWith(collected.status());
     calibration = std::move(*collected);
   }
-  if (options.vram_budget) {
-    auto planned = PlanBits(options, *quantization, calibration ? &*calibration : nullptr);
+  if (budget) {
+    auto planned = PlanBits(options, ***budget, *quantization, &*calibration);
     if (!planned.ok()) return FailWith(planned.status());
     quantization = std::move(*planned);
   }
@@ -407,6 +537,10 @@ Command AddQuantizeCommand(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--vram-gbps", options->vram_gbps,
                   "with --vram-budget: VRAM bandwidth of the projection, GB/s")
+      ->capture_default_str();
+  sub->add_option("--check-rounds", options->check_rounds,
+                  "with --vram-budget: plans quantized and measured on the calibration window "
+                  "until the verifier's KL meets --quality (0: trust the prediction)")
       ->capture_default_str();
   sub->add_option("--plan-json", options->plan_json_path,
                   "with --vram-budget: write the measured sensitivities and the plan here");

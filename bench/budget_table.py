@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Prints the bits-by-budget table from bench/budget_study.sh's DIR (standard library only).
+
+Per configuration: base bits per linear weight, RAM bytes one verify reads relative to Q8_0's
+linear weights, the verifier's KL / top-1 / perplexity and the draft's KL on the eval corpus,
+tokens per verify (16-node tree, 64-node tree, 8-chain), and projected tokens/s of a 16-node tree
+for two machines: RAM 60 GB/s + VRAM 1 TB/s, and this machine's measured read bandwidth for both
+(everything in RAM). Projection: tau / ((residual bytes / RAM + base bytes / VRAM) + 4 draft
+forwards x base bytes / VRAM).
+"""
+import glob
+import json
+import os
+import sys
+
+
+def main(out):
+    evals = {c["label"]: c for c in json.load(open(os.path.join(out, "eval.json")))["configs"]}
+    spec = json.load(open(os.path.join(out, "speculation.json")))
+    q8 = evals["q8_0:norot"]
+    weights = q8["weights"]["count"]
+    q8_bytes = q8["weights"]["gpu_bytes_per_weight"] * weights
+    local_bw = max(r["bandwidth_gbps"] for r in spec) * 1e9
+
+    def tau(model, shape):
+        for r in spec:
+            if r["model"] == model and r["shape"] == shape and r["draft"] != "- (verifier alone)":
+                return r["tokens_per_verify"]
+        return float("nan")
+
+    rows = []
+    for path in sorted(glob.glob(os.path.join(out, "plan-*.json")), key=lambda p: int(p[-7:-5].strip("-"))):
+        pct = os.path.basename(path)[5:-5]
+        plan = json.load(open(path))
+        prefix = os.path.join(out, "v" + pct)
+        rows.append((f"plan {pct}% ({plan['budget_bytes'] / 2**20:.1f} MiB)", f"split:{prefix}",
+                     f"split-base:{prefix}", f"plan {pct}%"))
+    for r in (6, 8):
+        rows.append((f"uniform b2_asym + r{r}", f"b2+r{r}:bg64:rg32:asym:rot64:imp",
+                     f"b2:g64:asym:rot64:imp", f"b2_asym+r{r}"))
+    print("| configuration | base bits/weight | RAM bytes vs Q8_0 | verify KL | top-1 | PPL | "
+          "draft KL | tau 16-tree | tau 64-tree | tau 8-chain | tok/s 60 GB/s + 1 TB/s | "
+          "tok/s here |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for label, verify, draft, model in rows:
+        v = evals.get(verify)
+        if v is None:
+            continue
+        d = evals.get(draft)
+        base = v["weights"]["gpu_bytes_per_weight"] * weights
+        ram = v["weights"]["ram_bytes_per_weight"] * weights
+        t16 = tau(model, "tree N=16 k=4")
+
+        def tps(ram_bw, vram_bw):
+            return t16 / (ram / ram_bw + base / vram_bw * 5)
+
+        print(f"| {label} | {8 * base / weights:.2f} | {ram / q8_bytes:.3f} | "
+              f"{v['summary']['kl_mean']:.5f} | {100 * v['summary']['top1_agreement']:.2f}% | "
+              f"{v['summary']['perplexity']:.3f} | "
+              f"{d['summary']['kl_mean'] if d else float('nan'):.3f} | {t16:.2f} | "
+              f"{tau(model, 'tree N=64 k=8'):.2f} | {tau(model, 'chain 8'):.2f} | "
+              f"{tps(60e9, 1e12):.0f} | {tps(local_bw, local_bw):.0f} |")
+    s = q8["summary"]
+    print(f"| Q8_0 (ours, not rotated) | {8 * q8_bytes / weights:.2f} | 1.000 (all in VRAM) | "
+          f"{s['kl_mean']:.5f} | {100 * s['top1_agreement']:.2f}% | {s['perplexity']:.3f} | | | | "
+          f"| | |")
+    print(f"\nQ8_0 linear weights: {q8_bytes / 2**20:.1f} MiB; this machine's read bandwidth "
+          f"{local_bw / 1e9:.1f} GB/s (speculation_bench)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
