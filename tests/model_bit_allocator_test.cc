@@ -15,6 +15,8 @@
 #include "common/io/gguf.h"
 #include "common/model/bit_allocator.h"
 #include "common/model/config.h"
+#include "common/model/eval.h"
+#include "common/model/kv_cache.h"
 #include "common/model/linear_backend.h"
 #include "common/model/llama_model.h"
 #include "common/model/residual_file.h"
@@ -358,6 +360,54 @@ TEST(SensitivitiesTest, MatchTheErrorsOfTheFilesTheQuantizerWrites) {
     std::filesystem::remove(SplitBasePath(p));
     std::filesystem::remove(SplitResidualPath(p));
   }
+}
+
+TEST(SensitivitiesTest, KlPerErrorIsOnePerKindAndTheHeadsIsTheSecondOrderKl) {
+  const Tiny& tiny = TinyModel();
+  const BitCandidates candidates;
+  absl::StatusOr<std::vector<GroupSensitivity>> groups = MeasureSensitivities(
+      tiny.weights, tiny.config, RotatedQuantization(), candidates, nullptr, kThreads);
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Load(WriteTinyModel(), kThreads);
+  ASSERT_TRUE(model.ok()) << model.status();
+  Calibration calibration;
+  EXPECT_EQ(MeasureKlSensitivities(**model, calibration, *groups).code(),
+            absl::StatusCode::kInvalidArgument);  // no window
+  for (int32_t t = 0; t < 64; ++t) calibration.first_window.push_back((t * 37 + 5) % 320);
+  ASSERT_TRUE(MeasureKlSensitivities(**model, calibration, *groups).ok());
+  std::map<LinearGroup, double> verify, draft;
+  for (const GroupSensitivity& group : *groups) {
+    EXPECT_GT(group.kl_per_error, 0) << LinearGroupIdString(group.id);
+    EXPECT_GT(group.draft_kl_per_error, 0) << LinearGroupIdString(group.id);
+    // One factor per kind.
+    if (verify.contains(group.id.group)) {
+      EXPECT_EQ(verify[group.id.group], group.kl_per_error);
+      EXPECT_EQ(draft[group.id.group], group.draft_kl_per_error);
+    }
+    verify[group.id.group] = group.kl_per_error;
+    draft[group.id.group] = group.draft_kl_per_error;
+  }
+  EXPECT_EQ(verify.size(), 5u);
+  // Noise on the head's outputs is noise on the logits: i.i.d. N(0, s^2) on every logit gives,
+  // to second order, E[KL(p || p')] = s^2 (1 - sum_v p_v^2) / 2, and the probe's energy per token
+  // is s^2 x vocab, so the head's factor is the mean of (1 - sum p^2) / (2 vocab).
+  const int64_t vocab = tiny.config.vocab_size;
+  const std::vector<int32_t>& tokens = calibration.first_window;
+  std::vector<float> logits(tokens.size() * static_cast<size_t>(vocab));
+  absl::StatusOr<KvCache> cache = (*model)->NewKvCache(static_cast<int64_t>(tokens.size()));
+  ASSERT_TRUE(cache.ok());
+  ASSERT_TRUE(
+      (*model)->Forward(Batch::Causal(tokens, 0), *cache, logits, ForwardMode::kReference).ok());
+  double expected = 0;
+  std::vector<double> log_p;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    LogSoftmax(std::span<const float>(logits).subspan(t * vocab, vocab), &log_p);
+    double sum_p2 = 0;
+    for (const double l : log_p) sum_p2 += std::exp(2 * l);
+    expected += (1 - sum_p2) / (2.0 * static_cast<double>(vocab));
+  }
+  expected /= static_cast<double>(tokens.size());
+  EXPECT_NEAR(verify[LinearGroup::kOutputHead], expected, 0.1 * expected);
 }
 
 // ---- The allocation ---------------------------------------------------------------------------

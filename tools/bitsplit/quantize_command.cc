@@ -318,22 +318,34 @@ absl::StatusOr<model::BitPlan> CheckPlan(const QuantizeOptions& options,
   BITSPLIT_ASSIGN_OR_RETURN(const double q8_0_kl,
                             MeasuredWindowKl(options, *reference, q8_0, calibration));
   const double target = planning.request.error_factor * q8_0_kl;
-  std::optional<model::BitPlan> plan;
+  // The best measured plan: the first that meets the target, else the lowest KL.
+  std::optional<model::BitPlan> best;
+  double best_kl = 0, best_factor = checked.error_factor;
   for (int round = 1; round <= options.check_rounds; ++round) {
-    BITSPLIT_ASSIGN_OR_RETURN(plan, model::AllocateBits(groups, planning.candidates, checked));
+    BITSPLIT_ASSIGN_OR_RETURN(model::BitPlan plan,
+                              model::AllocateBits(groups, planning.candidates, checked));
     const model::SplitQuantization q =
-        model::ApplyBitPlan(groups, planning.candidates, *plan, quantization);
+        model::ApplyBitPlan(groups, planning.candidates, plan, quantization);
     BITSPLIT_ASSIGN_OR_RETURN(const double kl,
                               MeasuredWindowKl(options, *reference, q, calibration));
     std::fprintf(stderr,
                  "[quantize] check %d/%d: verifier KL %.3g on the calibration window (%zu "
                  "tokens), target %.3g = %.3g x Q8_0's %.3g; predicted %.3g\n",
                  round, options.check_rounds, kl, calibration.first_window.size(), target,
-                 planning.request.error_factor, q8_0_kl, plan->verify_error);
-    if (kl <= target || round == options.check_rounds) break;
+                 planning.request.error_factor, q8_0_kl, plan.verify_error);
+    if (!best || kl < best_kl) {
+      best = plan;
+      best_kl = kl;
+      best_factor = checked.error_factor;
+    }
+    if (kl <= target) break;
     checked.error_factor *= target / kl;
   }
-  return *plan;
+  checked.error_factor = best_factor;
+  std::printf("measured: verifier KL %.3g on the calibration window, %.3f x Q8_0's %.3g%s\n",
+              best_kl, best_kl / q8_0_kl, q8_0_kl,
+              best_kl <= target ? "" : ": MISSED --quality after --check-rounds plans");
+  return *best;
 }
 
 // Chooses per linear group the base and residual formats for --vram-budget and prints the plan.
