@@ -35,9 +35,11 @@ def main(out):
         prefix = os.path.join(out, "v" + pct)
         rows.append((f"plan {pct}% ({plan['budget_bytes'] / 2**20:.1f} MiB)", f"split:{prefix}",
                      f"split-base:{prefix}", f"plan {pct}%"))
+    def label(head):  # the uniform configurations, with or without importance weighting
+        return next((k for k in evals if k.startswith(head + ":")), head)
+
     for r in (6, 8):
-        rows.append((f"uniform b2_asym + r{r}", f"b2+r{r}:bg64:rg32:asym:rot64:imp",
-                     f"b2:g64:asym:rot64:imp", f"b2_asym+r{r}"))
+        rows.append((f"uniform b2_asym + r{r}", label(f"b2+r{r}"), label("b2"), f"b2_asym+r{r}"))
     print("| configuration | base bits/weight | RAM bytes vs Q8_0 | verify KL | top-1 | PPL | "
           "draft KL | tau 16-tree | tau 64-tree | tau 8-chain | tok/s 60 GB/s + 1 TB/s | "
           "tok/s here |")

@@ -306,7 +306,10 @@ absl::StatusOr<SplitQuantization> SplitQuantizationFromJson(const nlohmann::json
   }
   if (const auto plan = json.find("tensor_formats"); plan != json.end()) {
     if (!plan->is_object()) return FieldError("tensor_formats", "an object");
-    for (const auto& [name, entry] : plan->items()) {
+    for (const auto& item : plan->items()) {
+      // Named copies: lambdas may not capture structured bindings (clang, C++20).
+      const std::string name = item.key();
+      const nlohmann::json& entry = item.value();
       auto bad = [&](std::string_view detail) {
         return absl::InvalidArgumentError(
             absl::StrCat("quantization record: tensor_formats[\"", name, "\"] ", Absl(detail)));
