@@ -23,8 +23,6 @@
 namespace bitsplit::model {
 namespace {
 
-std::string Name(quant::SplitFormat format) { return quant::GetSplitFormatInfo(format).name; }
-
 double WeightedSquaredError(const float* a, const float* b, const float* weight, int64_t n) {
   double sum = 0;
   for (int64_t j = 0; j < n; ++j) {
@@ -41,12 +39,13 @@ absl::Status ValidateCandidates(const BitCandidates& c, const SplitQuantization&
   }
   for (const quant::SplitFormat f : c.bases) {
     if (!quant::GetSplitFormatInfo(f).is_base) {
-      return absl::InvalidArgumentError(absl::StrCat(Name(f), " is not a base format"));
+      return absl::InvalidArgumentError(absl::StrCat(SplitFormatName(f), " is not a base format"));
     }
   }
   for (const quant::SplitFormat f : c.residuals) {
     if (!quant::GetSplitFormatInfo(f).is_residual) {
-      return absl::InvalidArgumentError(absl::StrCat(Name(f), " is not a residual format"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(SplitFormatName(f), " is not a residual format"));
     }
   }
   // Every candidate must fit every input width with the quantization's groups.
@@ -361,7 +360,7 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
   if (!smallest.ok()) {
     return absl::Status(smallest.status().code(),
                         absl::StrCat("even the fewest base bits (every linear weight ",
-                                     Name(candidates.bases.front()),
+                                     SplitFormatName(candidates.bases.front()),
                                      ") do not fit: ", smallest.status().message()));
   }
   // Everything but the base weights' slab is independent of the bases.
@@ -527,11 +526,6 @@ absl::Status MeasureKlSensitivities(LlamaModel& model, const Calibration& calibr
   BITSPLIT_ASSIGN_OR_RETURN(KvCache cache, model.NewKvCache(static_cast<int64_t>(tokens.size())));
   std::vector<float> clean(tokens.size() * vocab), noisy(tokens.size() * vocab);
   BITSPLIT_RETURN_IF_ERROR(model.ForwardWith(*reference, batch, cache, clean));
-  std::vector<std::vector<double>> clean_log(tokens.size());
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    LogSoftmax(std::span<const float>(clean).subspan(t * vocab, vocab), &clean_log[t]);
-  }
-  std::vector<double> noisy_log;
   // Mean KL over the window with noise of `energy` on the groups of `kind`, per unit of energy.
   auto kl_per_unit = [&](LinearGroup kind,
                          const std::vector<double>& energy) -> absl::StatusOr<double> {
@@ -543,12 +537,7 @@ absl::Status MeasureKlSensitivities(LlamaModel& model, const Calibration& calibr
     OutputNoise noise(*reference, config, kind, energy);
     cache.Clear();
     BITSPLIT_RETURN_IF_ERROR(model.ForwardWith(noise, batch, cache, noisy));
-    double kl = 0;
-    for (size_t t = 0; t < tokens.size(); ++t) {
-      LogSoftmax(std::span<const float>(noisy).subspan(t * vocab, vocab), &noisy_log);
-      kl += KlDivergence(clean_log[t], noisy_log);
-    }
-    return std::max(kl / static_cast<double>(tokens.size()), 1e-30) / kind_energy;
+    return std::max(MeanKlDivergence(clean, noisy, config.vocab_size), 1e-30) / kind_energy;
   };
   for (const LinearGroup kind : {LinearGroup::kQkv, LinearGroup::kAttnOutput, LinearGroup::kGateUp,
                                  LinearGroup::kDown, LinearGroup::kOutputHead}) {
@@ -589,8 +578,8 @@ std::string BitPlanReport(const std::vector<GroupSensitivity>& groups,
   for (size_t g = 0; g < groups.size(); ++g) {
     const LinearGroup kind = groups[g].id.group;
     if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
-    ++bases[kind][Name(candidates.bases[plan.choices[g].base])];
-    ++residuals[kind][Name(candidates.residuals[plan.choices[g].residual])];
+    ++bases[kind][SplitFormatName(candidates.bases[plan.choices[g].base])];
+    ++residuals[kind][SplitFormatName(candidates.residuals[plan.choices[g].residual])];
   }
   auto counts = [](const std::map<std::string, int>& of) {
     return absl::StrJoin(of, "  ", [](std::string* out, const auto& entry) {
@@ -643,7 +632,7 @@ nlohmann::json BitPlanJson(const std::vector<GroupSensitivity>& groups,
     const GroupSensitivity& group = groups[g];
     nlohmann::json bases = nlohmann::json::array();
     for (const BaseOption& base : group.bases) {
-      bases.push_back({{"format", Name(base.base)},
+      bases.push_back({{"format", SplitFormatName(base.base)},
                        {"device_bytes", base.device_bytes},
                        {"base_error", base.base_error},
                        {"verify_error", base.verify_error}});
@@ -661,11 +650,12 @@ nlohmann::json BitPlanJson(const std::vector<GroupSensitivity>& groups,
          {"q8_0_bytes", group.q8_0_bytes},
          {"residual_bytes", group.residual_bytes},
          {"bases", std::move(bases)},
-         {"chosen_base", Name(candidates.bases[plan.choices[g].base])},
-         {"chosen_residual", Name(candidates.residuals[plan.choices[g].residual])}});
+         {"chosen_base", SplitFormatName(candidates.bases[plan.choices[g].base])},
+         {"chosen_residual", SplitFormatName(candidates.residuals[plan.choices[g].residual])}});
   }
   nlohmann::json residual_names = nlohmann::json::array();
-  for (const quant::SplitFormat f : candidates.residuals) residual_names.push_back(Name(f));
+  for (const quant::SplitFormat f : candidates.residuals)
+    residual_names.push_back(SplitFormatName(f));
   return {{"budget_bytes", request.budget_bytes},
           {"error_factor", request.error_factor},
           {"ram_bytes_per_second", request.machine.ram_bytes_per_second},

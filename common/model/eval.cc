@@ -74,6 +74,21 @@ double KlDivergence(std::span<const double> log_p, std::span<const double> log_q
   return kl;
 }
 
+double MeanKlDivergence(std::span<const float> p_logits, std::span<const float> q_logits,
+                        int64_t vocab) {
+  const size_t n = static_cast<size_t>(vocab);
+  BITSPLIT_CHECK(n > 0 && p_logits.size() == q_logits.size() && p_logits.size() % n == 0);
+  const size_t rows = p_logits.size() / n;
+  std::vector<double> log_p, log_q;
+  double sum = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    LogSoftmax(p_logits.subspan(r * n, n), &log_p);
+    LogSoftmax(q_logits.subspan(r * n, n), &log_q);
+    sum += KlDivergence(log_p, log_q);
+  }
+  return rows > 0 ? sum / static_cast<double>(rows) : 0.0;
+}
+
 double Quantile(std::vector<double>& values, double q) {
   if (values.empty()) return std::numeric_limits<double>::quiet_NaN();
   std::sort(values.begin(), values.end());

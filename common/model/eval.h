@@ -44,6 +44,12 @@ int32_t ArgMax(std::span<const float> logits);
 // Terms with exp(a) == 0 contribute 0. Spans must have equal sizes.
 double KlDivergence(std::span<const double> log_p, std::span<const double> log_q);
 
+// Mean over rows of KL(softmax(p_row) ‖ softmax(q_row)) for row-major logits [rows][vocab] of two
+// sources (e.g. a reference and a configuration on the same window). Sizes must be equal and a
+// multiple of vocab.
+double MeanKlDivergence(std::span<const float> p_logits, std::span<const float> q_logits,
+                        int64_t vocab);
+
 // The q-quantile (0 <= q <= 1) of `values` with linear interpolation between the order
 // statistics at rank q * (n - 1) (numpy's default). `values` is reordered. NaN when empty.
 double Quantile(std::vector<double>& values, double q);

@@ -260,14 +260,7 @@ absl::StatusOr<double> WindowKl(model::LlamaModel& reference, model::LlamaModel&
                             candidate.NewKvCache(static_cast<int64_t>(tokens.size())));
   BITSPLIT_RETURN_IF_ERROR(reference.Forward(batch, cache_a, a, model::ForwardMode::kReference));
   BITSPLIT_RETURN_IF_ERROR(candidate.Forward(batch, cache_b, b, mode));
-  std::vector<double> log_a, log_b;
-  double kl = 0;
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    model::LogSoftmax(std::span<const float>(a).subspan(t * vocab, vocab), &log_a);
-    model::LogSoftmax(std::span<const float>(b).subspan(t * vocab, vocab), &log_b);
-    kl += model::KlDivergence(log_a, log_b);
-  }
-  return kl / static_cast<double>(tokens.size());
+  return model::MeanKlDivergence(a, b, reference.config().vocab_size);
 }
 
 // Quantizes `q` into PREFIX.check.* and returns its verifier's (base-only model: its base's) KL
