@@ -598,5 +598,45 @@ TEST(AllocateBitsTest, ResidualsMeetTheBoundWithNearlyTheFewestBytes) {
   EXPECT_THAT(BitPlanReport(groups, candidates, *missed, request), HasSubstr("MISSED"));
 }
 
+// The check rounds' search against responses of the form KL = c x bound^b: the power law it
+// models locally. Each step from two trials lands where the law says the aim (0.95 x target) is;
+// the search reaches [kKlCloseEnough, 1] x target in at most four plans from either side.
+TEST(BitAllocatorTest, BoundSearchReachesTheTargetOfAPowerLawResponse) {
+  const double target = 0.004, aim = (1 + kKlCloseEnough) / 2 * target;
+  struct Response {
+    double c, b;  // KL = c x bound^b
+    double operator()(double bound) const { return c * std::pow(bound, b); }
+  };
+  // Measured KL falling slower than the prediction (b < 1, as the plans of real models measure),
+  // faster (b > 1), from above and from below the target.
+  for (const Response response : {Response{4.2 * target, 0.7}, Response{2.5 * target, 1.4},
+                                  Response{0.3 * target, 0.7}, Response{0.5 * target, 1.6}}) {
+    std::vector<BoundTrial> trials;
+    double bound = 1;
+    bool reached = false;
+    for (int round = 1; round <= 4 && !reached; ++round) {
+      trials.push_back({.error_factor = bound, .measured_kl = response(bound)});
+      reached = trials.back().measured_kl <= target &&
+                trials.back().measured_kl >= kKlCloseEnough * target;
+      if (trials.size() >= 2 && !reached) {
+        // From two trials on a power law the next bound is exact (inside the exponent's clamp).
+        const double next = NextErrorFactor(trials, target);
+        EXPECT_NEAR(response(next) / aim, 1.0, 1e-9) << response.c << " " << response.b;
+      }
+      bound = NextErrorFactor(trials, target);
+    }
+    EXPECT_TRUE(reached) << "c " << response.c / target << " x target, b " << response.b
+                         << ": last KL " << trials.back().measured_kl / target << " x target";
+  }
+  // A bracket whose response is far from a power law: the next bound stays in its middle 60%.
+  const std::vector<BoundTrial> bracket = {{.error_factor = 1, .measured_kl = 0.94 * target},
+                                           {.error_factor = 4, .measured_kl = 100 * target}};
+  const double next = NextErrorFactor(bracket, target);
+  EXPECT_NEAR(next, std::pow(4.0, 0.2), 1e-12);
+  // One trial: KL taken as proportional to the bound.
+  EXPECT_NEAR(NextErrorFactor({{.error_factor = 2, .measured_kl = 2 * target}}, target),
+              2 * aim / (2 * target), 1e-12);
+}
+
 }  // namespace
 }  // namespace bitsplit::model

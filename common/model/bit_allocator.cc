@@ -552,6 +552,37 @@ absl::Status MeasureKlSensitivities(LlamaModel& model, const Calibration& calibr
   return absl::OkStatus();
 }
 
+double NextErrorFactor(const std::vector<BoundTrial>& trials, double target_kl) {
+  BITSPLIT_CHECK(!trials.empty() && target_kl > 0);
+  const double aim = (1 + kKlCloseEnough) / 2 * target_kl;
+  std::vector<BoundTrial> met, missed;
+  for (const BoundTrial& t : trials) {
+    BITSPLIT_CHECK(t.error_factor > 0 && t.measured_kl > 0);
+    (t.measured_kl <= target_kl ? met : missed).push_back(t);
+  }
+  // Met by the largest bounds first, missed by the smallest: the trials nearest the target.
+  std::sort(met.begin(), met.end(), [](const BoundTrial& a, const BoundTrial& b) {
+    return a.error_factor > b.error_factor;
+  });
+  std::sort(missed.begin(), missed.end(), [](const BoundTrial& a, const BoundTrial& b) {
+    return a.error_factor < b.error_factor;
+  });
+  if (!met.empty() && !missed.empty() && missed[0].error_factor > met[0].error_factor) {
+    const double fraction = std::clamp(
+        std::log(aim / met[0].measured_kl) / std::log(missed[0].measured_kl / met[0].measured_kl),
+        0.2, 0.8);
+    return met[0].error_factor * std::pow(missed[0].error_factor / met[0].error_factor, fraction);
+  }
+  const std::vector<BoundTrial>& side = met.empty() ? missed : met;
+  double exponent = 1;
+  if (side.size() >= 2 && side[0].error_factor != side[1].error_factor) {
+    exponent = std::clamp(std::log(side[0].measured_kl / side[1].measured_kl) /
+                              std::log(side[0].error_factor / side[1].error_factor),
+                          0.3, 2.0);
+  }
+  return side[0].error_factor * std::pow(aim / side[0].measured_kl, 1 / exponent);
+}
+
 SplitQuantization ApplyBitPlan(const std::vector<GroupSensitivity>& groups,
                                const BitCandidates& candidates, const BitPlan& plan,
                                SplitQuantization quantization) {

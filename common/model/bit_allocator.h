@@ -165,6 +165,26 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
                                      const BitCandidates& candidates,
                                      const AllocationRequest& request);
 
+// One measured check of a plan: the bound it was allocated for (AllocationRequest::error_factor)
+// and its verifier's measured KL.
+struct BoundTrial {
+  double error_factor = 0;
+  double measured_kl = 0;
+};
+
+// The check rounds stop once a plan's measured KL lies within [kKlCloseEnough, 1] x the target:
+// a plan closer to it saves too few residual bytes to pay for another round.
+inline constexpr double kKlCloseEnough = 0.9;
+
+// The bound to allocate with next so that the measured KL lands in the middle of [kKlCloseEnough,
+// 1] x `target_kl` (the cheapest plan that meets the target). Measured KL is modelled as a power
+// of the bound, fitted locally: once one trial meets the target and one with a larger bound misses
+// it, the next bound interpolates between the two in log-log, kept to the middle 60% of the
+// bracket so a curved response still shrinks it; while every trial lies on one side, it
+// extrapolates from the two trials nearest the target (exponent 1 from a single trial, the fitted
+// one clamped to [0.3, 2]). `trials` must not be empty; bounds and KLs must be positive.
+double NextErrorFactor(const std::vector<BoundTrial>& trials, double target_kl);
+
 // `quantization` with the plan's formats for every linear tensor (tensor_formats) and the fewest
 // candidate bits as its defaults.
 SplitQuantization ApplyBitPlan(const std::vector<GroupSensitivity>& groups,

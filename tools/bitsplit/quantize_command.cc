@@ -63,7 +63,7 @@ struct QuantizeOptions {
   double ram_gbps = 60;
   double vram_gbps = 1000;
   std::optional<std::string> plan_json_path;
-  int check_rounds = 3;
+  int check_rounds = 4;
   bool bits_given = false;  // --base-bits or --residual-bits on the command line
 };
 
@@ -292,9 +292,10 @@ absl::StatusOr<double> MeasuredWindowKl(const QuantizeOptions& options,
 }
 
 // The predicted KL of a plan is a model; the measurement is the truth. Quantizes Q8_0 and the
-// plan, measures both verifiers' KL on the calibration window, and while the plan's exceeds
-// --quality's multiple of Q8_0's, scales the predicted bound by the shortfall and plans again
-// (at most --check-rounds plans). `checked` ends with the bound the returned plan was made for.
+// plan, measures both verifiers' KL on the calibration window, and searches the predicted bound
+// (NextErrorFactor) for the cheapest plan whose KL meets --quality's multiple of Q8_0's, at most
+// --check-rounds plans. Returns the measured plan with the least projected time per token among
+// those that meet it, else the one with the lowest KL; `checked` ends with that plan's bound.
 absl::StatusOr<model::BitPlan> CheckPlan(const QuantizeOptions& options,
                                          const BudgetPlanning& planning,
                                          const model::SplitQuantization& quantization,
@@ -311,34 +312,55 @@ absl::StatusOr<model::BitPlan> CheckPlan(const QuantizeOptions& options,
   BITSPLIT_ASSIGN_OR_RETURN(const double q8_0_kl,
                             MeasuredWindowKl(options, *reference, q8_0, calibration));
   const double target = planning.request.error_factor * q8_0_kl;
-  // The best measured plan: the first that meets the target, else the lowest KL.
-  std::optional<model::BitPlan> best;
-  double best_kl = 0, best_factor = checked.error_factor;
+  auto same_choices = [](const model::BitPlan& a, const model::BitPlan& b) {
+    return std::equal(a.choices.begin(), a.choices.end(), b.choices.begin(), b.choices.end(),
+                      [](const model::BitPlan::Choice& x, const model::BitPlan::Choice& y) {
+                        return x.base == y.base && x.residual == y.residual;
+                      });
+  };
+  std::vector<model::BitPlan> plans;
+  std::vector<model::BoundTrial> trials;
+  size_t best = 0;
+  auto better = [&](size_t i) {
+    const bool met = trials[i].measured_kl <= target;
+    const bool best_met = trials[best].measured_kl <= target;
+    if (met != best_met) return met;
+    return met ? plans[i].seconds_per_token() < plans[best].seconds_per_token()
+               : trials[i].measured_kl < trials[best].measured_kl;
+  };
   for (int round = 1; round <= options.check_rounds; ++round) {
     BITSPLIT_ASSIGN_OR_RETURN(model::BitPlan plan,
                               model::AllocateBits(groups, planning.candidates, checked));
-    const model::SplitQuantization q =
-        model::ApplyBitPlan(groups, planning.candidates, plan, quantization);
-    BITSPLIT_ASSIGN_OR_RETURN(const double kl,
-                              MeasuredWindowKl(options, *reference, q, calibration));
+    // A bound that changes no choice has been measured already.
+    const auto seen = std::find_if(plans.begin(), plans.end(),
+                                   [&](const model::BitPlan& p) { return same_choices(p, plan); });
+    double kl = 0;
+    if (seen != plans.end()) {
+      kl = trials[static_cast<size_t>(seen - plans.begin())].measured_kl;
+    } else {
+      const model::SplitQuantization q =
+          model::ApplyBitPlan(groups, planning.candidates, plan, quantization);
+      BITSPLIT_ASSIGN_OR_RETURN(kl, MeasuredWindowKl(options, *reference, q, calibration));
+    }
     std::fprintf(stderr,
                  "[quantize] check %d/%d: verifier KL %.3g on the calibration window (%zu "
-                 "tokens), target %.3g = %.3g x Q8_0's %.3g; predicted %.3g\n",
-                 round, options.check_rounds, kl, calibration.first_window.size(), target,
-                 planning.request.error_factor, q8_0_kl, plan.verify_error);
-    if (!best || kl < best_kl) {
-      best = plan;
-      best_kl = kl;
-      best_factor = checked.error_factor;
-    }
-    if (kl <= target) break;
-    checked.error_factor *= target / kl;
+                 "tokens)%s, target %.3g = %.3g x Q8_0's %.3g; predicted %.3g, bound %.3g x "
+                 "Q8_0's predicted\n",
+                 round, options.check_rounds, kl, calibration.first_window.size(),
+                 seen != plans.end() ? " (a plan measured before)" : "", target,
+                 planning.request.error_factor, q8_0_kl, plan.verify_error, checked.error_factor);
+    plans.push_back(std::move(plan));
+    trials.push_back({.error_factor = checked.error_factor, .measured_kl = kl});
+    if (better(trials.size() - 1)) best = trials.size() - 1;
+    if (kl <= target && kl >= model::kKlCloseEnough * target) break;
+    checked.error_factor = model::NextErrorFactor(trials, target);
   }
-  checked.error_factor = best_factor;
+  checked.error_factor = trials[best].error_factor;
+  const double best_kl = trials[best].measured_kl;
   std::printf("measured: verifier KL %.3g on the calibration window, %.3f x Q8_0's %.3g%s\n",
               best_kl, best_kl / q8_0_kl, q8_0_kl,
               best_kl <= target ? "" : ": MISSED --quality after --check-rounds plans");
-  return *best;
+  return plans[best];
 }
 
 // Chooses per linear group the base and residual formats for --vram-budget and prints the plan.
@@ -545,7 +567,8 @@ Command AddQuantizeCommand(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--check-rounds", options->check_rounds,
                   "with --vram-budget: plans quantized and measured on the calibration window "
-                  "until the verifier's KL meets --quality (0: trust the prediction)")
+                  "in the search for the cheapest whose verifier's KL meets --quality (0: trust "
+                  "the prediction)")
       ->capture_default_str();
   sub->add_option("--plan-json", options->plan_json_path,
                   "with --vram-budget: write the measured sensitivities and the plan here");
