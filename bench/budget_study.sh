@@ -9,8 +9,10 @@
 #
 #   bench/budget_study.sh [--model smollm2|gemma3] [--out DIR] [--max-prompts N] [--tokens N]
 #
-# Writes DIR/plan-N.{log,json}, DIR/eval.json and DIR/speculation.json, then prints the table
-# (bench/budget_table.py).
+# Writes DIR/plan-N.{log,json}, DIR/eval-{uniform,plans}.json and
+# DIR/speculation-{uniform,plans}.json, then prints the table (bench/budget_table.py). The
+# uniform splits' measurements do not depend on the allocator: a rerun into the same DIR keeps
+# them and measures only the plans.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${BITSPLIT_BUILD_DIR:-$ROOT/build}"
@@ -42,32 +44,48 @@ TEXT="$CACHE/eval/corpus.txt"
 BITSPLIT="$BUILD/tools/bitsplit/bitsplit"
 cd "$ROOT"  # speculation_bench reads bench/prompts/ relative to here
 
-evals=(q8_0:norot "b2+r6:imp" "b2+r8:imp" "b2:imp")
-splits=()
+plan_evals=()
+plan_splits=()
 for pct in 25 40 60; do
   prefix="$OUT/v$pct"
   echo "budget_study: --vram-budget $pct%" >&2
   if "$BITSPLIT" quantize "$MODEL" -o "$prefix" --vram-budget "$pct%" --calib "$CALIB" \
     --plan-json "$OUT/plan-$pct.json" >"$OUT/plan-$pct.log" 2>&1; then
-    evals+=("split:$prefix" "split-base:$prefix")
-    splits+=(--split "$prefix=plan $pct%")
+    plan_evals+=("split:$prefix" "split-base:$prefix")
+    plan_splits+=(--split "$prefix=plan $pct%")
   else
-    rm -f "$OUT/plan-$pct.json"
+    rm -f "$OUT/plan-$pct.json" "$prefix.base.bsplit" "$prefix.residual.bsplit"
     echo "budget_study: $pct%: $(tail -1 "$OUT/plan-$pct.log")" >&2
   fi
 done
-for r in 6 8; do
-  prefix="$OUT/b2r$r"
-  [[ -f "$prefix.residual.bsplit" ]] ||
-    "$BITSPLIT" quantize "$MODEL" -o "$prefix" --base-bits 2 --residual-bits "$r" --calib "$CALIB" \
-      >"$OUT/b2r$r.log" 2>&1
-  splits+=(--split "$prefix=b2_asym+r$r")
-done
-IFS=,
-"$BITSPLIT" eval --model "$MODEL" --text "$TEXT" --max-tokens 4096 --calibration "$CALIB" \
-  --configs "${evals[*]}" --json "$OUT/eval.json" >"$OUT/eval.log" 2>&1
-unset IFS
-"$BUILD/bench/speculation_bench" "${splits[@]}" --deep-tree --no-own-kv \
-  --max-prompts "$MAX_PROMPTS" --tokens "$TOKENS" --json "$OUT/speculation.json" \
-  >"$OUT/speculation.log" 2>&1
+
+# measure NAME CONFIGS SPLIT...: bitsplit eval of CONFIGS (comma-separated) into eval-NAME.json
+# and speculation_bench of the splits into speculation-NAME.json.
+measure() {
+  local name="$1" configs="$2"
+  shift 2
+  echo "budget_study: measuring the $name configurations" >&2
+  "$BITSPLIT" eval --model "$MODEL" --text "$TEXT" --max-tokens 4096 --calibration "$CALIB" \
+    --configs "$configs" --json "$OUT/eval-$name.json" >"$OUT/eval-$name.log" 2>&1
+  "$BUILD/bench/speculation_bench" "$@" --deep-tree --no-own-kv \
+    --max-prompts "$MAX_PROMPTS" --tokens "$TOKENS" --json "$OUT/speculation-$name.json" \
+    >"$OUT/speculation-$name.log" 2>&1
+}
+
+if [[ ! -f "$OUT/speculation-uniform.json" ]]; then
+  uniform_splits=()
+  for r in 6 8; do
+    prefix="$OUT/b2r$r"
+    [[ -f "$prefix.residual.bsplit" ]] ||
+      "$BITSPLIT" quantize "$MODEL" -o "$prefix" --base-bits 2 --residual-bits "$r" \
+        --calib "$CALIB" >"$OUT/b2r$r.log" 2>&1
+    uniform_splits+=(--split "$prefix=b2_asym+r$r")
+  done
+  measure uniform "q8_0:norot,b2+r6:imp,b2+r8:imp,b2:imp" "${uniform_splits[@]}"
+fi
+if [[ ${#plan_splits[@]} -gt 0 ]]; then
+  measure plans "$(IFS=,; echo "${plan_evals[*]}")" "${plan_splits[@]}"
+else
+  rm -f "$OUT/eval-plans.json" "$OUT/speculation-plans.json"
+fi
 python3 "$ROOT/bench/budget_table.py" "$OUT"

@@ -14,9 +14,12 @@ import os
 import sys
 
 
-def main(out):
-    evals = {c["label"]: c for c in json.load(open(os.path.join(out, "eval.json")))["configs"]}
-    spec = json.load(open(os.path.join(out, "speculation.json")))
+def load(out):
+    """The study's rows (plans by budget, then the uniform splits) and its Q8_0 reference."""
+    evals = {c["label"]: c for path in sorted(glob.glob(os.path.join(out, "eval-*.json")))
+             for c in json.load(open(path))["configs"]}
+    spec = [r for path in sorted(glob.glob(os.path.join(out, "speculation-*.json")))
+            for r in json.load(open(path))]
     q8 = evals["q8_0:norot"]
     weights = q8["weights"]["count"]
     q8_bytes = q8["weights"]["gpu_bytes_per_weight"] * weights
@@ -28,23 +31,24 @@ def main(out):
                 return r["tokens_per_verify"]
         return float("nan")
 
-    rows = []
-    for path in sorted(glob.glob(os.path.join(out, "plan-*.json")), key=lambda p: int(p[-7:-5].strip("-"))):
-        pct = os.path.basename(path)[5:-5]
-        plan = json.load(open(path))
-        prefix = os.path.join(out, "v" + pct)
-        rows.append((f"plan {pct}% ({plan['budget_bytes'] / 2**20:.1f} MiB)", f"split:{prefix}",
-                     f"split-base:{prefix}", f"plan {pct}%"))
     def label(head):  # the uniform configurations, with or without importance weighting
         return next((k for k in evals if k.startswith(head + ":")), head)
 
+    configs = []
+    for path in sorted(glob.glob(os.path.join(out, "plan-*.json")),
+                       key=lambda p: int(os.path.basename(p)[5:-5])):
+        pct = os.path.basename(path)[5:-5]
+        plan = json.load(open(path))
+        prefix = os.path.join(out, "v" + pct)
+        base_share = int(pct) / 100 * plan["q8_0_bytes"]
+        configs.append((f"plan {pct}% ({base_share / 2**20:.1f} MiB for the base, "
+                        f"{plan['budget_bytes'] / 2**20:.1f} MiB in all)", f"plan {pct}%",
+                        f"split:{prefix}", f"split-base:{prefix}", f"plan {pct}%"))
     for r in (6, 8):
-        rows.append((f"uniform b2_asym + r{r}", label(f"b2+r{r}"), label("b2"), f"b2_asym+r{r}"))
-    print("| configuration | base bits/weight | RAM bytes vs Q8_0 | verify KL | top-1 | PPL | "
-          "draft KL | tau 16-tree | tau 64-tree | tau 8-chain | tok/s 60 GB/s + 1 TB/s | "
-          "tok/s here |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for label, verify, draft, model in rows:
+        configs.append((f"uniform b2_asym + r{r}", f"b2+r{r}", label(f"b2+r{r}"), label("b2"),
+                        f"b2_asym+r{r}"))
+    rows = []
+    for name, short, verify, draft, model in configs:
         v = evals.get(verify)
         if v is None:
             continue
@@ -56,18 +60,34 @@ def main(out):
         def tps(ram_bw, vram_bw):
             return t16 / (ram / ram_bw + base / vram_bw * 5)
 
-        print(f"| {label} | {8 * base / weights:.2f} | {ram / q8_bytes:.3f} | "
-              f"{v['summary']['kl_mean']:.5f} | {100 * v['summary']['top1_agreement']:.2f}% | "
-              f"{v['summary']['perplexity']:.3f} | "
-              f"{d['summary']['kl_mean'] if d else float('nan'):.3f} | {t16:.2f} | "
-              f"{tau(model, 'tree N=64 k=8'):.2f} | {tau(model, 'chain 8'):.2f} | "
-              f"{tps(60e9, 1e12):.0f} | {tps(local_bw, local_bw):.0f} |")
+        rows.append({
+            "name": name, "short": short, "base_bits": 8 * base / weights,
+            "ram_vs_q8": ram / q8_bytes, "kl": v["summary"]["kl_mean"],
+            "top1": v["summary"]["top1_agreement"], "ppl": v["summary"]["perplexity"],
+            "draft_kl": d["summary"]["kl_mean"] if d else float("nan"),
+            "tau16": t16, "tau64": tau(model, "tree N=64 k=8"), "tau_chain8": tau(model, "chain 8"),
+            "tps_60_1000": tps(60e9, 1e12), "tps_here": tps(local_bw, local_bw)})
+    return rows, {"bits": 8 * q8_bytes / weights, "bytes": q8_bytes, "summary": q8["summary"],
+                  "local_bw": local_bw}
+
+
+def main(out):
+    rows, q8 = load(out)
+    print("| configuration | base bits/weight | RAM bytes vs Q8_0 | verify KL | top-1 | PPL | "
+          "draft KL | tau 16-tree | tau 64-tree | tau 8-chain | tok/s 60 GB/s + 1 TB/s | "
+          "tok/s here |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['name']} | {r['base_bits']:.2f} | {r['ram_vs_q8']:.3f} | {r['kl']:.5f} | "
+              f"{100 * r['top1']:.2f}% | {r['ppl']:.3f} | {r['draft_kl']:.3f} | "
+              f"{r['tau16']:.2f} | {r['tau64']:.2f} | {r['tau_chain8']:.2f} | "
+              f"{r['tps_60_1000']:.0f} | {r['tps_here']:.0f} |")
     s = q8["summary"]
-    print(f"| Q8_0 (ours, not rotated) | {8 * q8_bytes / weights:.2f} | 1.000 (all in VRAM) | "
+    print(f"| Q8_0 (ours, not rotated) | {q8['bits']:.2f} | 1.000 (all in VRAM) | "
           f"{s['kl_mean']:.5f} | {100 * s['top1_agreement']:.2f}% | {s['perplexity']:.3f} | | | | "
           f"| | |")
-    print(f"\nQ8_0 linear weights: {q8_bytes / 2**20:.1f} MiB; this machine's read bandwidth "
-          f"{local_bw / 1e9:.1f} GB/s (speculation_bench)")
+    print(f"\nQ8_0 linear weights: {q8['bytes'] / 2**20:.1f} MiB; this machine's read bandwidth "
+          f"{q8['local_bw'] / 1e9:.1f} GB/s (speculation_bench)")
 
 
 if __name__ == "__main__":
