@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "common/model/eval.h"
 #include "common/model/kv_cache.h"
 #include "common/model/llama_model.h"
+#include "common/model/split_model.h"
 #include "common/model/split_quantizer.h"
 #include "common/model/vram_plan.h"
 #include "common/model/weights.h"
@@ -241,32 +243,27 @@ absl::StatusOr<std::unique_ptr<BudgetPlanning>> PrepareBudget(
       !smallest.ok()) {
     return absl::Status(smallest.status().code(),
                         absl::StrCat("even the fewest base bits (every linear weight ",
-                                     quant::GetSplitFormatInfo(candidates.bases.front()).name,
+                                     model::SplitFormatName(candidates.bases.front()),
                                      ") do not fit: ", smallest.status().message()));
   }
   return planning;
 }
 
-// Mean KL(reference || candidate) over the positions of one window, each model from an empty
-// cache.
-absl::StatusOr<double> WindowKl(model::LlamaModel& reference, model::LlamaModel& candidate,
-                                model::ForwardMode mode, const std::vector<int32_t>& tokens) {
-  const size_t vocab = static_cast<size_t>(reference.config().vocab_size);
-  const model::Batch batch = model::Batch::Causal(tokens, 0);
-  std::vector<float> a(tokens.size() * vocab), b(tokens.size() * vocab);
-  BITSPLIT_ASSIGN_OR_RETURN(model::KvCache cache_a,
-                            reference.NewKvCache(static_cast<int64_t>(tokens.size())));
-  BITSPLIT_ASSIGN_OR_RETURN(model::KvCache cache_b,
-                            candidate.NewKvCache(static_cast<int64_t>(tokens.size())));
-  BITSPLIT_RETURN_IF_ERROR(reference.Forward(batch, cache_a, a, model::ForwardMode::kReference));
-  BITSPLIT_RETURN_IF_ERROR(candidate.Forward(batch, cache_b, b, mode));
-  return model::MeanKlDivergence(a, b, reference.config().vocab_size);
+// Logits of `model` in `mode` over one window from an empty cache.
+absl::StatusOr<std::vector<float>> WindowLogits(model::LlamaModel& model, model::ForwardMode mode,
+                                                const std::vector<int32_t>& tokens) {
+  std::vector<float> logits(tokens.size() * static_cast<size_t>(model.config().vocab_size));
+  BITSPLIT_ASSIGN_OR_RETURN(model::KvCache cache,
+                            model.NewKvCache(static_cast<int64_t>(tokens.size())));
+  BITSPLIT_RETURN_IF_ERROR(model.Forward(model::Batch::Causal(tokens, 0), cache, logits, mode));
+  return logits;
 }
 
-// Quantizes `q` into PREFIX.check.* and returns its verifier's (base-only model: its base's) KL
-// on the calibration window; the files are removed.
+// Quantizes `q` into PREFIX.check.* and returns the mean KL(reference || its verifier) (base-only
+// model: its base's) over the calibration window, given the reference's logits there; the files
+// are removed.
 absl::StatusOr<double> MeasuredWindowKl(const QuantizeOptions& options,
-                                        model::LlamaModel& reference,
+                                        std::span<const float> reference_logits,
                                         const model::SplitQuantization& q,
                                         const model::Calibration& calibration) {
   const std::string prefix = options.output_prefix + ".check";
@@ -281,9 +278,12 @@ absl::StatusOr<double> MeasuredWindowKl(const QuantizeOptions& options,
   absl::StatusOr<double> kl = [&]() -> absl::StatusOr<double> {
     BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> model,
                               model::LlamaModel::LoadSplit(base, residual, options.threads));
-    return WindowKl(reference, *model,
-                    residual.empty() ? model::ForwardMode::kDraft : model::ForwardMode::kVerify,
-                    calibration.first_window);
+    BITSPLIT_ASSIGN_OR_RETURN(
+        const std::vector<float> logits,
+        WindowLogits(*model,
+                     residual.empty() ? model::ForwardMode::kDraft : model::ForwardMode::kVerify,
+                     calibration.first_window));
+    return model::MeanKlDivergence(reference_logits, logits, model->config().vocab_size);
   }();
   std::error_code ignored;
   std::filesystem::remove(base, ignored);
@@ -302,15 +302,21 @@ absl::StatusOr<model::BitPlan> CheckPlan(const QuantizeOptions& options,
                                          const model::Calibration& calibration,
                                          const std::vector<model::GroupSensitivity>& groups,
                                          model::AllocationRequest& checked) {
-  BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> reference,
-                            model::LlamaModel::Load(options.input_path, options.threads));
+  std::vector<float> reference_logits;
+  {
+    BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> reference,
+                              model::LlamaModel::Load(options.input_path, options.threads));
+    BITSPLIT_ASSIGN_OR_RETURN(
+        reference_logits,
+        WindowLogits(*reference, model::ForwardMode::kReference, calibration.first_window));
+  }
   model::SplitQuantization q8_0;
   q8_0.base_format = quant::SplitFormat::kQ8_0;
   q8_0.base_group = 32;
   q8_0.residual_format.reset();
   q8_0.residual_group = 0;
   BITSPLIT_ASSIGN_OR_RETURN(const double q8_0_kl,
-                            MeasuredWindowKl(options, *reference, q8_0, calibration));
+                            MeasuredWindowKl(options, reference_logits, q8_0, calibration));
   const double target = planning.request.error_factor * q8_0_kl;
   auto same_choices = [](const model::BitPlan& a, const model::BitPlan& b) {
     return std::equal(a.choices.begin(), a.choices.end(), b.choices.begin(), b.choices.end(),
@@ -340,7 +346,7 @@ absl::StatusOr<model::BitPlan> CheckPlan(const QuantizeOptions& options,
     } else {
       const model::SplitQuantization q =
           model::ApplyBitPlan(groups, planning.candidates, plan, quantization);
-      BITSPLIT_ASSIGN_OR_RETURN(kl, MeasuredWindowKl(options, *reference, q, calibration));
+      BITSPLIT_ASSIGN_OR_RETURN(kl, MeasuredWindowKl(options, reference_logits, q, calibration));
     }
     std::fprintf(stderr,
                  "[quantize] check %d/%d: verifier KL %.3g on the calibration window (%zu "
