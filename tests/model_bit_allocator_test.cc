@@ -540,6 +540,48 @@ TEST(AllocateBitsTest, FitsEveryBudgetExactlyAndLeavesNoUpgradeThatWouldFit) {
   for (const BitPlan::Choice& choice : all->choices) EXPECT_EQ(choice.base, 2u);
 }
 
+// The verifier's KL factors price the residuals against a bound proportional to them, and the
+// draft's factors enter τ only through ratios of draft distortions: scaling either set by a
+// power of two (exact in floating point) leaves the plan unchanged. Scaling only the verify
+// factors would move the bases if an upgrade's draft distortion were judged with them.
+TEST(AllocateBitsTest, PlanIsInvariantToTheScaleOfEachKlFactor) {
+  const ModelConfig config = SmolLm2Shapes();
+  const BitCandidates candidates;
+  const std::vector<GroupSensitivity> groups = SyntheticSensitivities(config, candidates);
+  AllocationRequest request = RequestFor(config);
+  const std::vector<size_t> lowest(groups.size(), 0), highest(groups.size(), 2);
+  const uint64_t low = *VramTotalBytes(VramRequestOf(request, groups, candidates, lowest));
+  const uint64_t high = *VramTotalBytes(VramRequestOf(request, groups, candidates, highest));
+  for (const double share : {0.3, 0.6}) {
+    request.budget_bytes = low + static_cast<uint64_t>(share * static_cast<double>(high - low));
+    absl::StatusOr<BitPlan> plan = AllocateBits(groups, candidates, request);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    int upgraded = 0;
+    for (const BitPlan::Choice& choice : plan->choices) upgraded += choice.base > 0;
+    ASSERT_GT(upgraded, 0);
+    for (const double verify_scale : {1.0, 16.0, 1.0 / 16}) {
+      for (const double draft_scale : {1.0, 16.0, 1.0 / 16}) {
+        std::vector<GroupSensitivity> scaled = groups;
+        for (GroupSensitivity& group : scaled) {
+          group.kl_per_error *= verify_scale;
+          group.draft_kl_per_error *= draft_scale;
+        }
+        absl::StatusOr<BitPlan> rescaled = AllocateBits(scaled, candidates, request);
+        ASSERT_TRUE(rescaled.ok()) << rescaled.status();
+        for (size_t g = 0; g < groups.size(); ++g) {
+          EXPECT_EQ(rescaled->choices[g].base, plan->choices[g].base)
+              << "share " << share << " verify x" << verify_scale << " draft x" << draft_scale
+              << ": " << groups[g].tensors[0];
+          EXPECT_EQ(rescaled->choices[g].residual, plan->choices[g].residual)
+              << "share " << share << " verify x" << verify_scale << " draft x" << draft_scale
+              << ": " << groups[g].tensors[0];
+        }
+        EXPECT_NEAR(rescaled->projected_tau, plan->projected_tau, 1e-12 * plan->projected_tau);
+      }
+    }
+  }
+}
+
 TEST(AllocateBitsTest, RefusesABudgetBelowTheFewestBitsSayingWhatFits) {
   const ModelConfig config = SmolLm2Shapes();
   const BitCandidates candidates;

@@ -212,6 +212,11 @@ double Kl(const GroupSensitivity& group, double error) { return group.kl_per_err
 double DraftKl(const GroupSensitivity& group, double error) {
   return group.draft_kl_per_error * error;
 }
+// The change of the draft distortion when a group's base moves from one candidate to another.
+double DraftKlChange(const GroupSensitivity& group, size_t from_base, size_t to_base) {
+  return DraftKl(group, group.bases[to_base].base_error) -
+         DraftKl(group, group.bases[from_base].base_error);
+}
 
 double VerifyError(const GroupSensitivity& group, size_t base, size_t residual) {
   return Kl(group, group.bases[base].verify_error[residual]);
@@ -410,8 +415,7 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
         const uint64_t trial_residual = residuals.bytes -
                                         group.residual_bytes[residuals.residual[g]] +
                                         group.residual_bytes[residual];
-        const double trial_distortion = distortion - Kl(group, group.bases[current].base_error) +
-                                        Kl(group, group.bases[b].base_error);
+        const double trial_distortion = distortion + DraftKlChange(group, current, b);
         const double gain =
             (now - seconds_per_token(trial_base, trial_residual, trial_distortion)) /
             static_cast<double>(trial_base - base_bytes);
@@ -425,8 +429,7 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
     const GroupSensitivity& group = groups[best->first];
     base_bytes +=
         group.bases[best->second].device_bytes - group.bases[bases[best->first]].device_bytes;
-    distortion += DraftKl(group, group.bases[best->second].base_error) -
-                  DraftKl(group, group.bases[bases[best->first]].base_error);
+    distortion += DraftKlChange(group, bases[best->first], best->second);
     bases[best->first] = best->second;
     residuals = SolveResiduals(groups, bases, target);
   }
