@@ -497,14 +497,25 @@ VramRequest VramRequestOf(const AllocationRequest& request,
   return vram;
 }
 
+// The device totals with every group at the fewest and at the most base bits.
+struct BudgetRange {
+  uint64_t low = 0, high = 0;
+};
+BudgetRange BudgetRangeOf(const AllocationRequest& request,
+                          const std::vector<GroupSensitivity>& groups,
+                          const BitCandidates& candidates) {
+  const std::vector<size_t> lowest(groups.size(), 0),
+      highest(groups.size(), candidates.bases.size() - 1);
+  return {*VramTotalBytes(VramRequestOf(request, groups, candidates, lowest)),
+          *VramTotalBytes(VramRequestOf(request, groups, candidates, highest))};
+}
+
 TEST(AllocateBitsTest, FitsEveryBudgetExactlyAndLeavesNoUpgradeThatWouldFit) {
   const ModelConfig config = SmolLm2Shapes();
   const BitCandidates candidates;
   const std::vector<GroupSensitivity> groups = SyntheticSensitivities(config, candidates);
   AllocationRequest request = RequestFor(config);
-  const std::vector<size_t> lowest(groups.size(), 0), highest(groups.size(), 2);
-  const uint64_t low = *VramTotalBytes(VramRequestOf(request, groups, candidates, lowest));
-  const uint64_t high = *VramTotalBytes(VramRequestOf(request, groups, candidates, highest));
+  const auto [low, high] = BudgetRangeOf(request, groups, candidates);
   ASSERT_GT(high, low + (8ull << 20));
   int upgraded_plans = 0;
   for (uint64_t budget = low; budget <= high + (1ull << 20); budget += (high - low) / 23) {
@@ -549,9 +560,7 @@ TEST(AllocateBitsTest, PlanIsInvariantToTheScaleOfEachKlFactor) {
   const BitCandidates candidates;
   const std::vector<GroupSensitivity> groups = SyntheticSensitivities(config, candidates);
   AllocationRequest request = RequestFor(config);
-  const std::vector<size_t> lowest(groups.size(), 0), highest(groups.size(), 2);
-  const uint64_t low = *VramTotalBytes(VramRequestOf(request, groups, candidates, lowest));
-  const uint64_t high = *VramTotalBytes(VramRequestOf(request, groups, candidates, highest));
+  const auto [low, high] = BudgetRangeOf(request, groups, candidates);
   for (const double share : {0.3, 0.6}) {
     request.budget_bytes = low + static_cast<uint64_t>(share * static_cast<double>(high - low));
     absl::StatusOr<BitPlan> plan = AllocateBits(groups, candidates, request);
@@ -587,8 +596,7 @@ TEST(AllocateBitsTest, RefusesABudgetBelowTheFewestBitsSayingWhatFits) {
   const BitCandidates candidates;
   const std::vector<GroupSensitivity> groups = SyntheticSensitivities(config, candidates);
   AllocationRequest request = RequestFor(config);
-  const std::vector<size_t> lowest(groups.size(), 0);
-  request.budget_bytes = *VramTotalBytes(VramRequestOf(request, groups, candidates, lowest)) - 1;
+  request.budget_bytes = BudgetRangeOf(request, groups, candidates).low - 1;
   const absl::Status status = AllocateBits(groups, candidates, request).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(status.message(),
