@@ -252,10 +252,13 @@ absl::StatusOr<std::unique_ptr<BudgetPlanning>> PrepareBudget(
 // Logits of `model` in `mode` over one window from an empty cache.
 absl::StatusOr<std::vector<float>> WindowLogits(model::LlamaModel& model, model::ForwardMode mode,
                                                 const std::vector<int32_t>& tokens) {
-  std::vector<float> logits(tokens.size() * static_cast<size_t>(model.config().vocab_size));
-  BITSPLIT_ASSIGN_OR_RETURN(model::KvCache cache,
-                            model.NewKvCache(static_cast<int64_t>(tokens.size())));
-  BITSPLIT_RETURN_IF_ERROR(model.Forward(model::Batch::Causal(tokens, 0), cache, logits, mode));
+  model::ForwardLogitsSource source(
+      model.config(),
+      [&model, mode](const model::Batch& batch, model::KvCache& cache, std::span<float> logits) {
+        return model.Forward(batch, cache, logits, mode);
+      });
+  std::vector<float> logits;
+  BITSPLIT_RETURN_IF_ERROR(source.WindowLogits(tokens, &logits));
   return logits;
 }
 
