@@ -23,9 +23,8 @@ ENV_FILE=$(mktemp)
 trap '"$ROOT/scripts/start-services.sh" stop >/dev/null 2>&1 || true; rm -f "$ENV_FILE"' EXIT
 
 echo "| drafter | speculation | streams | aggregate tok/s | per-token ms p50 | p99 |" \
-  "generations/iteration | residual MB/token | residual round trips/token |" \
-  "per-step RPCs/token | Generate RPCs/token |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  "generations/iteration | residual MB/token | residual round trips/token |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for config in batched serialized; do
   flags=""
   [[ $config == serialized ]] && flags="--max-batch-generations 1"

@@ -7,10 +7,7 @@
 //     chunk, divided among its tokens (the first chunk, the time to first token, is left out);
 //   * the drafter scheduler's generations per iteration, the residual bytes read per emitted
 //     token (the residual file's size per verifier iteration) and residual round trips per
-//     token (one per linear group per iteration), from the drafter's counters;
-//   * RPCs per emitted token: one Generate stream per request now; what the per-step protocol
-//     (OpenSession, Prefill, CloseSession per request; Draft, Verify, Commit per step, no Draft
-//     when off) would have issued for the same steps.
+//     token (one per linear group per iteration), from the drafter's counters.
 // bench/concurrency.sh starts the services (batched, and serialized with
 // --max-batch-generations 1) and runs this once per setting.
 //
@@ -44,7 +41,6 @@ struct StreamOutcome {
   bool ok = false;
   std::string error;
   int tokens = 0;
-  int verify_steps = 0;
   std::vector<double> token_gaps_ms;  // one per token after the first chunk
 };
 
@@ -94,8 +90,6 @@ StreamOutcome RunStream(const std::string& server, const BenchPrompt& prompt, in
       first = false;
       previous = now;
       outcome.tokens += count;
-    } else if (response.has_complete()) {
-      outcome.verify_steps = response.complete().speculation().verify_steps();
     }
   }
   const grpc::Status status = reader->Finish();
@@ -159,7 +153,7 @@ int Run(int argc, char** argv) {
                                    prompts[static_cast<size_t>(i) % prompts.size()], tokens, tree));
     }
     std::vector<double> gaps;
-    int total_tokens = 0, steps = 0, failed = 0;
+    int total_tokens = 0, failed = 0;
     for (auto& future : running) {
       const StreamOutcome outcome = future.get();
       if (!outcome.ok) {
@@ -167,7 +161,6 @@ int Run(int argc, char** argv) {
         std::fprintf(stderr, "concurrency_bench: a stream failed: %s\n", outcome.error.c_str());
       }
       total_tokens += outcome.tokens;
-      steps += outcome.verify_steps;
       gaps.insert(gaps.end(), outcome.token_gaps_ms.begin(), outcome.token_gaps_ms.end());
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -189,12 +182,10 @@ int Run(int argc, char** argv) {
     const double groups = static_cast<double>(model::AllLinearGroups(after->layers()).size());
     const double residual_mb_per_token =
         static_cast<double>(after->residual_bytes()) * iterations / total_tokens / 1e6;
-    const double per_step_rpcs = (3.0 * n + steps * (tree ? 3.0 : 2.0)) / total_tokens;
-    std::printf("| %s | %s | %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f | %.3f |\n",
-                label.c_str(), speculation.c_str(), n, total_tokens / seconds,
-                Percentile(gaps, 0.5), Percentile(gaps, 0.99), batch, residual_mb_per_token,
-                groups * iterations / total_tokens, per_step_rpcs,
-                static_cast<double>(n) / total_tokens);
+    std::printf("| %s | %s | %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f |\n", label.c_str(),
+                speculation.c_str(), n, total_tokens / seconds, Percentile(gaps, 0.5),
+                Percentile(gaps, 0.99), batch, residual_mb_per_token,
+                groups * iterations / total_tokens);
     std::fflush(stdout);
   }
   return 0;

@@ -4,10 +4,11 @@
 // (InProcessResidual: the cpu-residual service's kernels without the shared-memory hop, so no
 // gRPC is needed). Reports, in one run:
 //
-//   draft step        one draft forward (T = 1 and T = k) + its top-k, and one whole 16-node Draft
-//   verify step       one verify forward + target choice for 1 and for 16 tree nodes, with where
-//                     the time went: host inside the residual, host waiting for the GPU, GPU idle
-//                     waiting for the residual
+//   draft step        one draft forward (T = 1 and T = k) + its top-k, and the draft rounds of a
+//                     whole 16-node tree (a speculation step's draft time)
+//   verify step       one verify forward + target choice for 1 node (a step with speculation off)
+//                     and for a 16-node tree, with where the time went: host inside the residual,
+//                     host waiting for the GPU, GPU idle waiting for the residual
 //   floor             residual bytes / measured RAM read bandwidth (docs/design.md §6)
 //   projection        tokens/s = acceptance / (draft tree + verify of 16 nodes) for the mean
 //                     accepted tokens per verify measured on the real model (--acceptance)
@@ -228,14 +229,14 @@ int Run(const Options& o) {
               std::chrono::duration<double>(Clock::now() - upload_start).count(),
               model.plan().ToString().c_str());
 
-  auto session = cuda::CudaSpeculativeSession::Create(model, {.prefill_chunk = 64});
+  auto session = cuda::CudaSpeculativeSession::Create(model, {});
   BENCH_CHECK_OK(session.status());
   std::vector<int32_t> prompt(static_cast<size_t>(o.prompt));
   for (size_t i = 0; i < prompt.size(); ++i) {
     prompt[i] = static_cast<int32_t>((i * 7919 + 13) % static_cast<size_t>(o.vocab));
   }
   const Clock::time_point prefill_start = Clock::now();
-  BENCH_CHECK_OK((*session)->Prefill(prompt));
+  BENCH_CHECK_OK(model::PrefillInChunks(**session, prompt, 64));
   const double prefill_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - prefill_start).count();
   std::printf("prefill of %ld tokens: %.1f ms\n", static_cast<long>(o.prompt), prefill_ms);
@@ -302,14 +303,39 @@ int Run(const Options& o) {
         {"ms", timing->ms}, {"weight_bytes", timing->weight_bytes}, {"floor_ms", floor}};
   }
 
+  // Verify timings of steps: the step's verifier forward and where its time went.
+  struct VerifySamples {
+    std::vector<double> ms, residual_ms, wait_gpu_ms, gpu_idle_ms;
+    void Add(const model::SessionStep& step, const cuda::ForwardTimings& t) {
+      ms.push_back(step.verify_ns / 1e6);
+      residual_ms.push_back(t.residual_ns / 1e6);
+      wait_gpu_ms.push_back(t.wait_gpu_ns / 1e6);
+      gpu_idle_ms.push_back(t.gpu_idle_residual_ns / 1e6);
+    }
+  };
+  // Speculation steps from root 42: each drafts a tree from the committed prefix (which grows by
+  // the accepted path), verifies it and commits; the first is a warm-up.
+  auto run_steps = [&](const model::TreeShape& step_shape, std::vector<double>* draft_ms,
+                       VerifySamples* verify, model::DraftTree* last_tree) -> int {
+    for (int rep = 0; rep < o.repetitions + 1 && seconds_left() > 0; ++rep) {
+      model::SessionStep step{.root = 42, .shape = step_shape};
+      BENCH_CHECK_OK((*session)->Step(step));
+      *last_tree = step.tree;
+      if (rep == 0) continue;
+      if (draft_ms != nullptr) draft_ms->push_back(step.draft_ns / 1e6);
+      verify->Add(step, (*session)->verify_forward_timings());
+    }
+    return 0;
+  };
+
   // Draft forwards of 1 and k tokens (base only) with their top-k, over the committed prompt,
-  // and a whole draft tree: kernels launched one by one, then replayed from CUDA graphs (the
-  // default; the projection uses these).
+  // and the draft rounds of a whole tree: kernels launched one by one, then replayed from CUDA
+  // graphs (the default; the projection and the tree's verify use these).
   cuda::DeviceKvCache& cache = (*session)->cache();
-  const int64_t length = cache.committed_length();
   const model::TreeShape shape{.nodes = o.nodes, .expansions = o.expansions, .max_depth = o.depth};
   std::vector<double> draft_ms;
   model::DraftTree tree;
+  VerifySamples verify_tree;
   for (const bool graphs : {false, true}) {
     model.set_cuda_graphs(graphs);
     const std::string suffix = graphs ? "" : "_no_graphs";
@@ -318,7 +344,8 @@ int Run(const Options& o) {
       std::vector<double> ms;
       for (int rep = 0; rep < o.repetitions + 2 && seconds_left() > 0; ++rep) {
         std::vector<int32_t> tokens(static_cast<size_t>(rows), 42);
-        model::Batch batch = model::Batch::Causal(tokens, static_cast<int32_t>(length));
+        model::Batch batch =
+            model::Batch::Causal(tokens, static_cast<int32_t>(cache.committed_length()));
         const Clock::time_point start = Clock::now();
         BENCH_CHECK_OK(model.Forward(batch, cache, model::ForwardMode::kDraft));
         BENCH_CHECK_OK(model.TopK(o.expansions).status());
@@ -331,37 +358,29 @@ int Run(const Options& o) {
       results["draft_forward_ms" + suffix][std::to_string(rows)] = Median(ms);
     }
     draft_ms.clear();
-    for (int rep = 0; rep < o.repetitions + 1 && seconds_left() > 0; ++rep) {
-      auto drafted = (*session)->Draft(42, shape);
-      BENCH_CHECK_OK(drafted.status());
-      tree = *drafted;
-      if (rep >= 1) draft_ms.push_back((*session)->timings().draft_ns / 1e6);
-    }
+    verify_tree = {};
+    if (run_steps(shape, &draft_ms, &verify_tree, &tree) != 0) return 1;
     std::printf("draft tree of %d nodes (k %d, depth %d), %s: %.3f ms, %d draft forwards\n",
                 o.nodes, o.expansions, o.depth, label, Median(draft_ms), tree.draft_forwards);
     results["draft_tree_ms" + suffix] = Median(draft_ms);
   }
   results["draft_tree_forwards"] = tree.draft_forwards;
 
-  // Verify steps of 1 node and of the drafted tree, greedy.
+  // Verify of 1 node (steps with speculation off) and of the drafted trees, greedy.
+  VerifySamples verify_one;
+  model::DraftTree root_only;
+  if (run_steps({.nodes = 0}, nullptr, &verify_one, &root_only) != 0) return 1;
   struct VerifyCase {
     std::string name;
-    std::vector<int32_t> tokens, parents;
+    const VerifySamples* samples;
   };
-  const VerifyCase cases[] = {{"1", {42}, {-1}},
-                              {std::to_string(tree.size()), tree.tokens, tree.parents}};
+  const VerifyCase cases[] = {{"1", &verify_one}, {std::to_string(tree.size()), &verify_tree}};
   double verify_tree_ms = 0;
   for (const VerifyCase& c : cases) {
-    std::vector<double> ms, residual_ms, wait_gpu_ms, gpu_idle_ms;
-    for (int rep = 0; rep < o.repetitions + 1 && seconds_left() > 0; ++rep) {
-      BENCH_CHECK_OK((*session)->Verify(c.tokens, c.parents, {}, 0, false).status());
-      if (rep == 0) continue;
-      const cuda::ForwardTimings& t = (*session)->verify_forward_timings();
-      ms.push_back((*session)->timings().verify_ns / 1e6);
-      residual_ms.push_back(t.residual_ns / 1e6);
-      wait_gpu_ms.push_back(t.wait_gpu_ns / 1e6);
-      gpu_idle_ms.push_back(t.gpu_idle_residual_ns / 1e6);
-    }
+    const std::vector<double>& ms = c.samples->ms;
+    const std::vector<double>& residual_ms = c.samples->residual_ms;
+    const std::vector<double>& wait_gpu_ms = c.samples->wait_gpu_ms;
+    const std::vector<double>& gpu_idle_ms = c.samples->gpu_idle_ms;
     const double total = Median(ms);
     std::printf(
         "verify %s node(s): %.3f ms (median of %zu); host in residual %.3f ms (%.0f%%), host "

@@ -89,21 +89,18 @@ std::vector<int32_t> Generate(LlamaModel& target, const Draft& draft, const Tree
       target, ForwardMode::kVerify, *draft.model, draft.mode,
       {.capacity = static_cast<int64_t>(prompt.size()) + max_tokens + 80, .draft_kv = draft.kv}));
   const std::span<const int32_t> all(prompt);
-  OrDie(session->Prefill(all.first(all.size() - 1)));
+  OrDie(model::PrefillInChunks(*session, all.first(all.size() - 1), 64));
   int32_t root = prompt.back();
   std::vector<int32_t> out;
   const Clock::time_point start = Clock::now();
   bool done = false;
   while (!done) {
-    const model::DraftTree tree = OrDie(session->Draft(root, shape));
-    const std::vector<model::TargetChoice> choices =
-        OrDie(session->Verify(tree.tokens, tree.parents, {}, 0, false));
-    std::vector<int32_t> targets;
-    for (const model::TargetChoice& c : choices) targets.push_back(c.token);
-    const model::WalkResult walk = model::WalkTree(tree.tokens, tree.parents, targets);
-    OrDie(session->Commit(walk.path));
-    totals.draft_seconds += session->timings().draft_ns * 1e-9;
-    totals.verify_seconds += session->timings().verify_ns * 1e-9;
+    model::SessionStep step{.root = root, .shape = shape};
+    OrDie(session->Step(step));
+    const model::DraftTree& tree = step.tree;
+    const model::WalkResult& walk = step.walk;
+    totals.draft_seconds += step.draft_ns * 1e-9;
+    totals.verify_seconds += step.verify_ns * 1e-9;
     ++totals.steps;
     totals.walked += static_cast<int64_t>(walk.tokens.size());
     const std::vector<int32_t> depths = model::TreeDepths(tree.parents);

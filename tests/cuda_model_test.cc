@@ -447,22 +447,18 @@ std::vector<int32_t> Generate(CudaModel& model, std::span<const int32_t> prompt,
   auto session = CudaSpeculativeSession::Create(model, {});
   EXPECT_TRUE(session.ok()) << session.status();
   if (!session.ok()) return {};
-  EXPECT_TRUE((*session)->Prefill(prompt.subspan(0, prompt.size() - 1)).ok());
+  EXPECT_TRUE(model::PrefillInChunks(**session, prompt.subspan(0, prompt.size() - 1),
+                                     model.options().max_batch_rows)
+                  .ok());
   std::vector<int32_t> out;
   int32_t root = prompt.back();
   while (static_cast<int>(out.size()) < count) {
-    auto tree = (*session)->Draft(root, shape);
-    EXPECT_TRUE(tree.ok()) << tree.status();
-    if (!tree.ok()) return out;
-    auto targets = (*session)->Verify(tree->tokens, tree->parents, sampling, 0, false);
-    EXPECT_TRUE(targets.ok()) << targets.status();
-    if (!targets.ok()) return out;
-    std::vector<int32_t> target_tokens;
-    for (const auto& t : *targets) target_tokens.push_back(t.token);
-    const model::WalkResult walk = model::WalkTree(tree->tokens, tree->parents, target_tokens);
-    EXPECT_TRUE((*session)->Commit(walk.path).ok());
-    out.insert(out.end(), walk.tokens.begin(), walk.tokens.end());
-    root = walk.tokens.back();
+    model::SessionStep step{.root = root, .shape = shape, .sampling = sampling};
+    const absl::Status stepped = (*session)->Step(step);
+    EXPECT_TRUE(stepped.ok()) << stepped;
+    if (!stepped.ok()) return out;
+    out.insert(out.end(), step.walk.tokens.begin(), step.walk.tokens.end());
+    root = step.walk.tokens.back();
   }
   out.resize(static_cast<size_t>(count));
   return out;
@@ -821,17 +817,20 @@ TEST_F(CudaModelTest, DraftTreesMatchTheCpuDraftForTheSamePrefix) {
   auto cpu_session = model::CpuSpeculativeSession::Create(
       *e.cpu, ForwardMode::kVerify, *e.cpu, ForwardMode::kDraft, {.capacity = kContext});
   ASSERT_TRUE(cpu_session.ok());
-  ASSERT_TRUE((*cuda_session)->Prefill(std::span(prompt).first(9)).ok());
-  ASSERT_TRUE((*cpu_session)->Prefill(std::span(prompt).first(9)).ok());
+  ASSERT_TRUE(model::PrefillInChunks(**cuda_session, std::span(prompt).first(9), 32).ok());
+  ASSERT_TRUE(model::PrefillInChunks(**cpu_session, std::span(prompt).first(9), 32).ok());
   const model::TreeShape shape{.nodes = 6, .expansions = 3, .max_depth = 3};
-  auto cuda_tree = (*cuda_session)->Draft(prompt[9], shape);
-  auto cpu_tree = (*cpu_session)->Draft(prompt[9], shape);
-  ASSERT_TRUE(cuda_tree.ok() && cpu_tree.ok());
+  model::SessionStep cuda_step{.root = prompt[9], .shape = shape};
+  model::SessionStep cpu_step{.root = prompt[9], .shape = shape};
+  ASSERT_TRUE((*cuda_session)->Step(cuda_step).ok()) << cuda_step.status;
+  ASSERT_TRUE((*cpu_session)->Step(cpu_step).ok()) << cpu_step.status;
   // The root's children come from one draft forward of the same prefix: same top-3 unless two
   // draft logits are within the fp16-KV difference of each other.
-  EXPECT_EQ(cuda_tree->size(), cpu_tree->size());
-  EXPECT_EQ(cuda_tree->tokens[1], cpu_tree->tokens[1]);
-  EXPECT_NEAR(cuda_tree->logprobs[1], cpu_tree->logprobs[1], 0.05);
+  const model::DraftTree& cuda_tree = cuda_step.tree;
+  const model::DraftTree& cpu_tree = cpu_step.tree;
+  EXPECT_EQ(cuda_tree.size(), cpu_tree.size());
+  EXPECT_EQ(cuda_tree.tokens[1], cpu_tree.tokens[1]);
+  EXPECT_NEAR(cuda_tree.logprobs[1], cpu_tree.logprobs[1], 0.05);
 }
 
 // Draft forwards replayed from captured CUDA graphs give the bits of the same forwards launched
@@ -881,17 +880,18 @@ TEST_F(CudaModelTest, DraftGraphsReplayTheEagerForwardsBitForBit) {
   auto eager_session = CudaSpeculativeSession::Create(*e.cuda, {});
   auto graph_session = CudaSpeculativeSession::Create(*e.cuda, {});
   ASSERT_TRUE(eager_session.ok() && graph_session.ok());
-  ASSERT_TRUE((*eager_session)->Prefill(std::span(tokens).first(20)).ok());
-  ASSERT_TRUE((*graph_session)->Prefill(std::span(tokens).first(20)).ok());
+  ASSERT_TRUE(model::PrefillInChunks(**eager_session, std::span(tokens).first(20), 32).ok());
+  ASSERT_TRUE(model::PrefillInChunks(**graph_session, std::span(tokens).first(20), 32).ok());
   const model::TreeShape shape{.nodes = 8, .expansions = 3, .max_depth = 4};
+  model::SessionStep eager_step{.root = tokens[20], .shape = shape};
+  model::SessionStep graph_step{.root = tokens[20], .shape = shape};
   e.cuda->set_cuda_graphs(false);
-  auto eager_tree = (*eager_session)->Draft(tokens[20], shape);
+  ASSERT_TRUE((*eager_session)->Step(eager_step).ok()) << eager_step.status;
   e.cuda->set_cuda_graphs(true);
-  auto graph_tree = (*graph_session)->Draft(tokens[20], shape);
-  ASSERT_TRUE(eager_tree.ok() && graph_tree.ok());
-  EXPECT_EQ(eager_tree->tokens, graph_tree->tokens);
-  EXPECT_EQ(eager_tree->parents, graph_tree->parents);
-  EXPECT_EQ(eager_tree->logprobs, graph_tree->logprobs);
+  ASSERT_TRUE((*graph_session)->Step(graph_step).ok()) << graph_step.status;
+  EXPECT_EQ(eager_step.tree.tokens, graph_step.tree.tokens);
+  EXPECT_EQ(eager_step.tree.parents, graph_step.tree.parents);
+  EXPECT_EQ(eager_step.tree.logprobs, graph_step.tree.logprobs);
 }
 
 // A residual source without staging memory (as GrpcResidual): the CUDA backend copies the
@@ -1034,30 +1034,28 @@ TEST_F(CudaModelTest, RefusesBadInput) {
   EXPECT_TRUE(e.cuda->NewKvCache().ok());
 }
 
-TEST_F(CudaModelTest, SessionRefusesBadTreesAndPaths) {
+TEST_F(CudaModelTest, SessionRefusesBadSteps) {
   Engines e = Load(TinySplitModel(), SmallOptions());
   ASSERT_NE(e.cuda, nullptr);
   auto session = CudaSpeculativeSession::Create(*e.cuda, {});
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE((*session)->Prefill(Prompt(5, 2)).ok());
-  EXPECT_EQ((*session)->Draft(kVocab, {}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*session)->Draft(1, {.nodes = 32}).status().code(),  // > max_batch_rows - 1
+  ASSERT_TRUE(model::PrefillInChunks(**session, Prompt(5, 2), 32).ok());
+  auto code = [&](model::SessionStep step) {
+    (void)(*session)->Step(step);
+    return step.status.code();
+  };
+  EXPECT_EQ(code({.root = kVocab}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({.root = 1, .shape = {.nodes = 32}}),  // > max_batch_rows - 1
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*session)->Commit(std::vector<int32_t>{0}).code(),
-            absl::StatusCode::kFailedPrecondition);
-  const std::vector<int32_t> tokens = {1, 2, 3}, parents = {-1, 0, 0};
-  ASSERT_TRUE((*session)->Verify(tokens, parents, {}, 0, false).ok());
-  EXPECT_EQ((*session)->Commit(std::vector<int32_t>{0, 1, 2}).code(),
-            absl::StatusCode::kInvalidArgument);  // 2 is not a child of 1
-  EXPECT_EQ(
-      (*session)->Verify(tokens, std::vector<int32_t>{-1, 0, 2}, {}, 0, false).status().code(),
-      absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*session)->Prefill(std::vector<int32_t>{-1}).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({.prefill = {-1}}), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*session)->committed_length(), 5);
-  auto with_logprobs = (*session)->Verify(tokens, parents, {}, 3, true);
-  ASSERT_TRUE(with_logprobs.ok());
-  for (const model::TargetChoice& c : *with_logprobs) {
+  model::SessionStep with_logprobs{.root = 1,
+                                   .shape = {.nodes = 2, .expansions = 2, .max_depth = 1},
+                                   .top_logprobs = 3,
+                                   .with_logprobs = true};
+  ASSERT_TRUE((*session)->Step(with_logprobs).ok()) << with_logprobs.status;
+  ASSERT_EQ(with_logprobs.choices.size(), 3u);
+  for (const model::TargetChoice& c : with_logprobs.choices) {
     ASSERT_EQ(c.top_ids.size(), 3u);
     EXPECT_EQ(c.top_ids[0], c.token);  // greedy: the choice is the most likely token
     EXPECT_LE(c.logprob, 0.0f);

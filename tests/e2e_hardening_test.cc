@@ -44,7 +44,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kServing = grpc::health::v1::HealthCheckResponse::SERVING;
 constexpr int kNotServing = grpc::health::v1::HealthCheckResponse::NOT_SERVING;
-constexpr int kIdleTimeoutSeconds = 3;
+constexpr int kDrafterSessions = 4;
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -132,8 +132,7 @@ class E2eHardeningTest : public ::testing::Test {
         stack_->Start(testing::SmolLm2SplitModel(), (testing::TestTempDir() / "hardening").string(),
                       {.threads = 1,
                        .coordinator_args = {"--max-active", "2", "--max-queue", "2"},
-                       .drafter_args = {"--max-sessions", "4", "--session-idle-timeout",
-                                        std::to_string(kIdleTimeoutSeconds)}});
+                       .drafter_args = {"--max-sessions", std::to_string(kDrafterSessions)}});
   }
   static void TearDownTestSuite() {
     delete stack_;
@@ -188,7 +187,7 @@ class E2eHardeningTest : public ::testing::Test {
   static inline bool ready_ = false;
 };
 
-// ---- Sessions and their owners ----------------------------------------------------------------
+// ---- Sessions live as long as their streams ----------------------------------------------------
 
 TEST_F(E2eHardeningTest, KilledCoordinatorsSessionsCloseAtOnceAndTheNextRequestSucceeds) {
   // Five kills with four drafter sessions: a leaked session per kill would refuse the 5th.
@@ -225,59 +224,6 @@ TEST_F(E2eHardeningTest, KilledCoordinatorsSessionsCloseAtOnceAndTheNextRequestS
   const StreamResult next = stack_->Generate(ShortRequest());
   EXPECT_TRUE(next.status.ok()) << next.status.error_message() << "\n"
                                 << stack_->coordinator.Stderr() << stack_->drafter.Stderr();
-}
-
-TEST_F(E2eHardeningTest, SessionNoRpcUsesIsClosedAfterTheIdleTimeout) {
-  // A session without an owner, as a client of the raw API may open one, and then forgets it.
-  auto channel = grpc::CreateChannel(stack_->DrafterTarget(), grpc::InsecureChannelCredentials());
-  auto stub = internal::v1::Drafter::NewStub(channel);
-  grpc::ClientContext context;
-  internal::v1::OpenSessionRequest request;
-  internal::v1::OpenSessionResponse response;
-  ASSERT_TRUE(stub->OpenSession(&context, request, &response).ok());
-  const Clock::time_point opened = Clock::now();
-  EXPECT_EQ(OpenDrafterSessions(), 1);
-  const double drained = SecondsUntilSessionsDrain(std::chrono::seconds(kIdleTimeoutSeconds * 3));
-  ASSERT_GE(drained, 0);
-  EXPECT_GE(SecondsSince(opened), kIdleTimeoutSeconds - 0.05);
-  EXPECT_LT(SecondsSince(opened), kIdleTimeoutSeconds * 1.1 + 0.5);
-  // Its id is gone for good.
-  grpc::ClientContext close_context;
-  internal::v1::CloseSessionRequest close;
-  close.set_session_id(response.session_id());
-  internal::v1::CloseSessionResponse closed;
-  EXPECT_EQ(stub->CloseSession(&close_context, close, &closed).error_code(),
-            grpc::StatusCode::NOT_FOUND);
-}
-
-TEST_F(E2eHardeningTest, OpenSessionUnderAnEndedLeaseIsNotFound) {
-  auto channel = grpc::CreateChannel(stack_->DrafterTarget(), grpc::InsecureChannelCredentials());
-  auto stub = internal::v1::Drafter::NewStub(channel);
-  uint64_t owner = 0;
-  {
-    grpc::ClientContext lease_context;
-    auto lease = stub->Lease(&lease_context, internal::v1::LeaseRequest());
-    internal::v1::LeaseGrant grant;
-    ASSERT_TRUE(lease->Read(&grant));
-    owner = grant.owner_id();
-    ASSERT_NE(owner, 0u);
-    grpc::ClientContext context;
-    internal::v1::OpenSessionRequest request;
-    request.set_owner_id(owner);
-    internal::v1::OpenSessionResponse response;
-    ASSERT_TRUE(stub->OpenSession(&context, request, &response).ok());
-    EXPECT_EQ(OpenDrafterSessions(), 1);
-    lease_context.TryCancel();
-    lease->Finish();
-  }
-  EXPECT_GE(SecondsUntilSessionsDrain(std::chrono::seconds(1)), 0);
-  grpc::ClientContext context;
-  internal::v1::OpenSessionRequest request;
-  request.set_owner_id(owner);
-  internal::v1::OpenSessionResponse response;
-  const grpc::Status late = stub->OpenSession(&context, request, &response);
-  EXPECT_EQ(late.error_code(), grpc::StatusCode::NOT_FOUND) << late.error_message();
-  EXPECT_EQ(OpenDrafterSessions(), 0);
 }
 
 // ---- A drafter outage ---------------------------------------------------------------------------
@@ -343,14 +289,19 @@ TEST_F(E2eHardeningTest, ReadinessIsNotServingWhileEveryDrafterSessionIsHeldElse
   ASSERT_GE(SecondsUntilHealth(coordinator, "readiness", kServing, std::chrono::seconds(3)), 0);
   EXPECT_EQ(testing::HealthStatus(drafter, "readiness"), kServing);
   {
-    auto other = Drafter();  // another client takes all four sessions
+    // Another client of the drafter takes every session with long generations of its own.
+    auto other = Drafter();
     ASSERT_NE(other, nullptr);
-    std::vector<uint64_t> ids;
-    for (int i = 0; i < 4; ++i) {
-      auto opened = other->OpenSession(64);
-      ASSERT_TRUE(opened.ok()) << opened.status();
-      ids.push_back(opened->session_id());
+    internal::v1::GenerateRequest held;
+    for (int32_t token : {1, 504, 2260, 253, 1345}) held.add_prompt(token);
+    held.set_max_tokens(100000);  // until the context is full: far longer than this test
+    std::vector<std::unique_ptr<rpc::DrafterClient::GenerateCall>> calls;
+    for (int i = 0; i < kDrafterSessions; ++i) {
+      calls.push_back(other->Generate(held));
+      internal::v1::GenerateEvent first;
+      ASSERT_TRUE(calls.back()->Read(&first)) << calls.back()->Finish();  // admitted: it runs
     }
+    EXPECT_EQ(OpenDrafterSessions(), kDrafterSessions);
     EXPECT_GE(SecondsUntilHealth(drafter, "readiness", kNotServing, std::chrono::seconds(3)), 0);
     EXPECT_EQ(testing::HealthStatus(drafter, "bitsplit.internal.v1.Drafter"), kNotServing);
     EXPECT_EQ(testing::HealthStatus(drafter, ""), kServing);
@@ -362,7 +313,11 @@ TEST_F(E2eHardeningTest, ReadinessIsNotServingWhileEveryDrafterSessionIsHeldElse
     EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
         << refused.status.error_message();
     EXPECT_THAT(refused.status.error_message(), Not(HasSubstr("--")));
-  }  // the other client's lease ends with it: its sessions close
+    for (auto& call : calls) {  // the other client gives up: its sessions close
+      call->Cancel();
+      EXPECT_EQ(call->Finish().code(), absl::StatusCode::kCancelled);
+    }
+  }
   EXPECT_GE(SecondsUntilHealth(coordinator, "readiness", kServing, std::chrono::seconds(3)), 0);
   EXPECT_GE(SecondsUntilHealth(drafter, "readiness", kServing, std::chrono::seconds(3)), 0);
   EXPECT_EQ(OpenDrafterSessions(), 0);
@@ -499,7 +454,7 @@ TEST_F(E2eHardeningTest, MalformedRequestsAreInvalidArgumentWithAMessage) {
   EXPECT_THAT(tokenize.error_message(), HasSubstr("bitsplit.v1.TokenizeRequest"));
   // The internal services keep gRPC's generated handlers (their one client is bitsplit's own):
   // a request that does not parse is UNIMPLEMENTED with an empty message, and they serve on.
-  for (const std::string& method : {std::string("/bitsplit.internal.v1.Drafter/OpenSession"),
+  for (const std::string& method : {std::string("/bitsplit.internal.v1.Drafter/GetInfo"),
                                     std::string("/bitsplit.internal.v1.Residual/Info")}) {
     SCOPED_TRACE(method);
     const std::string peer = method.find("Drafter") != std::string::npos ? stack_->DrafterTarget()

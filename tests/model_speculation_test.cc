@@ -55,24 +55,7 @@ TEST(WalkTreeTest, ATokenOfANonChildDoesNotCount) {
   EXPECT_THAT(walk.tokens, ElementsAre(12));
 }
 
-TEST(TreeValidationTest, RejectsMalformedTreesAndShapes) {
-  EXPECT_THAT(ValidateTree({}, {}, 100, 64).message(), HasSubstr("empty"));
-  EXPECT_THAT(ValidateTree(std::vector<int32_t>{1, 2}, std::vector<int32_t>{-1}, 100, 64).message(),
-              HasSubstr("parents"));
-  EXPECT_THAT(
-      ValidateTree(std::vector<int32_t>{1, 2}, std::vector<int32_t>{0, 0}, 100, 64).message(),
-      HasSubstr("parent"));
-  EXPECT_THAT(
-      ValidateTree(std::vector<int32_t>{1, 2}, std::vector<int32_t>{-1, 1}, 100, 64).message(),
-      HasSubstr("precedes"));
-  EXPECT_THAT(
-      ValidateTree(std::vector<int32_t>{1, 200}, std::vector<int32_t>{-1, 0}, 100, 64).message(),
-      HasSubstr("vocabulary"));
-  EXPECT_THAT(
-      ValidateTree(std::vector<int32_t>{1, 2, 3}, std::vector<int32_t>{-1, 0, 0}, 100, 2).message(),
-      HasSubstr("at most 2"));
-  EXPECT_TRUE(ValidateTree(std::vector<int32_t>{1, 2}, std::vector<int32_t>{-1, 0}, 100, 64).ok());
-
+TEST(TreeShapeTest, RejectsMalformedShapesAndMeasuresDepths) {
   EXPECT_TRUE(ValidateTreeShape({.nodes = 0, .expansions = 0, .max_depth = 0}, 64).ok());
   EXPECT_THAT(ValidateTreeShape({.nodes = 65, .expansions = 4, .max_depth = 8}, 64).message(),
               HasSubstr("[0, 64]"));
@@ -132,38 +115,59 @@ const TreeShape kTree16 = {.nodes = 16, .expansions = 4, .max_depth = 8};
 const TreeShape kChain8 = {.nodes = 8, .expansions = 1, .max_depth = 8};
 const TreeShape kOff = {.nodes = 0, .expansions = 1, .max_depth = 1};
 
-TEST_F(SpeculationTest, DraftGrowsTheRequestedTreeShape) {
+// Each step grows the tree its shape asks for (checked node by node), verifies it and commits
+// the accepted path: the root and the accepted nodes' tokens, in order.
+TEST_F(SpeculationTest, StepsGrowTheRequestedTreeAndCommitTheAcceptedPath) {
   const std::vector<int32_t> prompt = OraclePrompts(24)[2];
   auto session = *CpuSpeculativeSession::Create(*model_, ForwardMode::kVerify, *model_,
                                                 ForwardMode::kDraft, {.capacity = 128});
-  ASSERT_TRUE(session->Prefill(prompt).ok());
-  const int32_t root = prompt.back();
+  ASSERT_TRUE(
+      PrefillInChunks(*session, std::span<const int32_t>(prompt).first(prompt.size() - 1), 8).ok());
+  ASSERT_EQ(session->committed_length(), static_cast<int64_t>(prompt.size() - 1));
+  int32_t root = prompt.back();
+  // Depth cap 2 with 3 children per node holds at most 3 + 9 nodes: exactly 12 asked for.
   for (const TreeShape& shape :
        {kTree16, kChain8, TreeShape{.nodes = 12, .expansions = 3, .max_depth = 2}}) {
-    auto tree = session->Draft(root, shape);
-    ASSERT_TRUE(tree.ok()) << tree.status();
-    ASSERT_EQ(tree->size(), shape.nodes + 1);
-    EXPECT_TRUE(ValidateTree(tree->tokens, tree->parents, model_->config().vocab_size, 64).ok());
-    const std::vector<int32_t> depths = TreeDepths(tree->parents);
-    EXPECT_LE(*std::max_element(depths.begin(), depths.end()), shape.max_depth);
-    for (int32_t i = 1; i < tree->size(); ++i) {
+    SessionStep step{.root = root, .shape = shape};
+    const int64_t length = session->committed_length();
+    ASSERT_TRUE(session->Step(step).ok()) << step.status;
+    const DraftTree& tree = step.tree;
+    ASSERT_EQ(tree.size(), shape.nodes + 1);
+    EXPECT_EQ(tree.tokens[0], root);
+    EXPECT_EQ(tree.parents[0], -1);
+    std::vector<int32_t> depth(static_cast<size_t>(tree.size()), 0);
+    for (int32_t i = 1; i < tree.size(); ++i) {
+      ASSERT_TRUE(tree.parents[i] >= 0 && tree.parents[i] < i) << "node " << i;
+      depth[i] = depth[tree.parents[i]] + 1;
+      EXPECT_LE(depth[i], shape.max_depth);
+      EXPECT_TRUE(tree.tokens[i] >= 0 && tree.tokens[i] < model_->config().vocab_size);
       // Cumulative log-probabilities fall along every path, and siblings carry distinct tokens.
-      EXPECT_LE(tree->logprobs[i], tree->logprobs[tree->parents[i]]);
+      EXPECT_LE(tree.logprobs[i], tree.logprobs[tree.parents[i]]);
       for (int32_t j = 1; j < i; ++j) {
-        if (tree->parents[j] == tree->parents[i]) {
-          EXPECT_NE(tree->tokens[j], tree->tokens[i]);
+        if (tree.parents[j] == tree.parents[i]) {
+          EXPECT_NE(tree.tokens[j], tree.tokens[i]);
         }
       }
     }
     if (shape.expansions == 1) {
-      for (int32_t i = 1; i < tree->size(); ++i) EXPECT_EQ(tree->parents[i], i - 1);
-      EXPECT_EQ(tree->draft_forwards, shape.nodes);  // the last node is never run
+      for (int32_t i = 1; i < tree.size(); ++i) EXPECT_EQ(tree.parents[i], i - 1);
+      EXPECT_EQ(tree.draft_forwards, shape.nodes);  // the last node is never run
     }
-    EXPECT_EQ(session->committed_length(), static_cast<int64_t>(prompt.size()));
+    // The committed tokens are the path's nodes: the root, then each accepted child.
+    ASSERT_EQ(step.choices.size(), static_cast<size_t>(tree.size()));
+    ASSERT_FALSE(step.walk.path.empty());
+    EXPECT_EQ(step.walk.path[0], 0);
+    EXPECT_EQ(session->committed_length(), length + static_cast<int64_t>(step.walk.path.size()));
+    const std::span<const int32_t> committed =
+        session->committed_tokens().last(step.walk.path.size());
+    for (size_t i = 0; i < step.walk.path.size(); ++i) {
+      EXPECT_EQ(committed[i], tree.tokens[static_cast<size_t>(step.walk.path[i])]);
+      if (i > 0) {
+        EXPECT_EQ(tree.parents[static_cast<size_t>(step.walk.path[i])], step.walk.path[i - 1]);
+      }
+    }
+    root = step.walk.tokens.back();
   }
-  // Depth cap 2 with 3 children per node holds at most 3 + 9 nodes: exactly 12 here.
-  auto capped = *session->Draft(root, {.nodes = 12, .expansions = 3, .max_depth = 2});
-  EXPECT_EQ(capped.size(), 13);
 }
 
 // With the verifier itself as the drafter, greedy drafts are the target's own choices, so a
@@ -246,52 +250,74 @@ TEST_F(SpeculationTest, OwnDraftKvIsLosslessToo) {
   }
 }
 
-TEST_F(SpeculationTest, BadCallsAreRejectedAndChangeNothing) {
+// The ablation of a separate draft model: the split model's source GGUF in reference mode, which
+// agrees with the verifier almost always, so that multi-token paths are accepted and committed;
+// reading the verifier's KV or computing its own.
+TEST_F(SpeculationTest, SeparateDraftModelIsLosslessWithSharedAndOwnKv) {
+  auto source = LlamaModel::Load(testing::ModelPath(testing::kSmolLm2File), kThreads);
+  ASSERT_TRUE(source.ok()) << source.status();
+  const std::vector<int32_t> prompt = OraclePrompts(24)[0];
+  constexpr int kTokens = 16;
+  const std::vector<int32_t> expected = PlainDecode(prompt, {}, kTokens);
+  for (const DraftKv kv : {DraftKv::kShared, DraftKv::kOwn}) {
+    const testing::SpecRun run = testing::SpeculativeDecode(
+        *model_, prompt, {}, kTokens, kTree16, ForwardMode::kReference, kv, source->get());
+    EXPECT_EQ(run.tokens, expected) << DraftKvName(kv);
+    EXPECT_LT(run.verify_steps, kTokens) << DraftKvName(kv) << ": no drafted token was accepted";
+  }
+}
+
+TEST_F(SpeculationTest, BadStepsAreRejectedAndChangeNothing) {
   const std::vector<int32_t> prompt = OraclePrompts(16)[1];
   auto session = *CpuSpeculativeSession::Create(*model_, ForwardMode::kVerify, *model_,
                                                 ForwardMode::kDraft, {.capacity = 40});
-  ASSERT_TRUE(session->Prefill(prompt).ok());
+  ASSERT_TRUE(PrefillInChunks(*session, prompt, 64).ok());
   const int64_t length = session->committed_length();
-
-  EXPECT_EQ(session->Commit(std::vector<int32_t>{0}).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(session->Prefill(std::vector<int32_t>{1, -3}).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(session->Prefill(std::vector<int32_t>(30, 5)).code(),
-            absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(session->Draft(1, {.nodes = 30, .expansions = 4, .max_depth = 8}).status().code(),
-            absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(session->Draft(-1, kChain8).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(session->Draft(1, {.nodes = 4, .expansions = 0, .max_depth = 8}).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(session->Verify(std::vector<int32_t>{1, 2}, std::vector<int32_t>{-1, 5}, {}, 0, false)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(session
-                ->Verify(std::vector<int32_t>{1}, std::vector<int32_t>{-1}, {.temperature = -1.0f},
-                         0, false)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  const std::vector<int32_t> tokens(session->committed_tokens().begin(),
+                                    session->committed_tokens().end());
+  const int32_t vocab = static_cast<int32_t>(model_->config().vocab_size);
+  auto code = [&](SessionStep step) {
+    (void)session->Step(step);
+    return step.status.code();
+  };
+  using Code = absl::StatusCode;
+  EXPECT_EQ(code({.prefill = {1, -3}}), Code::kInvalidArgument);
+  EXPECT_EQ(code({.prefill = {1, vocab}}), Code::kInvalidArgument);
+  EXPECT_EQ(code({.prefill = std::vector<int32_t>(30, 5)}), Code::kResourceExhausted);
+  EXPECT_EQ(code({.root = 1, .shape = {.nodes = 30, .expansions = 4, .max_depth = 8}}),
+            Code::kResourceExhausted);
+  EXPECT_EQ(code({.root = -1, .shape = kChain8}), Code::kInvalidArgument);
+  EXPECT_EQ(code({.root = vocab, .shape = kOff}), Code::kInvalidArgument);
+  EXPECT_EQ(code({.root = 1, .shape = {.nodes = 4, .expansions = 0, .max_depth = 8}}),
+            Code::kInvalidArgument);
+  EXPECT_EQ(code({.root = 1, .shape = {.nodes = 4, .expansions = 2, .max_depth = 0}}),
+            Code::kInvalidArgument);
+  EXPECT_EQ(code({.root = 1, .shape = kOff, .sampling = {.temperature = -1.0f}}),
+            Code::kInvalidArgument);
+  EXPECT_EQ(code({.root = 1, .shape = kOff, .top_logprobs = -1}), Code::kInvalidArgument);
   EXPECT_EQ(session->committed_length(), length);
+  EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), session->committed_tokens().begin()));
 
-  auto choices =
-      session->Verify(std::vector<int32_t>{1, 2, 3}, std::vector<int32_t>{-1, 0, 0}, {}, 3, true);
-  ASSERT_TRUE(choices.ok());
-  // Greedy: the choice is the most likely token, and the top list starts with it.
-  EXPECT_EQ((*choices)[0].top_ids.size(), 3u);
-  EXPECT_EQ((*choices)[0].top_ids[0], (*choices)[0].token);
-  EXPECT_FLOAT_EQ((*choices)[0].top_logprobs[0], (*choices)[0].logprob);
-  EXPECT_LE((*choices)[0].logprob, 0.0f);
-  EXPECT_GE((*choices)[0].top_logprobs[0], (*choices)[0].top_logprobs[1]);
-  // Node 2 is not a child of node 1.
-  EXPECT_EQ(session->Commit(std::vector<int32_t>{0, 1, 2}).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(session->Commit(std::vector<int32_t>{1}).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(session->committed_length(), length);
-  ASSERT_TRUE(session->Commit(std::vector<int32_t>{0, 2}).ok());
-  EXPECT_EQ(session->committed_length(), length + 2);
-  EXPECT_THAT(session->committed_tokens().last(2), ElementsAre(1, 3));
+  // Log-probabilities: greedy picks the most likely token, and the top list starts with it.
+  SessionStep step{.root = 1, .shape = kOff, .top_logprobs = 3, .with_logprobs = true};
+  ASSERT_TRUE(session->Step(step).ok()) << step.status;
+  ASSERT_EQ(step.choices.size(), 1u);
+  const TargetChoice& choice = step.choices[0];
+  EXPECT_EQ(choice.top_ids.size(), 3u);
+  EXPECT_EQ(choice.top_ids[0], choice.token);
+  EXPECT_FLOAT_EQ(choice.top_logprobs[0], choice.logprob);
+  EXPECT_LE(choice.logprob, 0.0f);
+  EXPECT_GE(choice.top_logprobs[0], choice.top_logprobs[1]);
+  EXPECT_GE(choice.top_logprobs[1], choice.top_logprobs[2]);
+  EXPECT_EQ(session->committed_length(), length + 1);
+  EXPECT_THAT(session->committed_tokens().last(1), ElementsAre(1));
+  // A session one token short of its capacity takes the root alone: a tree no longer fits.
+  ASSERT_TRUE(PrefillInChunks(*session, std::vector<int32_t>(40 - length - 2, 5), 64).ok());
+  EXPECT_EQ(code({.root = 1, .shape = {.nodes = 1, .expansions = 1, .max_depth = 1}}),
+            Code::kResourceExhausted);
+  EXPECT_EQ(code({.root = 1, .shape = kOff}), Code::kOk);
+  EXPECT_EQ(session->committed_length(), 40);
+  EXPECT_EQ(code({.root = 1, .shape = kOff}), Code::kResourceExhausted);
 }
 
 // Continuous batching, at the forward: sequences run together (a causal prefill chunk, a

@@ -1,9 +1,9 @@
 // The gpu-drafter service as a process (services/gpu-drafter), in front of a real cpu-residual
-// process, both on unix sockets in a temporary directory, driven through
-// common/rpc/drafter_client.h. The expectation is independent of the service: the SmolLM2 split
-// model loaded in this process (LlamaModel::LoadSplit(base, residual), the residual mapped here)
-// decoding one token at a time with Sampler::Choose. Speculation through the service must give
-// exactly those tokens (docs/design.md §3, the losslessness invariant).
+// process, both on unix sockets in a temporary directory, driven through its Generate stream
+// (common/rpc/drafter_client.h). The expectation is independent of the service: the SmolLM2
+// split model loaded in this process (LlamaModel::LoadSplit(base, residual), the residual mapped
+// here) decoding one token at a time with Sampler::Choose. Generation through the service, with
+// any tree shape, must give exactly those tokens (docs/design.md §3, the losslessness invariant).
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -129,6 +129,52 @@ v1::SamplingParams ToProto(const model::SamplingParams& params) {
   return proto;
 }
 
+// One Generate stream read to its end.
+struct GenerateOutcome {
+  absl::Status status;
+  std::vector<int32_t> tokens;
+  std::vector<v1::NodeChoice> choices;  // one per token
+  int prefill_events = 0;
+  int step_events = 0;
+  bool context_full = false;
+  std::vector<v1::StepReport> steps;
+};
+
+GenerateOutcome RunGenerate(rpc::DrafterClient& client, const v1::GenerateRequest& request) {
+  GenerateOutcome outcome;
+  std::unique_ptr<rpc::DrafterClient::GenerateCall> call = client.Generate(request);
+  v1::GenerateEvent event;
+  while (call->Read(&event)) {
+    outcome.tokens.insert(outcome.tokens.end(), event.tokens().begin(), event.tokens().end());
+    outcome.choices.insert(outcome.choices.end(), event.choices().begin(), event.choices().end());
+    if (event.has_step()) {
+      ++outcome.step_events;
+      outcome.steps.push_back(event.step());
+      EXPECT_EQ(event.tokens_size(), event.choices_size());
+    } else if (!event.context_full()) {
+      ++outcome.prefill_events;
+    }
+    outcome.context_full = outcome.context_full || event.context_full();
+  }
+  outcome.status = call->Finish();
+  return outcome;
+}
+
+// Prompt() and max_tokens; a tree of `nodes` (k 4, depth 8) unless 0 (off).
+v1::GenerateRequest GenerateRequestFor(int max_tokens, int nodes = 0,
+                                       const model::SamplingParams& sampling = {}) {
+  v1::GenerateRequest request;
+  request.mutable_prompt()->Add(Prompt().begin(), Prompt().end());
+  request.set_max_tokens(max_tokens);
+  *request.mutable_sampling() = ToProto(sampling);
+  if (nodes > 0) {
+    request.set_nodes(nodes);
+    request.set_expansions(4);
+    request.set_max_depth(8);
+  }
+  return request;
+}
+
 // ---- Fixture -----------------------------------------------------------------------------------
 
 class DrafterServiceTest : public ::testing::Test {
@@ -206,148 +252,47 @@ class DrafterServiceTest : public ::testing::Test {
     client_ = *std::move(client);
   }
 
-  // A session holding Prompt() minus its last token (the first root).
-  uint64_t OpenAndPrefill(int32_t context = 64) {
-    auto opened = client_->OpenSession(context);
-    EXPECT_TRUE(opened.ok()) << opened.status();
-    if (!opened.ok()) return 0;
-    EXPECT_EQ(opened->context(), context);
-    v1::PrefillRequest prefill;
-    prefill.set_session_id(opened->session_id());
-    prefill.mutable_tokens()->Add(Prompt().begin(), Prompt().end() - 1);
-    auto prefilled = client_->Prefill(prefill);
-    EXPECT_TRUE(prefilled.ok()) << prefilled.status();
-    if (prefilled.ok()) {
-      EXPECT_EQ(prefilled->committed_length(), static_cast<int32_t>(Prompt().size() - 1));
-      EXPECT_GT(prefilled->elapsed_ns(), 0);
-    }
-    return opened->session_id();
-  }
-
-  // `count` plain steps from the end of the prompt (its last token is the first root).
-  absl::StatusOr<std::vector<int32_t>> DecodePlain(uint64_t session, int count) {
-    std::vector<int32_t> tokens;
-    int32_t root = Prompt().back();
-    for (int i = 0; i < count; ++i) {
-      absl::StatusOr<int32_t> token = Step(session, root);
-      if (!token.ok()) return token.status();
-      tokens.push_back(*token);
-      root = *token;
-    }
-    return tokens;
-  }
-
-  // One plain step: Verify of the root alone, Commit{0}. The target's choice, or the status.
-  absl::StatusOr<int32_t> Step(uint64_t session, int32_t root,
-                               const model::SamplingParams& params = {}) {
-    v1::VerifyRequest verify;
-    verify.set_session_id(session);
-    verify.add_tokens(root);
-    verify.add_parents(-1);
-    *verify.mutable_sampling() = ToProto(params);
-    auto verified = client_->Verify(verify);
-    if (!verified.ok()) return verified.status();
-    if (verified->choices_size() != 1) return absl::InternalError("not one choice");
-    v1::CommitRequest commit;
-    commit.set_session_id(session);
-    commit.add_nodes(0);
-    auto committed = client_->Commit(commit);
-    if (!committed.ok()) return committed.status();
-    return verified->choices(0).token();
-  }
-
-  absl::StatusCode VerifyCode(uint64_t session, std::vector<int32_t> tokens,
-                              std::vector<int32_t> parents, v1::SamplingParams sampling = {},
-                              int logprobs = 0) {
-    v1::VerifyRequest request;
-    request.set_session_id(session);
-    request.mutable_tokens()->Add(tokens.begin(), tokens.end());
-    request.mutable_parents()->Add(parents.begin(), parents.end());
-    *request.mutable_sampling() = sampling;
-    request.set_logprobs(logprobs);
-    return client_->Verify(request).status().code();
-  }
-
   int OpenSessions() {
     auto info = client_->GetInfo();
     EXPECT_TRUE(info.ok()) << info.status();
     return info.ok() ? info->open_sessions() : -1;
   }
-
-  // Speculation through the service: Draft, Verify, WalkTree, Commit until `count` tokens are
-  // emitted; checks every tree. Returns the emitted tokens.
-  // `verify_steps` (optional) counts the Verify calls.
-  std::vector<int32_t> Speculate(uint64_t session, const model::SamplingParams& params, int nodes,
-                                 int expansions, int max_depth, int count,
-                                 int* verify_steps = nullptr) {
-    std::vector<int32_t> emitted;
-    int32_t root = Prompt().back();
-    int32_t committed = static_cast<int32_t>(Prompt().size() - 1);
-    while (static_cast<int>(emitted.size()) < count) {
-      v1::DraftRequest draft;
-      draft.set_session_id(session);
-      draft.set_root_token(root);
-      draft.set_nodes(nodes);
-      draft.set_expansions(expansions);
-      draft.set_max_depth(max_depth);
-      auto tree = client_->Draft(draft);
-      EXPECT_TRUE(tree.ok()) << tree.status();
-      if (!tree.ok()) break;
-      // The requested size (the model always has more than `expansions` candidates), valid
-      // parents, the depth cap, a chain for expansions = 1.
-      EXPECT_EQ(tree->tokens_size(), nodes + 1);
-      EXPECT_EQ(tree->parents_size(), tree->tokens_size());
-      EXPECT_EQ(tree->logprobs_size(), tree->tokens_size());
-      EXPECT_EQ(tree->tokens(0), root);
-      EXPECT_EQ(tree->parents(0), -1);
-      EXPECT_EQ(tree->logprobs(0), 0.0f);
-      EXPECT_GE(tree->draft_forwards(), nodes > 0 ? 1 : 0);
-      std::vector<int32_t> depth(static_cast<size_t>(tree->tokens_size()), 0);
-      for (int i = 1; i < tree->tokens_size(); ++i) {
-        const int32_t parent = tree->parents(i);
-        if (parent < 0 || parent >= i) {
-          ADD_FAILURE() << "node " << i << " has parent " << parent;
-          return emitted;
-        }
-        depth[i] = depth[parent] + 1;
-        EXPECT_LE(depth[i], max_depth);
-        // Cumulative log-probabilities only fall along a path.
-        EXPECT_LE(tree->logprobs(i), tree->logprobs(parent));
-        if (expansions == 1) {
-          EXPECT_EQ(parent, i - 1);
-        }
-      }
-      v1::VerifyRequest verify;
-      verify.set_session_id(session);
-      *verify.mutable_tokens() = tree->tokens();
-      *verify.mutable_parents() = tree->parents();
-      *verify.mutable_sampling() = ToProto(params);
-      auto verified = client_->Verify(verify);
-      EXPECT_TRUE(verified.ok()) << verified.status();
-      if (!verified.ok()) break;
-      EXPECT_EQ(verified->choices_size(), tree->tokens_size());
-      EXPECT_GT(verified->elapsed_ns(), 0);
-      EXPECT_GT(verified->residual_wait_ns(), 0);  // the residual is remote
-      EXPECT_LE(verified->residual_wait_ns(), verified->elapsed_ns());
-      std::vector<int32_t> targets;
-      for (const v1::NodeChoice& choice : verified->choices()) targets.push_back(choice.token());
-      const std::vector<int32_t> tokens(tree->tokens().begin(), tree->tokens().end());
-      const std::vector<int32_t> parents(tree->parents().begin(), tree->parents().end());
-      const model::WalkResult walk = model::WalkTree(tokens, parents, targets);
-      v1::CommitRequest commit;
-      commit.set_session_id(session);
-      commit.mutable_nodes()->Add(walk.path.begin(), walk.path.end());
-      auto committed_response = client_->Commit(commit);
-      EXPECT_TRUE(committed_response.ok()) << committed_response.status();
-      if (!committed_response.ok()) break;
-      committed += static_cast<int32_t>(walk.path.size());
-      EXPECT_EQ(committed_response->committed_length(), committed);
-      emitted.insert(emitted.end(), walk.tokens.begin(), walk.tokens.end());
-      root = walk.tokens.back();
-      if (verify_steps != nullptr) ++*verify_steps;
+  // Whether the drafter reports `count` open sessions within `timeout`.
+  bool WaitForOpenSessions(int count, milliseconds timeout = milliseconds(5000)) {
+    const auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      if (OpenSessions() == count) return true;
+      std::this_thread::sleep_for(milliseconds(10));
     }
-    emitted.resize(std::min<size_t>(emitted.size(), static_cast<size_t>(count)));
-    return emitted;
+    return false;
+  }
+
+  // `count` generations that hold a session each: admitted (each sent its first event) and far
+  // from done (they run until the context is full). Cancel a call to free its session.
+  std::vector<std::unique_ptr<rpc::DrafterClient::GenerateCall>> HoldSessions(int count) {
+    std::vector<std::unique_ptr<rpc::DrafterClient::GenerateCall>> calls;
+    for (int i = 0; i < count; ++i) {
+      calls.push_back(client_->Generate(GenerateRequestFor(1 << 20)));
+      v1::GenerateEvent first;
+      EXPECT_TRUE(calls.back()->Read(&first)) << calls.back()->Finish();
+    }
+    return calls;
+  }
+  static void Release(std::vector<std::unique_ptr<rpc::DrafterClient::GenerateCall>>& calls) {
+    for (auto& call : calls) {
+      call->Cancel();
+      EXPECT_EQ(call->Finish().code(), absl::StatusCode::kCancelled);
+    }
+    calls.clear();
+  }
+  // Whether the drafter's readiness reports `status` within two of its 500 ms probe periods.
+  bool WaitForReadiness(int status) {
+    const auto deadline = Clock::now() + milliseconds(1500);
+    while (Clock::now() < deadline) {
+      if (HealthStatus(drafter_target(), "readiness") == status) return true;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    return false;
   }
 
   static inline std::string* dir_ = nullptr;
@@ -357,9 +302,9 @@ class DrafterServiceTest : public ::testing::Test {
   std::unique_ptr<rpc::DrafterClient> client_;
 };
 
-// ---- (1) plain decoding through the service ----------------------------------------------------
+// ---- (1) generation through the service equals plain decoding -----------------------------------
 
-TEST_F(DrafterServiceTest, GreedyDecodeEqualsInProcessPlainDecode) {
+TEST_F(DrafterServiceTest, GreedyGenerateEqualsPlainDecodeAndInfoDescribesIt) {
   constexpr int kTokens = 16;
   const std::vector<int32_t> expected = PlainDecode({}, kTokens);
   ASSERT_EQ(expected.size(), static_cast<size_t>(kTokens));
@@ -368,20 +313,17 @@ TEST_F(DrafterServiceTest, GreedyDecodeEqualsInProcessPlainDecode) {
       << ::testing::PrintToString(expected);
   ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
   ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter));
-  const uint64_t session = OpenAndPrefill();
-  auto got = DecodePlain(session, kTokens);
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(*got, expected);
+  const GenerateOutcome run = RunGenerate(*client_, GenerateRequestFor(kTokens));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.tokens, expected);
   auto info = client_->GetInfo();
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->backend(), "cpu");
   EXPECT_EQ(info->residual(), "shm " + residual_target());
-  EXPECT_EQ(info->draft_model(), "base");
-  EXPECT_EQ(info->draft_kv(), "shared");
   EXPECT_EQ(info->max_context(), kMaxContext);
   EXPECT_EQ(info->max_tree_nodes(), kMaxTreeNodes);
   EXPECT_EQ(info->max_sessions(), 2);
-  EXPECT_EQ(info->open_sessions(), 1);
+  EXPECT_EQ(info->open_sessions(), 0);  // the stream ended: its session is closed
   EXPECT_EQ(info->vocab_size(), 49152);
   EXPECT_EQ(info->layers(), 30);
   EXPECT_EQ(info->fingerprint().size(), 64u);
@@ -390,6 +332,16 @@ TEST_F(DrafterServiceTest, GreedyDecodeEqualsInProcessPlainDecode) {
   EXPECT_FALSE(info->residual_format().empty());
   EXPECT_EQ(info->vram_plan(), "");  // the cpu backend has no VRAM plan
   EXPECT_EQ(info->vram_budget_bytes(), 0u);
+  // One step event per token (off), every one a forward of its own: the counters say so.
+  EXPECT_EQ(info->scheduler_iterations(), info->verify_forwards());
+  EXPECT_EQ(info->verify_rows(), static_cast<int64_t>(Prompt().size() - 1) + kTokens);
+  EXPECT_FALSE(info->has_residual_stats());  // only when asked for
+  auto with_stats = client_->GetInfo(milliseconds(5000), /*include_residual_stats=*/true);
+  ASSERT_TRUE(with_stats.ok()) << with_stats.status();
+  ASSERT_TRUE(with_stats->has_residual_stats());
+  EXPECT_EQ(
+      with_stats->residual_stats().weight_bytes_read(),
+      with_stats->residual_stats().weight_bytes() * static_cast<uint64_t>(info->verify_forwards()));
   // The socket is owner/group only.
   struct stat st;
   ASSERT_EQ(stat(drafter_socket_.c_str(), &st), 0);
@@ -413,298 +365,73 @@ TEST_F(DrafterServiceTest, InProcessResidualFileGivesTheSameTokens) {
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->residual(), "in-process");
   EXPECT_EQ(info->residual_bytes(), std::filesystem::file_size(paths_.residual));
-  const uint64_t session = OpenAndPrefill();
-  auto got = DecodePlain(session, kTokens);
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(*got, expected);
+  const GenerateOutcome run = RunGenerate(*client_, GenerateRequestFor(kTokens, 6));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.tokens, expected);
 }
 
 // ---- (2) speculation through the service is lossless -------------------------------------------
 
-TEST_F(DrafterServiceTest, DraftedTreesAreValidAndSpeculationIsLossless) {
+// Every shape (trees, a chain, off), greedy and sampled: the tokens of plain decoding, and step
+// reports that describe trees of the asked shape.
+TEST_F(DrafterServiceTest, SpeculationIsLosslessAndStepsReportTheirTrees) {
   constexpr int kTokens = 8;
   const model::SamplingParams greedy;
   const model::SamplingParams sampled{.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = 7};
-  const std::vector<int32_t> expected_greedy = PlainDecode(greedy, kTokens);
-  const std::vector<int32_t> expected_sampled = PlainDecode(sampled, kTokens);
   ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
   ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter));
-  struct Shape {
+  struct Case {
     int nodes, expansions, max_depth;
+    model::SamplingParams sampling;
   };
-  for (const Shape shape : {Shape{6, 2, 3}, Shape{4, 1, 8}, Shape{0, 1, 1}}) {
-    SCOPED_TRACE(::testing::Message() << "N=" << shape.nodes << " k=" << shape.expansions
-                                      << " depth=" << shape.max_depth);
-    const uint64_t session = OpenAndPrefill();
-    EXPECT_EQ(Speculate(session, greedy, shape.nodes, shape.expansions, shape.max_depth, kTokens),
-              expected_greedy);
-    ASSERT_TRUE(client_->CloseSession(session).ok());
-  }
-  const uint64_t session = OpenAndPrefill();
-  EXPECT_EQ(Speculate(session, sampled, 6, 3, 4, kTokens), expected_sampled);
-}
-
-// The ablation: a separate GGUF drafts (here the split model's own source, which agrees with the
-// verifier almost always, so that multi-node paths are accepted and committed), reading the
-// verifier's KV or its own.
-TEST_F(DrafterServiceTest, SeparateDraftModelIsLosslessWithSharedAndOwnKv) {
-  constexpr int kTokens = 12;
-  const std::vector<int32_t> expected = PlainDecode({}, kTokens);
-  const std::string draft_model = testing::ModelPath(testing::kSmolLm2File);
-  for (const std::string kv : {"shared", "own"}) {
-    SCOPED_TRACE(kv);
-    ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
-    ASSERT_NO_FATAL_FAILURE(
-        StartBoth(residual, drafter, {"--draft-model", draft_model, "--draft-kv", kv}));
-    auto info = client_->GetInfo();
-    ASSERT_TRUE(info.ok()) << info.status();
-    EXPECT_EQ(info->draft_model(), draft_model);
-    EXPECT_EQ(info->draft_kv(), kv);
-    const uint64_t session = OpenAndPrefill();
-    int verify_steps = 0;
-    EXPECT_EQ(Speculate(session, {}, 6, 2, 4, kTokens, &verify_steps), expected);
-    EXPECT_LT(verify_steps, kTokens) << "no drafted token was ever accepted";
-  }
-}
-
-// ---- (3) bad input -----------------------------------------------------------------------------
-
-TEST_F(DrafterServiceTest, BadInputGetsClearErrorsAndTheServiceKeepsServing) {
-  const std::vector<int32_t> expected = PlainDecode({}, 2);
-  ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
-  ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter));
-  const uint64_t session = OpenAndPrefill();
-  const int32_t root = Prompt().back();
-  constexpr int32_t kVocab = 49152;
-  using Code = absl::StatusCode;
-
-  // Unknown sessions.
-  constexpr uint64_t kUnknown = 987654321;
-  {
-    v1::PrefillRequest prefill;
-    prefill.set_session_id(kUnknown);
-    prefill.add_tokens(1);
-    const absl::Status status = client_->Prefill(prefill).status();
-    EXPECT_EQ(status.code(), Code::kNotFound) << status;
-    EXPECT_NE(status.message().find("987654321"), std::string::npos) << status;
-    v1::DraftRequest draft;
-    draft.set_session_id(kUnknown);
-    draft.set_root_token(root);
-    EXPECT_EQ(client_->Draft(draft).status().code(), Code::kNotFound);
-    EXPECT_EQ(VerifyCode(kUnknown, {root}, {-1}), Code::kNotFound);
-    v1::CommitRequest commit;
-    commit.set_session_id(kUnknown);
-    commit.add_nodes(0);
-    EXPECT_EQ(client_->Commit(commit).status().code(), Code::kNotFound);
-    EXPECT_EQ(client_->CloseSession(kUnknown).code(), Code::kNotFound);
-  }
-  // Prefill: empty, tokens outside the vocabulary.
-  for (const std::vector<int32_t>& tokens :
-       {std::vector<int32_t>{}, std::vector<int32_t>{1, -1}, std::vector<int32_t>{kVocab}}) {
-    v1::PrefillRequest prefill;
-    prefill.set_session_id(session);
-    prefill.mutable_tokens()->Add(tokens.begin(), tokens.end());
-    const absl::Status status = client_->Prefill(prefill).status();
-    EXPECT_EQ(status.code(), Code::kInvalidArgument) << status;
-  }
-  // Draft: root outside the vocabulary, a tree above --max-tree-nodes, bad expansions / depth.
-  struct BadDraft {
-    int32_t root, nodes, expansions, max_depth;
-  };
-  for (const BadDraft& bad :
-       {BadDraft{kVocab, 2, 1, 2}, BadDraft{-3, 2, 1, 2}, BadDraft{root, kMaxTreeNodes, 2, 4},
-        BadDraft{root, -1, 1, 1}, BadDraft{root, 2, 0, 2}, BadDraft{root, 2, 1, 0}}) {
-    v1::DraftRequest draft;
-    draft.set_session_id(session);
-    draft.set_root_token(bad.root);
-    draft.set_nodes(bad.nodes);
-    draft.set_expansions(bad.expansions);
-    draft.set_max_depth(bad.max_depth);
-    const absl::Status status = client_->Draft(draft).status();
-    EXPECT_EQ(status.code(), Code::kInvalidArgument)
-        << status << " root " << bad.root << " nodes " << bad.nodes;
-  }
-  // Verify: bad trees.
-  EXPECT_EQ(VerifyCode(session, {}, {}), Code::kInvalidArgument);                   // empty
-  EXPECT_EQ(VerifyCode(session, {root, 5}, {-1}), Code::kInvalidArgument);          // lengths
-  EXPECT_EQ(VerifyCode(session, {root, 5}, {0, 0}), Code::kInvalidArgument);        // root parent
-  EXPECT_EQ(VerifyCode(session, {root, 5}, {-1, 1}), Code::kInvalidArgument);       // parent >= i
-  EXPECT_EQ(VerifyCode(session, {root, 5}, {-1, -1}), Code::kInvalidArgument);      // second root
-  EXPECT_EQ(VerifyCode(session, {root, kVocab}, {-1, 0}), Code::kInvalidArgument);  // token
-  {
-    std::vector<int32_t> tokens(kMaxTreeNodes + 1, root), parents(kMaxTreeNodes + 1, 0);
-    parents[0] = -1;
-    EXPECT_EQ(VerifyCode(session, tokens, parents), Code::kInvalidArgument);  // too large
-  }
-  // Verify: bad sampling and logprobs.
-  {
-    v1::SamplingParams sampling;
-    sampling.set_temperature(-1.0f);
-    EXPECT_EQ(VerifyCode(session, {root}, {-1}, sampling), Code::kInvalidArgument);
-    sampling.set_temperature(std::numeric_limits<float>::quiet_NaN());
-    EXPECT_EQ(VerifyCode(session, {root}, {-1}, sampling), Code::kInvalidArgument);
-    sampling = {};
-    sampling.set_top_k(-2);
-    EXPECT_EQ(VerifyCode(session, {root}, {-1}, sampling), Code::kInvalidArgument);
-    sampling = {};
-    sampling.set_top_p(1.5f);
-    EXPECT_EQ(VerifyCode(session, {root}, {-1}, sampling), Code::kInvalidArgument);
-    sampling.set_top_p(-0.5f);
-    EXPECT_EQ(VerifyCode(session, {root}, {-1}, sampling), Code::kInvalidArgument);
-    EXPECT_EQ(VerifyCode(session, {root}, {-1}, {}, -1), Code::kInvalidArgument);
-    EXPECT_EQ(VerifyCode(session, {root}, {-1}, {}, 100000), Code::kInvalidArgument);
-  }
-  // Commit without a Verify; a bad path after one.
-  {
-    v1::CommitRequest commit;
-    commit.set_session_id(session);
-    commit.add_nodes(0);
-    const absl::Status status = client_->Commit(commit).status();
-    EXPECT_EQ(status.code(), Code::kFailedPrecondition) << status;
-    ASSERT_EQ(VerifyCode(session, {root, 5, 6}, {-1, 0, 0}), Code::kOk);
-    for (const std::vector<int32_t>& path :
-         {std::vector<int32_t>{1}, std::vector<int32_t>{0, 1, 2}, std::vector<int32_t>{0, 7}}) {
-      commit.clear_nodes();
-      commit.mutable_nodes()->Add(path.begin(), path.end());
-      EXPECT_EQ(client_->Commit(commit).status().code(), Code::kInvalidArgument)
-          << "path of " << path.size();
-    }
-  }
-  // OpenSession: contexts outside [0, max].
-  EXPECT_EQ(client_->OpenSession(-1).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(client_->OpenSession(kMaxContext + 1).status().code(), Code::kInvalidArgument);
-  // A full context: RESOURCE_EXHAUSTED from the session, nothing committed.
-  {
-    auto small = client_->OpenSession(8);
-    ASSERT_TRUE(small.ok()) << small.status();
-    v1::PrefillRequest prefill;
-    prefill.set_session_id(small->session_id());
-    const std::vector<int32_t> nine(9, Prompt()[0]);
-    prefill.mutable_tokens()->Add(nine.begin(), nine.end());
-    EXPECT_EQ(client_->Prefill(prefill).status().code(), Code::kResourceExhausted);
-    prefill.mutable_tokens()->RemoveLast();  // 8: fits exactly
-    auto prefilled = client_->Prefill(prefill);
-    ASSERT_TRUE(prefilled.ok()) << prefilled.status();
-    EXPECT_EQ(prefilled->committed_length(), 8);
-    EXPECT_EQ(VerifyCode(small->session_id(), {root}, {-1}), Code::kResourceExhausted);
-    ASSERT_TRUE(client_->CloseSession(small->session_id()).ok());
-  }
-  // Still serving, and the session's state is intact: it continues the plain decode.
-  EXPECT_EQ(HealthStatus(drafter_target()), grpc::health::v1::HealthCheckResponse::SERVING);
-  auto first = Step(session, root);
-  ASSERT_TRUE(first.ok()) << first.status();
-  EXPECT_EQ(*first, expected[0]);
-  auto second = Step(session, *first);
-  ASSERT_TRUE(second.ok()) << second.status();
-  EXPECT_EQ(*second, expected[1]);
-  EXPECT_EQ(OpenSessions(), 1);
-  EXPECT_TRUE(drafter.running());
-}
-
-// ---- (4) the session limit ---------------------------------------------------------------------
-
-TEST_F(DrafterServiceTest, SessionLimitAndCloseFreesASlot) {
-  ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
-  ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter));
-  EXPECT_EQ(OpenSessions(), 0);
-  auto a = client_->OpenSession(0);  // 0: the maximum
-  ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_EQ(a->context(), kMaxContext);
-  auto b = client_->OpenSession(32);
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_NE(a->session_id(), b->session_id());
-  EXPECT_EQ(OpenSessions(), 2);
-  const absl::Status full = client_->OpenSession(32).status();
-  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
-  EXPECT_EQ(OpenSessions(), 2);
-  ASSERT_TRUE(client_->CloseSession(a->session_id()).ok());
-  EXPECT_EQ(OpenSessions(), 1);
-  EXPECT_EQ(client_->CloseSession(a->session_id()).code(), absl::StatusCode::kNotFound);
-  auto c = client_->OpenSession(32);
-  ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_NE(c->session_id(), a->session_id());  // ids are not reused
-  EXPECT_EQ(OpenSessions(), 2);
-  // The closed session is gone for every RPC.
-  v1::PrefillRequest prefill;
-  prefill.set_session_id(a->session_id());
-  prefill.add_tokens(1);
-  EXPECT_EQ(client_->Prefill(prefill).status().code(), absl::StatusCode::kNotFound);
-}
-
-// Two sessions driven from two threads at once: the engine runs one forward at a time, and
-// neither session disturbs the other.
-TEST_F(DrafterServiceTest, ConcurrentSessionsEachEqualPlainDecode) {
-  constexpr int kTokens = 8;
-  const model::SamplingParams greedy;
-  const model::SamplingParams sampled{.temperature = 0.8f, .top_k = 0, .top_p = 1.0f, .seed = 3};
-  const std::vector<int32_t> expected_greedy = PlainDecode(greedy, kTokens);
-  const std::vector<int32_t> expected_sampled = PlainDecode(sampled, kTokens);
-  ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
-  ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter));
-  const uint64_t a = OpenAndPrefill();
-  const uint64_t b = OpenAndPrefill();
-  auto decode = [&](uint64_t session, const model::SamplingParams& params) {
-    std::vector<int32_t> got;
-    int32_t root = Prompt().back();
-    for (int i = 0; i < kTokens; ++i) {
-      auto token = Step(session, root, params);
-      if (!token.ok()) {
-        ADD_FAILURE() << token.status();
-        break;
+  for (const Case& c : {Case{6, 2, 3, greedy}, Case{4, 1, 8, greedy}, Case{0, 1, 1, greedy},
+                        Case{6, 3, 4, sampled}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << c.nodes << " k=" << c.expansions << " depth="
+                                      << c.max_depth << " T=" << c.sampling.temperature);
+    v1::GenerateRequest request = GenerateRequestFor(kTokens, 0, c.sampling);
+    request.set_nodes(c.nodes);
+    request.set_expansions(c.expansions);
+    request.set_max_depth(c.max_depth);
+    const GenerateOutcome run = RunGenerate(*client_, request);
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    EXPECT_EQ(run.tokens, PlainDecode(c.sampling, kTokens));
+    for (const v1::StepReport& step : run.steps) {
+      EXPECT_EQ(step.tree_nodes(), c.nodes + 1);  // the model always has the candidates
+      EXPECT_LE(step.tree_depth(), c.nodes == 0 ? 0 : c.max_depth);
+      if (c.expansions == 1) {
+        EXPECT_EQ(step.tree_depth(), step.tree_nodes() - 1);  // a chain
       }
-      got.push_back(*token);
-      root = *token;
+      EXPECT_LE(step.accepted_depth(), step.tree_depth());
+      EXPECT_EQ(step.draft_forwards() > 0, c.nodes > 0);
+      EXPECT_GT(step.verify_ns(), 0);
+      EXPECT_EQ(step.batch_rows(), step.tree_nodes());  // alone in its iterations
+      EXPECT_EQ(step.batch_generations(), 1);
     }
-    return got;
-  };
-  std::vector<int32_t> got_sampled;
-  std::thread other([&] { got_sampled = decode(b, sampled); });
-  const std::vector<int32_t> got_greedy = decode(a, greedy);
-  other.join();
-  EXPECT_EQ(got_greedy, expected_greedy);
-  EXPECT_EQ(got_sampled, expected_sampled);
+  }
 }
 
-// ---- Generate: the drafter runs the whole generation -----------------------------------------
-
-struct GenerateOutcome {
-  absl::Status status;
-  std::vector<int32_t> tokens;
-  int prefill_events = 0;
-  int step_events = 0;
-  bool context_full = false;
-  v1::StepReport last_step;
-};
-
-GenerateOutcome RunGenerate(rpc::DrafterClient& client, const v1::GenerateRequest& request) {
-  GenerateOutcome outcome;
-  std::unique_ptr<rpc::DrafterClient::GenerateCall> call = client.Generate(request);
-  v1::GenerateEvent event;
-  while (call->Read(&event)) {
-    outcome.tokens.insert(outcome.tokens.end(), event.tokens().begin(), event.tokens().end());
-    if (event.has_step()) {
-      ++outcome.step_events;
-      outcome.last_step = event.step();
-      EXPECT_EQ(event.tokens_size(), event.choices_size());
-    } else if (!event.context_full()) {
-      ++outcome.prefill_events;
-    }
-    outcome.context_full = outcome.context_full || event.context_full();
+// Log-probabilities of every emitted token: greedy emits the most likely token, listed first
+// among its alternatives, which come in descending order.
+TEST_F(DrafterServiceTest, LogprobsComeWithEveryToken) {
+  ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
+  ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter));
+  v1::GenerateRequest request = GenerateRequestFor(6, 6);
+  request.set_logprobs(3);
+  const GenerateOutcome run = RunGenerate(*client_, request);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.tokens, PlainDecode({}, 6));
+  ASSERT_EQ(run.choices.size(), run.tokens.size());
+  for (size_t i = 0; i < run.choices.size(); ++i) {
+    const v1::NodeChoice& choice = run.choices[i];
+    EXPECT_EQ(choice.token(), run.tokens[i]);
+    ASSERT_EQ(choice.top_ids_size(), 3);
+    ASSERT_EQ(choice.top_logprobs_size(), 3);
+    EXPECT_EQ(choice.top_ids(0), choice.token());
+    EXPECT_FLOAT_EQ(choice.top_logprobs(0), choice.logprob());
+    EXPECT_LE(choice.logprob(), 0.0f);
+    EXPECT_GE(choice.top_logprobs(0), choice.top_logprobs(1));
+    EXPECT_GE(choice.top_logprobs(1), choice.top_logprobs(2));
   }
-  outcome.status = call->Finish();
-  return outcome;
-}
-
-v1::GenerateRequest GenerateRequestFor(int max_tokens, int nodes = 0) {
-  v1::GenerateRequest request;
-  request.mutable_prompt()->Add(Prompt().begin(), Prompt().end());
-  request.set_max_tokens(max_tokens);
-  if (nodes > 0) {
-    request.set_nodes(nodes);
-    request.set_expansions(4);
-    request.set_max_depth(8);
-  }
-  return request;
 }
 
 TEST_F(DrafterServiceTest, GenerateEqualsPlainDecodeAndEndsWhereAsked) {
@@ -719,12 +446,13 @@ TEST_F(DrafterServiceTest, GenerateEqualsPlainDecodeAndEndsWhereAsked) {
     ASSERT_TRUE(run.status.ok()) << run.status;
     EXPECT_EQ(run.tokens, expected);
     EXPECT_EQ(run.prefill_events, static_cast<int>((Prompt().size() - 1 + 4) / 5));
-    EXPECT_GT(run.last_step.verify_ns(), 0);
+    ASSERT_FALSE(run.steps.empty());
+    EXPECT_GT(run.steps.back().verify_ns(), 0);
     if (nodes == 0) {
-      EXPECT_EQ(run.last_step.tree_nodes(), 1);
+      EXPECT_EQ(run.steps.back().tree_nodes(), 1);
       EXPECT_EQ(run.step_events, kTokens);
     } else {
-      EXPECT_GE(run.last_step.tree_nodes(), 2);
+      EXPECT_GE(run.steps.back().tree_nodes(), 2);
     }
   }
   // An end token ends the stream right after it is emitted.
@@ -761,10 +489,22 @@ TEST_F(DrafterServiceTest, BadGenerateRequestsAreRefusedNamingTheField) {
       {"prompt beyond the context", [](v1::GenerateRequest& r) { r.set_context(3); }, "do not fit"},
       {"max_tokens", [](v1::GenerateRequest& r) { r.set_max_tokens(0); }, "max_tokens"},
       {"end token", [](v1::GenerateRequest& r) { r.add_end_token_ids(1 << 30); }, "end token"},
+      {"negative context", [](v1::GenerateRequest& r) { r.set_context(-1); }, "context"},
       {"temperature", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_temperature(-1); },
        "temperature"},
+      {"NaN temperature",
+       [](v1::GenerateRequest& r) {
+         r.mutable_sampling()->set_temperature(std::numeric_limits<float>::quiet_NaN());
+       },
+       "temperature"},
+      {"top_k", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_k(-2); }, "top_k"},
+      {"top_p", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_p(1.5f); }, "top_p"},
       {"logprobs", [](v1::GenerateRequest& r) { r.set_logprobs(99); }, "logprobs"},
+      {"negative logprobs", [](v1::GenerateRequest& r) { r.set_logprobs(-1); }, "logprobs"},
       {"tree", [](v1::GenerateRequest& r) { r.set_nodes(kMaxTreeNodes); }, "nodes"},
+      {"negative tree", [](v1::GenerateRequest& r) { r.set_nodes(-1); }, "nodes"},
+      {"expansions", [](v1::GenerateRequest& r) { r.set_expansions(0); }, "expansions"},
+      {"depth", [](v1::GenerateRequest& r) { r.set_max_depth(0); }, "depth"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -774,16 +514,64 @@ TEST_F(DrafterServiceTest, BadGenerateRequestsAreRefusedNamingTheField) {
     EXPECT_EQ(refused.status.code(), absl::StatusCode::kInvalidArgument) << refused.status;
     EXPECT_THAT(std::string(refused.status.message()), ::testing::HasSubstr(c.message));
   }
-  // Every session taken (--max-sessions 2): RESOURCE_EXHAUSTED, and a free one serves again.
-  auto a = client_->OpenSession(32);
-  auto b = client_->OpenSession(32);
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(RunGenerate(*client_, GenerateRequestFor(4)).status.code(),
-            absl::StatusCode::kResourceExhausted);
-  ASSERT_TRUE(client_->CloseSession(a->session_id()).ok());
-  const GenerateOutcome served = RunGenerate(*client_, GenerateRequestFor(4));
+  // Still serving: a good request gets the plain decode's tokens.
+  EXPECT_EQ(HealthStatus(drafter_target()), grpc::health::v1::HealthCheckResponse::SERVING);
+  const GenerateOutcome served = RunGenerate(*client_, GenerateRequestFor(4, 4));
   EXPECT_TRUE(served.status.ok()) << served.status;
   EXPECT_EQ(served.tokens, PlainDecode({}, 4));
+  EXPECT_EQ(OpenSessions(), 0);
+}
+
+// ---- (3) sessions live as long as their streams ------------------------------------------------
+
+// --max-sessions 2: two running generations take both sessions, a third is RESOURCE_EXHAUSTED
+// (readiness says so too); a cancelled stream frees its session at once.
+TEST_F(DrafterServiceTest, SessionLimitAndACancelledStreamFreesItsSession) {
+  ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
+  ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter));
+  auto held = HoldSessions(2);
+  EXPECT_EQ(OpenSessions(), 2);
+  const GenerateOutcome full = RunGenerate(*client_, GenerateRequestFor(4));
+  EXPECT_EQ(full.status.code(), absl::StatusCode::kResourceExhausted) << full.status;
+  EXPECT_THAT(std::string(full.status.message()), ::testing::HasSubstr("sessions are in use"));
+  EXPECT_TRUE(WaitForReadiness(grpc::health::v1::HealthCheckResponse::NOT_SERVING));
+  held[0]->Cancel();
+  EXPECT_EQ(held[0]->Finish().code(), absl::StatusCode::kCancelled);
+  const auto cancelled = Clock::now();
+  EXPECT_TRUE(WaitForOpenSessions(1));
+  EXPECT_LT(Clock::now() - cancelled, milliseconds(1000));
+  const GenerateOutcome served = RunGenerate(*client_, GenerateRequestFor(4, 4));
+  EXPECT_TRUE(served.status.ok()) << served.status;
+  EXPECT_EQ(served.tokens, PlainDecode({}, 4));
+  held.erase(held.begin());
+  Release(held);
+  EXPECT_TRUE(WaitForOpenSessions(0));
+  EXPECT_TRUE(WaitForReadiness(grpc::health::v1::HealthCheckResponse::SERVING));
+}
+
+// Two generations with different sampling and shapes, from two threads at once: batched into
+// shared forwards, each emits exactly its own plain decoding.
+TEST_F(DrafterServiceTest, ConcurrentGenerationsEachEqualPlainDecode) {
+  constexpr int kTokens = 10;
+  const model::SamplingParams greedy;
+  const model::SamplingParams sampled{.temperature = 0.8f, .top_k = 0, .top_p = 1.0f, .seed = 3};
+  const std::vector<int32_t> expected_greedy = PlainDecode(greedy, kTokens);
+  const std::vector<int32_t> expected_sampled = PlainDecode(sampled, kTokens);
+  ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
+  ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter));
+  GenerateOutcome other;
+  std::thread thread(
+      [&] { other = RunGenerate(*client_, GenerateRequestFor(kTokens, 0, sampled)); });
+  const GenerateOutcome mine = RunGenerate(*client_, GenerateRequestFor(kTokens, 6, greedy));
+  thread.join();
+  ASSERT_TRUE(mine.status.ok()) << mine.status;
+  ASSERT_TRUE(other.status.ok()) << other.status;
+  EXPECT_EQ(mine.tokens, expected_greedy);
+  EXPECT_EQ(other.tokens, expected_sampled);
+  auto info = client_->GetInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  // Batched: fewer iterations than generation steps.
+  EXPECT_LT(info->scheduler_iterations(), info->scheduler_steps());
 }
 
 // ---- (5) cpu-residual dies and comes back ------------------------------------------------------
@@ -792,47 +580,40 @@ TEST_F(DrafterServiceTest, ResidualKilledGivesUnavailableThenRestartRecovers) {
   const std::vector<int32_t> expected = PlainDecode({}, 3);
   ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
   ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter));
-  const uint64_t session = OpenAndPrefill();
-  auto first = Step(session, Prompt().back());
-  ASSERT_TRUE(first.ok()) << first.status();
-  EXPECT_EQ(*first, expected[0]);
-
+  // A long generation: the residual dies under it after its first step.
+  std::unique_ptr<rpc::DrafterClient::GenerateCall> call =
+      client_->Generate(GenerateRequestFor(1 << 20));
+  v1::GenerateEvent event;
+  while (call->Read(&event) && !event.has_step()) {
+  }
+  ASSERT_TRUE(event.has_step());
+  EXPECT_EQ(event.tokens(0), expected[0]);
   residual.Kill(SIGKILL);
   const auto start = Clock::now();
-  auto failed = Step(session, *first);
-  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
+  while (call->Read(&event)) {
+  }
+  const absl::Status failed = call->Finish();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
   // What the client can act on, not the residual's socket path (the drafter logs that).
-  EXPECT_NE(failed.status().message().find("the residual service is unavailable; retry shortly"),
+  EXPECT_NE(failed.message().find("the residual service is unavailable; retry shortly"),
             std::string::npos)
-      << failed.status();
-  EXPECT_EQ(failed.status().message().find(residual_target()), std::string::npos);
+      << failed;
+  EXPECT_EQ(failed.message().find(residual_target()), std::string::npos);
   EXPECT_LT(Clock::now() - start, milliseconds(kResidualTimeoutMs + 2000));
-  // The failed Verify left nothing to commit.
-  v1::CommitRequest commit;
-  commit.set_session_id(session);
-  commit.add_nodes(0);
-  EXPECT_EQ(client_->Commit(commit).status().code(), absl::StatusCode::kFailedPrecondition);
-  // The drafter stays up and answers what needs no residual.
+  // The drafter stays up, its session closed with the stream.
   EXPECT_TRUE(drafter.running());
-  EXPECT_EQ(OpenSessions(), 1);
+  EXPECT_EQ(OpenSessions(), 0);
   EXPECT_EQ(HealthStatus(drafter_target()), grpc::health::v1::HealthCheckResponse::SERVING);
-  // While cpu-residual is down every verifier request is UNAVAILABLE (the reattach fails).
-  v1::PrefillRequest prefill;
-  prefill.set_session_id(session);
-  prefill.add_tokens(1);
-  EXPECT_EQ(client_->Prefill(prefill).status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(client_->OpenSession(16).status().code(), absl::StatusCode::kUnavailable);
+  // While cpu-residual is down every generation is UNAVAILABLE at once (the reattach fails).
+  const GenerateOutcome refused = RunGenerate(*client_, GenerateRequestFor(3));
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kUnavailable) << refused.status;
+  EXPECT_TRUE(refused.tokens.empty());
 
-  // Restarted: the next requests reattach and succeed; the session kept its committed state.
+  // Restarted: the next generation reattaches and succeeds.
   ASSERT_NO_FATAL_FAILURE(StartResidual(residual));
-  auto second = Step(session, *first);
-  ASSERT_TRUE(second.ok()) << second.status();
-  EXPECT_EQ(*second, expected[1]);
-  auto third = Step(session, *second);
-  ASSERT_TRUE(third.ok()) << third.status();
-  EXPECT_EQ(*third, expected[2]);
-  auto another = client_->OpenSession(16);
-  EXPECT_TRUE(another.ok()) << another.status();
+  const GenerateOutcome recovered = RunGenerate(*client_, GenerateRequestFor(3, 6));
+  ASSERT_TRUE(recovered.status.ok()) << recovered.status;
+  EXPECT_EQ(recovered.tokens, expected);
 }
 
 // ---- (6) a residual of another quantize run ----------------------------------------------------
@@ -924,11 +705,10 @@ TEST_F(DrafterServiceTest, AutoBackendWithoutADevicePicksCpu) {
   EXPECT_EQ(info->backend(), "cpu");
   EXPECT_EQ(info->vram_plan(), "");
   EXPECT_EQ(info->vram_budget_bytes(), 0u);
-  // It serves: a session's first greedy token is the plain decode's.
-  const uint64_t session = OpenAndPrefill();
-  auto token = Step(session, Prompt().back());
-  ASSERT_TRUE(token.ok()) << token.status();
-  EXPECT_EQ(*token, PlainDecode({}, 1)[0]);
+  // It serves: the first greedy token is the plain decode's.
+  const GenerateOutcome run = RunGenerate(*client_, GenerateRequestFor(1));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.tokens, PlainDecode({}, 1));
 }
 
 // --max-sessions auto on the cpu backend: as many sessions as --ram-budget holds KV caches of
@@ -953,9 +733,11 @@ TEST_F(DrafterServiceTest, AutoSessionsFollowTheRamBudget) {
     auto info = client_->GetInfo();
     EXPECT_TRUE(info.ok()) << info.status();
     if (!info.ok()) return -1;
-    int opened = 0;
-    while (opened <= info->max_sessions() && client_->OpenSession(0).ok()) ++opened;
-    EXPECT_EQ(opened, info->max_sessions());  // the next one is RESOURCE_EXHAUSTED
+    auto held = HoldSessions(info->max_sessions());
+    EXPECT_EQ(OpenSessions(), info->max_sessions());
+    EXPECT_EQ(RunGenerate(*client_, GenerateRequestFor(1)).status.code(),
+              absl::StatusCode::kResourceExhausted);
+    Release(held);
     return info->max_sessions();
   };
   EXPECT_EQ(
@@ -993,12 +775,8 @@ TEST_F(DrafterServiceTest, BadBackendFlagsAreUsageErrors) {
       {{"--ram-budget", "0"}, "--ram-budget \"0\"" + bad_budget},
       {{"--max-sessions", "0"}, "--max-sessions \"0\" is neither auto nor at least 1"},
       {{"--max-sessions", "many"}, "--max-sessions \"many\" is neither auto nor at least 1"},
-#ifdef BITSPLIT_HAVE_CUDA
-      {{"--backend", "cuda", "--draft-kv", "own"},
-       "--draft-model and --draft-kv own need --backend cpu"},
-#else
-      {{"--backend", "cuda", "--draft-kv", "own"}, "this build has no CUDA backend"},
-#endif
+      {{"--max-batch-rows", "8"}, "--max-batch-rows 8 is outside [--max-tree-nodes 16, 4096]"},
+      {{"--prefill-rows", "0"}, "--prefill-rows 0 must be at least 1"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::PrintToString(c.flags));

@@ -1,5 +1,5 @@
 // cpu-residual killed (SIGKILL) under a running gpu-drafter, both real processes on the SmolLM2
-// split fixture: while it is down every verifier request fails fast with UNAVAILABLE (a message
+// split fixture: while it is down every Generate request fails fast with UNAVAILABLE (a message
 // with no socket path), the drafter removes the segment the killed service left in /dev/shm, and
 // once the service is back the first request sent 1 s after it is SERVING succeeds
 // (services/gpu-drafter/residual_link.h). The measured times are printed.
@@ -86,27 +86,26 @@ class ResidualRecoveryTest : public ::testing::Test {
     client_ = *std::move(client);
   }
 
-  // One plain step (Verify of one root, Commit of it): the status and how long it took.
-  std::pair<absl::Status, Clock::duration> Step(uint64_t session) {
+  // One short generation (a 6-token prompt prefilled, one token emitted): the status and how
+  // long it took.
+  std::pair<absl::Status, Clock::duration> Generate() {
     const auto start = Clock::now();
-    v1::VerifyRequest verify;
-    verify.set_session_id(session);
-    verify.add_tokens(root_);
-    verify.add_parents(-1);
-    auto verified = client_->Verify(verify);
-    if (!verified.ok()) return {verified.status(), Clock::now() - start};
-    v1::CommitRequest commit;
-    commit.set_session_id(session);
-    commit.add_nodes(0);
-    auto committed = client_->Commit(commit);
-    if (committed.ok()) root_ = verified->choices(0).token();
-    return {committed.status(), Clock::now() - start};
+    v1::GenerateRequest request;
+    for (int32_t token : {1, 310, 2170, 30, 253, 1345}) request.add_prompt(token);
+    request.set_max_tokens(1);
+    std::unique_ptr<rpc::DrafterClient::GenerateCall> call = client_->Generate(request);
+    v1::GenerateEvent event;
+    int tokens = 0;
+    while (call->Read(&event)) tokens += event.tokens_size();
+    absl::Status status = call->Finish();
+    if (status.ok() && tokens != 1) status = absl::InternalError("not one token emitted");
+    return {status, Clock::now() - start};
   }
 
-  // Kills cpu-residual with SIGKILL and checks the outage: `requests` steps, spread over
+  // Kills cpu-residual with SIGKILL and checks the outage: `requests` generations, spread over
   // `outage`, each UNAVAILABLE within 1 s without internal detail; the killed service's segment
   // disappears from /dev/shm. Returns the slowest failure.
-  Clock::duration KillAndCheckOutage(uint64_t session, int requests, milliseconds outage) {
+  Clock::duration KillAndCheckOutage(int requests, milliseconds outage) {
     const pid_t pid = residual_.pid();
     EXPECT_FALSE(SegmentsOf(pid).empty()) << "the drafter's channel is not in /dev/shm";
     residual_.Kill(SIGKILL);
@@ -114,7 +113,7 @@ class ResidualRecoveryTest : public ::testing::Test {
     Clock::duration slowest{0};
     for (int i = 0; i < requests; ++i) {
       std::this_thread::sleep_until(killed + outage * i / requests);
-      const auto [status, elapsed] = Step(session);
+      const auto [status, elapsed] = Generate();
       EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
       EXPECT_LT(elapsed, std::chrono::seconds(1)) << "request " << i << ": " << status;
       EXPECT_EQ(status.message().find(dir_), std::string::npos) << status;
@@ -131,20 +130,12 @@ class ResidualRecoveryTest : public ::testing::Test {
   ServiceProcess residual_{kResidualBinary};
   ServiceProcess drafter_{kDrafterBinary};
   std::unique_ptr<rpc::DrafterClient> client_;
-  int32_t root_ = 100;
 };
 
 TEST_F(ResidualRecoveryTest, OutageFailsFastAndTheFirstRequestOneSecondAfterRestartSucceeds) {
   StartResidual();
   ASSERT_NO_FATAL_FAILURE(StartDrafter());
-  auto opened = client_->OpenSession(64);
-  ASSERT_TRUE(opened.ok()) << opened.status();
-  const uint64_t session = opened->session_id();
-  v1::PrefillRequest prefill;
-  prefill.set_session_id(session);
-  for (int32_t token : {1, 310, 2170, 30, 253, 1345}) prefill.add_tokens(token);
-  ASSERT_TRUE(client_->Prefill(prefill).ok());
-  ASSERT_TRUE(Step(session).first.ok());
+  ASSERT_TRUE(Generate().first.ok());
 
   // The segment of a killed service goes as soon as the drafter's watcher sees the exit.
   {
@@ -157,7 +148,7 @@ TEST_F(ResidualRecoveryTest, OutageFailsFastAndTheFirstRequestOneSecondAfterRest
     const auto removed = Clock::now() - killed;
     EXPECT_TRUE(SegmentsOf(pid).empty());
     std::printf("segment of the killed service removed %.1f ms after it was reaped\n", Ms(removed));
-    const auto [status, elapsed] = Step(session);
+    const auto [status, elapsed] = Generate();
     EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
     EXPECT_NE(
         std::string(status.message()).find("the residual service is unavailable; retry shortly"),
@@ -169,11 +160,11 @@ TEST_F(ResidualRecoveryTest, OutageFailsFastAndTheFirstRequestOneSecondAfterRest
   Clock::time_point serving = StartResidual();
   ASSERT_TRUE(residual_.running());
   std::this_thread::sleep_until(serving + std::chrono::seconds(1));
-  ASSERT_TRUE(Step(session).first.ok());
-  const Clock::duration slowest = KillAndCheckOutage(session, 8, milliseconds(4000));
+  ASSERT_TRUE(Generate().first.ok());
+  const Clock::duration slowest = KillAndCheckOutage(8, milliseconds(4000));
   serving = StartResidual();
   std::this_thread::sleep_until(serving + std::chrono::seconds(1));
-  const auto [status, elapsed] = Step(session);
+  const auto [status, elapsed] = Generate();
   EXPECT_TRUE(status.ok()) << status;
   std::printf("outage: 8 requests over 4 s, each UNAVAILABLE, the slowest in %.1f ms\n",
               Ms(slowest));
@@ -181,12 +172,12 @@ TEST_F(ResidualRecoveryTest, OutageFailsFastAndTheFirstRequestOneSecondAfterRest
               status.ok() ? "OK" : "FAILED", Ms(elapsed));
 
   // How soon after SERVING the drafter can be back: requests every 50 ms from SERVING on.
-  (void)KillAndCheckOutage(session, 4, milliseconds(2000));
+  (void)KillAndCheckOutage(4, milliseconds(2000));
   serving = StartResidual();
   Clock::duration back{0};
   int failures = 0;
   while (Clock::now() - serving < std::chrono::seconds(5)) {
-    if (Step(session).first.ok()) {
+    if (Generate().first.ok()) {
       back = Clock::now() - serving;
       break;
     }

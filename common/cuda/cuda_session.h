@@ -1,9 +1,9 @@
 #pragma once
-// One sequence on the CUDA backend: model::SpeculativeSession's contract (Prefill, Draft, Verify,
-// Commit; see common/model/speculation.h) with the verifier's KV cache on the device, read by the
-// draft (shared KV; the own-KV ablation is CPU-only). The draft's children and the target's
-// choices are computed on the device (CudaModel::TopK, CudaModel::ChooseTargets); only the
-// chosen ids cross to the host, plus the logits when log-probabilities are asked for.
+// One sequence on the CUDA backend: model::SpeculativeSession (common/model/speculation.h) with the
+// verifier's KV cache on the device, read by the draft (shared KV; the own-KV ablation is
+// CPU-only), stepped by StepMany. The draft's children and the target's choices are computed on
+// the device (CudaModel::TopK, CudaModel::ChooseTargets); only the chosen ids cross to the host,
+// plus the logits when log-probabilities are asked for.
 //
 // Thread safety: as model::SpeculativeSession; sessions of one CudaModel must be serialized (one
 // forward at a time), and a session may be destroyed on any thread.
@@ -23,7 +23,6 @@ namespace bitsplit::cuda {
 class CudaSpeculativeSession final : public model::SpeculativeSession {
  public:
   struct Options {
-    int64_t prefill_chunk = 64;  // clamped to the model's largest forward
     // Tokens the session accepts, at most the planned context (0: all of it). A session may
     // accept fewer than its KV cache holds, so that it behaves as a CPU session of that capacity.
     int64_t capacity = 0;
@@ -39,41 +38,28 @@ class CudaSpeculativeSession final : public model::SpeculativeSession {
   std::span<const int32_t> committed_tokens() const override { return committed_tokens_; }
   DeviceKvCache& cache() { return *cache_; }
 
-  absl::Status Prefill(std::span<const int32_t> tokens) override;
-  // The largest tree is limited by the model's largest forward (nodes + 1 <= max_batch_rows).
-  absl::StatusOr<model::DraftTree> Draft(int32_t root, const model::TreeShape& shape) override;
-  absl::StatusOr<std::vector<model::TargetChoice>> Verify(std::span<const int32_t> tokens,
-                                                          std::span<const int32_t> parents,
-                                                          const model::SamplingParams& sampling,
-                                                          int32_t top_logprobs,
-                                                          bool with_logprobs) override;
-  absl::Status Commit(std::span<const int32_t> path) override;
-
-  const model::DraftTimings& timings() const override { return timings_; }
-
   // model::RunBatchedStep over sessions of one CudaModel: each draft round and the verifier pass
-  // of every session in one CudaModel::ForwardSequences.
+  // of every session in one CudaModel::ForwardSequences. A tree or prefill chunk takes at most
+  // the model's max_batch_rows rows.
   static void StepMany(std::span<CudaSpeculativeSession* const> sessions,
                        std::span<model::SessionStep> steps);
-  // The last Verify's forward: residual wait, GPU wait, GPU idle (CudaModel::last_timings).
+  // This session's step alone (StepMany of one); its status.
+  absl::Status Step(model::SessionStep& step);
+  // The last verifier forward this session took part in: residual wait, GPU wait, GPU idle
+  // (CudaModel::last_timings).
   const ForwardTimings& verify_forward_timings() const { return verify_forward_timings_; }
 
  private:
   friend class CudaBatchedStep;
-  CudaSpeculativeSession(CudaModel& model, const Options& options,
-                         std::unique_ptr<DeviceKvCache> cache, int64_t capacity)
-      : model_(model), options_(options), cache_(std::move(cache)), capacity_(capacity) {}
+  CudaSpeculativeSession(CudaModel& model, std::unique_ptr<DeviceKvCache> cache, int64_t capacity)
+      : model_(model), cache_(std::move(cache)), capacity_(capacity) {}
 
   CudaModel& model_;
-  const Options options_;
   std::unique_ptr<DeviceKvCache> cache_;
   const int64_t capacity_;  // <= cache_->capacity()
   std::vector<int32_t> committed_tokens_;
-  std::vector<int32_t> pending_tokens_;
-  std::vector<int32_t> pending_parents_;
   model::Sampler sampler_;
   std::vector<float> logits_;
-  model::DraftTimings timings_;
   ForwardTimings verify_forward_timings_;
 };
 

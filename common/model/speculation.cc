@@ -161,17 +161,6 @@ void DraftTreeGrower::Absorb(const DraftRowChoices& children) {
   MakeBatch();
 }
 
-absl::StatusOr<DraftTree> GrowDraftTree(int32_t root, const TreeShape& shape,
-                                        int64_t committed_length, DraftForwardFn forward) {
-  DraftTreeGrower grower(root, shape, committed_length);
-  while (!grower.done()) {
-    BITSPLIT_ASSIGN_OR_RETURN(const DraftRowChoices children,
-                              forward(grower.batch(), grower.expansions()));
-    grower.Absorb(children);
-  }
-  return grower.Take();
-}
-
 absl::Status ValidatePrefill(std::span<const int32_t> tokens, int64_t vocab_size, int64_t length,
                              int64_t capacity) {
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -210,39 +199,6 @@ absl::Status ValidateTargetSampling(const SamplingParams& sampling, int32_t top_
   if (top_logprobs < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("top log-probabilities per node must be >= 0, got ", top_logprobs));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateVerifyRequest(std::span<const int32_t> tokens,
-                                   std::span<const int32_t> parents, const SamplingParams& sampling,
-                                   int32_t top_logprobs, int64_t vocab_size, int64_t max_nodes,
-                                   int64_t length, int64_t capacity) {
-  BITSPLIT_RETURN_IF_ERROR(ValidateTargetSampling(sampling, top_logprobs));
-  BITSPLIT_RETURN_IF_ERROR(ValidateTree(tokens, parents, vocab_size, max_nodes));
-  if (length + static_cast<int64_t>(tokens.size()) > capacity) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("a tree of %d nodes does not fit: the session holds %d of %d tokens",
-                        tokens.size(), length, capacity));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateCommitPath(std::span<const int32_t> path, std::span<const int32_t> parents) {
-  if (parents.empty()) {
-    return absl::FailedPreconditionError("nothing to commit: no Verify since the last Commit");
-  }
-  if (path.empty() || path[0] != 0) {
-    return absl::InvalidArgumentError("the committed path must start at the root (node 0)");
-  }
-  for (size_t i = 1; i < path.size(); ++i) {
-    const int32_t node = path[i];
-    if (node <= 0 || node >= static_cast<int32_t>(parents.size()) ||
-        parents[static_cast<size_t>(node)] != path[i - 1]) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "committed path entry %d (node %d) is not a child of node %d in the verified tree", i,
-          node, path[i - 1]));
-    }
   }
   return absl::OkStatus();
 }
@@ -287,34 +243,6 @@ absl::Status ValidateTreeShape(const TreeShape& shape, int32_t max_nodes) {
   if (shape.max_depth < 1 || shape.max_depth > 64) {
     return absl::InvalidArgumentError(
         absl::StrFormat("draft tree depth cap must be in [1, 64], got %d", shape.max_depth));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateTree(std::span<const int32_t> tokens, std::span<const int32_t> parents,
-                          int64_t vocab_size, int64_t max_nodes) {
-  if (tokens.empty()) return absl::InvalidArgumentError("the tree is empty (it needs a root)");
-  if (static_cast<int64_t>(tokens.size()) > max_nodes) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("the tree has %d nodes; at most %d are allowed", tokens.size(), max_nodes));
-  }
-  if (parents.size() != tokens.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("the tree has %d tokens but %d parents", tokens.size(), parents.size()));
-  }
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("tree node %d has token id %d, outside the vocabulary [0, %d)", i,
-                          tokens[i], vocab_size));
-    }
-    const int32_t parent = parents[i];
-    if (i == 0 ? parent != -1 : (parent < 0 || parent >= static_cast<int32_t>(i))) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "tree node %d has parent %d; the root (node 0) has parent -1 and every other node a "
-          "parent that precedes it",
-          i, parent));
-    }
   }
   return absl::OkStatus();
 }
@@ -386,8 +314,8 @@ absl::StatusOr<std::unique_ptr<CpuSpeculativeSession>> CpuSpeculativeSession::Cr
         "the draft model (%d layers x %d KV dims) cannot read the target's KV cache (%d x %d)",
         d.num_layers, d.kv_dim(), t.num_layers, t.kv_dim()));
   }
-  if (options.prefill_chunk < 1) {
-    return absl::InvalidArgumentError("the prefill chunk must be at least 1 token");
+  if (options.own_kv_chunk < 1) {
+    return absl::InvalidArgumentError("the own KV's catch-up chunk must be at least 1 token");
   }
   if (options.capacity > t.context_length && t.context_length > 0) {
     return absl::InvalidArgumentError(
@@ -414,93 +342,16 @@ CpuSpeculativeSession::CpuSpeculativeSession(LlamaModel& target, ForwardMode tar
       options_(options),
       target_cache_(std::move(target_cache)) {}
 
-absl::Status CpuSpeculativeSession::Prefill(std::span<const int32_t> tokens) {
-  const Clock::time_point start = Clock::now();
-  const int64_t vocab = target_.config().vocab_size;
-  const int64_t start_length = target_cache_.committed_length();
-  BITSPLIT_RETURN_IF_ERROR(ValidatePrefill(tokens, vocab, start_length, capacity()));
-  pending_tokens_.clear();
-  pending_parents_.clear();
-  logits_.resize(static_cast<size_t>(vocab));
-  const absl::Status status =
-      ForEachPrefillChunk(tokens, options_.prefill_chunk, start_length, [&](const Batch& batch) {
-        BITSPLIT_RETURN_IF_ERROR(target_.Forward(batch, target_cache_, logits_, target_mode_));
-        return target_cache_.Commit(batch.size());
-      });
-  if (!status.ok()) {
-    // All or nothing: a half-prefilled prompt would desynchronize the caller.
-    BITSPLIT_CHECK(target_cache_.Truncate(start_length).ok());
-    return status;
-  }
-  committed_tokens_.insert(committed_tokens_.end(), tokens.begin(), tokens.end());
-  timings_.prefill_ns = NanosSince(start);
-  return absl::OkStatus();
-}
-
 absl::Status CpuSpeculativeSession::CatchUpDraftCache() {
   KvCache& cache = *draft_cache_;
   const int64_t begin = cache.committed_length();
   logits_.resize(static_cast<size_t>(draft_.config().vocab_size));
   return ForEachPrefillChunk(
       std::span<const int32_t>(committed_tokens_).subspan(static_cast<size_t>(begin)),
-      options_.prefill_chunk, begin, [&](const Batch& batch) {
+      options_.own_kv_chunk, begin, [&](const Batch& batch) {
         BITSPLIT_RETURN_IF_ERROR(draft_.Forward(batch, cache, logits_, draft_mode_));
         return cache.Commit(batch.size());
       });
-}
-
-absl::StatusOr<DraftTree> CpuSpeculativeSession::Draft(int32_t root, const TreeShape& shape) {
-  const Clock::time_point start = Clock::now();
-  const int64_t vocab = target_.config().vocab_size;
-  KvCache* cache = draft_cache_ != nullptr ? draft_cache_.get() : &target_cache_;
-  BITSPLIT_RETURN_IF_ERROR(ValidateDraftRequest(root, shape, vocab, capacity(),
-                                                target_cache_.committed_length(), capacity()));
-  // Drafting overwrites the pending slots, so an uncommitted Verify is gone.
-  pending_tokens_.clear();
-  pending_parents_.clear();
-  if (draft_cache_ != nullptr && shape.nodes > 0) BITSPLIT_RETURN_IF_ERROR(CatchUpDraftCache());
-  std::vector<float> logits;
-  auto forward = [&](const Batch& batch, int32_t k) -> absl::StatusOr<DraftRowChoices> {
-    logits.resize(static_cast<size_t>(batch.size() * vocab));
-    BITSPLIT_RETURN_IF_ERROR(draft_.Forward(batch, *cache, logits, draft_mode_));
-    return TopDraftChoices(logits, batch.size(), vocab, k);
-  };
-  absl::StatusOr<DraftTree> tree = GrowDraftTree(root, shape, cache->committed_length(), forward);
-  cache->DiscardPending();
-  timings_.draft_ns = NanosSince(start);
-  return tree;
-}
-
-absl::StatusOr<std::vector<TargetChoice>> CpuSpeculativeSession::Verify(
-    std::span<const int32_t> tokens, std::span<const int32_t> parents,
-    const SamplingParams& sampling, int32_t top_logprobs, bool with_logprobs) {
-  const Clock::time_point start = Clock::now();
-  const int64_t vocab = target_.config().vocab_size;
-  const int64_t length = target_cache_.committed_length();
-  BITSPLIT_RETURN_IF_ERROR(ValidateVerifyRequest(tokens, parents, sampling, top_logprobs, vocab,
-                                                 capacity(), length, capacity()));
-  pending_tokens_.clear();
-  pending_parents_.clear();
-  BITSPLIT_ASSIGN_OR_RETURN(Batch batch,
-                            Batch::Tree(tokens, parents, static_cast<int32_t>(length)));
-  logits_.resize(tokens.size() * static_cast<size_t>(vocab));
-  BITSPLIT_RETURN_IF_ERROR(target_.Forward(batch, target_cache_, logits_, target_mode_));
-
-  std::vector<TargetChoice> choices =
-      ChooseTargets(logits_, batch, vocab, sampling, top_logprobs, with_logprobs, sampler_);
-  pending_tokens_.assign(tokens.begin(), tokens.end());
-  pending_parents_.assign(parents.begin(), parents.end());
-  timings_.verify_ns = NanosSince(start);
-  return choices;
-}
-
-absl::Status CpuSpeculativeSession::Commit(std::span<const int32_t> path) {
-  BITSPLIT_RETURN_IF_ERROR(ValidateCommitPath(path, pending_parents_));
-  BITSPLIT_RETURN_IF_ERROR(target_cache_.CommitSlots(path));
-  for (int32_t node : path) committed_tokens_.push_back(pending_tokens_[static_cast<size_t>(node)]);
-  pending_tokens_.clear();
-  pending_parents_.clear();
-  return absl::OkStatus();
 }
 
 void RunBatchedStep(BatchedStepModel& model, std::span<SessionStep> steps) {
@@ -513,7 +364,6 @@ void RunBatchedStep(BatchedStepModel& model, std::span<SessionStep> steps) {
     SessionStep& step = steps[i];
     const int64_t length = model.committed_length(i);
     const int64_t capacity = model.capacity(i);
-    model.ClearPendingTree(i);
     if (!step.prefill.empty()) {
       step.status = ValidatePrefill(step.prefill, vocab, length, capacity);
       if (step.status.ok()) prefilling.push_back(i);
@@ -526,12 +376,12 @@ void RunBatchedStep(BatchedStepModel& model, std::span<SessionStep> steps) {
       step.status = absl::ResourceExhaustedError(absl::StrFormat(
           "the session holds %d of %d tokens: no room for the next one", length, capacity));
     }
-    if (step.status.ok()) step.status = model.PrepareDraft(i, step);
     if (step.status.ok()) decoding.push_back(i);
   }
 
   // Draft rounds: every growing tree's next forward in one batch.
   const Clock::time_point draft_start = Clock::now();
+  for (size_t i : decoding) steps[i].status = model.PrepareDraft(i, steps[i]);
   std::vector<DraftTreeGrower> growers;
   growers.reserve(decoding.size());
   for (size_t i : decoding) {
@@ -638,10 +488,6 @@ class CpuBatchedStep final : public BatchedStepModel {
   int64_t committed_length(size_t i) const override { return sessions_[i]->committed_length(); }
   int64_t capacity(size_t i) const override { return sessions_[i]->capacity(); }
   int64_t max_draft_nodes(size_t i) const override { return sessions_[i]->capacity(); }
-  void ClearPendingTree(size_t i) override {
-    sessions_[i]->pending_tokens_.clear();
-    sessions_[i]->pending_parents_.clear();
-  }
   absl::Status PrepareDraft(size_t i, const SessionStep& step) override {
     // The own-KV ablation catches up one session at a time.
     if (sessions_[i]->draft_cache_ == nullptr || step.shape.nodes == 0) return absl::OkStatus();
@@ -742,6 +588,12 @@ void CpuSpeculativeSession::StepMany(std::span<CpuSpeculativeSession* const> ses
   if (sessions.empty()) return;
   CpuBatchedStep model(sessions);
   RunBatchedStep(model, steps);
+}
+
+absl::Status CpuSpeculativeSession::Step(SessionStep& step) {
+  CpuSpeculativeSession* const self[] = {this};
+  StepMany(self, std::span<SessionStep>(&step, 1));
+  return step.status;
 }
 
 }  // namespace bitsplit::model

@@ -1,20 +1,21 @@
 #pragma once
-// Speculative decoding (docs/design.md §3): a step of one sequence (draft a tree with the base
-// weights, verify it with base + residual, walk it, commit the accepted path), and the same
-// step for many sequences at once (SessionStep, RunBatchedStep: continuous batching). The
-// gpu-drafter service runs a SpeculativeSession per request and its scheduler steps them together;
-// the tests and the speculation bench run them in process.
+// Speculative decoding (docs/design.md §3): the step of a sequence (draft a tree with the base
+// weights, verify it with base + residual, walk it, commit the accepted path), run for many
+// sequences at once (SessionStep, RunBatchedStep: continuous batching); one sequence alone is a
+// batch of one. The gpu-drafter service runs a SpeculativeSession per request and its scheduler
+// steps them together; the tests and the speculation bench step them in process.
 //
-//   step (committed length L, pending root r at position L):
-//     tree    = session.Draft(r, shape)             // best-first growth, draft forwards only
-//     targets = session.Verify(tree, sampling)      // one verifier forward over all nodes
-//     walk    = WalkTree(tree, targets)             // accepted path + emitted tokens
-//     session.Commit(walk.path)                     // L += walk.path.size()
-//     r       = walk.tokens.back()                  // the bonus token is the next root
+//   step of every session at once (committed length L, pending root r at position L):
+//     tree    = grow a tree from r        // DraftTreeGrower: best-first, draft forwards only
+//     targets = the verifier's choices    // one verifier forward over every session's tree
+//     walk    = WalkTree(tree, targets)   // accepted path + emitted tokens
+//     commit walk.path                    // L += walk.path.size()
+//     r       = walk.tokens.back()        // the bonus token is the next root
 //
 // Losslessness: the verifier forward is batch-invariant (a node's logits equal those of its path
 // run as a causal chain) and the target's choice at a node uses the sampler keyed by (seed,
 // absolute position), so the emitted tokens equal plain decoding's whatever the tree shape.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <queue>
@@ -51,10 +52,6 @@ struct DraftTree {
 
   int32_t size() const { return static_cast<int32_t>(tokens.size()); }
 };
-// INVALID_ARGUMENT for an empty tree, mismatched lengths, a bad parent, or a token outside
-// [0, vocab_size).
-absl::Status ValidateTree(std::span<const int32_t> tokens, std::span<const int32_t> parents,
-                          int64_t vocab_size, int64_t max_nodes);
 // Depth of every node (root 0).
 std::vector<int32_t> TreeDepths(std::span<const int32_t> parents);
 
@@ -76,7 +73,7 @@ struct WalkResult {
 WalkResult WalkTree(std::span<const int32_t> tokens, std::span<const int32_t> parents,
                     std::span<const int32_t> target_tokens);
 
-// ---- Pieces every backend's session shares (the CPU one below, common/cuda's) --------------
+// ---- Pieces every backend's batched step shares (the CPU one below, common/cuda's) ----------
 
 // The `count` largest logits' ids, most likely first (lower id first among equals).
 std::vector<int32_t> TopTokenIds(std::span<const float> logits, int32_t count);
@@ -92,17 +89,15 @@ struct DraftRowChoices {
 DraftRowChoices TopDraftChoices(std::span<const float> logits, int64_t rows, int64_t vocab,
                                 int32_t k);
 
-// Runs one draft forward of `batch` (after the committed prefix, extending the pending slots of
-// the earlier forwards of this tree: batch.pending_prefix) and returns each row's k best children.
-using DraftForwardFn =
-    absl::FunctionRef<absl::StatusOr<DraftRowChoices>(const Batch& batch, int32_t k)>;
-
-// The best-first growth of SpeculativeSession::Draft as a state machine, so that the draft
-// forwards of several sessions can run as one batch: while !done(), run batch() (after the
-// committed prefix, node i's K/V in pending slot i) and Absorb its rows' k = expansions() best
-// children. The first forward runs the root; each later one the nodes that joined in the
-// previous round. The caller validated root and shape (ValidateDraftRequest) and drops the
-// pending slots afterwards. Thread safety: none (one owner).
+// Best-first growth of a draft tree from `root` as a state machine, so that the draft forwards of
+// several sessions run as one batch: while !done(), run batch() (after the committed prefix, node
+// i's K/V in pending slot i) and Absorb its rows' k = expansions() best children. The first
+// forward runs the root; each later one the nodes that joined in the previous round. Every node
+// that runs offers its k most probable children, scored by cumulative draft log-probability, to
+// one frontier; each round the k best frontier candidates (within max_depth) join, until
+// shape.nodes nodes beyond the root have joined; shape.nodes = 0 is the root alone. The caller
+// validated root and shape (ValidateDraftRequest) and drops the pending slots afterwards.
+// Thread safety: none (one owner).
 class DraftTreeGrower {
  public:
   DraftTreeGrower(int32_t root, const TreeShape& shape, int64_t committed_length);
@@ -133,25 +128,14 @@ class DraftTreeGrower {
   bool done_ = false;
 };
 
-// The whole growth with one forward per round (one session alone).
-absl::StatusOr<DraftTree> GrowDraftTree(int32_t root, const TreeShape& shape,
-                                        int64_t committed_length, DraftForwardFn forward);
-
-// The argument checks of Draft and Verify for a session holding `length` of `capacity` tokens
-// whose forwards take at most `max_nodes` rows (INVALID_ARGUMENT / RESOURCE_EXHAUSTED).
+// The checks of a step for a session holding `length` of `capacity` tokens whose forwards take at
+// most `max_nodes` rows (INVALID_ARGUMENT / RESOURCE_EXHAUSTED).
 absl::Status ValidatePrefill(std::span<const int32_t> tokens, int64_t vocab_size, int64_t length,
                              int64_t capacity);
 absl::Status ValidateDraftRequest(int32_t root, const TreeShape& shape, int64_t vocab_size,
                                   int64_t max_nodes, int64_t length, int64_t capacity);
 // The target's sampling of a step: valid parameters and top_logprobs >= 0 (INVALID_ARGUMENT).
 absl::Status ValidateTargetSampling(const SamplingParams& sampling, int32_t top_logprobs);
-absl::Status ValidateVerifyRequest(std::span<const int32_t> tokens,
-                                   std::span<const int32_t> parents, const SamplingParams& sampling,
-                                   int32_t top_logprobs, int64_t vocab_size, int64_t max_nodes,
-                                   int64_t length, int64_t capacity);
-// A path to commit: node 0, then each a child of the previous in the verified tree of
-// `parents` (FAILED_PRECONDITION when nothing is verified: `parents` empty).
-absl::Status ValidateCommitPath(std::span<const int32_t> path, std::span<const int32_t> parents);
 
 // Runs `tokens`, to be placed from `first_position` on, in causal chunks of at most `chunk`
 // tokens (logits of each chunk's last row only): `forward_and_commit` runs a chunk's batch and
@@ -172,20 +156,14 @@ enum class DraftKv {
 std::string_view DraftKvName(DraftKv kv);  // "shared", "own"
 absl::StatusOr<DraftKv> ParseDraftKv(std::string_view name);
 
-struct DraftTimings {
-  int64_t draft_ns = 0;    // the last Draft (catch-up of an own KV included)
-  int64_t verify_ns = 0;   // the last Verify
-  int64_t prefill_ns = 0;  // the last Prefill
-};
-
-// One sequence under speculative decoding: its KV cache and the four calls that grow it. The
-// CPU implementation is CpuSpeculativeSession (below), the CUDA one cuda::CudaSpeculativeSession
-// (common/cuda/cuda_session.h); the drafter serves either through this interface. Each
-// implementation checks its arguments once, here (ValidatePrefill, ValidateDraftRequest,
-// ValidateVerifyRequest, ValidateCommitPath), with the same messages.
+// One sequence under speculative decoding: its KV cache and the tokens committed to it. It
+// grows only by steps (SessionStep) run by its backend's StepMany, alone (a batch of one: the
+// backend's Step) or with other sessions of the same model. The CPU implementation is
+// CpuSpeculativeSession (below), the CUDA one cuda::CudaSpeculativeSession
+// (common/cuda/cuda_session.h); the drafter serves either through this interface.
 //
 // Thread safety: none. Sessions sharing a model must be serialized (one forward at a time; the
-// drafter holds one engine lock); a session may be destroyed on any thread.
+// drafter's scheduler runs every step); a session may be destroyed on any thread.
 class SpeculativeSession {
  public:
   virtual ~SpeculativeSession() = default;
@@ -194,52 +172,32 @@ class SpeculativeSession {
   // Tokens the session accepts: prompt + output + one pending tree.
   virtual int64_t capacity() const = 0;
   virtual std::span<const int32_t> committed_tokens() const = 0;
-
-  // Runs the verifier over `tokens` in chunks and commits them. INVALID_ARGUMENT for token ids
-  // outside the vocabulary, RESOURCE_EXHAUSTED beyond the capacity (nothing committed then).
-  virtual absl::Status Prefill(std::span<const int32_t> tokens) = 0;
-
-  // Grows a tree from `root` (the next token, not yet committed) by best-first expansion on
-  // draft probabilities: each draft forward runs the `expansions` most probable frontier nodes;
-  // every node keeps its `expansions` most probable children as candidates; the `nodes` most
-  // probable candidates (within max_depth) become the tree. shape.nodes = 0 returns the root.
-  virtual absl::StatusOr<DraftTree> Draft(int32_t root, const TreeShape& shape) = 0;
-
-  // One verifier forward over the tree: the target's choice after every node, sampled at
-  // position committed_length + depth + 1. `top_logprobs` >= 0 alternatives per node; log-
-  // probabilities are filled when `with_logprobs` (or top_logprobs > 0). The tree's KV stays
-  // pending until Commit.
-  virtual absl::StatusOr<std::vector<TargetChoice>> Verify(std::span<const int32_t> tokens,
-                                                           std::span<const int32_t> parents,
-                                                           const SamplingParams& sampling,
-                                                           int32_t top_logprobs,
-                                                           bool with_logprobs) = 0;
-
-  // Keeps the verifier KV of `path` (node indices of the last Verify: 0, then each a child of the
-  // previous). FAILED_PRECONDITION without a pending Verify; INVALID_ARGUMENT for a bad path.
-  virtual absl::Status Commit(std::span<const int32_t> path) = 0;
-
-  virtual const DraftTimings& timings() const = 0;
 };
 
-// One session's share of one iteration of the drafter's scheduler: either a chunk of prompt to
-// run and commit, or one whole speculation step (draft a tree from `root`, verify it, walk it,
-// commit the accepted path).
+// One session's share of one batched step: either a chunk of prompt to run and commit, or one
+// whole speculation step (grow a draft tree from `root`, verify it, walk it, commit the accepted
+// path). The target's choice after a tree node is sampled at sequence index committed_length +
+// depth + 1 (Sampler keyed by seed and index); log-probabilities are filled when
+// `with_logprobs` or top_logprobs > 0.
 struct SessionStep {
-  std::vector<int32_t> prefill;  // non-empty: a prefill chunk, and no speculation step
-  int32_t root = 0;              // the next token (not yet committed)
-  TreeShape shape;               // nodes = 0: off (the root alone is verified)
-  SamplingParams sampling;
-  int32_t top_logprobs = 0;
+  // What to do; every member has a default, so that a step is written with designated
+  // initializers of what differs ({.root = r, .shape = s}).
+  std::vector<int32_t> prefill = {};  // non-empty: a prefill chunk, and no speculation step
+  int32_t root = 0;                   // the next token (not yet committed)
+  TreeShape shape = {};               // nodes = 0: off (the root alone is verified)
+  SamplingParams sampling = {};
+  int32_t top_logprobs = 0;  // alternatives per node
   bool with_logprobs = false;
 
-  absl::Status status;                // this session's own outcome
-  DraftTree tree;                     // the verified tree (the root alone when off)
-  std::vector<TargetChoice> choices;  // the target's choice after each tree node
-  WalkResult walk;                    // path committed, tokens emitted
-  int64_t draft_ns = 0;               // the iteration's draft forwards (shared by its sessions)
-  int64_t verify_ns = 0;              // the iteration's verifier forward
-  int32_t batch_rows = 0;             // rows of that verifier forward, every session's
+  // What happened.
+  absl::Status status = absl::OkStatus();  // this session's own outcome
+  DraftTree tree = {};                     // the verified tree (the root alone when off)
+  std::vector<TargetChoice> choices = {};  // the target's choice after each tree node
+  WalkResult walk = {};                    // path committed, tokens emitted
+  // The iteration's draft forwards (shared by its sessions; an own KV's catch-up included).
+  int64_t draft_ns = 0;
+  int64_t verify_ns = 0;   // the iteration's verifier forward
+  int32_t batch_rows = 0;  // rows of that verifier forward, every session's
 };
 
 // What one batched iteration (RunBatchedStep) needs of an engine: its sessions, numbered as the
@@ -263,8 +221,6 @@ class BatchedStepModel {
   virtual int64_t capacity(size_t session) const = 0;
   // The largest tree (root included) the session may draft.
   virtual int64_t max_draft_nodes(size_t session) const = 0;
-  // Forgets a verified tree that was not committed (a new step begins).
-  virtual void ClearPendingTree(size_t session) = 0;
   // Work a session needs before its draft rounds (the own-KV ablation's catch-up).
   virtual absl::Status PrepareDraft(size_t session, const SessionStep& step) = 0;
   // One draft forward over `sequences`; (*children)[j] = sequences[j]'s rows' top-k children.
@@ -286,9 +242,24 @@ class BatchedStepModel {
 // One iteration of continuous batching: every session's draft round in one draft forward, then
 // every prefill chunk and every tree in one verifier forward, then each session's sampling, walk
 // and commit. A session whose step is invalid gets its own error in `steps[i].status` and takes
-// no part; a failed shared forward fails every session in it (their committed caches
-// unchanged). Batch invariance makes each session's tokens equal to its steps run alone.
+// no part (INVALID_ARGUMENT for a bad token or shape, RESOURCE_EXHAUSTED beyond its capacity);
+// a failed shared forward fails every session in it (their committed caches unchanged). Batch
+// invariance makes each session's tokens equal to its steps run alone.
 void RunBatchedStep(BatchedStepModel& model, std::span<SessionStep> steps);
+
+// Prefills `tokens` into `session` with steps of at most `chunk` tokens, each a batch of one
+// (Session::Step). Stops at the first error, the earlier chunks committed.
+template <class Session>
+absl::Status PrefillInChunks(Session& session, std::span<const int32_t> tokens, int64_t chunk) {
+  for (size_t begin = 0; begin < tokens.size(); begin += static_cast<size_t>(chunk)) {
+    SessionStep step;
+    const std::span<const int32_t> part =
+        tokens.subspan(begin, std::min(tokens.size() - begin, static_cast<size_t>(chunk)));
+    step.prefill.assign(part.begin(), part.end());
+    if (absl::Status status = session.Step(step); !status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
 
 // SpeculativeSession on the CPU: the target and the draft are LlamaModels (the split model in
 // verify and draft mode, or a separate draft GGUF in reference mode).
@@ -296,8 +267,8 @@ class CpuSpeculativeSession final : public SpeculativeSession {
  public:
   struct Options {
     int64_t capacity = 2048;  // tokens the session may hold (prompt + output + a tree)
-    int64_t prefill_chunk = 64;
     DraftKv draft_kv = DraftKv::kShared;
+    int64_t own_kv_chunk = 64;  // own KV: rows of each draft forward that catches it up
   };
 
   // `target` runs in `target_mode` (verify for a split model), `draft` in `draft_mode` (draft for
@@ -312,20 +283,13 @@ class CpuSpeculativeSession final : public SpeculativeSession {
   int64_t committed_length() const override { return target_cache_.committed_length(); }
   int64_t capacity() const override { return target_cache_.capacity(); }
   std::span<const int32_t> committed_tokens() const override { return committed_tokens_; }
-  absl::Status Prefill(std::span<const int32_t> tokens) override;
-  absl::StatusOr<DraftTree> Draft(int32_t root, const TreeShape& shape) override;
-  absl::StatusOr<std::vector<TargetChoice>> Verify(std::span<const int32_t> tokens,
-                                                   std::span<const int32_t> parents,
-                                                   const SamplingParams& sampling,
-                                                   int32_t top_logprobs,
-                                                   bool with_logprobs) override;
-  absl::Status Commit(std::span<const int32_t> path) override;
-  const DraftTimings& timings() const override { return timings_; }
 
   // RunBatchedStep over sessions that share their target and draft models (their forwards are
   // LlamaModel::ForwardSequences).
   static void StepMany(std::span<CpuSpeculativeSession* const> sessions,
                        std::span<SessionStep> steps);
+  // This session's step alone (StepMany of one); its status.
+  absl::Status Step(SessionStep& step);
 
  private:
   friend class CpuBatchedStep;
@@ -342,12 +306,8 @@ class CpuSpeculativeSession final : public SpeculativeSession {
   KvCache target_cache_;
   std::unique_ptr<KvCache> draft_cache_;  // own-KV mode only
   std::vector<int32_t> committed_tokens_;
-  // The last Verify's tree, until Commit.
-  std::vector<int32_t> pending_tokens_;
-  std::vector<int32_t> pending_parents_;
   Sampler sampler_;
   std::vector<float> logits_;
-  DraftTimings timings_;
 };
 
 }  // namespace bitsplit::model

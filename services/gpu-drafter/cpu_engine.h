@@ -1,8 +1,8 @@
 #pragma once
 // The cpu backend of the gpu-drafter service: the reference engine (LlamaModel::Forward) with
-// SpeculativeSession. The target is the split model (base file; the residual in process or from
-// cpu-residual through SetResidualSource); the draft is the same model's base weights, or a
-// separate GGUF (the ablation of --draft-model).
+// CpuSpeculativeSession. The target is the split model (base file; the residual in process or
+// from cpu-residual through SetResidualSource); the draft is the same model's base weights,
+// reading the verifier's KV.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -17,25 +17,22 @@ namespace bitsplit::drafter {
 
 struct CpuEngineOptions {
   std::string base_path;
-  std::string residual_path;     // non-empty: the residual is computed in process
-  std::string draft_model_path;  // empty: the base weights draft
-  model::DraftKv draft_kv = model::DraftKv::kShared;
-  int threads = 0;  // forward threads (<= 0: every hardware thread)
-  int64_t prefill_chunk = 64;
+  std::string residual_path;  // non-empty: the residual is computed in process
+  int threads = 0;            // forward threads (<= 0: every hardware thread)
 };
 
 class CpuEngine final : public DrafterEngine {
  public:
-  // Loads the models. Errors name the file (malformed, missing, a residual of another quantize
-  // run) or the draft model's mismatch with the target (vocabulary, KV shape when shared).
+  // Loads the split model. Errors name the file (malformed, missing, a residual of another
+  // quantize run).
   static absl::StatusOr<std::unique_ptr<CpuEngine>> Create(const CpuEngineOptions& options);
 
   const std::string& name() const override { return info_.name; }
   const EngineInfo& info() const override { return info_; }
-  bool has_residual() const override { return target_->SupportsMode(model::ForwardMode::kVerify); }
+  bool has_residual() const override { return model_->SupportsMode(model::ForwardMode::kVerify); }
   absl::Status SetResidualSource(model::ResidualSource* source) override;
   absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> NewSession(int64_t context) override;
-  // The verifier's KV cache, and the draft model's own one in the own-KV ablation.
+  // The verifier's KV cache (the draft reads it).
   uint64_t SessionHostBytes(int64_t context) const override;
   // Batched: model::CpuSpeculativeSession::StepMany.
   void Step(std::span<model::SpeculativeSession* const> sessions,
@@ -46,8 +43,7 @@ class CpuEngine final : public DrafterEngine {
 
   CpuEngineOptions options_;
   EngineInfo info_;
-  std::unique_ptr<model::LlamaModel> target_;
-  std::unique_ptr<model::LlamaModel> separate_draft_;  // null: the target's draft mode
+  std::unique_ptr<model::LlamaModel> model_;  // verify mode for the target, draft mode drafts
 };
 
 }  // namespace bitsplit::drafter

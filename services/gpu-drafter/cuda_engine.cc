@@ -47,8 +47,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const CudaEngineO
                   .context = context,
                   .sessions = options.sessions,
                   .max_sessions = options.max_sessions,
-                  .max_batch_rows = std::max(
-                      {options.max_batch_rows, options.max_tree_nodes + 1, options.prefill_chunk}),
+                  .max_batch_rows = std::max(options.max_batch_rows, options.max_tree_nodes + 1),
                   .vram_budget = options.vram_budget,
                   .host_threads = options.threads}));
   if (files.residual_linear() != nullptr) {
@@ -60,8 +59,6 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const CudaEngineO
   EngineInfo& info = backend->info_;
   info = SplitModelInfo(files, options.base_path, options.residual_path);
   info.name = "cuda";
-  info.draft_model = "base";
-  info.draft_kv = model::DraftKv::kShared;
   info.threads = options.threads > 0
                      ? options.threads
                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -84,10 +81,8 @@ absl::Status CudaEngine::SetResidualSource(model::ResidualSource* source) {
 
 absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> CudaEngine::NewSession(int64_t context) {
   // A session of `context` tokens checks arguments as a CPU session of that capacity would.
-  BITSPLIT_ASSIGN_OR_RETURN(
-      std::unique_ptr<cuda::CudaSpeculativeSession> session,
-      cuda::CudaSpeculativeSession::Create(
-          *model_, {.prefill_chunk = options_.prefill_chunk, .capacity = context}));
+  BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaSpeculativeSession> session,
+                            cuda::CudaSpeculativeSession::Create(*model_, {.capacity = context}));
   return session;
 }
 

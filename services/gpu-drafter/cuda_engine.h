@@ -6,12 +6,12 @@
 //
 // The VRAM is planned once at start-up for --max-sessions KV caches (auto: as many as the budget
 // holds, at most --max-batch-rows) of --max-context tokens and forwards of
-// max(--max-batch-rows, --max-tree-nodes + 1, prefill chunk) tokens (every session's rows of one
-// scheduler iteration); Create refuses with the plan's
-// RESOURCE_EXHAUSTED message (what fits instead) when that does not fit the budget.
+// max(--max-batch-rows, --max-tree-nodes + 1) tokens (every session's rows of one scheduler
+// iteration); Create refuses with the plan's RESOURCE_EXHAUSTED message (what fits instead) when
+// that does not fit the budget.
 //
-// Device 0 of the visible ones (CUDA_VISIBLE_DEVICES picks it): the service's worker threads run
-// the forwards, and a thread's current device is 0 unless it sets another.
+// Device 0 of the visible ones (CUDA_VISIBLE_DEVICES picks it): the scheduler's thread runs the
+// forwards, and a thread's current device is 0 unless it sets another.
 //
 // Built only with BITSPLIT_CUDA (BITSPLIT_HAVE_CUDA). Thread safety: as DrafterEngine (the
 // service serializes every call); a session may be destroyed on any thread.
@@ -30,10 +30,9 @@ namespace bitsplit::drafter {
 
 struct CudaEngineOptions {
   std::string base_path;
-  std::string residual_path;   // non-empty: the residual is computed in process
-  int threads = 0;             // host threads of the residual (<= 0: every hardware thread)
-  int64_t prefill_chunk = 64;  // tokens per prefill forward
-  int64_t context = 2048;      // every session's KV capacity (--max-context)
+  std::string residual_path;  // non-empty: the residual is computed in process
+  int threads = 0;            // host threads of the residual (<= 0: every hardware thread)
+  int64_t context = 2048;     // every session's KV capacity (--max-context)
   int64_t sessions = 1;  // KV caches held at once (--max-sessions); 0: as many as the budget holds
   int64_t max_sessions = 256;    // the bound of sessions = 0
   int64_t max_tree_nodes = 129;  // largest tree, root included (--max-tree-nodes)

@@ -1,14 +1,14 @@
 #pragma once
 // The compute side of the gpu-drafter service: the models and every session's KV cache. The
-// service (drafter_service.h) owns sessions, limits, validation and the residual link; an engine
-// only runs the math of common/model/speculation.h. Engines (chosen by --backend): cpu
-// (cpu_engine.h, always built)
-// and cuda (cuda_engine.h, built with BITSPLIT_CUDA).
+// service (drafter_service.h) checks requests, its scheduler (scheduler.h) owns the sessions,
+// their limits and the residual link; an engine only runs the math of
+// common/model/speculation.h. Engines (chosen by --backend): cpu (cpu_engine.h, always built) and
+// cuda (cuda_engine.h, built with BITSPLIT_CUDA).
 //
-// Thread safety: an engine and its sessions are NOT thread-safe. The service serializes every
-// call into the engine (one engine lock): one forward runs at a time, and the scheduler's
-// iteration (Step) batches the generations' rows into it. A session may be destroyed on any
-// thread (model::SpeculativeSession).
+// Thread safety: an engine and its sessions are NOT thread-safe. Only the scheduler's thread
+// calls into the engine: one forward runs at a time, and each iteration (Step) batches the
+// generations' rows into it. A session may be destroyed on any thread
+// (model::SpeculativeSession).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -27,13 +27,11 @@ namespace bitsplit::drafter {
 
 // What an engine reports about itself (DrafterInfo, the "serving" line).
 struct EngineInfo {
-  std::string name;           // "cpu", "cuda"
-  std::string model_name;     // the source GGUF's general.name
-  model::ModelConfig config;  // of the target (the split model)
-  std::string base_format;    // one line (SplitQuantizationString)
-  std::string fingerprint;    // 64 hex digits of the base file
-  std::string draft_model;    // "base" or the draft GGUF's path
-  model::DraftKv draft_kv = model::DraftKv::kShared;
+  std::string name;                  // "cpu", "cuda"
+  std::string model_name;            // the source GGUF's general.name
+  model::ModelConfig config;         // of the target (the split model)
+  std::string base_format;           // one line (SplitQuantizationString)
+  std::string fingerprint;           // 64 hex digits of the base file
   int threads = 0;                   // forward threads
   uint64_t base_bytes = 0;           // size of the mapped base file
   bool residual_in_process = false;  // the residual file is mapped in process

@@ -6,8 +6,6 @@
 //                    [--max-sessions N|auto] [--max-context 2048]
 //                    [--max-tree-nodes 129] [--prefill-rows 64] [--max-batch-rows 256]
 //                    [--max-batch-generations 0]
-//                    [--session-idle-timeout 300]
-//                    [--draft-model DRAFT.gguf] [--draft-kv shared|own]
 //                    [--residual-timeout-ms 5000] [--shutdown-grace-ms 200] [--verbose]
 //
 // Exit status: 0 after a graceful shutdown, 1 when it cannot start (files, cpu-residual, no CUDA
@@ -32,7 +30,6 @@
 #include "absl/strings/strip.h"
 #include "common/model/kv_cache.h"
 #include "common/model/remote_residual.h"
-#include "common/model/speculation.h"
 #include "common/model/split_backend.h"
 #include "common/model/vram_plan.h"
 #include "common/rpc/server_runner.h"
@@ -54,7 +51,6 @@ namespace {
 
 constexpr char kName[] = "bitsplit-drafter";
 constexpr int kMaxTreeNodesLimit = 256;  // cpu-residual's largest request (--max-rows)
-constexpr int64_t kPrefillChunk = 64;
 
 int Fail(const absl::Status& status, int exit_code = 1) {
   std::fprintf(stderr, "%s: error: %.*s\n", kName, static_cast<int>(status.message().size()),
@@ -101,18 +97,16 @@ struct Flags {
   std::string vram_budget_text = "auto";
   std::string ram_budget_text = "auto";
   std::string max_sessions_text = "auto";
-  std::string draft_model;
-  std::string draft_kv_name = "shared";
   int threads = 0;
   int residual_timeout_ms = 5000;
   int shutdown_grace_ms = 200;
   bool verbose = false;
   DrafterServiceOptions service_options;
-  int idle_timeout_s = static_cast<int>(service_options.session_idle_timeout.count());
 };
 
 void AddFlags(CLI::App& app, Flags& flags) {
   DrafterServiceOptions& service_options = flags.service_options;
+  SchedulerOptions& scheduling = service_options.scheduling;
   app.add_option("base", flags.base_path, "the base split file (MODEL.base.bsplit)")->required();
   auto* socket_option =
       app.add_option(
@@ -145,29 +139,20 @@ void AddFlags(CLI::App& app, Flags& flags) {
       ->capture_default_str();
   app.add_option("--max-context", service_options.max_context, "largest context of a session")
       ->capture_default_str();
-  app.add_option("--session-idle-timeout", flags.idle_timeout_s,
-                 "seconds after which a session no RPC has used is closed (its owner is stuck); "
-                 "sessions of an owner that went away are closed at once")
-      ->capture_default_str();
   app.add_option("--max-tree-nodes", service_options.max_tree_nodes,
-                 "largest tree (root included) Verify accepts")
+                 "largest draft tree (root included) a request may ask for")
       ->capture_default_str();
-  app.add_option("--prefill-rows", service_options.prefill_rows,
+  app.add_option("--prefill-rows", scheduling.prefill_rows,
                  "prompt rows one scheduler iteration prefills, all requests together (a long "
                  "prompt enters in chunks between the other streams' steps)")
       ->capture_default_str();
-  app.add_option("--max-batch-rows", service_options.max_batch_rows,
+  app.add_option("--max-batch-rows", scheduling.max_batch_rows,
                  "verifier rows of one scheduler iteration, every request's trees and prefill "
                  "chunks together (cpu-residual's --max-rows must allow it)")
       ->capture_default_str();
-  app.add_option("--max-batch-generations", service_options.max_batch_generations,
+  app.add_option("--max-batch-generations", scheduling.max_batch_generations,
                  "requests one scheduler iteration batches at most (0: all; 1: one request's "
                  "step per forward, in turn)")
-      ->capture_default_str();
-  app.add_option("--draft-model", flags.draft_model,
-                 "draft with this GGUF instead of the base weights (ablation)");
-  app.add_option("--draft-kv", flags.draft_kv_name,
-                 "shared: the draft reads the verifier's KV; own: the draft model's own KV")
       ->capture_default_str();
   app.add_option("--residual-timeout-ms", flags.residual_timeout_ms,
                  "bound of one (re)attach to cpu-residual and of one residual round trip")
@@ -180,19 +165,17 @@ void AddFlags(CLI::App& app, Flags& flags) {
 
 // What the command line means beyond the flags' own values.
 struct Settings {
-  model::DraftKv draft_kv = model::DraftKv::kShared;
   uint64_t vram_budget = 0;           // 0: the planner's default
   uint64_t ram_budget = 0;            // 0: model::DefaultKvRamBudget
   bool sessions_from_budget = false;  // --max-sessions auto
-  // The separate draft model and its own KV are ablations of the cpu backend.
-  bool cpu_only_options = false;
 };
 
-// Checks the command line (an error is a usage error, exit status 2). Sets the service's idle
-// timeout and turns a bare --residual-socket path into a unix: target.
+// Checks the command line (an error is a usage error, exit status 2). Turns a bare
+// --residual-socket path into a unix: target.
 absl::StatusOr<Settings> CheckFlags(Flags& flags) {
   const std::string& backend_name = flags.backend_name;
   DrafterServiceOptions& service_options = flags.service_options;
+  SchedulerOptions& scheduling = service_options.scheduling;
   if (backend_name != "auto" && backend_name != "cpu" && backend_name != "cuda") {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown --backend \"", backend_name, "\" (expected auto, cpu or cuda)"));
@@ -205,30 +188,17 @@ absl::StatusOr<Settings> CheckFlags(Flags& flags) {
   }
 #endif
   Settings settings;
-  BITSPLIT_ASSIGN_OR_RETURN(settings.draft_kv, model::ParseDraftKv(flags.draft_kv_name));
   BITSPLIT_ASSIGN_OR_RETURN(settings.vram_budget,
                             ParseBudget("--vram-budget", flags.vram_budget_text));
   BITSPLIT_ASSIGN_OR_RETURN(settings.ram_budget,
                             ParseBudget("--ram-budget", flags.ram_budget_text));
   settings.sessions_from_budget = flags.max_sessions_text == "auto";
   if (!settings.sessions_from_budget &&
-      (!absl::SimpleAtoi(flags.max_sessions_text, &service_options.max_sessions) ||
-       service_options.max_sessions < 1)) {
+      (!absl::SimpleAtoi(flags.max_sessions_text, &scheduling.max_sessions) ||
+       scheduling.max_sessions < 1)) {
     return absl::InvalidArgumentError(absl::StrCat("--max-sessions \"", flags.max_sessions_text,
                                                    "\" is neither auto nor at least 1"));
   }
-  settings.cpu_only_options =
-      !flags.draft_model.empty() || settings.draft_kv != model::DraftKv::kShared;
-  if (backend_name == "cuda" && settings.cpu_only_options) {
-    return absl::InvalidArgumentError(
-        "--draft-model and --draft-kv own need --backend cpu (the cuda backend "
-        "drafts with the base weights over the shared KV)");
-  }
-  if (flags.idle_timeout_s < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--session-idle-timeout ", flags.idle_timeout_s, " must be at least 1"));
-  }
-  service_options.session_idle_timeout = std::chrono::seconds(flags.idle_timeout_s);
   if (service_options.max_context < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-context ", service_options.max_context, " must be at least 1"));
@@ -238,19 +208,19 @@ absl::StatusOr<Settings> CheckFlags(Flags& flags) {
                                                    service_options.max_tree_nodes,
                                                    " is outside [1, ", kMaxTreeNodesLimit, "]"));
   }
-  if (service_options.prefill_rows < 1) {
+  if (scheduling.prefill_rows < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--prefill-rows ", service_options.prefill_rows, " must be at least 1"));
+        absl::StrCat("--prefill-rows ", scheduling.prefill_rows, " must be at least 1"));
   }
-  if (service_options.max_batch_rows < service_options.max_tree_nodes ||
-      service_options.max_batch_rows > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max-batch-rows ", service_options.max_batch_rows,
-                     " is outside [--max-tree-nodes ", service_options.max_tree_nodes, ", 4096]"));
+  if (scheduling.max_batch_rows < service_options.max_tree_nodes ||
+      scheduling.max_batch_rows > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-batch-rows ", scheduling.max_batch_rows,
+                                                   " is outside [--max-tree-nodes ",
+                                                   service_options.max_tree_nodes, ", 4096]"));
   }
-  if (service_options.max_batch_generations < 0) {
+  if (scheduling.max_batch_generations < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--max-batch-generations ",
-                                                   service_options.max_batch_generations,
+                                                   scheduling.max_batch_generations,
                                                    " must be >= 0 (0: no limit)"));
   }
   if (flags.residual_timeout_ms < 1) {
@@ -264,8 +234,8 @@ absl::StatusOr<Settings> CheckFlags(Flags& flags) {
   return settings;
 }
 
-// --backend cuda needs a visible device; auto takes it when there is one and no cpu-only option.
-absl::StatusOr<bool> UseCuda(const Flags& flags, const Settings& settings) {
+// --backend cuda needs a visible device; auto takes it when there is one.
+absl::StatusOr<bool> UseCuda(const Flags& flags) {
   if (flags.backend_name == "cuda") {
     if (!CudaDeviceVisible()) {
       return absl::FailedPreconditionError(
@@ -273,7 +243,7 @@ absl::StatusOr<bool> UseCuda(const Flags& flags, const Settings& settings) {
     }
     return true;
   }
-  if (flags.backend_name == "auto") return !settings.cpu_only_options && CudaDeviceVisible();
+  if (flags.backend_name == "auto") return CudaDeviceVisible();
   return false;
 }
 
@@ -281,19 +251,19 @@ absl::StatusOr<std::unique_ptr<DrafterEngine>> CreateBackend(const Flags& flags,
                                                              const Settings& settings,
                                                              bool use_cuda) {
   const DrafterServiceOptions& service_options = flags.service_options;
+  const SchedulerOptions& scheduling = service_options.scheduling;
   if (use_cuda) {
 #ifdef BITSPLIT_HAVE_CUDA
-    auto cuda_engine = CudaEngine::Create(
-        {.base_path = flags.base_path,
-         .residual_path = flags.residual_file,
-         .threads = flags.threads,
-         .prefill_chunk = kPrefillChunk,
-         .context = service_options.max_context,
-         .sessions = settings.sessions_from_budget ? 0 : service_options.max_sessions,
-         .max_sessions = service_options.max_batch_rows,
-         .max_tree_nodes = service_options.max_tree_nodes,
-         .max_batch_rows = service_options.max_batch_rows,
-         .vram_budget = settings.vram_budget});
+    auto cuda_engine =
+        CudaEngine::Create({.base_path = flags.base_path,
+                            .residual_path = flags.residual_file,
+                            .threads = flags.threads,
+                            .context = service_options.max_context,
+                            .sessions = settings.sessions_from_budget ? 0 : scheduling.max_sessions,
+                            .max_sessions = scheduling.max_batch_rows,
+                            .max_tree_nodes = service_options.max_tree_nodes,
+                            .max_batch_rows = scheduling.max_batch_rows,
+                            .vram_budget = settings.vram_budget});
     if (cuda_engine.ok()) return std::unique_ptr<DrafterEngine>(*std::move(cuda_engine));
     if (flags.backend_name != "auto" || !absl::IsUnimplemented(cuda_engine.status())) {
       return cuda_engine.status();
@@ -304,10 +274,7 @@ absl::StatusOr<std::unique_ptr<DrafterEngine>> CreateBackend(const Flags& flags,
   }
   auto cpu_engine = CpuEngine::Create({.base_path = flags.base_path,
                                        .residual_path = flags.residual_file,
-                                       .draft_model_path = flags.draft_model,
-                                       .draft_kv = settings.draft_kv,
-                                       .threads = flags.threads,
-                                       .prefill_chunk = kPrefillChunk});
+                                       .threads = flags.threads});
   if (!cpu_engine.ok()) return cpu_engine.status();
   return std::unique_ptr<DrafterEngine>(*std::move(cpu_engine));
 }
@@ -324,7 +291,7 @@ absl::StatusOr<int64_t> SessionsFromBudget(const Flags& flags, const Settings& s
                               ? settings.ram_budget
                               : model::DefaultKvRamBudget(ReadMemInfo().available_bytes);
   absl::StatusOr<int64_t> sessions = model::SessionsThatFit(
-      budget, engine.SessionHostBytes(context), flags.service_options.max_batch_rows,
+      budget, engine.SessionHostBytes(context), flags.service_options.scheduling.max_batch_rows,
       absl::StrCat("a session of ", context, " tokens"));
   if (!sessions.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -348,10 +315,8 @@ absl::StatusOr<std::unique_ptr<ResidualLink>> AttachResidual(const Flags& flags,
       ResidualLinkOptions{.target = flags.residual_socket,
                           .fingerprint = info.fingerprint,
                           .shapes = model::ResidualShapes::FromConfig(info.config),
-                          .max_rows = std::max<int>(static_cast<int>(kPrefillChunk),
-                                                    flags.service_options.max_batch_rows),
-                          .min_rows = static_cast<int>(std::max<int64_t>(
-                              kPrefillChunk, flags.service_options.max_tree_nodes)),
+                          .max_rows = flags.service_options.scheduling.max_batch_rows,
+                          .min_rows = flags.service_options.max_tree_nodes,
                           .timeout = std::chrono::milliseconds(flags.residual_timeout_ms)});
   BITSPLIT_RETURN_IF_ERROR(residual_link->Ensure());
   return residual_link;
@@ -364,16 +329,15 @@ std::string Description(const Flags& flags, const EngineInfo& info, bool residua
           ? info.name
           : absl::StrCat(info.name, " on ", info.device, " [VRAM ", info.vram_summary, "]");
   return absl::StrFormat(
-      "%s (fingerprint %s, backend %s, %d threads, %s CPU kernels, residual %s, draft %s/%s KV, "
+      "%s (fingerprint %s, backend %s, %d threads, %s CPU kernels, residual %s, "
       "%d sessions x %d tokens)",
       info.model_name, info.fingerprint, backend_description, info.threads,
       model::SplitKernelIsaName(),
       residual_over_shm ? "shm " + flags.residual_socket : std::string("in-process"),
-      info.draft_model, model::DraftKvName(info.draft_kv), flags.service_options.max_sessions,
-      flags.service_options.max_context);
+      flags.service_options.scheduling.max_sessions, flags.service_options.max_context);
 }
 
-// Serves until SIGTERM/SIGINT, ending the leases before the server stops.
+// Serves until SIGTERM/SIGINT, ending the Generate streams before the server stops.
 absl::Status Serve(const Flags& flags, DrafterService& service, const std::string& description) {
   rpc::ServerOptions server_options{.name = kName,
                                     .socket_path = flags.socket_path,
@@ -382,10 +346,8 @@ absl::Status Serve(const Flags& flags, DrafterService& service, const std::strin
                                     .shutdown_grace_ms = flags.shutdown_grace_ms,
                                     .readiness = [&service] { return service.Readiness(); }};
   grpc::Service* services[] = {&service};
-  const absl::Status status =
-      rpc::RunServer(server_options, services, description, [&service] { service.EndLeases(); });
-  service.StopWorkers();
-  return status;
+  return rpc::RunServer(server_options, services, description,
+                        [&service] { service.EndStreams(); });
 }
 
 int Run(int argc, char** argv) {
@@ -411,7 +373,7 @@ int Run(int argc, char** argv) {
   // SIGTERM/SIGINT are taken by RunServer; block them before the engine's threads exist.
   rpc::BlockTerminationSignals();
 
-  auto use_cuda = UseCuda(flags, *settings);
+  auto use_cuda = UseCuda(flags);
   if (!use_cuda.ok()) return Fail(use_cuda.status());
   if (!*use_cuda && settings->vram_budget != 0) {
     spdlog::warn("--vram-budget is ignored on the cpu backend");
@@ -435,7 +397,7 @@ int Run(int argc, char** argv) {
   if (settings->sessions_from_budget) {
     auto sessions = SessionsFromBudget(flags, *settings, **backend);
     if (!sessions.ok()) return Fail(sessions.status());
-    flags.service_options.max_sessions = static_cast<int>(*sessions);
+    flags.service_options.scheduling.max_sessions = static_cast<int>(*sessions);
   }
 
   auto residual_link = AttachResidual(flags, **backend);

@@ -1,6 +1,6 @@
 #pragma once
 // The two decoders the losslessness tests compare (docs/design.md §3): plain decoding with the
-// verifier, and the speculation loop (draft, verify, walk, commit) in process.
+// verifier, and speculation steps (draft, verify, walk, commit) of one session in process.
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -47,38 +47,35 @@ struct SpecRun {
   int verify_steps = 0;
 };
 
-// The speculation loop of docs/design.md §3 with `draft_mode` drafting (kVerify: a perfect
-// drafter). The prompt is prefilled in chunks of 16.
+// Speculation steps of one session (a batch of one) with `draft_mode` drafting (kVerify: a
+// perfect drafter): `model`'s own weights, or `draft` (e.g. a separate GGUF in reference mode)
+// when given. The prompt is prefilled in chunks of 16.
 inline SpecRun SpeculativeDecode(model::LlamaModel& model, const std::vector<int32_t>& prompt,
                                  const model::SamplingParams& sampling, int count,
                                  const model::TreeShape& shape, model::ForwardMode draft_mode,
-                                 model::DraftKv draft_kv = model::DraftKv::kShared) {
+                                 model::DraftKv draft_kv = model::DraftKv::kShared,
+                                 model::LlamaModel* draft = nullptr) {
   SpecRun run;
   const int64_t capacity = static_cast<int64_t>(prompt.size()) + count + shape.nodes + 8;
   auto session = model::CpuSpeculativeSession::Create(
-      model, model::ForwardMode::kVerify, model, draft_mode,
-      {.capacity = capacity, .prefill_chunk = 16, .draft_kv = draft_kv});
+      model, model::ForwardMode::kVerify, draft != nullptr ? *draft : model, draft_mode,
+      {.capacity = capacity, .draft_kv = draft_kv, .own_kv_chunk = 16});
   EXPECT_TRUE(session.ok()) << session.status();
   if (!session.ok()) return run;
-  model::SpeculativeSession& s = **session;
+  model::CpuSpeculativeSession& s = **session;
   const std::span<const int32_t> all(prompt);
-  EXPECT_TRUE(s.Prefill(all.first(all.size() - 1)).ok());
+  const absl::Status prefilled = model::PrefillInChunks(s, all.first(all.size() - 1), 16);
+  EXPECT_TRUE(prefilled.ok()) << prefilled;
   int32_t root = prompt.back();
   while (static_cast<int>(run.tokens.size()) < count) {
-    auto tree = s.Draft(root, shape);
-    EXPECT_TRUE(tree.ok()) << tree.status();
-    if (!tree.ok()) break;
-    EXPECT_EQ(tree->size(), shape.nodes + 1);
-    auto choices = s.Verify(tree->tokens, tree->parents, sampling, 0, false);
-    EXPECT_TRUE(choices.ok()) << choices.status();
-    if (!choices.ok()) break;
-    std::vector<int32_t> targets;
-    for (const model::TargetChoice& c : *choices) targets.push_back(c.token);
-    const model::WalkResult walk = model::WalkTree(tree->tokens, tree->parents, targets);
-    EXPECT_TRUE(s.Commit(walk.path).ok());
+    model::SessionStep step{.root = root, .shape = shape, .sampling = sampling};
+    const absl::Status stepped = s.Step(step);
+    EXPECT_TRUE(stepped.ok()) << stepped;
+    if (!stepped.ok()) break;
+    EXPECT_EQ(step.tree.size(), shape.nodes + 1);
     ++run.verify_steps;
-    run.tokens.insert(run.tokens.end(), walk.tokens.begin(), walk.tokens.end());
-    root = walk.tokens.back();
+    run.tokens.insert(run.tokens.end(), step.walk.tokens.begin(), step.walk.tokens.end());
+    root = step.walk.tokens.back();
   }
   run.tokens.resize(static_cast<size_t>(count));
   return run;
