@@ -197,6 +197,20 @@ void ExpectErrorMentions(const absl::Status& status, const std::string& text) {
       << "error \"" << status.message() << "\" does not mention \"" << text << "\"";
 }
 
+// Removes the metadata entries named `key`, so that a test can write its own value.
+GgufBuilder& Drop(GgufBuilder& b, const std::string& key) {
+  std::erase_if(b.kvs(), [&](const GgufBuilder::Kv& kv) { return kv.key == key; });
+  return b;
+}
+
+// The config of a tensor-less GGUF holding `b`'s metadata, as a split model's base file has.
+absl::StatusOr<ModelConfig> MetadataConfig(GgufBuilder& b, int64_t embedding_rows) {
+  const std::vector<uint8_t> image = b.Build();
+  auto file = gguf::File::Parse(image.data(), image.size(), "meta.gguf");
+  if (!file.ok()) return file.status();
+  return ModelConfigFromGgufMetadata(**file, embedding_rows);
+}
+
 TEST(TinyLlamaTest, ValidFileLoads) {
   TinyLlama tiny;
   auto weights = tiny.Weights();
@@ -252,29 +266,31 @@ TEST(TinyLlamaTest, RejectsTensorsOfAnExtraLayer) {
   ExpectErrorMentions(tiny.Weights().status(), "blk.2.attn_norm.weight");
 }
 
+// Tiny gemma3 metadata with a sliding window of 8, then `extra`.
+std::function<void(GgufBuilder&)> Gemma3Window(const std::function<void(GgufBuilder&)>& extra) {
+  return [extra](GgufBuilder& b) {
+    TinyLlama::AddMetadata(b, "gemma3");
+    b.AddUint32("gemma3.attention.sliding_window", 8);
+    if (extra) extra(b);
+  };
+}
+
 // A sliding-window family reads its layer pattern as a period or as one flag per layer.
 TEST(TinyLlamaTest, Gemma3SlidingWindowPattern) {
-  const auto gemma = [](const std::function<void(GgufBuilder&)>& extra) {
-    return [extra](GgufBuilder& b) {
-      TinyLlama::AddMetadata(b, "gemma3");
-      b.AddUint32("gemma3.attention.sliding_window", 8);
-      if (extra) extra(b);
-    };
-  };
-  TinyLlama by_default(gemma(nullptr));
+  TinyLlama by_default(Gemma3Window(nullptr));
   auto config = by_default.Config();
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_TRUE(config->IsLocalLayer(0));  // period 6: layers 0-4 local
   EXPECT_TRUE(config->IsLocalLayer(1));
-  TinyLlama by_period(
-      gemma([](GgufBuilder& b) { b.AddUint32("gemma3.attention.sliding_window_pattern", 2); }));
+  TinyLlama by_period(Gemma3Window(
+      [](GgufBuilder& b) { b.AddUint32("gemma3.attention.sliding_window_pattern", 2); }));
   config = by_period.Config();
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_TRUE(config->IsLocalLayer(0));
   EXPECT_FALSE(config->IsLocalLayer(1));
   EXPECT_EQ(config->AttentionWindow(0), 8);
   EXPECT_EQ(config->RopeFreqBase(0), 10000.0f);
-  TinyLlama by_flags(gemma([](GgufBuilder& b) {
+  TinyLlama by_flags(Gemma3Window([](GgufBuilder& b) {
     b.AddArray("gemma3.attention.sliding_window_pattern", gguf::ValueType::kBool,
                std::vector<uint8_t>{0, 1});
   }));
@@ -282,11 +298,242 @@ TEST(TinyLlamaTest, Gemma3SlidingWindowPattern) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_FALSE(config->IsLocalLayer(0));
   EXPECT_TRUE(config->IsLocalLayer(1));
-  TinyLlama wrong_length(gemma([](GgufBuilder& b) {
+  TinyLlama wrong_length(Gemma3Window([](GgufBuilder& b) {
     b.AddArray("gemma3.attention.sliding_window_pattern", gguf::ValueType::kBool,
                std::vector<uint8_t>{1});
   }));
   ExpectErrorMentions(wrong_length.Config().status(), "sliding_window_pattern");
+}
+
+// The local layers' RoPE base and the bounds of the window keys; a window of 0 turns the
+// pattern and the local RoPE base off.
+TEST(TinyLlamaTest, Gemma3SlidingWindowKeys) {
+  TinyLlama local_base(Gemma3Window([](GgufBuilder& b) {
+    Drop(b, "gemma3.rope.freq_base").AddFloat32("gemma3.rope.freq_base", 1e6f);
+    b.AddFloat32("gemma3.rope.freq_base_swa", 20000.0f);
+    b.AddUint32("gemma3.attention.sliding_window_pattern", 2);
+  }));
+  auto config = local_base.Config();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->RopeFreqBase(0), 20000.0f);
+  EXPECT_EQ(config->RopeFreqBase(1), 1e6f);
+  TinyLlama all_local(Gemma3Window(
+      [](GgufBuilder& b) { b.AddUint32("gemma3.attention.sliding_window_pattern", 0); }));
+  config = all_local.Config();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->IsLocalLayer(0));
+  EXPECT_TRUE(config->IsLocalLayer(1));
+  TinyLlama no_window(Gemma3Window([](GgufBuilder& b) {
+    Drop(b, "gemma3.attention.sliding_window").AddUint32("gemma3.attention.sliding_window", 0);
+    b.AddFloat32("gemma3.rope.freq_base_swa", 0.0f);
+  }));
+  config = no_window.Config();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->sliding_window, 0);
+  EXPECT_TRUE(config->layer_is_local.empty());
+  EXPECT_EQ(config->AttentionWindow(0), 0);
+
+  const struct {
+    std::function<void(GgufBuilder&)> edit;
+    std::string message;
+  } cases[] = {
+      {[](GgufBuilder& b) { b.AddFloat32("gemma3.rope.freq_base_swa", 0.0f); },
+       "rope.freq_base_swa must be positive"},
+      {[](GgufBuilder& b) {
+         Drop(b, "gemma3.attention.sliding_window")
+             .AddUint64("gemma3.attention.sliding_window", (uint64_t{1} << 31) + 1);
+       },
+       "attention.sliding_window = 2147483649 is out of range"},
+      {[](GgufBuilder& b) {
+         b.AddUint32("gemma3.attention.sliding_window_pattern", (1u << 20) + 1);
+       },
+       "gemma3.attention.sliding_window_pattern = 1048577 is out of range"},
+      {[](GgufBuilder& b) {
+         b.AddArray("gemma3.attention.sliding_window_pattern", gguf::ValueType::kUint8,
+                    std::vector<uint8_t>{0, 1});
+       },
+       "gemma3.attention.sliding_window_pattern is not a bool array"},
+  };
+  for (const auto& c : cases) {
+    TinyLlama tiny(Gemma3Window(c.edit));
+    const absl::Status status = tiny.Config().status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    ExpectErrorMentions(status, c.message);
+  }
+}
+
+// gemma_pytorch scales gemma3 27B's queries by query_pre_attn_scalar = hidden_size / heads
+// (5376 / 32 = 168), not by its head width 128; 12B's scalar is its head width, 256.
+TEST(ModelConfigTest, Gemma3QueryScaleFollowsGemmaPytorch) {
+  const auto gemma3 = [](uint32_t layers, uint32_t width, uint32_t heads, uint32_t kv_heads,
+                         uint32_t head_width) {
+    GgufBuilder b;
+    b.AddString("general.architecture", "gemma3");
+    b.AddUint32("gemma3.block_count", layers);
+    b.AddUint32("gemma3.context_length", 131072);
+    b.AddUint32("gemma3.embedding_length", width);
+    b.AddUint32("gemma3.feed_forward_length", width * 4);
+    b.AddUint32("gemma3.attention.head_count", heads);
+    b.AddUint32("gemma3.attention.head_count_kv", kv_heads);
+    b.AddUint32("gemma3.attention.key_length", head_width);
+    b.AddUint32("gemma3.attention.value_length", head_width);
+    b.AddUint32("gemma3.attention.sliding_window", 1024);
+    return MetadataConfig(b, 262144);
+  };
+  auto large = gemma3(62, 5376, 32, 16, 128);
+  ASSERT_TRUE(large.ok()) << large.status();
+  EXPECT_EQ(large->head_dim, 128);
+  EXPECT_FLOAT_EQ(large->attention_scale, 1.0f / std::sqrt(168.0f));
+  EXPECT_FALSE(large->IsLocalLayer(5));
+  auto medium = gemma3(48, 3840, 16, 8, 256);
+  ASSERT_TRUE(medium.ok()) << medium.status();
+  EXPECT_FLOAT_EQ(medium->attention_scale, 1.0f / 16.0f);
+}
+
+// The flags of design.md §10's table of families.
+TEST(TinyLlamaTest, EachFamilySetsItsFlags) {
+  const struct {
+    std::string architecture;
+    RopeStyle rope_style;
+    FfnActivation activation;
+    bool scaled_embedding, qk_norm, post_norms, qkv_bias;
+  } families[] = {
+      {"llama", RopeStyle::kAdjacentPairs, FfnActivation::kSilu, false, false, false, false},
+      {"gemma3", RopeStyle::kHalves, FfnActivation::kGeluTanh, true, true, true, false},
+      {"qwen2", RopeStyle::kHalves, FfnActivation::kSilu, false, false, false, true},
+      {"qwen3", RopeStyle::kHalves, FfnActivation::kSilu, false, true, false, false},
+  };
+  for (const auto& f : families) {
+    TinyLlama tiny([&](GgufBuilder& b) { TinyLlama::AddMetadata(b, f.architecture); });
+    auto config = tiny.Config();
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->rope_style, f.rope_style) << f.architecture;
+    EXPECT_EQ(config->ffn_activation, f.activation) << f.architecture;
+    EXPECT_EQ(config->embedding_scale, f.scaled_embedding ? 8.0f : 1.0f) << f.architecture;
+    EXPECT_EQ(config->qk_norm, f.qk_norm) << f.architecture;
+    EXPECT_EQ(config->post_norms, f.post_norms) << f.architecture;
+    EXPECT_EQ(config->qkv_bias, f.qkv_bias) << f.architecture;
+  }
+}
+
+// Without the optional keys: as many KV heads as heads, RoPE over the whole head at base
+// 10000 and unscaled, RMS epsilon 1e-5, no sliding window.
+TEST(TinyLlamaTest, AbsentOptionalKeysTakeTheirDefaults) {
+  TinyLlama tiny([](GgufBuilder& b) {
+    TinyLlama::AddMetadata(b);
+    Drop(b, "llama.attention.head_count_kv");
+    Drop(b, "llama.rope.freq_base");
+    Drop(b, "llama.attention.layer_norm_rms_epsilon");
+  });
+  auto config = tiny.Config();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->num_kv_heads, 4);
+  EXPECT_EQ(config->head_dim, 16);
+  EXPECT_EQ(config->rope_dims, 16);
+  EXPECT_EQ(config->rope_freq_base, 10000.0f);
+  EXPECT_EQ(config->rope_freq_scale, 1.0f);
+  EXPECT_EQ(config->rms_norm_eps, 1e-5f);
+  EXPECT_EQ(config->attention_scale, 0.25f);
+  EXPECT_EQ(config->embedding_scale, 1.0f);
+  EXPECT_EQ(config->sliding_window, 0);
+}
+
+TEST(TinyLlamaTest, ReadsTheOptionalKeys) {
+  TinyLlama tiny([](GgufBuilder& b) {
+    TinyLlama::AddMetadata(b);
+    b.AddUint32("llama.attention.key_length", 32);
+    b.AddUint32("llama.attention.value_length", 32);
+    b.AddUint32("llama.rope.dimension_count", 8);
+    b.AddString("llama.rope.scaling.type", "linear");
+    b.AddFloat32("llama.rope.scaling.factor", 4.0f);
+    b.AddUint32("llama.vocab_size", 40);
+    b.AddUint32("llama.expert_count", 0);
+    b.AddFloat32("llama.final_logit_softcapping", 0.0f);
+    b.AddUint32("llama.attention.sliding_window", 16);  // llama has no sliding window
+  });
+  auto config = tiny.Config();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->head_dim, 32);
+  EXPECT_EQ(config->q_dim(), 128);
+  EXPECT_FLOAT_EQ(config->attention_scale, 1.0f / std::sqrt(32.0f));
+  EXPECT_EQ(config->rope_dims, 8);
+  EXPECT_EQ(config->rope_freq_scale, 0.25f);
+  EXPECT_EQ(config->sliding_window, 0);
+  TinyLlama unscaled([](GgufBuilder& b) {
+    TinyLlama::AddMetadata(b);
+    b.AddString("llama.rope.scaling.type", "none");
+    b.AddFloat32("llama.rope.scaling.factor", 4.0f);
+  });
+  config = unscaled.Config();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope_freq_scale, 1.0f);
+}
+
+// Each key is held to its range and to the keys it must agree with (tiny: 4 heads of 16 over 2
+// KV heads, 40 embedding rows).
+TEST(TinyLlamaTest, RejectsEachKeyOutOfRange) {
+  using Edit = std::function<void(GgufBuilder&)>;
+  const auto set_uint = [](const std::string& key, uint32_t value) -> Edit {
+    return [=](GgufBuilder& b) { Drop(b, key).AddUint32(key, value); };
+  };
+  const auto set_float = [](const std::string& key, float value) -> Edit {
+    return [=](GgufBuilder& b) { Drop(b, key).AddFloat32(key, value); };
+  };
+  constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+  constexpr auto kUnimplemented = absl::StatusCode::kUnimplemented;
+  const struct {
+    Edit edit;
+    absl::StatusCode code;
+    std::string message;
+  } cases[] = {
+      {[](GgufBuilder& b) { Drop(b, "llama.feed_forward_length"); }, absl::StatusCode::kNotFound,
+       "llama.feed_forward_length"},
+      {set_uint("llama.context_length", 0), kInvalid,
+       "llama.context_length = 0 is out of range [1, 2147483648]"},
+      {set_uint("llama.attention.head_count_kv", 0), kInvalid,
+       "llama.attention.head_count_kv = 0 is out of range [1, 2147483648]"},
+      {set_uint("llama.attention.head_count_kv", 3), kInvalid,
+       "attention.head_count 4 is not a multiple of attention.head_count_kv 3"},
+      {set_uint("llama.attention.value_length", 8), kInvalid,
+       "attention.key_length 16 != attention.value_length 8 is not supported"},
+      {set_uint("llama.rope.dimension_count", 7), kInvalid,
+       "rope.dimension_count 7 must be even and at most the head width 16"},
+      {set_uint("llama.rope.dimension_count", 18), kInvalid,
+       "rope.dimension_count 18 must be even and at most the head width 16"},
+      {set_float("llama.rope.freq_base", 0.0f), kInvalid,
+       "rope.freq_base 0 / layer_norm_rms_epsilon 1e-05 out of range"},
+      {set_float("llama.attention.layer_norm_rms_epsilon", -1.0f), kInvalid,
+       "rope.freq_base 10000 / layer_norm_rms_epsilon -1 out of range"},
+      {[](GgufBuilder& b) {
+         b.AddString("llama.rope.scaling.type", "linear");
+         b.AddFloat32("llama.rope.scaling.factor", 0.0f);
+       },
+       kInvalid, "rope.scaling.factor must be positive"},
+      {[](GgufBuilder& b) { b.AddString("llama.rope.scaling.type", "yarn"); }, kUnimplemented,
+       "rope scaling type \"yarn\" is not supported"},
+      {set_uint("llama.expert_count", 8), kUnimplemented,
+       "mixture-of-experts models (8 experts) are not supported"},
+      {set_float("llama.final_logit_softcapping", 30.0f), kUnimplemented,
+       "final logit soft-capping (30) is not supported"},
+      {set_uint("llama.vocab_size", 41), kInvalid,
+       "llama.vocab_size 41 != token_embd.weight rows 40"},
+      {[](GgufBuilder& b) {
+         b.AddStringArray("tokenizer.ggml.tokens", std::vector<std::string>(41, "a"));
+       },
+       kInvalid, "tokenizer has 41 tokens but token_embd.weight only 40 rows"},
+  };
+  for (const auto& c : cases) {
+    TinyLlama tiny([&](GgufBuilder& b) {
+      TinyLlama::AddMetadata(b);
+      c.edit(b);
+    });
+    const absl::Status status = tiny.Config().status();
+    EXPECT_EQ(status.code(), c.code) << c.message;
+    ExpectErrorMentions(status, c.message);
+  }
+  GgufBuilder metadata;
+  TinyLlama::AddMetadata(metadata);
+  ExpectErrorMentions(MetadataConfig(metadata, 0).status(), "embedding table has 0 rows");
 }
 
 TEST(TinyLlamaTest, RejectsHeadsThatDoNotDivideTheWidth) {
@@ -341,13 +588,8 @@ TEST(TinyLlamaTest, RejectsBiasTensors) {
 TEST(TinyLlamaTest, RejectsAnEmbeddingLengthTheEmbeddingTableDoesNotHave) {
   TinyLlama tiny([](GgufBuilder& b) {
     TinyLlama::AddMetadata(b);
-    b.AddUint32("llama.embedding_length", 128);  // a second key would be a duplicate: replace
+    Drop(b, "llama.embedding_length").AddUint32("llama.embedding_length", 128);
   });
-  // The builder keeps both entries; drop the first embedding_length so the file parses.
-  auto& kvs = tiny.builder.kvs();
-  kvs.erase(std::find_if(kvs.begin(), kvs.end(), [](const GgufBuilder::Kv& kv) {
-    return kv.key == "llama.embedding_length";
-  }));
   const absl::Status status = tiny.Config().status();
   ExpectErrorMentions(status, "llama.embedding_length = 128");
   ExpectErrorMentions(status, "token_embd.weight is 64 wide");

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <variant>
 
@@ -35,84 +37,216 @@ constexpr FamilyTraits kFamilies[] = {
     {"qwen3", RopeStyle::kHalves, FfnActivation::kSilu, false, true, false, false, 0},
 };
 
-const FamilyTraits* FindFamily(const std::string& architecture) {
+constexpr int64_t kMaxCount = int64_t{1} << 31;
+
+// The hyperparameters that fill a field as they are: `<architecture>.<suffix>`, in reading order.
+// A count is an integer in [1, max]; when absent it copies the field `same_as` (read before it),
+// and without `same_as` it is required. An absent real takes `fallback`.
+struct CountKey {
+  const char* suffix;
+  int64_t ModelConfig::*field;
+  int64_t max = kMaxCount;
+  int64_t ModelConfig::*same_as = nullptr;
+};
+struct FloatKey {
+  const char* suffix;
+  float ModelConfig::*field;
+  float fallback;
+};
+
+constexpr CountKey kCountKeys[] = {
+    {"block_count", &ModelConfig::num_layers, kMaxLayers},
+    {"embedding_length", &ModelConfig::d_model},
+    {"feed_forward_length", &ModelConfig::d_ff},
+    {"attention.head_count", &ModelConfig::num_heads},
+    {"attention.head_count_kv", &ModelConfig::num_kv_heads, kMaxCount, &ModelConfig::num_heads},
+    {"context_length", &ModelConfig::context_length},
+};
+constexpr FloatKey kFloatKeys[] = {
+    {"rope.freq_base", &ModelConfig::rope_freq_base, 10000.0f},
+    {"attention.layer_norm_rms_epsilon", &ModelConfig::rms_norm_eps, 1e-5f},
+};
+
+template <typename... Args>
+absl::Status Invalid(const gguf::File& file, const absl::FormatSpec<Args...>& format,
+                     const Args&... args) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(file.name(), ": ", absl::StrFormat(format, args...)));
+}
+
+template <typename... Args>
+absl::Status Unsupported(const gguf::File& file, const absl::FormatSpec<Args...>& format,
+                         const Args&... args) {
+  return absl::UnimplementedError(
+      absl::StrCat(file.name(), ": ", absl::StrFormat(format, args...)));
+}
+
+absl::StatusOr<const FamilyTraits*> FindFamily(const gguf::File& file) {
+  BITSPLIT_ASSIGN_OR_RETURN(const std::string architecture, file.GetString("general.architecture"));
   for (const FamilyTraits& family : kFamilies) {
     if (architecture == family.architecture) return &family;
   }
-  return nullptr;
+  return Unsupported(file, "architecture \"%s\" is not supported (supported: %s)", architecture,
+                     SupportedArchitectures());
 }
 
-// Reads `<architecture>.<suffix>` keys.
-class Keys {
- public:
-  Keys(const gguf::File& file, std::string architecture)
-      : file_(file), prefix_(std::move(architecture)) {}
+// The `<architecture>.*` keys of a file.
+struct Metadata {
+  const gguf::File& file;
+  std::string prefix;  // "<architecture>."
 
-  std::string Key(const std::string& suffix) const { return absl::StrCat(prefix_, ".", suffix); }
-  bool Has(const std::string& suffix) const { return file_.Find(Key(suffix)) != nullptr; }
-
-  // A required positive integer hyperparameter, at most `max`.
-  absl::StatusOr<int64_t> RequiredCount(const std::string& suffix,
-                                        int64_t max = int64_t{1} << 31) const {
-    BITSPLIT_ASSIGN_OR_RETURN(uint64_t value, file_.GetUint(Key(suffix)));
+  std::string Key(const std::string& suffix) const { return prefix + suffix; }
+  bool Has(const std::string& suffix) const { return file.Find(Key(suffix)) != nullptr; }
+  // An integer in [1, max]; `fallback` when the key is absent, which without one is an error.
+  absl::StatusOr<int64_t> Count(const std::string& suffix,
+                                std::optional<int64_t> fallback = std::nullopt,
+                                int64_t max = kMaxCount) const {
+    if (fallback.has_value() && !Has(suffix)) return *fallback;
+    BITSPLIT_ASSIGN_OR_RETURN(const uint64_t value, file.GetUint(Key(suffix)));
     if (value == 0 || value > static_cast<uint64_t>(max)) {
-      return absl::InvalidArgumentError(absl::StrFormat("%s: %s = %d is out of range [1, %d]",
-                                                        file_.name(), Key(suffix), value, max));
+      return Invalid(file, "%s = %d is out of range [1, %d]", Key(suffix), value, max);
     }
     return static_cast<int64_t>(value);
   }
-  // An optional positive integer hyperparameter: `fallback` when the key is absent.
-  absl::StatusOr<int64_t> OptionalCount(const std::string& suffix, int64_t fallback) const {
+  absl::StatusOr<uint64_t> Uint(const std::string& suffix, uint64_t fallback) const {
     if (!Has(suffix)) return fallback;
-    return RequiredCount(suffix);
+    return file.GetUint(Key(suffix));
   }
-  absl::StatusOr<float> OptionalFloat(const std::string& suffix, float fallback) const {
+  absl::StatusOr<float> Float(const std::string& suffix, float fallback) const {
     if (!Has(suffix)) return fallback;
-    BITSPLIT_ASSIGN_OR_RETURN(double value, file_.GetFloat(Key(suffix)));
+    BITSPLIT_ASSIGN_OR_RETURN(const double value, file.GetFloat(Key(suffix)));
     return static_cast<float>(value);
   }
-
- private:
-  const gguf::File& file_;
-  std::string prefix_;
 };
 
-absl::Status Invalid(const gguf::File& file, const std::string& message) {
-  return absl::InvalidArgumentError(absl::StrCat(file.name(), ": ", message));
+// KV heads that group the query heads evenly; the head width from attention.key_length, else
+// d_model split over the heads; values as wide as keys; RoPE over an even part of the head.
+absl::Status ReadHeadShape(const Metadata& meta, ModelConfig& config) {
+  if (config.num_heads % config.num_kv_heads != 0) {
+    return Invalid(meta.file,
+                   "attention.head_count %d is not a multiple of attention.head_count_kv %d",
+                   config.num_heads, config.num_kv_heads);
+  }
+  if (!meta.Has("attention.key_length") && config.d_model % config.num_heads != 0) {
+    return Invalid(meta.file, "embedding_length %d is not a multiple of attention.head_count %d",
+                   config.d_model, config.num_heads);
+  }
+  BITSPLIT_ASSIGN_OR_RETURN(config.head_dim,
+                            meta.Count("attention.key_length", config.d_model / config.num_heads));
+  BITSPLIT_ASSIGN_OR_RETURN(const int64_t value_length,
+                            meta.Count("attention.value_length", config.head_dim));
+  if (value_length != config.head_dim) {
+    return Invalid(meta.file,
+                   "attention.key_length %d != attention.value_length %d is not supported",
+                   config.head_dim, value_length);
+  }
+  BITSPLIT_ASSIGN_OR_RETURN(config.rope_dims, meta.Count("rope.dimension_count", config.head_dim));
+  if (config.rope_dims % 2 != 0 || config.rope_dims > config.head_dim) {
+    return Invalid(meta.file, "rope.dimension_count %d must be even and at most the head width %d",
+                   config.rope_dims, config.head_dim);
+  }
+  return absl::OkStatus();
 }
 
-// The local/global layer pattern of a sliding-window family: the file's
-// attention.sliding_window_pattern (a per-layer bool array, or a period n: layer i is local
-// unless i % n == n - 1, 0 meaning every layer is local), else the family's period.
-absl::Status ReadLayerPattern(const gguf::File& file, const Keys& keys, int default_period,
-                              ModelConfig& config) {
-  config.layer_is_local.assign(static_cast<size_t>(config.num_layers), 0);
-  const std::string key = keys.Key("attention.sliding_window_pattern");
-  const gguf::Value* pattern = file.Find(key);
-  if (pattern != nullptr) {
-    if (const auto* array = std::get_if<gguf::Array>(&pattern->data); array != nullptr) {
-      if (static_cast<int64_t>(array->elements.size()) != config.num_layers) {
-        return Invalid(file, absl::StrFormat("%s has %d entries for %d layers", key,
-                                             array->elements.size(), config.num_layers));
-      }
-      for (size_t i = 0; i < array->elements.size(); ++i) {
-        const bool* local = std::get_if<bool>(&array->elements[i].data);
-        if (local == nullptr) return Invalid(file, absl::StrCat(key, " is not a bool array"));
-        config.layer_is_local[i] = *local ? 1 : 0;
-      }
-      return absl::OkStatus();
-    }
+// 1 / the linear scaling factor; other scalings are not implemented.
+absl::StatusOr<float> ReadRopeFreqScale(const Metadata& meta) {
+  if (!meta.Has("rope.scaling.type")) return 1.0f;
+  BITSPLIT_ASSIGN_OR_RETURN(const std::string scaling,
+                            meta.file.GetString(meta.Key("rope.scaling.type")));
+  if (scaling == "none") return 1.0f;
+  if (scaling != "linear") {
+    return Unsupported(meta.file, "rope scaling type \"%s\" is not supported", scaling);
   }
-  int64_t period = default_period;
-  if (pattern != nullptr) {
-    BITSPLIT_ASSIGN_OR_RETURN(uint64_t value, file.GetUint(key));
-    if (value > (uint64_t{1} << 20)) {
-      return Invalid(file, absl::StrFormat("%s = %d is out of range", key, value));
-    }
-    period = static_cast<int64_t>(value);
+  BITSPLIT_ASSIGN_OR_RETURN(const float factor, meta.Float("rope.scaling.factor", 1.0f));
+  if (!(factor > 0.0f)) return Invalid(meta.file, "rope.scaling.factor must be positive");
+  return 1.0f / factor;
+}
+
+absl::Status RejectUnsupportedFeatures(const Metadata& meta) {
+  BITSPLIT_ASSIGN_OR_RETURN(const uint64_t experts, meta.Uint("expert_count", 0));
+  if (experts > 0) {
+    return Unsupported(meta.file, "mixture-of-experts models (%d experts) are not supported",
+                       experts);
   }
-  for (int64_t i = 0; i < config.num_layers; ++i) {
-    config.layer_is_local[static_cast<size_t>(i)] = period == 0 || i % period < period - 1;
+  BITSPLIT_ASSIGN_OR_RETURN(const float softcap, meta.Float("final_logit_softcapping", 0.0f));
+  if (softcap != 0.0f) {
+    return Unsupported(meta.file, "final logit soft-capping (%g) is not supported", softcap);
+  }
+  return absl::OkStatus();
+}
+
+// 1/sqrt(head width), except gemma3 27B (62 layers), whose queries are scaled by
+// 1/sqrt(d_model / heads) (gemma_pytorch's query_pre_attn_scalar, as llama.cpp).
+float AttentionScale(const ModelConfig& config) {
+  const bool gemma3_27b = config.architecture == "gemma3" && config.num_layers == 62;
+  const int64_t width = gemma3_27b ? config.d_model / config.num_heads : config.head_dim;
+  return 1.0f / std::sqrt(static_cast<float>(width));
+}
+
+// Which layers of a sliding-window family are local: the file's attention.sliding_window_pattern
+// (a per-layer bool array, or a period n: layer i is local unless i % n == n - 1, 0 meaning every
+// layer is local), else the family's period.
+absl::Status ReadLayerPattern(const Metadata& meta, int default_period, ModelConfig& config) {
+  const std::string key = meta.Key("attention.sliding_window_pattern");
+  const gguf::Value* pattern = meta.file.Find(key);
+  const auto* flags = pattern == nullptr ? nullptr : std::get_if<gguf::Array>(&pattern->data);
+  std::vector<uint8_t>& local = config.layer_is_local;
+  local.assign(static_cast<size_t>(config.num_layers), 0);
+  if (flags != nullptr) {
+    if (flags->elements.size() != local.size()) {
+      return Invalid(meta.file, "%s has %d entries for %d layers", key, flags->elements.size(),
+                     config.num_layers);
+    }
+    for (size_t i = 0; i < local.size(); ++i) {
+      const bool* flag = std::get_if<bool>(&flags->elements[i].data);
+      if (flag == nullptr) return Invalid(meta.file, "%s is not a bool array", key);
+      local[i] = *flag ? 1 : 0;
+    }
+    return absl::OkStatus();
+  }
+  BITSPLIT_ASSIGN_OR_RETURN(const uint64_t period,
+                            meta.Uint("attention.sliding_window_pattern", default_period));
+  if (period > (uint64_t{1} << 20)) {
+    return Invalid(meta.file, "%s = %d is out of range", key, period);
+  }
+  for (size_t i = 0; i < local.size(); ++i) local[i] = period == 0 || i % period < period - 1;
+  return absl::OkStatus();
+}
+
+// The window of a sliding-window family (the file may name none, or 0), its layer pattern and
+// the local layers' RoPE base.
+absl::Status ReadSlidingWindow(const Metadata& meta, int default_period, ModelConfig& config) {
+  BITSPLIT_ASSIGN_OR_RETURN(const uint64_t window, meta.Uint("attention.sliding_window", 0));
+  if (window > static_cast<uint64_t>(kMaxCount)) {
+    return Invalid(meta.file, "attention.sliding_window = %d is out of range", window);
+  }
+  config.sliding_window = static_cast<int64_t>(window);
+  if (window == 0) return absl::OkStatus();
+  BITSPLIT_RETURN_IF_ERROR(ReadLayerPattern(meta, default_period, config));
+  BITSPLIT_ASSIGN_OR_RETURN(config.rope_freq_base_local,
+                            meta.Float("rope.freq_base_swa", 10000.0f));
+  if (!(config.rope_freq_base_local > 0.0f)) {
+    return Invalid(meta.file, "rope.freq_base_swa must be positive");
+  }
+  return absl::OkStatus();
+}
+
+// The vocabulary is the embedding table's rows; vocab_size and the tokenizer must fit it.
+absl::Status SetVocabulary(const Metadata& meta, int64_t embedding_rows, ModelConfig& config) {
+  if (embedding_rows <= 0) {
+    return Invalid(meta.file, "embedding table has %d rows", embedding_rows);
+  }
+  config.vocab_size = embedding_rows;
+  BITSPLIT_ASSIGN_OR_RETURN(const int64_t declared, meta.Count("vocab_size", embedding_rows));
+  if (declared != embedding_rows) {
+    return Invalid(meta.file, "%s %d != token_embd.weight rows %d", meta.Key("vocab_size"),
+                   declared, embedding_rows);
+  }
+  const gguf::Value* tokens = meta.file.Find("tokenizer.ggml.tokens");
+  const auto* array = tokens == nullptr ? nullptr : std::get_if<gguf::Array>(&tokens->data);
+  if (array != nullptr && static_cast<int64_t>(array->elements.size()) > embedding_rows) {
+    return Invalid(meta.file, "tokenizer has %d tokens but token_embd.weight only %d rows",
+                   array->elements.size(), embedding_rows);
   }
   return absl::OkStatus();
 }
@@ -137,8 +271,7 @@ int64_t LayerOfTensor(std::string_view name) {
 absl::Status CheckLayerTensors(const gguf::File& file, const ModelConfig& config) {
   const std::string key = absl::StrCat(config.architecture, ".block_count");
   if (config.num_layers <= 0 || config.num_layers > kMaxLayers) {
-    return Invalid(file, absl::StrFormat("%s = %d is out of range [1, %d]", key, config.num_layers,
-                                         kMaxLayers));
+    return Invalid(file, "%s = %d is out of range [1, %d]", key, config.num_layers, kMaxLayers);
   }
   // Layers present, and how many the tensor table implies (the highest index + 1), for messages.
   std::vector<uint8_t> present(static_cast<size_t>(config.num_layers), 0);
@@ -155,16 +288,18 @@ absl::Status CheckLayerTensors(const gguf::File& file, const ModelConfig& config
     present[static_cast<size_t>(layer)] = 1;
   }
   if (stray != nullptr) {
-    return Invalid(file, absl::StrFormat("%s = %d, but tensor %s belongs to layer %d (the tensor "
-                                         "table has blk.N tensors up to layer %d)",
-                                         key, config.num_layers, io::Quote(stray->name),
-                                         LayerOfTensor(stray->name), table_layers - 1));
+    return Invalid(file,
+                   "%s = %d, but tensor %s belongs to layer %d (the tensor table has blk.N tensors "
+                   "up to layer %d)",
+                   key, config.num_layers, io::Quote(stray->name), LayerOfTensor(stray->name),
+                   table_layers - 1);
   }
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
     if (present[static_cast<size_t>(layer)] == 0) {
-      return Invalid(file, absl::StrFormat("%s = %d, but the tensor table has no blk.%d.* tensors "
-                                           "(it has blk.N tensors for %d layers)",
-                                           key, config.num_layers, layer, table_layers));
+      return Invalid(file,
+                     "%s = %d, but the tensor table has no blk.%d.* tensors (it has blk.N tensors "
+                     "for %d layers)",
+                     key, config.num_layers, layer, table_layers);
     }
   }
   return absl::OkStatus();
@@ -187,9 +322,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const gguf::File& file) {
   BITSPLIT_ASSIGN_OR_RETURN(ModelConfig config,
                             ModelConfigFromGgufMetadata(file, embedding->dims[1]));
   if (embedding->dims[0] != config.d_model) {
-    return Invalid(file, absl::StrFormat("%s.embedding_length = %d, but token_embd.weight is %d "
-                                         "wide",
-                                         config.architecture, config.d_model, embedding->dims[0]));
+    return Invalid(file, "%s.embedding_length = %d, but token_embd.weight is %d wide",
+                   config.architecture, config.d_model, embedding->dims[0]);
   }
   BITSPLIT_RETURN_IF_ERROR(CheckLayerTensors(file, config));
   return config;
@@ -197,138 +331,39 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const gguf::File& file) {
 
 absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
                                                         int64_t embedding_rows) {
+  BITSPLIT_ASSIGN_OR_RETURN(const FamilyTraits* family, FindFamily(file));
   ModelConfig config;
-  BITSPLIT_ASSIGN_OR_RETURN(config.architecture, file.GetString("general.architecture"));
-  const FamilyTraits* family = FindFamily(config.architecture);
-  if (family == nullptr) {
-    return absl::UnimplementedError(
-        absl::StrFormat("%s: architecture \"%s\" is not supported (supported: %s)", file.name(),
-                        config.architecture, SupportedArchitectures()));
-  }
+  config.architecture = family->architecture;
   config.rope_style = family->rope_style;
   config.ffn_activation = family->ffn_activation;
   config.qk_norm = family->qk_norm;
   config.post_norms = family->post_norms;
   config.qkv_bias = family->qkv_bias;
 
-  const Keys keys(file, config.architecture);
-  BITSPLIT_ASSIGN_OR_RETURN(config.num_layers, keys.RequiredCount("block_count", kMaxLayers));
-  BITSPLIT_ASSIGN_OR_RETURN(config.d_model, keys.RequiredCount("embedding_length"));
-  BITSPLIT_ASSIGN_OR_RETURN(config.d_ff, keys.RequiredCount("feed_forward_length"));
-  BITSPLIT_ASSIGN_OR_RETURN(config.num_heads, keys.RequiredCount("attention.head_count"));
-  BITSPLIT_ASSIGN_OR_RETURN(config.num_kv_heads,
-                            keys.OptionalCount("attention.head_count_kv", config.num_heads));
-  BITSPLIT_ASSIGN_OR_RETURN(config.context_length, keys.RequiredCount("context_length"));
-
-  if (config.num_heads % config.num_kv_heads != 0) {
-    return Invalid(file, absl::StrFormat("attention.head_count %d is not a multiple of "
-                                         "attention.head_count_kv %d",
-                                         config.num_heads, config.num_kv_heads));
+  const Metadata meta{file, config.architecture + "."};
+  for (const CountKey& key : kCountKeys) {
+    std::optional<int64_t> fallback;
+    if (key.same_as != nullptr) fallback = config.*key.same_as;
+    BITSPLIT_ASSIGN_OR_RETURN(config.*key.field, meta.Count(key.suffix, fallback, key.max));
   }
-  // Head width: explicit key/value lengths when present, else d_model split over the heads.
-  if (!keys.Has("attention.key_length") && config.d_model % config.num_heads != 0) {
-    return Invalid(file, absl::StrFormat("embedding_length %d is not a multiple of "
-                                         "attention.head_count %d",
-                                         config.d_model, config.num_heads));
+  BITSPLIT_RETURN_IF_ERROR(ReadHeadShape(meta, config));
+  for (const FloatKey& key : kFloatKeys) {
+    BITSPLIT_ASSIGN_OR_RETURN(config.*key.field, meta.Float(key.suffix, key.fallback));
   }
-  BITSPLIT_ASSIGN_OR_RETURN(config.head_dim, keys.OptionalCount("attention.key_length",
-                                                                config.d_model / config.num_heads));
-  BITSPLIT_ASSIGN_OR_RETURN(int64_t value_length,
-                            keys.OptionalCount("attention.value_length", config.head_dim));
-  if (value_length != config.head_dim) {
-    return Invalid(file, absl::StrFormat("attention.key_length %d != attention.value_length %d "
-                                         "is not supported",
-                                         config.head_dim, value_length));
-  }
-  BITSPLIT_ASSIGN_OR_RETURN(config.rope_dims,
-                            keys.OptionalCount("rope.dimension_count", config.head_dim));
-  if (config.rope_dims % 2 != 0 || config.rope_dims > config.head_dim) {
-    return Invalid(file, absl::StrFormat("rope.dimension_count %d must be even and at most the "
-                                         "head width %d",
-                                         config.rope_dims, config.head_dim));
-  }
-
-  BITSPLIT_ASSIGN_OR_RETURN(config.rope_freq_base, keys.OptionalFloat("rope.freq_base", 10000));
-  BITSPLIT_ASSIGN_OR_RETURN(config.rms_norm_eps,
-                            keys.OptionalFloat("attention.layer_norm_rms_epsilon", 1e-5f));
   if (!(config.rope_freq_base > 0.0f) || !(config.rms_norm_eps >= 0.0f)) {
-    return Invalid(file, absl::StrFormat("rope.freq_base %g / layer_norm_rms_epsilon %g out of "
-                                         "range",
-                                         config.rope_freq_base, config.rms_norm_eps));
+    return Invalid(file, "rope.freq_base %g / layer_norm_rms_epsilon %g out of range",
+                   config.rope_freq_base, config.rms_norm_eps);
   }
-  if (keys.Has("rope.scaling.type")) {
-    BITSPLIT_ASSIGN_OR_RETURN(std::string scaling, file.GetString(keys.Key("rope.scaling.type")));
-    if (scaling == "linear") {
-      BITSPLIT_ASSIGN_OR_RETURN(float factor, keys.OptionalFloat("rope.scaling.factor", 1.0f));
-      if (!(factor > 0.0f)) return Invalid(file, "rope.scaling.factor must be positive");
-      config.rope_freq_scale = 1.0f / factor;
-    } else if (scaling != "none") {
-      return absl::UnimplementedError(
-          absl::StrFormat("%s: rope scaling type \"%s\" is not supported", file.name(), scaling));
-    }
-  }
-  if (keys.Has("expert_count")) {
-    BITSPLIT_ASSIGN_OR_RETURN(uint64_t num_experts, file.GetUint(keys.Key("expert_count")));
-    if (num_experts > 0) {
-      return absl::UnimplementedError(
-          absl::StrFormat("%s: mixture-of-experts models (%d experts) are not supported",
-                          file.name(), num_experts));
-    }
-  }
-  if (keys.Has("final_logit_softcapping")) {
-    BITSPLIT_ASSIGN_OR_RETURN(float softcap, keys.OptionalFloat("final_logit_softcapping", 0));
-    if (softcap != 0.0f) {
-      return absl::UnimplementedError(absl::StrFormat(
-          "%s: final logit soft-capping (%g) is not supported", file.name(), softcap));
-    }
-  }
+  BITSPLIT_ASSIGN_OR_RETURN(config.rope_freq_scale, ReadRopeFreqScale(meta));
+  BITSPLIT_RETURN_IF_ERROR(RejectUnsupportedFeatures(meta));
 
-  // Attention scale: 1/sqrt(head width), except gemma3 27B (62 layers), whose queries are
-  // scaled by 1/sqrt(d_model / heads) (gemma_pytorch's query_pre_attn_scalar, as llama.cpp).
-  config.attention_scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
-  if (config.architecture == "gemma3" && config.num_layers == 62) {
-    config.attention_scale =
-        1.0f / std::sqrt(static_cast<float>(config.d_model / config.num_heads));
+  config.attention_scale = AttentionScale(config);
+  config.embedding_scale =
+      family->scale_embedding ? std::sqrt(static_cast<float>(config.d_model)) : 1.0f;
+  if (family->swa_pattern > 0) {
+    BITSPLIT_RETURN_IF_ERROR(ReadSlidingWindow(meta, family->swa_pattern, config));
   }
-  if (family->scale_embedding) {
-    config.embedding_scale = std::sqrt(static_cast<float>(config.d_model));
-  }
-  if (family->swa_pattern > 0 && keys.Has("attention.sliding_window")) {
-    BITSPLIT_ASSIGN_OR_RETURN(uint64_t window, file.GetUint(keys.Key("attention.sliding_window")));
-    if (window > (uint64_t{1} << 31)) {
-      return Invalid(file,
-                     absl::StrFormat("attention.sliding_window = %d is out of range", window));
-    }
-    config.sliding_window = static_cast<int64_t>(window);
-    if (config.sliding_window > 0) {
-      BITSPLIT_RETURN_IF_ERROR(ReadLayerPattern(file, keys, family->swa_pattern, config));
-      BITSPLIT_ASSIGN_OR_RETURN(config.rope_freq_base_local,
-                                keys.OptionalFloat("rope.freq_base_swa", 10000.0f));
-      if (!(config.rope_freq_base_local > 0.0f)) {
-        return Invalid(file, "rope.freq_base_swa must be positive");
-      }
-    }
-  }
-
-  if (embedding_rows <= 0) {
-    return Invalid(file, absl::StrFormat("embedding table has %d rows", embedding_rows));
-  }
-  config.vocab_size = embedding_rows;
-  if (keys.Has("vocab_size")) {
-    BITSPLIT_ASSIGN_OR_RETURN(int64_t declared, keys.RequiredCount("vocab_size"));
-    if (declared != config.vocab_size) {
-      return Invalid(file, absl::StrFormat("%s %d != token_embd.weight rows %d",
-                                           keys.Key("vocab_size"), declared, config.vocab_size));
-    }
-  }
-  if (const gguf::Value* tokens = file.Find("tokenizer.ggml.tokens"); tokens != nullptr) {
-    const auto* array = std::get_if<gguf::Array>(&tokens->data);
-    if (array != nullptr && static_cast<int64_t>(array->elements.size()) > config.vocab_size) {
-      return Invalid(file, absl::StrFormat("tokenizer has %d tokens but token_embd.weight only "
-                                           "%d rows",
-                                           array->elements.size(), config.vocab_size));
-    }
-  }
+  BITSPLIT_RETURN_IF_ERROR(SetVocabulary(meta, embedding_rows, config));
   return config;
 }
 
