@@ -267,33 +267,52 @@ absl::Status CudaModel::ForwardImpl(std::span<const DeviceSequence> sequences,
 
 absl::Status CudaModel::EnqueueForward(const ForwardShape& shape,
                                        std::span<const SequenceSlice> slices, bool verify) {
-  const model::ModelConfig& c = config_;
-  const int64_t n = shape.rows;
-  const int64_t logit_rows = shape.logit_rows;
+  const ForwardPass pass{.rows = shape.rows,
+                         .logit_rows = shape.logit_rows,
+                         .selects_rows = shape.selects_rows,
+                         .slices = slices,
+                         .verify = verify};
+  BITSPLIT_RETURN_IF_ERROR(UploadBatch(pass));
+  BITSPLIT_RETURN_IF_ERROR(EmbedTokens(pass));
+  BITSPLIT_RETURN_IF_ERROR(PrepareSlidingWindow(pass));
+  for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
+    BITSPLIT_RETURN_IF_ERROR(AttentionBlock(layer, pass));
+    BITSPLIT_RETURN_IF_ERROR(FeedForwardBlock(layer, pass));
+  }
+  return OutputHead(pass);
+}
+
+absl::Status CudaModel::UploadBatch(const ForwardPass& pass) {
   const int64_t t_max = options_.max_batch_rows;
-  const int64_t mask_bytes =
-      slices.back().mask_offset + slices.back().rows * slices.back().mask_width;
+  const SequenceSlice& last = pass.slices.back();
+  const int64_t mask_bytes = last.mask_offset + last.rows * last.mask_width;
   const uint8_t* staging = host_batch_;
-  BITSPLIT_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(d_.tokens, staging, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      d_.positions, staging + 4 * t_max, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  if (shape.selects_rows) {
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.tokens, staging, pass.rows * sizeof(int32_t),
+                                                cudaMemcpyHostToDevice, stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.positions, staging + 4 * t_max,
+                                                pass.rows * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                                stream_));
+  if (pass.selects_rows) {
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.logit_rows, staging + 8 * t_max,
-                                                  logit_rows * sizeof(int32_t),
+                                                  pass.logit_rows * sizeof(int32_t),
                                                   cudaMemcpyHostToDevice, stream_));
   }
   BITSPLIT_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(d_.mask, staging + 12 * t_max, mask_bytes, cudaMemcpyHostToDevice, stream_));
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.step, staging + StepStagingOffset(),
-                                                2 * slices.size() * sizeof(int64_t),
+                                                2 * pass.slices.size() * sizeof(int64_t),
                                                 cudaMemcpyHostToDevice, stream_));
+  return absl::OkStatus();
+}
 
+absl::Status CudaModel::EmbedTokens(const ForwardPass& pass) {
+  const model::ModelConfig& c = config_;
+  const int64_t n = pass.rows;
   if (embedding_on_device_) {
     BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::EmbeddingGather(
         embedding_, embedding_type_, embedding_row_bytes_, c.d_model, d_.tokens, n, d_.x, stream_));
   } else {
-    const int32_t* tokens = reinterpret_cast<const int32_t*>(staging);
+    const int32_t* tokens = reinterpret_cast<const int32_t*>(host_batch_);
     for (int64_t t = 0; t < n; ++t) {
       ops::DequantizeWeightRow(host_embedding_.token_embd, tokens[t],
                                host_embedding_rows_ + t * c.d_model);
@@ -306,140 +325,157 @@ absl::Status CudaModel::EnqueueForward(const ForwardShape& shape,
     BITSPLIT_CUDA_RETURN_IF_ERROR(
         kernels::ScaleInPlace(d_.x, n * c.d_model, c.embedding_scale, stream_));
   }
-  // Each sequence's prefix length and first slot on the device.
-  auto prefix_of = [&](size_t s) { return d_.step + 2 * s; };
-  auto first_slot_of = [&](size_t s) { return d_.step + 2 * s + 1; };
-  if (c.sliding_window > 0) {
-    // The batch's positions go with its keys, and every row's window is listed once: the local
-    // layers all have the same window over the same slots.
-    for (size_t s = 0; s < slices.size(); ++s) {
-      const SequenceSlice& slice = slices[s];
-      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StorePositions(d_.positions + slice.first_row,
-                                                            slice.rows, slice.cache->positions(),
-                                                            first_slot_of(s), stream_));
-      kernels::VisibleSlotsArgs visible;
-      visible.mask = d_.mask + slice.mask_offset;
-      visible.rows = slice.rows;
-      visible.prefix_length_on_device = prefix_of(s);
-      visible.mask_width = slice.mask_width;
-      visible.window = c.sliding_window;
-      visible.query_positions = d_.positions + slice.first_row;
-      visible.slot_positions = slice.cache->positions();
-      visible.slots = d_.visible_slots + slice.first_row * options_.context;
-      visible.counts = d_.visible_counts + slice.first_row;
-      visible.slot_stride = options_.context;
-      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::VisibleSlots(visible, stream_));
-    }
-  }
+  return absl::OkStatus();
+}
 
+absl::Status CudaModel::PrepareSlidingWindow(const ForwardPass& pass) {
+  const model::ModelConfig& c = config_;
+  if (c.sliding_window <= 0) return absl::OkStatus();  // the caches keep no positions then
+  // The batch's positions go with its keys, and every row's window is listed once: the local
+  // layers all have the same window over the same slots.
+  for (size_t s = 0; s < pass.slices.size(); ++s) {
+    const SequenceSlice& slice = pass.slices[s];
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StorePositions(d_.positions + slice.first_row,
+                                                          slice.rows, slice.cache->positions(),
+                                                          FirstSlotOnDevice(s), stream_));
+    kernels::VisibleSlotsArgs visible;
+    visible.mask = d_.mask + slice.mask_offset;
+    visible.rows = slice.rows;
+    visible.prefix_length_on_device = PrefixLengthOnDevice(s);
+    visible.mask_width = slice.mask_width;
+    visible.window = c.sliding_window;
+    visible.query_positions = d_.positions + slice.first_row;
+    visible.slot_positions = slice.cache->positions();
+    visible.slots = d_.visible_slots + slice.first_row * options_.context;
+    visible.counts = d_.visible_counts + slice.first_row;
+    visible.slot_stride = options_.context;
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::VisibleSlots(visible, stream_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::AttentionBlock(int32_t layer, const ForwardPass& pass) {
+  const model::ModelConfig& c = config_;
+  const model::LayerNorms& vectors = layer_vectors_[static_cast<size_t>(layer)];
+  const int64_t n = pass.rows;
+  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, nullptr, n, c.d_model, vectors.attn_norm,
+                                                 c.rms_norm_eps, d_.normed, stream_));
+  float* const qkv[] = {d_.q, d_.k_new, d_.v_new};
+  BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kQkv}, d_.normed, n, qkv, pass.verify));
+  if (c.qkv_bias) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        kernels::AddRowVector(d_.q, vectors.q_bias, n, c.q_dim(), stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        kernels::AddRowVector(d_.k_new, vectors.k_bias, n, c.kv_dim(), stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        kernels::AddRowVector(d_.v_new, vectors.v_bias, n, c.kv_dim(), stream_));
+  }
+  if (c.qk_norm) {  // each head normalized on its own, in place
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.q, nullptr, n * c.num_heads, c.head_dim,
+                                                   vectors.attn_q_norm, c.rms_norm_eps, d_.q,
+                                                   stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.k_new, nullptr, n * c.num_kv_heads,
+                                                   c.head_dim, vectors.attn_k_norm, c.rms_norm_eps,
+                                                   d_.k_new, stream_));
+  }
+  const bool local = c.IsLocalLayer(layer);
   const bool halves = c.rope_style == model::RopeStyle::kHalves;
+  const float* rope_cos = local ? rope_local_cos_ : rope_cos_;
+  const float* rope_sin = local ? rope_local_sin_ : rope_sin_;
+  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(d_.q, n, c.num_heads, c.head_dim, c.rope_dims,
+                                                   d_.positions, rope_cos, rope_sin, halves,
+                                                   stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(d_.k_new, n, c.num_kv_heads, c.head_dim,
+                                                   c.rope_dims, d_.positions, rope_cos, rope_sin,
+                                                   halves, stream_));
+  BITSPLIT_RETURN_IF_ERROR(StoreKvAndAttend(layer, pass));
+  float* const projected[] = {d_.projected};
+  BITSPLIT_RETURN_IF_ERROR(
+      Linear({layer, LinearGroup::kAttnOutput}, d_.attention, n, projected, pass.verify));
+  return AddToHiddenState(vectors.attn_post_norm, pass);
+}
 
-  // Each step as LlamaModel::ForwardWith takes it, in the same order.
-  for (int32_t layer = 0; layer < c.num_layers; ++layer) {
-    const model::LayerNorms& vectors = layer_vectors_[static_cast<size_t>(layer)];
-    const bool local = c.IsLocalLayer(layer);
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, nullptr, n, c.d_model, vectors.attn_norm,
-                                                   c.rms_norm_eps, d_.normed, stream_));
-    float* const qkv[] = {d_.q, d_.k_new, d_.v_new};
-    BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kQkv}, d_.normed, n, qkv, verify));
-    if (c.qkv_bias) {
-      BITSPLIT_CUDA_RETURN_IF_ERROR(
-          kernels::AddRowVector(d_.q, vectors.q_bias, n, c.q_dim(), stream_));
-      BITSPLIT_CUDA_RETURN_IF_ERROR(
-          kernels::AddRowVector(d_.k_new, vectors.k_bias, n, c.kv_dim(), stream_));
-      BITSPLIT_CUDA_RETURN_IF_ERROR(
-          kernels::AddRowVector(d_.v_new, vectors.v_bias, n, c.kv_dim(), stream_));
+absl::Status CudaModel::StoreKvAndAttend(int32_t layer, const ForwardPass& pass) {
+  const model::ModelConfig& c = config_;
+  const bool local = c.IsLocalLayer(layer);
+  // Each sequence's keys and values go to its own cache, and its rows attend over it.
+  for (size_t s = 0; s < pass.slices.size(); ++s) {
+    const SequenceSlice& slice = pass.slices[s];
+    const int64_t r0 = slice.first_row;
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.k_new + r0 * c.kv_dim(), slice.rows,
+                                                     c.kv_dim(), slice.cache->keys(layer),
+                                                     FirstSlotOnDevice(s), stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.v_new + r0 * c.kv_dim(), slice.rows,
+                                                     c.kv_dim(), slice.cache->values(layer),
+                                                     FirstSlotOnDevice(s), stream_));
+    kernels::AttentionArgs attention;
+    attention.q = d_.q + r0 * c.q_dim();
+    attention.keys = slice.cache->keys(layer);
+    attention.values = slice.cache->values(layer);
+    attention.mask = d_.mask + slice.mask_offset;
+    attention.out = d_.attention + r0 * c.q_dim();
+    attention.scores = d_.scores + r0 * c.num_heads * options_.context;
+    attention.rows = slice.rows;
+    attention.prefix_length_on_device = PrefixLengthOnDevice(s);
+    attention.mask_width = slice.mask_width;
+    attention.score_stride = options_.context;
+    attention.num_heads = c.num_heads;
+    attention.num_kv_heads = c.num_kv_heads;
+    attention.head_dim = c.head_dim;
+    attention.scale = c.attention_scale;
+    // A local layer sees the window's slots (PrepareSlidingWindow), a global one the mask's.
+    if (local) {
+      attention.visible_slots = d_.visible_slots + r0 * options_.context;
+      attention.visible_counts = d_.visible_counts + r0;
+      attention.visible_stride = options_.context;
     }
-    if (c.qk_norm) {  // each head normalized on its own, in place
-      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.q, nullptr, n * c.num_heads, c.head_dim,
-                                                     vectors.attn_q_norm, c.rms_norm_eps, d_.q,
-                                                     stream_));
-      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.k_new, nullptr, n * c.num_kv_heads,
-                                                     c.head_dim, vectors.attn_k_norm,
-                                                     c.rms_norm_eps, d_.k_new, stream_));
-    }
-    const float* rope_cos = local ? rope_local_cos_ : rope_cos_;
-    const float* rope_sin = local ? rope_local_sin_ : rope_sin_;
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(d_.q, n, c.num_heads, c.head_dim, c.rope_dims,
-                                                     d_.positions, rope_cos, rope_sin, halves,
-                                                     stream_));
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(d_.k_new, n, c.num_kv_heads, c.head_dim,
-                                                     c.rope_dims, d_.positions, rope_cos, rope_sin,
-                                                     halves, stream_));
-    // Each sequence's keys and values go to its own cache, and its rows attend over it.
-    for (size_t s = 0; s < slices.size(); ++s) {
-      const SequenceSlice& slice = slices[s];
-      const int64_t r0 = slice.first_row;
-      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.k_new + r0 * c.kv_dim(), slice.rows,
-                                                       c.kv_dim(), slice.cache->keys(layer),
-                                                       first_slot_of(s), stream_));
-      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.v_new + r0 * c.kv_dim(), slice.rows,
-                                                       c.kv_dim(), slice.cache->values(layer),
-                                                       first_slot_of(s), stream_));
-      kernels::AttentionArgs attention;
-      attention.q = d_.q + r0 * c.q_dim();
-      attention.keys = slice.cache->keys(layer);
-      attention.values = slice.cache->values(layer);
-      attention.mask = d_.mask + slice.mask_offset;
-      attention.out = d_.attention + r0 * c.q_dim();
-      attention.scores = d_.scores + r0 * c.num_heads * options_.context;
-      attention.rows = slice.rows;
-      attention.prefix_length_on_device = prefix_of(s);
-      attention.mask_width = slice.mask_width;
-      attention.score_stride = options_.context;
-      attention.num_heads = c.num_heads;
-      attention.num_kv_heads = c.num_kv_heads;
-      attention.head_dim = c.head_dim;
-      attention.scale = c.attention_scale;
-      // A local layer sees the window's slots (listed above), a global one the mask's.
-      if (local) {
-        attention.visible_slots = d_.visible_slots + r0 * options_.context;
-        attention.visible_counts = d_.visible_counts + r0;
-        attention.visible_stride = options_.context;
-      }
-      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::Attention(attention, stream_));
-    }
-    float* const projected[] = {d_.projected};
-    BITSPLIT_RETURN_IF_ERROR(
-        Linear({layer, LinearGroup::kAttnOutput}, d_.attention, n, projected, verify));
-    if (c.post_norms) {
-      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.projected, nullptr, n, c.d_model,
-                                                     vectors.attn_post_norm, c.rms_norm_eps,
-                                                     d_.projected, stream_));
-    }
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::AddInPlace(d_.x, d_.projected, n * c.d_model, stream_));
-
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, nullptr, n, c.d_model, vectors.ffn_norm,
-                                                   c.rms_norm_eps, d_.normed, stream_));
-    float* const gate_up[] = {d_.gate, d_.up};
-    BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kGateUp}, d_.normed, n, gate_up, verify));
-    switch (c.ffn_activation) {
-      case model::FfnActivation::kSilu:
-        BITSPLIT_CUDA_RETURN_IF_ERROR(
-            kernels::SiluMul(d_.gate, d_.up, n * c.d_ff, d_.gate, stream_));
-        break;
-      case model::FfnActivation::kGeluTanh:
-        BITSPLIT_CUDA_RETURN_IF_ERROR(
-            kernels::GeluTanhMul(d_.gate, d_.up, n * c.d_ff, d_.gate, stream_));
-        break;
-    }
-    BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kDown}, d_.gate, n, projected, verify));
-    if (c.post_norms) {
-      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.projected, nullptr, n, c.d_model,
-                                                     vectors.ffn_post_norm, c.rms_norm_eps,
-                                                     d_.projected, stream_));
-    }
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::AddInPlace(d_.x, d_.projected, n * c.d_model, stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::Attention(attention, stream_));
   }
+  return absl::OkStatus();
+}
 
-  // Output head, for the selected rows (in the order asked, repeats allowed).
-  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, shape.selects_rows ? d_.logit_rows : nullptr,
-                                                 logit_rows, c.d_model, output_norm_,
+absl::Status CudaModel::FeedForwardBlock(int32_t layer, const ForwardPass& pass) {
+  const model::ModelConfig& c = config_;
+  const model::LayerNorms& vectors = layer_vectors_[static_cast<size_t>(layer)];
+  const int64_t n = pass.rows;
+  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, nullptr, n, c.d_model, vectors.ffn_norm,
+                                                 c.rms_norm_eps, d_.normed, stream_));
+  float* const gate_up[] = {d_.gate, d_.up};
+  BITSPLIT_RETURN_IF_ERROR(
+      Linear({layer, LinearGroup::kGateUp}, d_.normed, n, gate_up, pass.verify));
+  switch (c.ffn_activation) {
+    case model::FfnActivation::kSilu:
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::SiluMul(d_.gate, d_.up, n * c.d_ff, d_.gate, stream_));
+      break;
+    case model::FfnActivation::kGeluTanh:
+      BITSPLIT_CUDA_RETURN_IF_ERROR(
+          kernels::GeluTanhMul(d_.gate, d_.up, n * c.d_ff, d_.gate, stream_));
+      break;
+  }
+  float* const projected[] = {d_.projected};
+  BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kDown}, d_.gate, n, projected, pass.verify));
+  return AddToHiddenState(vectors.ffn_post_norm, pass);
+}
+
+absl::Status CudaModel::AddToHiddenState(const float* post_norm, const ForwardPass& pass) {
+  const model::ModelConfig& c = config_;
+  const int64_t n = pass.rows;
+  if (c.post_norms) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.projected, nullptr, n, c.d_model, post_norm,
+                                                   c.rms_norm_eps, d_.projected, stream_));
+  }
+  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::AddInPlace(d_.x, d_.projected, n * c.d_model, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::OutputHead(const ForwardPass& pass) {
+  const model::ModelConfig& c = config_;
+  // The selected rows only, in the order asked (repeats allowed).
+  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, pass.selects_rows ? d_.logit_rows : nullptr,
+                                                 pass.logit_rows, c.d_model, output_norm_,
                                                  c.rms_norm_eps, d_.normed, stream_));
   float* const head[] = {d_.logits};
-  BITSPLIT_RETURN_IF_ERROR(Linear(LinearGroupId::Head(), d_.normed, logit_rows, head, verify));
-
-  return absl::OkStatus();
+  return Linear(LinearGroupId::Head(), d_.normed, pass.logit_rows, head, pass.verify);
 }
 
 absl::Status CudaModel::LaunchDraftGraph(const ForwardShape& shape, const SequenceSlice& slice) {

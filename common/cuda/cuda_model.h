@@ -283,6 +283,28 @@ class CudaModel {
   // `shape` gives the totals over the slices).
   absl::Status EnqueueForward(const ForwardShape& shape, std::span<const SequenceSlice> slices,
                               bool verify);
+  // The blocks of EnqueueForward, in the order it runs them, each queued on stream_
+  // (LlamaModel's forward has the same blocks under the same names; UploadBatch is the device's
+  // own). A ForwardPass holds one forward's totals, its sequences' slices and its mode.
+  struct ForwardPass {
+    int64_t rows = 0;  // every sequence's
+    int64_t logit_rows = 0;
+    bool selects_rows = false;  // d_.logit_rows lists them (else every row, in order)
+    std::span<const SequenceSlice> slices;
+    bool verify = false;
+  };
+  absl::Status UploadBatch(const ForwardPass& pass);
+  absl::Status EmbedTokens(const ForwardPass& pass);
+  absl::Status PrepareSlidingWindow(const ForwardPass& pass);
+  absl::Status AttentionBlock(int32_t layer, const ForwardPass& pass);
+  absl::Status StoreKvAndAttend(int32_t layer, const ForwardPass& pass);
+  absl::Status FeedForwardBlock(int32_t layer, const ForwardPass& pass);
+  // x += projected, RMS-normalized first with `post_norm` where the config has post-norms.
+  absl::Status AddToHiddenState(const float* post_norm, const ForwardPass& pass);
+  absl::Status OutputHead(const ForwardPass& pass);
+  // Sequence s's prefix length and first cache slot, as the forward's kernels read them.
+  const int64_t* PrefixLengthOnDevice(size_t s) const { return d_.step + 2 * s; }
+  const int64_t* FirstSlotOnDevice(size_t s) const { return d_.step + 2 * s + 1; }
   // EnqueueForward of a one-sequence draft forward through the captured graph of its shape
   // (captured first).
   absl::Status LaunchDraftGraph(const ForwardShape& shape, const SequenceSlice& slice);

@@ -245,8 +245,81 @@ absl::Status LlamaModel::ForwardSequences(std::span<const SequenceForward> seque
   return ForwardSequencesWith(*linear, sequences);
 }
 
+// Where one sequence's rows are in a forward's activations.
+struct LlamaModel::SequenceSlice {
+  const Batch* batch = nullptr;
+  KvCache* cache = nullptr;
+  std::span<float> logits;
+  int64_t first_row = 0;  // of every activation buffer
+  int64_t rows = 0;
+  int64_t first_logit_row = 0;  // of the output head
+  int64_t first_slot = 0;       // the batch's first K/V slot in its cache
+};
+
+// One forward's sequences and activations: every sequence's rows concatenated, so each linear
+// group runs once on all of them.
+struct LlamaModel::ForwardPass {
+  ForwardPass(const ModelConfig& c, LinearBackend& backend,
+              std::span<const SequenceForward> sequences)
+      : linear(backend) {
+    for (const SequenceForward& sequence : sequences) {
+      const Batch& batch = *sequence.batch;
+      slices.push_back({.batch = &batch,
+                        .cache = sequence.cache,
+                        .logits = sequence.logits,
+                        .first_row = rows,
+                        .rows = batch.size(),
+                        .first_logit_row = logit_rows,
+                        .first_slot = sequence.cache->committed_length() + batch.pending_prefix});
+      positions.insert(positions.end(), batch.positions.begin(), batch.positions.end());
+      rows += batch.size();
+      logit_rows += batch.num_logit_rows();
+    }
+    x = Buffer(rows, c.d_model);
+    normed = Buffer(rows, c.d_model);
+    q = Buffer(rows, c.q_dim());
+    keys = Buffer(rows, c.kv_dim());
+    values = Buffer(rows, c.kv_dim());
+    attention = Buffer(rows, c.q_dim());
+    gate = Buffer(rows, c.d_ff);
+    up = Buffer(rows, c.d_ff);
+    projected = Buffer(rows, c.d_model);
+  }
+
+  LinearBackend& linear;
+  std::vector<SequenceSlice> slices;
+  int64_t rows = 0;
+  int64_t logit_rows = 0;
+  std::vector<int32_t> positions;  // [rows]
+  std::vector<float> x;            // the hidden state
+  std::vector<float> normed;       // RMS-normalized x
+  std::vector<float> q;
+  std::vector<float> keys;  // then copied to each sequence's cache
+  std::vector<float> values;
+  std::vector<float> attention;
+  std::vector<float> gate;
+  std::vector<float> up;
+  std::vector<float> projected;  // wo / w_down output
+};
+
 absl::Status LlamaModel::ForwardSequencesWith(LinearBackend& linear,
                                               std::span<const SequenceForward> sequences) {
+  BITSPLIT_RETURN_IF_ERROR(ValidateSequences(sequences));
+  for (const SequenceForward& sequence : sequences) {
+    BITSPLIT_RETURN_IF_ERROR(
+        sequence.cache->BeginPending(sequence.batch->pending_prefix + sequence.batch->size()));
+  }
+  ForwardPass pass(config_, linear, sequences);
+  EmbedTokens(pass);
+  PrepareSlidingWindow(pass);
+  for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
+    BITSPLIT_RETURN_IF_ERROR(AttentionBlock(layer, pass));
+    BITSPLIT_RETURN_IF_ERROR(FeedForwardBlock(layer, pass));
+  }
+  return OutputHead(pass);
+}
+
+absl::Status LlamaModel::ValidateSequences(std::span<const SequenceForward> sequences) const {
   if (sequences.empty()) return absl::InvalidArgumentError("no sequence to run");
   for (size_t s = 0; s < sequences.size(); ++s) {
     const SequenceForward& sequence = sequences[s];
@@ -263,158 +336,155 @@ absl::Status LlamaModel::ForwardSequencesWith(LinearBackend& linear,
       return absl::Status(valid.code(), absl::StrCat("sequence ", s, ": ", valid.message()));
     }
   }
-  const ModelConfig& c = config_;
-  const EmbeddingAndNorms& w = embedding_and_norms_;
-  // Sequence s owns rows [row_begin[s], row_begin[s + 1]) of every activation buffer, and logit
-  // rows [logit_begin[s], logit_begin[s + 1]) of the output head.
-  std::vector<int64_t> row_begin = {0};
-  std::vector<int64_t> logit_begin = {0};
-  std::vector<int64_t> first_slot;  // each batch's first cache slot
-  for (const SequenceForward& sequence : sequences) {
-    row_begin.push_back(row_begin.back() + sequence.batch->size());
-    logit_begin.push_back(logit_begin.back() + sequence.batch->num_logit_rows());
-    first_slot.push_back(sequence.cache->committed_length() + sequence.batch->pending_prefix);
-  }
-  for (const SequenceForward& sequence : sequences) {
-    BITSPLIT_RETURN_IF_ERROR(
-        sequence.cache->BeginPending(sequence.batch->pending_prefix + sequence.batch->size()));
-  }
-  const int64_t num_tokens = row_begin.back();
-  ThreadPool& pool = *pool_;
+  return absl::OkStatus();
+}
 
-  std::vector<float> x = Buffer(num_tokens, c.d_model);       // hidden state
-  std::vector<float> normed = Buffer(num_tokens, c.d_model);  // RMS-normalized x
-  std::vector<float> q = Buffer(num_tokens, c.q_dim());
-  std::vector<float> keys = Buffer(num_tokens, c.kv_dim());  // then copied to each cache
-  std::vector<float> values = Buffer(num_tokens, c.kv_dim());
-  std::vector<float> attention = Buffer(num_tokens, c.q_dim());
-  std::vector<float> gate = Buffer(num_tokens, c.d_ff);
-  std::vector<float> up = Buffer(num_tokens, c.d_ff);
-  std::vector<float> projected = Buffer(num_tokens, c.d_model);  // wo / w_down output
-  std::vector<int32_t> positions;                                // [num_tokens]
-  for (size_t s = 0; s < sequences.size(); ++s) {
-    const Batch& batch = *sequences[s].batch;
-    positions.insert(positions.end(), batch.positions.begin(), batch.positions.end());
-    for (int64_t t = 0; t < batch.size(); ++t) {
-      float* row = x.data() + (row_begin[s] + t) * c.d_model;
-      ops::DequantizeWeightRow(w.token_embd, batch.tokens[t], row);
+void LlamaModel::EmbedTokens(ForwardPass& pass) const {
+  const ModelConfig& c = config_;
+  for (const SequenceSlice& slice : pass.slices) {
+    for (int64_t t = 0; t < slice.rows; ++t) {
+      float* row = pass.x.data() + (slice.first_row + t) * c.d_model;
+      ops::DequantizeWeightRow(embedding_and_norms_.token_embd, slice.batch->tokens[t], row);
       if (c.embedding_scale != 1.0f) {
         for (int64_t i = 0; i < c.d_model; ++i) row[i] *= c.embedding_scale;
       }
     }
-    // The batch's positions go with its keys: sliding-window layers compare them.
-    std::copy(batch.positions.begin(), batch.positions.end(),
-              sequences[s].cache->positions() + first_slot[s]);
   }
+}
 
-  const ops::AttentionShape attention_shape{.num_heads = c.num_heads,
-                                            .num_kv_heads = c.num_kv_heads,
-                                            .head_dim = c.head_dim,
-                                            .scale = c.attention_scale};
-
-  for (int32_t layer = 0; layer < c.num_layers; ++layer) {
-    const LayerNorms& vectors = w.layers[static_cast<size_t>(layer)];
-
-    // Attention block.
-    ops::RmsNorm(x.data(), num_tokens, c.d_model, vectors.attn_norm, c.rms_norm_eps, normed.data());
-    float* const qkv_outputs[] = {q.data(), keys.data(), values.data()};
-    BITSPLIT_RETURN_IF_ERROR(
-        linear.Apply({layer, LinearGroup::kQkv}, normed.data(), num_tokens, qkv_outputs, pool));
-    if (c.qkv_bias) {
-      AddBias(q.data(), vectors.q_bias, num_tokens, c.q_dim());
-      AddBias(keys.data(), vectors.k_bias, num_tokens, c.kv_dim());
-      AddBias(values.data(), vectors.v_bias, num_tokens, c.kv_dim());
-    }
-    if (c.qk_norm) {  // each head normalized on its own
-      ops::RmsNorm(q.data(), num_tokens * c.num_heads, c.head_dim, vectors.attn_q_norm,
-                   c.rms_norm_eps, q.data());
-      ops::RmsNorm(keys.data(), num_tokens * c.num_kv_heads, c.head_dim, vectors.attn_k_norm,
-                   c.rms_norm_eps, keys.data());
-    }
-    const ops::RopeConfig rope{.head_dim = c.head_dim,
-                               .rotary_dims = c.rope_dims,
-                               .freq_base = c.RopeFreqBase(layer),
-                               .freq_scale = c.RopeFreqScale(layer),
-                               .freq_factors = w.rope_freq_factors,
-                               .style = c.rope_style};
-    ops::ApplyRope(q.data(), num_tokens, c.num_heads, positions.data(), rope);
-    ops::ApplyRope(keys.data(), num_tokens, c.num_kv_heads, positions.data(), rope);
-    for (size_t s = 0; s < sequences.size(); ++s) {
-      const Batch& batch = *sequences[s].batch;
-      KvCache& cache = *sequences[s].cache;
-      const int64_t rows = batch.size();
-      const size_t from = static_cast<size_t>(row_begin[s] * c.kv_dim());
-      const size_t count = static_cast<size_t>(rows * c.kv_dim());
-      std::copy_n(keys.data() + from, count, cache.keys(layer) + first_slot[s] * c.kv_dim());
-      std::copy_n(values.data() + from, count, cache.values(layer) + first_slot[s] * c.kv_dim());
-      cache.RoundStored(layer, first_slot[s], rows);
-      const ops::SlidingWindow window{.size = c.AttentionWindow(layer),
-                                      .query_positions = batch.positions.data(),
-                                      .slot_positions = cache.positions()};
-      ops::AttentionWithContext(q.data() + row_begin[s] * c.q_dim(), rows, cache.keys(layer),
-                                cache.values(layer), cache.committed_length(), batch.pending_prefix,
-                                batch.attention_mask.data(), attention_shape,
-                                attention.data() + row_begin[s] * c.q_dim(), pool, window);
-    }
-    float* const attention_outputs[] = {projected.data()};
-    BITSPLIT_RETURN_IF_ERROR(linear.Apply({layer, LinearGroup::kAttnOutput}, attention.data(),
-                                          num_tokens, attention_outputs, pool));
-    if (c.post_norms) {
-      ops::RmsNorm(projected.data(), num_tokens, c.d_model, vectors.attn_post_norm, c.rms_norm_eps,
-                   projected.data());
-    }
-    AddInPlace(x.data(), projected.data(), num_tokens * c.d_model);
-
-    // Feed-forward block: w_down(act(w_gate x) * w_up x).
-    ops::RmsNorm(x.data(), num_tokens, c.d_model, vectors.ffn_norm, c.rms_norm_eps, normed.data());
-    float* const gate_up_outputs[] = {gate.data(), up.data()};
-    BITSPLIT_RETURN_IF_ERROR(linear.Apply({layer, LinearGroup::kGateUp}, normed.data(), num_tokens,
-                                          gate_up_outputs, pool));
-    pool.ParallelFor(num_tokens, [&](int64_t begin, int64_t end, int) {
-      float* g = gate.data() + begin * c.d_ff;
-      const float* u = up.data() + begin * c.d_ff;
-      const int64_t n = (end - begin) * c.d_ff;
-      switch (c.ffn_activation) {
-        case FfnActivation::kSilu:
-          ops::SiluMul(g, u, n, g);
-          break;
-        case FfnActivation::kGeluTanh:
-          ops::GeluTanhMul(g, u, n, g);
-          break;
-      }
-    });
-    float* const down_outputs[] = {projected.data()};
-    BITSPLIT_RETURN_IF_ERROR(
-        linear.Apply({layer, LinearGroup::kDown}, gate.data(), num_tokens, down_outputs, pool));
-    if (c.post_norms) {
-      ops::RmsNorm(projected.data(), num_tokens, c.d_model, vectors.ffn_post_norm, c.rms_norm_eps,
-                   projected.data());
-    }
-    AddInPlace(x.data(), projected.data(), num_tokens * c.d_model);
+void LlamaModel::PrepareSlidingWindow(ForwardPass& pass) const {
+  // The batch's positions go with its keys: sliding-window layers compare them. The cache keeps
+  // positions for every model, and AttentionWithContext lists each row's window itself.
+  for (const SequenceSlice& slice : pass.slices) {
+    std::copy(slice.batch->positions.begin(), slice.batch->positions.end(),
+              slice.cache->positions() + slice.first_slot);
   }
+}
 
-  // Output head, for the selected rows only (in the order asked, repeats allowed).
-  const int64_t num_rows = logit_begin.back();
-  std::vector<float> head_input = Buffer(num_rows, c.d_model);
-  for (size_t s = 0; s < sequences.size(); ++s) {
-    const Batch& batch = *sequences[s].batch;
+absl::Status LlamaModel::AttentionBlock(int32_t layer, ForwardPass& pass) {
+  const ModelConfig& c = config_;
+  const LayerNorms& vectors = embedding_and_norms_.layers[static_cast<size_t>(layer)];
+  const int64_t n = pass.rows;
+  ops::RmsNorm(pass.x.data(), n, c.d_model, vectors.attn_norm, c.rms_norm_eps, pass.normed.data());
+  float* const qkv[] = {pass.q.data(), pass.keys.data(), pass.values.data()};
+  BITSPLIT_RETURN_IF_ERROR(
+      pass.linear.Apply({layer, LinearGroup::kQkv}, pass.normed.data(), n, qkv, *pool_));
+  if (c.qkv_bias) {
+    AddBias(pass.q.data(), vectors.q_bias, n, c.q_dim());
+    AddBias(pass.keys.data(), vectors.k_bias, n, c.kv_dim());
+    AddBias(pass.values.data(), vectors.v_bias, n, c.kv_dim());
+  }
+  if (c.qk_norm) {  // each head normalized on its own
+    ops::RmsNorm(pass.q.data(), n * c.num_heads, c.head_dim, vectors.attn_q_norm, c.rms_norm_eps,
+                 pass.q.data());
+    ops::RmsNorm(pass.keys.data(), n * c.num_kv_heads, c.head_dim, vectors.attn_k_norm,
+                 c.rms_norm_eps, pass.keys.data());
+  }
+  const ops::RopeConfig rope{.head_dim = c.head_dim,
+                             .rotary_dims = c.rope_dims,
+                             .freq_base = c.RopeFreqBase(layer),
+                             .freq_scale = c.RopeFreqScale(layer),
+                             .freq_factors = embedding_and_norms_.rope_freq_factors,
+                             .style = c.rope_style};
+  ops::ApplyRope(pass.q.data(), n, c.num_heads, pass.positions.data(), rope);
+  ops::ApplyRope(pass.keys.data(), n, c.num_kv_heads, pass.positions.data(), rope);
+  StoreKvAndAttend(layer, pass);
+  float* const projected[] = {pass.projected.data()};
+  BITSPLIT_RETURN_IF_ERROR(pass.linear.Apply({layer, LinearGroup::kAttnOutput},
+                                             pass.attention.data(), n, projected, *pool_));
+  AddToHiddenState(vectors.attn_post_norm, pass);
+  return absl::OkStatus();
+}
+
+void LlamaModel::StoreKvAndAttend(int32_t layer, ForwardPass& pass) {
+  const ModelConfig& c = config_;
+  const ops::AttentionShape shape{.num_heads = c.num_heads,
+                                  .num_kv_heads = c.num_kv_heads,
+                                  .head_dim = c.head_dim,
+                                  .scale = c.attention_scale};
+  // Each sequence's keys and values go to its own cache, and its rows attend over it.
+  for (const SequenceSlice& slice : pass.slices) {
+    const Batch& batch = *slice.batch;
+    KvCache& cache = *slice.cache;
+    const size_t from = static_cast<size_t>(slice.first_row * c.kv_dim());
+    const size_t count = static_cast<size_t>(slice.rows * c.kv_dim());
+    std::copy_n(pass.keys.data() + from, count, cache.keys(layer) + slice.first_slot * c.kv_dim());
+    std::copy_n(pass.values.data() + from, count,
+                cache.values(layer) + slice.first_slot * c.kv_dim());
+    cache.RoundStored(layer, slice.first_slot, slice.rows);
+    const ops::SlidingWindow window{.size = c.AttentionWindow(layer),
+                                    .query_positions = batch.positions.data(),
+                                    .slot_positions = cache.positions()};
+    ops::AttentionWithContext(pass.q.data() + slice.first_row * c.q_dim(), slice.rows,
+                              cache.keys(layer), cache.values(layer), cache.committed_length(),
+                              batch.pending_prefix, batch.attention_mask.data(), shape,
+                              pass.attention.data() + slice.first_row * c.q_dim(), *pool_, window);
+  }
+}
+
+absl::Status LlamaModel::FeedForwardBlock(int32_t layer, ForwardPass& pass) {
+  const ModelConfig& c = config_;
+  const LayerNorms& vectors = embedding_and_norms_.layers[static_cast<size_t>(layer)];
+  const int64_t n = pass.rows;
+  ops::RmsNorm(pass.x.data(), n, c.d_model, vectors.ffn_norm, c.rms_norm_eps, pass.normed.data());
+  float* const gate_up[] = {pass.gate.data(), pass.up.data()};
+  BITSPLIT_RETURN_IF_ERROR(
+      pass.linear.Apply({layer, LinearGroup::kGateUp}, pass.normed.data(), n, gate_up, *pool_));
+  pool_->ParallelFor(n, [&](int64_t begin, int64_t end, int) {
+    float* g = pass.gate.data() + begin * c.d_ff;
+    const float* u = pass.up.data() + begin * c.d_ff;
+    const int64_t count = (end - begin) * c.d_ff;
+    switch (c.ffn_activation) {
+      case FfnActivation::kSilu:
+        ops::SiluMul(g, u, count, g);
+        break;
+      case FfnActivation::kGeluTanh:
+        ops::GeluTanhMul(g, u, count, g);
+        break;
+    }
+  });
+  float* const projected[] = {pass.projected.data()};
+  BITSPLIT_RETURN_IF_ERROR(
+      pass.linear.Apply({layer, LinearGroup::kDown}, pass.gate.data(), n, projected, *pool_));
+  AddToHiddenState(vectors.ffn_post_norm, pass);
+  return absl::OkStatus();
+}
+
+void LlamaModel::AddToHiddenState(const float* post_norm, ForwardPass& pass) const {
+  const ModelConfig& c = config_;
+  const int64_t n = pass.rows;
+  if (c.post_norms) {
+    ops::RmsNorm(pass.projected.data(), n, c.d_model, post_norm, c.rms_norm_eps,
+                 pass.projected.data());
+  }
+  AddInPlace(pass.x.data(), pass.projected.data(), n * c.d_model);
+}
+
+absl::Status LlamaModel::OutputHead(ForwardPass& pass) {
+  const ModelConfig& c = config_;
+  // The selected rows only, in the order asked (repeats allowed).
+  std::vector<float> head_input = Buffer(pass.logit_rows, c.d_model);
+  for (const SequenceSlice& slice : pass.slices) {
+    const Batch& batch = *slice.batch;
     for (int64_t r = 0; r < batch.num_logit_rows(); ++r) {
       const int64_t t = batch.logit_rows.empty() ? r : batch.logit_rows[static_cast<size_t>(r)];
-      ops::RmsNorm(x.data() + (row_begin[s] + t) * c.d_model, 1, c.d_model, w.output_norm,
-                   c.rms_norm_eps, head_input.data() + (logit_begin[s] + r) * c.d_model);
+      ops::RmsNorm(pass.x.data() + (slice.first_row + t) * c.d_model, 1, c.d_model,
+                   embedding_and_norms_.output_norm, c.rms_norm_eps,
+                   head_input.data() + (slice.first_logit_row + r) * c.d_model);
     }
   }
-  if (sequences.size() == 1) {  // straight into the caller's buffer
-    float* const head_outputs[] = {sequences[0].logits.data()};
-    return linear.Apply(LinearGroupId::Head(), head_input.data(), num_rows, head_outputs, pool);
+  if (pass.slices.size() == 1) {  // straight into the caller's buffer
+    float* const head[] = {pass.slices[0].logits.data()};
+    return pass.linear.Apply(LinearGroupId::Head(), head_input.data(), pass.logit_rows, head,
+                             *pool_);
   }
-  std::vector<float> logits = Buffer(num_rows, c.vocab_size);
-  float* const head_outputs[] = {logits.data()};
+  std::vector<float> logits = Buffer(pass.logit_rows, c.vocab_size);
+  float* const head[] = {logits.data()};
   BITSPLIT_RETURN_IF_ERROR(
-      linear.Apply(LinearGroupId::Head(), head_input.data(), num_rows, head_outputs, pool));
-  for (size_t s = 0; s < sequences.size(); ++s) {
-    std::copy_n(logits.data() + logit_begin[s] * c.vocab_size,
-                (logit_begin[s + 1] - logit_begin[s]) * c.vocab_size, sequences[s].logits.data());
+      pass.linear.Apply(LinearGroupId::Head(), head_input.data(), pass.logit_rows, head, *pool_));
+  for (const SequenceSlice& slice : pass.slices) {
+    std::copy_n(logits.data() + slice.first_logit_row * c.vocab_size,
+                slice.batch->num_logit_rows() * c.vocab_size, slice.logits.data());
   }
   return absl::OkStatus();
 }

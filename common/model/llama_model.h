@@ -172,6 +172,21 @@ class LlamaModel {
  private:
   LlamaModel() = default;
   absl::Status ValidateBatch(const Batch& batch, const KvCache& cache, size_t logits_size) const;
+  absl::Status ValidateSequences(std::span<const SequenceForward> sequences) const;
+
+  // The blocks of ForwardSequencesWith, in the order it runs them (CudaModel's forward has the
+  // same blocks under the same names). A ForwardPass holds one forward's sequences, their rows
+  // and the activations.
+  struct SequenceSlice;
+  struct ForwardPass;
+  void EmbedTokens(ForwardPass& pass) const;
+  void PrepareSlidingWindow(ForwardPass& pass) const;
+  absl::Status AttentionBlock(int32_t layer, ForwardPass& pass);
+  void StoreKvAndAttend(int32_t layer, ForwardPass& pass);
+  absl::Status FeedForwardBlock(int32_t layer, ForwardPass& pass);
+  // x += projected, RMS-normalized first with `post_norm` where the config has post-norms.
+  void AddToHiddenState(const float* post_norm, ForwardPass& pass) const;
+  absl::Status OutputHead(ForwardPass& pass);
 
   // GGUF models: the mapping every view points into and the reference weights.
   std::unique_ptr<gguf::File> gguf_file_;
