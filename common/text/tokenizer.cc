@@ -6,11 +6,12 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
-#include <queue>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/text/bigram_merge.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::text {
@@ -105,12 +106,6 @@ void Canonicalize(std::string_view text, std::string& canonical, std::string& fo
     AppendUtf8(cp, canonical);
     AppendUtf8(cp >= 0xD800 && cp <= 0xDFFF ? 0xFFFF : cp, for_regex);
   }
-}
-
-size_t Utf8SequenceLength(uint8_t lead) {
-  static constexpr std::array<size_t, 16> kLengths = {1, 1, 1, 1, 1, 1, 1, 1,
-                                                      1, 1, 1, 1, 2, 2, 3, 4};
-  return kLengths[lead >> 4];
 }
 
 // GPT-2's reversible byte <-> printable code point mapping: printable Latin-1 bytes map to
@@ -803,65 +798,16 @@ std::vector<int32_t> Tokenizer::Tokenize(std::string_view text, bool add_special
 }
 
 void Tokenizer::EncodeSpm(std::string_view text, std::vector<int32_t>& out) const {
-  // llama.cpp's llm_tokenizer_spm_session: start from UTF-8 characters (lead-byte lengths, no
-  // validation) and repeatedly merge the adjacent pair whose concatenation is the token with the
-  // highest score, leftmost first on ties; a popped pair whose symbols changed since it was
-  // queued is stale and skipped. Every merged symbol is a token by construction; a leftover
+  // llama.cpp's llm_tokenizer_spm_session: the pair whose concatenation is the token with the
+  // highest score merges first. Every merged symbol is a token by construction; a leftover
   // character that is not one becomes byte tokens.
-  struct Symbol {
-    int prev;
-    int next;
-    size_t begin;
-    size_t length;  // 0 once merged into its left neighbour
+  const auto negated_score = [this](std::string_view left,
+                                    std::string_view right) -> std::optional<float> {
+    const int32_t id = FindToken(std::string_view(left.data(), left.size() + right.size()));
+    if (id == kNoToken) return std::nullopt;
+    return -scores_[id];
   };
-  struct Bigram {
-    int left;
-    int right;
-    float score;
-    size_t length;  // combined length when queued
-  };
-  struct Lower {
-    bool operator()(const Bigram& a, const Bigram& b) const {
-      return a.score < b.score || (a.score == b.score && a.left > b.left);
-    }
-  };
-  if (text.empty()) return;
-  std::vector<Symbol> symbols;
-  for (size_t offset = 0; offset < text.size();) {
-    const size_t length =
-        std::min(text.size() - offset, Utf8SequenceLength(static_cast<uint8_t>(text[offset])));
-    const int index = static_cast<int>(symbols.size());
-    symbols.push_back({index - 1, offset + length == text.size() ? -1 : index + 1, offset, length});
-    offset += length;
-  }
-  std::priority_queue<Bigram, std::vector<Bigram>, Lower> queue;
-  const auto try_queue = [&](int left, int right) {
-    if (left == -1 || right == -1) return;
-    const size_t length = symbols[left].length + symbols[right].length;
-    const int32_t id = FindToken(text.substr(symbols[left].begin, length));
-    if (id == kNoToken) return;
-    queue.push({left, right, scores_[id], length});
-  };
-  for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_queue(i - 1, i);
-
-  while (!queue.empty()) {
-    const Bigram bigram = queue.top();
-    queue.pop();
-    Symbol& left = symbols[bigram.left];
-    Symbol& right = symbols[bigram.right];
-    if (left.length == 0 || right.length == 0 || left.length + right.length != bigram.length) {
-      continue;
-    }
-    left.length += right.length;
-    right.length = 0;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = bigram.left;
-    try_queue(left.prev, bigram.left);
-    try_queue(bigram.left, left.next);
-  }
-
-  for (int i = 0; i != -1; i = symbols[i].next) {
-    const std::string_view symbol = text.substr(symbols[i].begin, symbols[i].length);
+  for (std::string_view symbol : MergeBigrams(text, negated_score)) {
     const int32_t id = FindToken(symbol);
     if (id != kNoToken) {
       out.push_back(id);
@@ -919,72 +865,21 @@ int Tokenizer::MergeRank(std::string_view left, std::string_view right) const {
 }
 
 std::vector<int32_t> Tokenizer::BytePairMerge(const std::string& word) const {
-  // Same algorithm and tie-breaking as llama.cpp's llm_tokenizer_bpe_session: a min-queue of
-  // adjacent pairs ordered by (merge rank, left position); a popped pair whose symbols changed
-  // since it was queued is stale and skipped.
-  struct Symbol {
-    int prev;
-    int next;
-    size_t begin;
-    size_t length;  // 0 once merged into its left neighbour
+  // llama.cpp's llm_tokenizer_bpe_session: the pair with the lowest merge rank merges first.
+  const auto rank = [this](std::string_view left, std::string_view right) -> std::optional<int> {
+    const int merge_rank = MergeRank(left, right);
+    if (merge_rank < 0) return std::nullopt;
+    return merge_rank;
   };
-  struct Pair {
-    int left;
-    int right;
-    int rank;
-    size_t length;  // combined length when queued
-  };
-  struct LaterFirst {
-    bool operator()(const Pair& a, const Pair& b) const {
-      return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
-    }
-  };
-  std::vector<Symbol> symbols;
-  for (size_t offset = 0; offset < word.size();) {
-    const size_t length =
-        std::min(word.size() - offset, Utf8SequenceLength(static_cast<uint8_t>(word[offset])));
-    const int index = static_cast<int>(symbols.size());
-    symbols.push_back({index - 1, offset + length == word.size() ? -1 : index + 1, offset, length});
-    offset += length;
-  }
-  const std::string_view text(word);
-  const auto symbol_text = [&](int i) { return text.substr(symbols[i].begin, symbols[i].length); };
-  std::priority_queue<Pair, std::vector<Pair>, LaterFirst> queue;
-  const auto try_queue = [&](int left, int right) {
-    if (left == -1 || right == -1) return;
-    const int rank = MergeRank(symbol_text(left), symbol_text(right));
-    if (rank < 0) return;
-    queue.push({left, right, rank, symbols[left].length + symbols[right].length});
-  };
-  for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_queue(i - 1, i);
-
-  while (!queue.empty()) {
-    const Pair pair = queue.top();
-    queue.pop();
-    Symbol& left = symbols[pair.left];
-    Symbol& right = symbols[pair.right];
-    // Symbols only grow, so unchanged lengths mean the pair is still the one that was queued.
-    if (left.length == 0 || right.length == 0 || left.length + right.length != pair.length) {
-      continue;
-    }
-    left.length += right.length;
-    right.length = 0;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = pair.left;
-    try_queue(left.prev, pair.left);
-    try_queue(pair.left, left.next);
-  }
-
   std::vector<int32_t> ids;
-  for (int i = 0; i < static_cast<int>(symbols.size()); ++i) {
-    if (symbols[i].length == 0) continue;
-    const auto it = token_ids_.find(symbol_text(i));
+  for (std::string_view symbol : MergeBigrams(word, rank)) {
+    const auto it = token_ids_.find(symbol);
     if (it != token_ids_.end()) {
       ids.push_back(it->second);
       continue;
     }
     // No such token: fall back to single-byte tokens where they exist, as llama.cpp does.
-    for (char byte : symbol_text(i)) {
+    for (char byte : symbol) {
       const auto byte_token = token_ids_.find(std::string_view(&byte, 1));
       if (byte_token != token_ids_.end()) ids.push_back(byte_token->second);
     }
