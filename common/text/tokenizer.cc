@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/text/bigram_merge.h"
+#include "common/text/special_tokens.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::text {
@@ -386,12 +387,6 @@ class PreTokenizer {
 
 // ---------------------------------------------------------------------------------------------
 
-struct Tokenizer::Fragment {
-  int32_t token;  // kNoToken for a stretch of text
-  size_t begin;
-  size_t length;
-};
-
 Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
 
@@ -492,10 +487,16 @@ absl::Status Tokenizer::Load(const gguf::File& file) {
     }
   }
 
-  BITSPLIT_RETURN_IF_ERROR(LoadSpecialTokens(file));
+  BITSPLIT_ASSIGN_OR_RETURN(special_, SpecialTokens::Load(file, model_, tokens_, attrs_));
+  if (file.Find("tokenizer.ggml.add_bos_token") != nullptr) {
+    BITSPLIT_ASSIGN_OR_RETURN(add_bos_, file.GetBool("tokenizer.ggml.add_bos_token"));
+  }
+  if (file.Find("tokenizer.ggml.add_eos_token") != nullptr) {
+    BITSPLIT_ASSIGN_OR_RETURN(add_eos_, file.GetBool("tokenizer.ggml.add_eos_token"));
+  }
   if (model_ == TokenizerModel::kSentencePiece) {
     for (int32_t& id : byte_tokens_) {
-      if (id == kNoToken) id = unk_id_;
+      if (id == kNoToken) id = special_->unk_id();
     }
   }
   BuildPieces();
@@ -557,157 +558,6 @@ absl::Status Tokenizer::LoadSpm(const gguf::File& file) {
   return absl::OkStatus();
 }
 
-absl::Status Tokenizer::LoadSpecialTokens(const gguf::File& file) {
-  const int32_t n = vocab_size();
-  // llama.cpp's defaults, used when the metadata has no id (or an out-of-range one).
-  const auto in_range = [n](int32_t id) { return id >= 0 && id < n ? id : kNoToken; };
-  const bool spm = model_ == TokenizerModel::kSentencePiece;
-  bos_id_ = in_range(spm ? 1 : 11);
-  eos_id_ = in_range(spm ? 2 : 11);
-  unk_id_ = spm ? in_range(0) : kNoToken;
-  eot_id_ = kNoToken;
-  int32_t eom_id = kNoToken;
-  int32_t fim_pre_id = kNoToken, fim_suf_id = kNoToken, fim_mid_id = kNoToken;
-  int32_t fim_pad_id = kNoToken, fim_rep_id = kNoToken, fim_sep_id = kNoToken;
-  const std::vector<std::pair<std::string_view, int32_t*>> keys = {
-      {"tokenizer.ggml.bos_token_id", &bos_id_},
-      {"tokenizer.ggml.eos_token_id", &eos_id_},
-      {"tokenizer.ggml.eot_token_id", &eot_id_},
-      {"tokenizer.ggml.unknown_token_id", &unk_id_},
-      {"tokenizer.ggml.eom_token_id", &eom_id},
-      {"tokenizer.ggml.fim_pre_token_id", &fim_pre_id},
-      {"tokenizer.ggml.fim_suf_token_id", &fim_suf_id},
-      {"tokenizer.ggml.fim_mid_token_id", &fim_mid_id},
-      {"tokenizer.ggml.fim_pad_token_id", &fim_pad_id},
-      {"tokenizer.ggml.fim_rep_token_id", &fim_rep_id},
-      {"tokenizer.ggml.fim_sep_token_id", &fim_sep_id},
-      {"tokenizer.ggml.prefix_token_id", &fim_pre_id},
-      {"tokenizer.ggml.suffix_token_id", &fim_suf_id},
-      {"tokenizer.ggml.middle_token_id", &fim_mid_id},
-  };
-  for (const auto& [key, id] : keys) {
-    if (file.Find(key) == nullptr) continue;
-    BITSPLIT_ASSIGN_OR_RETURN(const uint64_t value, file.GetUint(key));
-    if (value < static_cast<uint64_t>(n)) *id = static_cast<int32_t>(value);
-  }
-  if (file.Find("tokenizer.ggml.add_bos_token") != nullptr) {
-    BITSPLIT_ASSIGN_OR_RETURN(add_bos_, file.GetBool("tokenizer.ggml.add_bos_token"));
-  }
-  if (file.Find("tokenizer.ggml.add_eos_token") != nullptr) {
-    BITSPLIT_ASSIGN_OR_RETURN(add_eos_, file.GetBool("tokenizer.ggml.add_eos_token"));
-  }
-
-  // Older conversions do not record EOT/FIM ids or mark those tokens as control; llama.cpp
-  // recognizes them by their text and forces the control attribute, and so do we (this
-  // decides both end-of-generation and special-token splitting).
-  struct Detector {
-    int32_t* id;
-    std::vector<std::string_view> texts;
-  };
-  const std::vector<Detector> detectors = {
-      {&eot_id_,
-       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-        "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>"}},
-      {&eom_id, {"<|eom_id|>"}},
-      {&fim_pre_id,
-       {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-        "<|code_prefix|>", "<|prefix|>"}},
-      {&fim_suf_id,
-       {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-        "<|code_suffix|>", "<|suffix|>"}},
-      {&fim_mid_id,
-       {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
-        "<|code_middle|>", "<|middle|>"}},
-      {&fim_pad_id, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}},
-      {&fim_rep_id, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
-      {&fim_sep_id, {"<|file_sep|>"}},
-  };
-  for (int32_t id = 0; id < n; ++id) {
-    for (const Detector& detector : detectors) {
-      if (*detector.id != kNoToken) continue;
-      if (std::find(detector.texts.begin(), detector.texts.end(), tokens_[id]) !=
-          detector.texts.end()) {
-        *detector.id = id;
-        attrs_[id] |= kAttrControl;
-      }
-    }
-  }
-
-  std::vector<int32_t> eog;
-  const auto add_eog = [&eog](int32_t id) {
-    if (id != kNoToken && std::find(eog.begin(), eog.end(), id) == eog.end()) eog.push_back(id);
-  };
-  add_eog(fim_pad_id);
-  add_eog(fim_rep_id);
-  add_eog(fim_sep_id);
-  static constexpr std::string_view kEogTexts[] = {"<|eot_id|>",
-                                                   "<|im_end|>",
-                                                   "<|end|>",
-                                                   "<|return|>",
-                                                   "<|call|>",
-                                                   "<|flush|>",
-                                                   "<|calls|>",
-                                                   "<end_of_turn>",
-                                                   "<|endoftext|>",
-                                                   "</s>",
-                                                   "<|eom_id|>",
-                                                   "<EOT>",
-                                                   "_<EOT>",
-                                                   "[EOT]",
-                                                   "[EOS]",
-                                                   "<|end_of_text|>",
-                                                   "<end_of_utterance>",
-                                                   "<eos>",
-                                                   "<turn|>",
-                                                   "<|tool_response>",
-                                                   "<｜end▁of▁sentence｜>",
-                                                   "[e~["};
-  for (int32_t id = 0; id < n; ++id) {
-    if (std::find(std::begin(kEogTexts), std::end(kEogTexts), tokens_[id]) != std::end(kEogTexts)) {
-      add_eog(id);
-      attrs_[id] |= kAttrControl;
-    }
-    // gpt-oss: these structural tokens are always rendered (llama.cpp's override).
-    if (tokens_[id] == "<|channel|>" || tokens_[id] == "<|message|>" ||
-        tokens_[id] == "<|start|>" || tokens_[id] == "<|constrain|>") {
-      attrs_[id] = kAttrUserDefined;
-    }
-  }
-  add_eog(eos_id_);
-  add_eog(eot_id_);
-  add_eog(eom_id);
-  // Harmony / solar-open chat formats end a message with <|end|> but keep generating; there the
-  // turn ends with <|return|> / <|call|> (or <|calls|> / <|flush|>).
-  const auto eog_has = [&](std::string_view text) {
-    return std::any_of(eog.begin(), eog.end(), [&](int32_t id) { return tokens_[id] == text; });
-  };
-  const int32_t end_id = FindToken("<|end|>");
-  if (end_id != kNoToken && eog_has("<|end|>") &&
-      ((eog_has("<|return|>") && eog_has("<|call|>")) ||
-       (eog_has("<|calls|>") && eog_has("<|flush|>")))) {
-    eog.erase(std::find(eog.begin(), eog.end(), end_id));
-    attrs_[end_id] = kAttrUserDefined;
-  }
-  // gemma4 / plamo2 have an ordinary </s>.
-  const int32_t s_id = FindToken("</s>");
-  if (s_id != kNoToken && eog_has("</s>") &&
-      (eog_has("<|tool_response>") || eog_has("<|plamo:eos|>"))) {
-    eog.erase(std::find(eog.begin(), eog.end(), s_id));
-    attrs_[s_id] = kAttrNormal;
-  }
-  std::sort(eog.begin(), eog.end());
-  eog_ids_ = eog;
-  eog_set_ = std::unordered_set<int32_t>(eog.begin(), eog.end());
-
-  for (int32_t id = 0; id < n; ++id) {
-    if (attrs_[id] & (kAttrControl | kAttrUserDefined | kAttrUnknown)) special_ids_.push_back(id);
-  }
-  // Longest first, so that a special token containing another one wins.
-  std::stable_sort(special_ids_.begin(), special_ids_.end(),
-                   [this](int32_t a, int32_t b) { return tokens_[a].size() > tokens_[b].size(); });
-  return absl::OkStatus();
-}
-
 void Tokenizer::BuildPieces() {
   pieces_.resize(tokens_.size());
   for (size_t id = 0; id < tokens_.size(); ++id) {
@@ -730,39 +580,6 @@ void Tokenizer::BuildPieces() {
   }
 }
 
-std::vector<Tokenizer::Fragment> Tokenizer::PartitionSpecial(std::string_view text,
-                                                             bool parse_special) const {
-  std::vector<Fragment> fragments;
-  if (text.empty()) return fragments;
-  fragments.push_back({kNoToken, 0, text.size()});
-  std::vector<Fragment> next;
-  for (int32_t id : special_ids_) {
-    // Without parse_special only user-defined tokens are split out (as llama.cpp and HF do).
-    if (!parse_special && (attrs_[id] & (kAttrControl | kAttrUnknown))) continue;
-    const std::string& special = tokens_[id];
-    if (text.find(special) == std::string_view::npos) continue;
-    next.clear();
-    for (const Fragment& fragment : fragments) {
-      if (fragment.token != kNoToken) {
-        next.push_back(fragment);
-        continue;
-      }
-      const size_t end = fragment.begin + fragment.length;
-      const std::string_view searchable = text.substr(0, end);
-      size_t pos = fragment.begin;
-      size_t found;
-      while ((found = searchable.find(special, pos)) != std::string_view::npos) {
-        if (found > pos) next.push_back({kNoToken, pos, found - pos});
-        next.push_back({id, found, special.size()});
-        pos = found + special.size();
-      }
-      if (pos < end) next.push_back({kNoToken, pos, end - pos});
-    }
-    fragments.swap(next);
-  }
-  return fragments;
-}
-
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool parse_special) const {
   return Tokenize(text, /*add_special=*/false, parse_special);
 }
@@ -770,18 +587,18 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool parse_special
 std::vector<int32_t> Tokenizer::Tokenize(std::string_view text, bool add_special,
                                          bool parse_special) const {
   std::vector<int32_t> ids;
-  if (add_special && add_bos_ && bos_id_ != kNoToken) ids.push_back(bos_id_);
+  if (add_special && add_bos_ && bos_id() != kNoToken) ids.push_back(bos_id());
   // SentencePiece's leading space goes before the first text and before text that follows a
   // special token (llama.cpp's is_prev_special), BOS or not.
   bool after_special = true;
   std::string escaped;
-  for (const Fragment& fragment : PartitionSpecial(text, parse_special)) {
+  for (const SpecialTokens::Fragment& fragment : special_->Partition(text, parse_special)) {
     if (fragment.token != kNoToken) {
       ids.push_back(fragment.token);
       after_special = true;
       continue;
     }
-    const std::string_view piece = text.substr(fragment.begin, fragment.length);
+    const std::string_view piece = fragment.text;
     if (model_ == TokenizerModel::kSentencePiece) {
       escaped.clear();
       if (add_space_prefix_ && after_special) escaped.push_back(' ');
@@ -793,7 +610,7 @@ std::vector<int32_t> Tokenizer::Tokenize(std::string_view text, bool add_special
     }
     after_special = false;
   }
-  if (add_special && add_eos_ && eos_id_ != kNoToken) ids.push_back(eos_id_);
+  if (add_special && add_eos_ && eos_id() != kNoToken) ids.push_back(eos_id());
   return ids;
 }
 
@@ -913,11 +730,11 @@ absl::StatusOr<std::string> Tokenizer::Decode(std::span<const int32_t> ids,
 absl::StatusOr<std::string> Tokenizer::Detokenize(std::span<const int32_t> ids, bool remove_special,
                                                   bool unparse_special) const {
   bool remove_space = add_space_prefix_;
-  if (remove_special && add_bos_ && !ids.empty() && ids.front() == bos_id_) {
+  if (remove_special && add_bos_ && !ids.empty() && ids.front() == bos_id()) {
     remove_space = false;
     ids = ids.subspan(1);
   }
-  if (remove_special && add_eos_ && !ids.empty() && ids.back() == eos_id_) {
+  if (remove_special && add_eos_ && !ids.empty() && ids.back() == eos_id()) {
     ids = ids.subspan(0, ids.size() - 1);
   }
   std::string text;
@@ -936,7 +753,16 @@ absl::StatusOr<std::string> Tokenizer::Detokenize(std::span<const int32_t> ids, 
   return text;
 }
 
-bool Tokenizer::IsEndOfGeneration(int32_t id) const { return eog_set_.count(id) > 0; }
+int32_t Tokenizer::bos_id() const { return special_->bos_id(); }
+int32_t Tokenizer::eos_id() const { return special_->eos_id(); }
+int32_t Tokenizer::eot_id() const { return special_->eot_id(); }
+int32_t Tokenizer::unk_id() const { return special_->unk_id(); }
+
+bool Tokenizer::IsEndOfGeneration(int32_t id) const { return special_->IsEndOfGeneration(id); }
+
+const std::vector<int32_t>& Tokenizer::end_of_generation_ids() const {
+  return special_->end_of_generation_ids();
+}
 
 bool Tokenizer::IsControl(int32_t id) const {
   return id >= 0 && id < vocab_size() && (attrs_[id] & (kAttrUnknown | kAttrControl));

@@ -17,7 +17,6 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,6 +42,7 @@ enum class TokenizerModel {
 };
 
 class PreTokenizer;  // tokenizer.cc: regex stages that cut text into words before BPE
+class SpecialTokens;
 
 // Thread safety: immutable after FromGguf but for the BPE word memo, which a mutex guards, so
 // every method may be called from any number of threads at once.
@@ -92,10 +92,10 @@ class Tokenizer {
                                          bool unparse_special) const;
 
   int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
-  int32_t bos_id() const { return bos_id_; }  // kNoToken when the model has none
-  int32_t eos_id() const { return eos_id_; }
-  int32_t eot_id() const { return eot_id_; }
-  int32_t unk_id() const { return unk_id_; }
+  int32_t bos_id() const;  // kNoToken when the model has none
+  int32_t eos_id() const;
+  int32_t eot_id() const;
+  int32_t unk_id() const;
   // Whether a prompt should start with BOS (tokenizer.ggml.add_bos_token, else the default of
   // the pre-tokenizer (BPE) or true (SentencePiece)). Encode never adds it; Tokenize does, or
   // callers prepend bos_id().
@@ -112,7 +112,7 @@ class Tokenizer {
   // ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", FIM repo/pad/separator tokens, ...).
   // False for out-of-range ids.
   bool IsEndOfGeneration(int32_t id) const;
-  const std::vector<int32_t>& end_of_generation_ids() const { return eog_ids_; }
+  const std::vector<int32_t>& end_of_generation_ids() const;
 
   // True for control/unknown tokens (the ones TokenToPiece hides unless render_special).
   bool IsControl(int32_t id) const;
@@ -124,25 +124,11 @@ class Tokenizer {
   int32_t FindToken(std::string_view text) const;
 
  private:
-  // Per-token attribute bits, as llama.cpp's llama_token_attr.
-  enum Attr : uint32_t {
-    kAttrUnknown = 1u << 0,
-    kAttrUnused = 1u << 1,
-    kAttrNormal = 1u << 2,
-    kAttrControl = 1u << 3,
-    kAttrUserDefined = 1u << 4,
-    kAttrByte = 1u << 5,
-  };
-  struct Fragment;
-
   Tokenizer();
   absl::Status Load(const gguf::File& file);
   absl::Status LoadBpe(const gguf::File& file);
   absl::Status LoadSpm(const gguf::File& file);
-  absl::Status LoadSpecialTokens(const gguf::File& file);
   void BuildPieces();
-  // Splits `text` around special tokens (llama.cpp's tokenizer_st_partition).
-  std::vector<Fragment> PartitionSpecial(std::string_view text, bool parse_special) const;
   void EncodeFragment(std::string_view fragment, std::vector<int32_t>& out) const;
   // SentencePiece merges of one fragment whose spaces are already escaped.
   void EncodeSpm(std::string_view escaped, std::vector<int32_t>& out) const;
@@ -160,21 +146,14 @@ class Tokenizer {
   bool add_eos_ = false;
   bool add_space_prefix_ = false;
 
-  std::vector<std::string> tokens_;  // vocabulary text, byte-level encoded
-  std::vector<uint32_t> attrs_;
+  std::vector<std::string> tokens_;                          // vocabulary text, byte-level encoded
+  std::vector<uint32_t> attrs_;                              // TokenAttr bits
   std::vector<std::string> pieces_;                          // decoded bytes of each token
   std::unordered_map<std::string_view, int32_t> token_ids_;  // views into tokens_
   std::unordered_map<std::string, int> merge_ranks_;         // BPE: "left right" -> rank
   std::vector<float> scores_;                                // SentencePiece merge priorities
   std::array<int32_t, 256> byte_tokens_{};  // SentencePiece byte fallback (<0xNN>) per byte
-  std::vector<int32_t> special_ids_;        // control/user-defined/unknown, longest text first
-  std::vector<int32_t> eog_ids_;
-  std::unordered_set<int32_t> eog_set_;
-
-  int32_t bos_id_ = kNoToken;
-  int32_t eos_id_ = kNoToken;
-  int32_t eot_id_ = kNoToken;
-  int32_t unk_id_ = kNoToken;
+  std::unique_ptr<const SpecialTokens> special_;
 
   // Word -> ids memo: natural text repeats words constantly, and BPE of a word is the
   // expensive part of Encode.
