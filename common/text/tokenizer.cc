@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/text/bigram_merge.h"
+#include "common/text/sentencepiece.h"
 #include "common/text/special_tokens.h"
 #include "common/util/status_macros.h"
 
@@ -236,22 +237,6 @@ const std::vector<PreTokenizerSpec>& PreTokenizerSpecs() {
   return *specs;
 }
 
-// SentencePiece's whitespace marker, U+2581 LOWER ONE EIGHTH BLOCK.
-constexpr std::string_view kSpmSpace = "\xE2\x96\x81";
-
-void ReplaceAll(std::string& text, std::string_view from, std::string_view to) {
-  std::string out;
-  out.reserve(text.size());
-  size_t pos = 0;
-  size_t found;
-  while ((found = text.find(from, pos)) != std::string::npos) {
-    out.append(text, pos, found - pos).append(to);
-    pos = found + from.size();
-  }
-  out.append(text, pos, std::string::npos);
-  text.swap(out);
-}
-
 // llama.cpp's clean_spaces passes of llama_detokenize, on the same bytes and in the same order
 // (each pass reads what the previous ones left, including the NUL the second one writes).
 void CleanSpaces(std::string& text) {
@@ -434,8 +419,16 @@ absl::Status Tokenizer::Load(const gguf::File& file) {
     }
   }
 
-  BITSPLIT_RETURN_IF_ERROR(model_ == TokenizerModel::kSentencePiece ? LoadSpm(file)
-                                                                    : LoadBpe(file));
+  std::vector<float> scores;
+  if (model_ == TokenizerModel::kSentencePiece) {
+    // llama.cpp's SentencePiece defaults; tokenizer.ggml.pre plays no part.
+    add_bos_ = true;
+    add_space_prefix_ = true;
+    clean_spaces_ = false;
+    BITSPLIT_ASSIGN_OR_RETURN(scores, SentencePieceEncoder::ReadScores(file, n));
+  } else {
+    BITSPLIT_RETURN_IF_ERROR(LoadBpe(file));
+  }
   // Read for both models, as llama.cpp does after the model's defaults.
   if (file.Find("tokenizer.ggml.add_space_prefix") != nullptr) {
     BITSPLIT_ASSIGN_OR_RETURN(add_space_prefix_, file.GetBool("tokenizer.ggml.add_space_prefix"));
@@ -477,15 +470,6 @@ absl::Status Tokenizer::Load(const gguf::File& file) {
           "%s: tokenizer.ggml.tokens has the same text at ids %d and %d", where, it->second, id));
     }
   }
-  if (model_ == TokenizerModel::kSentencePiece) {
-    // llama.cpp's byte_to_token: "<0xNN>" (upper-case hex), else the byte itself as a token.
-    // Where neither exists llama.cpp throws; the unknown token stands in for the byte here.
-    for (int byte = 0; byte < 256; ++byte) {
-      int32_t id = FindToken(absl::StrFormat("<0x%02X>", byte));
-      if (id == kNoToken) id = FindToken(std::string(1, static_cast<char>(byte)));
-      byte_tokens_[byte] = id;
-    }
-  }
 
   BITSPLIT_ASSIGN_OR_RETURN(special_, SpecialTokens::Load(file, model_, tokens_, attrs_));
   if (file.Find("tokenizer.ggml.add_bos_token") != nullptr) {
@@ -495,9 +479,9 @@ absl::Status Tokenizer::Load(const gguf::File& file) {
     BITSPLIT_ASSIGN_OR_RETURN(add_eos_, file.GetBool("tokenizer.ggml.add_eos_token"));
   }
   if (model_ == TokenizerModel::kSentencePiece) {
-    for (int32_t& id : byte_tokens_) {
-      if (id == kNoToken) id = special_->unk_id();
-    }
+    // Last, as its byte fallback needs the unknown token.
+    spm_ = std::make_unique<const SentencePieceEncoder>(token_ids_, std::move(scores),
+                                                        special_->unk_id());
   }
   BuildPieces();
   return absl::OkStatus();
@@ -539,25 +523,6 @@ absl::Status Tokenizer::LoadBpe(const gguf::File& file) {
   return absl::OkStatus();
 }
 
-absl::Status Tokenizer::LoadSpm(const gguf::File& file) {
-  // llama.cpp's SentencePiece defaults; tokenizer.ggml.pre plays no part.
-  add_bos_ = true;
-  add_space_prefix_ = true;
-  clean_spaces_ = false;
-  scores_.assign(tokens_.size(), 0.0f);
-  if (file.Find("tokenizer.ggml.scores") != nullptr) {
-    BITSPLIT_ASSIGN_OR_RETURN(const std::vector<double> scores,
-                              file.GetFloatArray("tokenizer.ggml.scores"));
-    if (scores.size() < tokens_.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: tokenizer.ggml.scores has %d entries for %d tokens", file.name(),
-                          scores.size(), tokens_.size()));
-    }
-    for (size_t id = 0; id < tokens_.size(); ++id) scores_[id] = static_cast<float>(scores[id]);
-  }
-  return absl::OkStatus();
-}
-
 void Tokenizer::BuildPieces() {
   pieces_.resize(tokens_.size());
   for (size_t id = 0; id < tokens_.size(); ++id) {
@@ -566,12 +531,8 @@ void Tokenizer::BuildPieces() {
     if (attr & (kAttrUnknown | kAttrControl | kAttrUserDefined)) {
       pieces_[id] = text;
     } else if (attr & kAttrNormal) {
-      if (model_ == TokenizerModel::kSentencePiece) {
-        pieces_[id] = text;
-        ReplaceAll(pieces_[id], kSpmSpace, " ");
-      } else {
-        pieces_[id] = DecodeByteLevel(text);
-      }
+      pieces_[id] = model_ == TokenizerModel::kSentencePiece ? DecodeSentencePiece(text)
+                                                             : DecodeByteLevel(text);
     } else if (attr & kAttrByte) {
       // "<0xAB>" style byte tokens.
       const std::string hex = text.size() >= 5 ? text.substr(3, 2) : "";
@@ -591,7 +552,6 @@ std::vector<int32_t> Tokenizer::Tokenize(std::string_view text, bool add_special
   // SentencePiece's leading space goes before the first text and before text that follows a
   // special token (llama.cpp's is_prev_special), BOS or not.
   bool after_special = true;
-  std::string escaped;
   for (const SpecialTokens::Fragment& fragment : special_->Partition(text, parse_special)) {
     if (fragment.token != kNoToken) {
       ids.push_back(fragment.token);
@@ -600,11 +560,7 @@ std::vector<int32_t> Tokenizer::Tokenize(std::string_view text, bool add_special
     }
     const std::string_view piece = fragment.text;
     if (model_ == TokenizerModel::kSentencePiece) {
-      escaped.clear();
-      if (add_space_prefix_ && after_special) escaped.push_back(' ');
-      escaped.append(piece);
-      ReplaceAll(escaped, " ", kSpmSpace);
-      EncodeSpm(escaped, ids);
+      spm_->Encode(piece, add_space_prefix_ && after_special, ids);
     } else {
       EncodeFragment(piece, ids);
     }
@@ -612,29 +568,6 @@ std::vector<int32_t> Tokenizer::Tokenize(std::string_view text, bool add_special
   }
   if (add_special && add_eos_ && eos_id() != kNoToken) ids.push_back(eos_id());
   return ids;
-}
-
-void Tokenizer::EncodeSpm(std::string_view text, std::vector<int32_t>& out) const {
-  // llama.cpp's llm_tokenizer_spm_session: the pair whose concatenation is the token with the
-  // highest score merges first. Every merged symbol is a token by construction; a leftover
-  // character that is not one becomes byte tokens.
-  const auto negated_score = [this](std::string_view left,
-                                    std::string_view right) -> std::optional<float> {
-    const int32_t id = FindToken(std::string_view(left.data(), left.size() + right.size()));
-    if (id == kNoToken) return std::nullopt;
-    return -scores_[id];
-  };
-  for (std::string_view symbol : MergeBigrams(text, negated_score)) {
-    const int32_t id = FindToken(symbol);
-    if (id != kNoToken) {
-      out.push_back(id);
-      continue;
-    }
-    for (char byte : symbol) {
-      const int32_t byte_id = byte_tokens_[static_cast<uint8_t>(byte)];
-      if (byte_id != kNoToken) out.push_back(byte_id);
-    }
-  }
 }
 
 void Tokenizer::EncodeFragment(std::string_view fragment, std::vector<int32_t>& out) const {

@@ -9,7 +9,6 @@
 //     space (tokenizer.ggml.add_space_prefix).
 // Both share llama.cpp's special-token splitting and its token attributes, including the
 // tokens it marks as control or end-of-generation by their text.
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -42,6 +41,7 @@ enum class TokenizerModel {
 };
 
 class PreTokenizer;  // tokenizer.cc: regex stages that cut text into words before BPE
+class SentencePieceEncoder;
 class SpecialTokens;
 
 // Thread safety: immutable after FromGguf but for the BPE word memo, which a mutex guards, so
@@ -127,11 +127,8 @@ class Tokenizer {
   Tokenizer();
   absl::Status Load(const gguf::File& file);
   absl::Status LoadBpe(const gguf::File& file);
-  absl::Status LoadSpm(const gguf::File& file);
   void BuildPieces();
   void EncodeFragment(std::string_view fragment, std::vector<int32_t>& out) const;
-  // SentencePiece merges of one fragment whose spaces are already escaped.
-  void EncodeSpm(std::string_view escaped, std::vector<int32_t>& out) const;
   // BPE of one pre-tokenized word (UTF-8), memoized.
   void EncodeWord(std::string_view word, std::vector<int32_t>& out) const;
   std::vector<int32_t> BytePairMerge(const std::string& encoded_word) const;
@@ -151,9 +148,8 @@ class Tokenizer {
   std::vector<std::string> pieces_;                          // decoded bytes of each token
   std::unordered_map<std::string_view, int32_t> token_ids_;  // views into tokens_
   std::unordered_map<std::string, int> merge_ranks_;         // BPE: "left right" -> rank
-  std::vector<float> scores_;                                // SentencePiece merge priorities
-  std::array<int32_t, 256> byte_tokens_{};  // SentencePiece byte fallback (<0xNN>) per byte
   std::unique_ptr<const SpecialTokens> special_;
+  std::unique_ptr<const SentencePieceEncoder> spm_;  // SentencePiece only
 
   // Word -> ids memo: natural text repeats words constantly, and BPE of a word is the
   // expensive part of Encode.
