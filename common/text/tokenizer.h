@@ -1,17 +1,16 @@
 #pragma once
 // The tokenizers llama.cpp reads from GGUF metadata, reproduced token for token
-// (tests/text_tokenizer_test.cc checks them against llama.cpp on a committed corpus for SmolLM2,
-// gemma3 and a qwen2 vocabulary):
-//   * byte-level BPE (tokenizer.ggml.model = "gpt2"): the same pre-tokenizer regexes (run with
-//     PCRE2), merge order and tie-breaking;
-//   * SentencePiece (tokenizer.ggml.model = "llama", llama.cpp's llm_tokenizer_spm): spaces
-//     escaped to U+2581, score-driven bigram merges, <0xNN> byte fallback, the optional leading
-//     space (tokenizer.ggml.add_space_prefix).
+// (tests/text_tokenizer_oracle_test.cc checks them against llama.cpp on a committed corpus for
+// SmolLM2, gemma3 and a qwen2 vocabulary):
+//   * byte-level BPE (tokenizer.ggml.model = "gpt2", bpe.h): the same pre-tokenizer regexes (run
+//     with PCRE2), merge order and tie-breaking;
+//   * SentencePiece (tokenizer.ggml.model = "llama", llama.cpp's llm_tokenizer_spm,
+//     sentencepiece.h): spaces escaped to U+2581, score-driven bigram merges, <0xNN> byte
+//     fallback, the optional leading space (tokenizer.ggml.add_space_prefix).
 // Both share llama.cpp's special-token splitting and its token attributes, including the
-// tokens it marks as control or end-of-generation by their text.
+// tokens it marks as control or end-of-generation by their text (special_tokens.h).
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -40,7 +39,7 @@ enum class TokenizerModel {
   kSentencePiece,     // "llama"
 };
 
-class PreTokenizer;  // tokenizer.cc: regex stages that cut text into words before BPE
+class BpeEncoder;
 class SentencePieceEncoder;
 class SpecialTokens;
 
@@ -126,35 +125,22 @@ class Tokenizer {
  private:
   Tokenizer();
   absl::Status Load(const gguf::File& file);
-  absl::Status LoadBpe(const gguf::File& file);
   void BuildPieces();
-  void EncodeFragment(std::string_view fragment, std::vector<int32_t>& out) const;
-  // BPE of one pre-tokenized word (UTF-8), memoized.
-  void EncodeWord(std::string_view word, std::vector<int32_t>& out) const;
-  std::vector<int32_t> BytePairMerge(const std::string& encoded_word) const;
-  int MergeRank(std::string_view left, std::string_view right) const;
 
   TokenizerModel model_ = TokenizerModel::kBytePairEncoding;
   std::string pre_name_;
-  std::unique_ptr<PreTokenizer> pre_tokenizer_;  // BPE only
-  bool ignore_merges_ = false;  // llama3-style: a word that is a whole token skips the merges
-  bool clean_spaces_ = false;   // Detokenize's space clean-up (llama.cpp's clean_spaces)
   bool add_bos_ = false;
   bool add_eos_ = false;
   bool add_space_prefix_ = false;
 
-  std::vector<std::string> tokens_;                          // vocabulary text, byte-level encoded
+  std::vector<std::string> tokens_;                          // vocabulary text as stored
   std::vector<uint32_t> attrs_;                              // TokenAttr bits
   std::vector<std::string> pieces_;                          // decoded bytes of each token
   std::unordered_map<std::string_view, int32_t> token_ids_;  // views into tokens_
-  std::unordered_map<std::string, int> merge_ranks_;         // BPE: "left right" -> rank
   std::unique_ptr<const SpecialTokens> special_;
-  std::unique_ptr<const SentencePieceEncoder> spm_;  // SentencePiece only
-
-  // Word -> ids memo: natural text repeats words constantly, and BPE of a word is the
-  // expensive part of Encode.
-  mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> word_cache_;
+  // The model's encoder: exactly one is set.
+  std::unique_ptr<const BpeEncoder> bpe_;
+  std::unique_ptr<const SentencePieceEncoder> spm_;
 };
 
 }  // namespace bitsplit::text
