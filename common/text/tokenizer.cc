@@ -1,401 +1,16 @@
 #include "common/text/tokenizer.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
-#include <algorithm>
-#include <array>
 #include <cstdlib>
-#include <queue>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/text/bpe.h"
+#include "common/text/sentencepiece.h"
+#include "common/text/special_tokens.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::text {
-namespace {
-
-// ---------------------------------------------------------------------------------------------
-// UTF-8 helpers that mirror llama.cpp's unicode.cpp, so that odd input tokenizes identically.
-
-constexpr uint32_t kReplacementChar = 0xFFFD;
-
-// Decodes the code point at `pos` and advances past it. Like llama.cpp's unicode_cpt_from_utf8
-// this checks continuation bytes but not overlong forms or surrogates; a bad sequence yields
-// U+FFFD and skips one byte. Values above U+10FFFF (which llama.cpp cannot re-encode and throws
-// on) are treated as a bad sequence too.
-uint32_t DecodeLenient(std::string_view s, size_t& pos) {
-  const auto at = [&](size_t i) { return static_cast<uint8_t>(s[i]); };
-  const auto continuation = [&](size_t i) { return i < s.size() && (at(i) & 0xC0) == 0x80; };
-  const uint8_t lead = at(pos);
-  uint32_t cp;
-  size_t length;
-  if (!(lead & 0x80)) {
-    cp = lead;
-    length = 1;
-  } else if (!(lead & 0x40)) {
-    ++pos;
-    return kReplacementChar;
-  } else if (!(lead & 0x20)) {
-    if (!continuation(pos + 1)) {
-      ++pos;
-      return kReplacementChar;
-    }
-    cp = ((lead & 0x1F) << 6) | (at(pos + 1) & 0x3F);
-    length = 2;
-  } else if (!(lead & 0x10)) {
-    if (!continuation(pos + 1) || !continuation(pos + 2)) {
-      ++pos;
-      return kReplacementChar;
-    }
-    cp = ((lead & 0x0F) << 12) | ((at(pos + 1) & 0x3F) << 6) | (at(pos + 2) & 0x3F);
-    length = 3;
-  } else if (!(lead & 0x08)) {
-    if (!continuation(pos + 1) || !continuation(pos + 2) || !continuation(pos + 3)) {
-      ++pos;
-      return kReplacementChar;
-    }
-    cp = ((lead & 0x07) << 18) | ((at(pos + 1) & 0x3F) << 12) | ((at(pos + 2) & 0x3F) << 6) |
-         (at(pos + 3) & 0x3F);
-    length = 4;
-    if (cp > 0x10FFFF) {
-      ++pos;
-      return kReplacementChar;
-    }
-  } else {
-    ++pos;
-    return kReplacementChar;
-  }
-  pos += length;
-  return cp;
-}
-
-// Plain UTF-8 encoding (surrogates included, as llama.cpp's unicode_cpt_to_utf8 does).
-void AppendUtf8(uint32_t cp, std::string& out) {
-  if (cp <= 0x7F) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp <= 0x7FF) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp <= 0xFFFF) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
-// llama.cpp decodes text to code points and re-encodes every pre-tokenized word, so what BPE
-// sees is the re-encoded text (`canonical`). PCRE2 needs strictly valid UTF-8, so `for_regex`
-// is the same text with surrogates (which the lenient decoder lets through) replaced by U+FFFF:
-// same byte length, and like a surrogate it is neither letter, number nor space.
-void Canonicalize(std::string_view text, std::string& canonical, std::string& for_regex) {
-  canonical.clear();
-  for_regex.clear();
-  canonical.reserve(text.size());
-  for_regex.reserve(text.size());
-  size_t pos = 0;
-  while (pos < text.size()) {
-    const uint32_t cp = DecodeLenient(text, pos);
-    AppendUtf8(cp, canonical);
-    AppendUtf8(cp >= 0xD800 && cp <= 0xDFFF ? 0xFFFF : cp, for_regex);
-  }
-}
-
-size_t Utf8SequenceLength(uint8_t lead) {
-  static constexpr std::array<size_t, 16> kLengths = {1, 1, 1, 1, 1, 1, 1, 1,
-                                                      1, 1, 1, 1, 2, 2, 3, 4};
-  return kLengths[lead >> 4];
-}
-
-// GPT-2's reversible byte <-> printable code point mapping: printable Latin-1 bytes map to
-// themselves, the rest to U+0100 onwards in byte order.
-struct ByteMapping {
-  std::array<std::string, 256> byte_to_utf8;
-  std::array<int16_t, 0x144> codepoint_to_byte;
-
-  ByteMapping() {
-    codepoint_to_byte.fill(-1);
-    int next = 256;
-    for (int byte = 0; byte < 256; ++byte) {
-      const bool printable =
-          (byte >= 0x21 && byte <= 0x7E) || (byte >= 0xA1 && byte <= 0xAC) || byte >= 0xAE;
-      const uint32_t cp = printable ? byte : next++;
-      AppendUtf8(cp, byte_to_utf8[byte]);
-      codepoint_to_byte[cp] = static_cast<int16_t>(byte);
-    }
-  }
-};
-
-const ByteMapping& Bytes() {
-  static const ByteMapping* const mapping = new ByteMapping();
-  return *mapping;
-}
-
-// A vocabulary entry back to the bytes it stands for (llama.cpp's llama_decode_text, including
-// its marker for characters outside the byte mapping).
-std::string DecodeByteLevel(std::string_view token_text) {
-  std::string out;
-  size_t pos = 0;
-  while (pos < token_text.size()) {
-    const uint32_t cp = DecodeLenient(token_text, pos);
-    const ByteMapping& bytes = Bytes();
-    if (cp < bytes.codepoint_to_byte.size() && bytes.codepoint_to_byte[cp] >= 0) {
-      out.push_back(static_cast<char>(bytes.codepoint_to_byte[cp]));
-      continue;
-    }
-    std::string utf8;
-    AppendUtf8(cp, utf8);
-    absl::StrAppend(&out, "[UNK_BYTE_0x");
-    for (char c : utf8) absl::StrAppendFormat(&out, "%02x", static_cast<uint8_t>(c));
-    out.append(token_text).append("]");
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Pre-tokenizer patterns. llama.cpp runs a list of regexes in sequence: each one cuts every
-// piece left by the previous one into its matches and the unmatched gaps between them. For
-// the GPT-2 and Llama-3 patterns llama.cpp uses hand-written matchers whose \s is the Unicode
-// White_Space set (it includes U+0085, which PCRE2's \s does not), so the patterns below spell
-// that set out. Each regex only ever sees its own piece, so a lookahead at a piece's end sees
-// end-of-text, as in llama.cpp.
-
-#define BITSPLIT_WS                                                                           \
-  "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}" \
-  "\\x{205F}\\x{3000}"
-// Letters and numbers assigned in Unicode 15.0/15.1, which llama.cpp's tables have and PCRE2
-// builds before 10.43 (Unicode 14) do not: without them CJK Ext H/I, Kawi, Nag Mundari, ...
-// would count as punctuation-like "other" characters. The union is harmless once PCRE2 knows
-// them. (Generated by comparing llama.cpp's unicode-data.cpp with PCRE2 10.42 over all code
-// points; no other letter/number/space differences exist.)
-#define BITSPLIT_LETTER                                                                       \
-  "\\p{L}\\x{1123F}-\\x{11240}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}\\x{1342F}" \
-  "\\x{13441}-\\x{13446}\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}\\x{1E030}-\\x{1E06D}"       \
-  "\\x{1E4D0}-\\x{1E4EB}\\x{2B739}\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}"
-#define BITSPLIT_NUMBER "\\p{N}\\x{11F50}-\\x{11F59}\\x{1D2C0}-\\x{1D2D3}\\x{1E4F0}-\\x{1E4F9}"
-#define BITSPLIT_PUNCT "\\p{P}\\x{11B00}-\\x{11B09}\\x{11F43}-\\x{11F4F}"
-
-// 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-constexpr const char* kGpt2Pattern =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?[" BITSPLIT_LETTER "]+| ?[" BITSPLIT_NUMBER
-    "]+| ?[^" BITSPLIT_WS BITSPLIT_LETTER BITSPLIT_NUMBER "]+|[" BITSPLIT_WS "]+(?![^" BITSPLIT_WS
-    "])|[" BITSPLIT_WS "]+";
-
-// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
-// \s*[\r\n]+|\s+(?!\S)|\s+   (ASCII-only case folding, as llama.cpp's adaptation)
-constexpr const char* kLlama3Pattern =
-    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n" BITSPLIT_LETTER
-        BITSPLIT_NUMBER "]?[" BITSPLIT_LETTER "]+|[" BITSPLIT_NUMBER
-    "]{1,3}| ?[^" BITSPLIT_WS BITSPLIT_LETTER BITSPLIT_NUMBER "]+[\\r\\n]*|[" BITSPLIT_WS
-    "]*[\\r\\n]+|[" BITSPLIT_WS "]+(?![^" BITSPLIT_WS "])|[" BITSPLIT_WS "]+";
-
-// Qwen2: Llama-3's pattern with single digits (\p{N} instead of \p{N}{1,3}); llama.cpp's
-// hand-written matcher for it is its Llama-3 matcher with that one change.
-constexpr const char* kQwen2Pattern =
-    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n" BITSPLIT_LETTER
-        BITSPLIT_NUMBER "]?[" BITSPLIT_LETTER "]+|[" BITSPLIT_NUMBER
-    "]| ?[^" BITSPLIT_WS BITSPLIT_LETTER BITSPLIT_NUMBER "]+[\\r\\n]*|[" BITSPLIT_WS
-    "]*[\\r\\n]+|[" BITSPLIT_WS "]+(?![^" BITSPLIT_WS "])|[" BITSPLIT_WS "]+";
-
-constexpr const char* kDigitPattern = "[" BITSPLIT_NUMBER "]";
-constexpr const char* kDigitRunPattern = "[" BITSPLIT_NUMBER "]+";
-constexpr const char* kPunctuationRunPattern = "[" BITSPLIT_PUNCT "$+<=>^~|]+";
-
-#undef BITSPLIT_PUNCT
-#undef BITSPLIT_NUMBER
-#undef BITSPLIT_LETTER
-#undef BITSPLIT_WS
-
-// One of llama.cpp's BPE pre-tokenizers (llama_vocab::impl::load: the tokenizer.ggml.pre names
-// that select it and the flags it sets).
-struct PreTokenizerSpec {
-  std::vector<std::string_view> names;
-  std::vector<std::string_view> patterns;
-  bool ignore_merges = false;
-  bool add_bos = false;
-  bool clean_spaces = true;  // llama.cpp's default for BPE
-};
-
-const std::vector<PreTokenizerSpec>& PreTokenizerSpecs() {
-  static const auto* const specs = new std::vector<PreTokenizerSpec>{
-      {.names = {"default"},
-       .patterns = {kPunctuationRunPattern, kGpt2Pattern, kDigitRunPattern, "[0-9][0-9][0-9]"}},
-      // llama.cpp calls it "gpt-2"; "gpt2" is accepted as the same thing.
-      {.names = {"gpt-2", "gpt2"}, .patterns = {kGpt2Pattern}},
-      {.names = {"llama3", "llama-v3", "llama-bpe"},
-       .patterns = {kLlama3Pattern},
-       .ignore_merges = true,
-       .add_bos = true},
-      {.names = {"qwen2", "deepseek-r1-qwen"}, .patterns = {kQwen2Pattern}, .clean_spaces = false},
-      // Digits are split one by one before the GPT-2 pattern.
-      {.names = {"smollm"}, .patterns = {kDigitPattern, kGpt2Pattern}, .clean_spaces = false},
-      {.names = {"starcoder", "refact", "codeshell"}, .patterns = {kDigitPattern, kGpt2Pattern}},
-  };
-  return *specs;
-}
-
-// SentencePiece's whitespace marker, U+2581 LOWER ONE EIGHTH BLOCK.
-constexpr std::string_view kSpmSpace = "\xE2\x96\x81";
-
-void ReplaceAll(std::string& text, std::string_view from, std::string_view to) {
-  std::string out;
-  out.reserve(text.size());
-  size_t pos = 0;
-  size_t found;
-  while ((found = text.find(from, pos)) != std::string::npos) {
-    out.append(text, pos, found - pos).append(to);
-    pos = found + from.size();
-  }
-  out.append(text, pos, std::string::npos);
-  text.swap(out);
-}
-
-// llama.cpp's clean_spaces passes of llama_detokenize, on the same bytes and in the same order
-// (each pass reads what the previous ones left, including the NUL the second one writes).
-void CleanSpaces(std::string& text) {
-  const auto pass = [&text](auto&& step) {
-    const size_t length = text.size();
-    size_t total = length > 0 ? 1 : 0;
-    for (size_t i = 1; i < length; ++i) step(i, total);
-    text.resize(total);
-  };
-  // " ?", " !", " .", " ," lose the space.
-  pass([&text](size_t& i, size_t& total) {
-    const char x = text[i];
-    if (text[i - 1] == ' ' && (x == '?' || x == '!' || x == '.' || x == ',')) --total;
-    text[total++] = x;
-  });
-  // " ' " becomes "'".
-  pass([&text](size_t& i, size_t& total) {
-    const char x = text[i];
-    if (x == '\'' && i + 1 < text.size() && text[i - 1] == ' ' && text[i + 1] == ' ') {
-      --total;
-      text[++i] = '\0';
-    }
-    text[total++] = x;
-  });
-  // " 's", " 'm", " 're", " 've" lose the space.
-  pass([&text](size_t& i, size_t& total) {
-    const char x = text[i];
-    const size_t length = text.size();
-    if (text[i - 1] == ' ' && x == '\'' && i + 1 < length) {
-      const char x1 = text[i + 1];
-      if (x1 == 's' || x1 == 'm') {
-        --total;
-      } else if (i + 2 < length) {
-        const char x2 = text[i + 2];
-        if ((x1 == 'r' && x2 == 'e') || (x1 == 'v' && x2 == 'e')) --total;
-      }
-    }
-    text[total++] = x;
-  });
-}
-
-}  // namespace
-
-// ---------------------------------------------------------------------------------------------
-
-class PreTokenizer {
- public:
-  static absl::StatusOr<std::unique_ptr<PreTokenizer>> Create(
-      const std::vector<std::string_view>& patterns) {
-    auto result = std::unique_ptr<PreTokenizer>(new PreTokenizer());
-    for (std::string_view pattern : patterns) {
-      int error = 0;
-      PCRE2_SIZE error_offset = 0;
-      pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                       PCRE2_UTF | PCRE2_UCP, &error, &error_offset, nullptr);
-      if (code == nullptr) {
-        std::array<PCRE2_UCHAR, 256> message{};
-        pcre2_get_error_message(error, message.data(), message.size());
-        return absl::InternalError(
-            absl::StrFormat("pre-tokenizer regex does not compile at offset %d: %s", error_offset,
-                            reinterpret_cast<const char*>(message.data())));
-      }
-      // JIT is a pure speed-up; without it (unsupported build) the interpreter gives the same
-      // matches.
-      pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
-      result->stages_.push_back(code);
-    }
-    return result;
-  }
-
-  ~PreTokenizer() {
-    for (pcre2_code* code : stages_) pcre2_code_free(code);
-  }
-
-  // Cuts valid UTF-8 `text` into words, as [begin, end) byte ranges in order.
-  std::vector<std::pair<size_t, size_t>> Split(std::string_view text) const {
-    std::vector<std::pair<size_t, size_t>> pieces;
-    if (text.empty()) return pieces;
-    pieces.emplace_back(0, text.size());
-    std::vector<std::pair<size_t, size_t>> next;
-    for (pcre2_code* code : stages_) {
-      pcre2_match_data* match = pcre2_match_data_create_from_pattern(code, nullptr);
-      BITSPLIT_CHECK(match != nullptr);
-      next.clear();
-      for (const auto& [begin, end] : pieces) SplitPiece(code, match, text, begin, end, next);
-      pcre2_match_data_free(match);
-      pieces.swap(next);
-    }
-    return pieces;
-  }
-
- private:
-  PreTokenizer() = default;
-
-  static void SplitPiece(pcre2_code* code, pcre2_match_data* match, std::string_view text,
-                         size_t begin, size_t end, std::vector<std::pair<size_t, size_t>>& out) {
-    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data() + begin);
-    const size_t length = end - begin;
-    size_t offset = 0;
-    while (offset < length) {
-      int rc = pcre2_match(code, subject, length, offset, PCRE2_NO_UTF_CHECK, match, nullptr);
-      if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
-        // A resource limit (JIT stack, match limit) rather than an answer: retry with the
-        // interpreter, which keeps its backtracking state on the heap.
-        rc = pcre2_match(code, subject, length, offset, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, match,
-                         nullptr);
-      }
-      if (rc == PCRE2_ERROR_NOMATCH) break;  // the rest is one unmatched piece
-      // Still failing: give the next character a piece of its own instead of guessing.
-      if (rc < 0) {
-        const size_t next = offset + Utf8SequenceLength(static_cast<uint8_t>(subject[offset]));
-        out.emplace_back(begin + offset, begin + next);
-        offset = next;
-        continue;
-      }
-      const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match);
-      const size_t match_begin = ovector[0];
-      size_t match_end = ovector[1];
-      if (match_end == match_begin) {
-        // None of our patterns can match empty; step over a character to be safe anyway.
-        if (match_begin >= length) break;
-        match_end = match_begin + Utf8SequenceLength(static_cast<uint8_t>(subject[match_begin]));
-      }
-      if (match_begin > offset) out.emplace_back(begin + offset, begin + match_begin);
-      out.emplace_back(begin + match_begin, begin + match_end);
-      offset = match_end;
-    }
-    if (offset < length) out.emplace_back(begin + offset, end);
-  }
-
-  std::vector<pcre2_code*> stages_;
-};
-
-// ---------------------------------------------------------------------------------------------
-
-struct Tokenizer::Fragment {
-  int32_t token;  // kNoToken for a stretch of text
-  size_t begin;
-  size_t length;
-};
 
 Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
@@ -444,8 +59,16 @@ absl::Status Tokenizer::Load(const gguf::File& file) {
     }
   }
 
-  BITSPLIT_RETURN_IF_ERROR(model_ == TokenizerModel::kSentencePiece ? LoadSpm(file)
-                                                                    : LoadBpe(file));
+  std::vector<float> scores;
+  if (model_ == TokenizerModel::kSentencePiece) {
+    // llama.cpp's SentencePiece defaults; tokenizer.ggml.pre plays no part.
+    add_bos_ = true;
+    add_space_prefix_ = true;
+    BITSPLIT_ASSIGN_OR_RETURN(scores, SentencePieceEncoder::ReadScores(file, n));
+  } else {
+    BITSPLIT_ASSIGN_OR_RETURN(bpe_, BpeEncoder::Create(file, pre_name_, token_ids_));
+    add_bos_ = bpe_->add_bos();
+  }
   // Read for both models, as llama.cpp does after the model's defaults.
   if (file.Find("tokenizer.ggml.add_space_prefix") != nullptr) {
     BITSPLIT_ASSIGN_OR_RETURN(add_space_prefix_, file.GetBool("tokenizer.ggml.add_space_prefix"));
@@ -487,229 +110,20 @@ absl::Status Tokenizer::Load(const gguf::File& file) {
           "%s: tokenizer.ggml.tokens has the same text at ids %d and %d", where, it->second, id));
     }
   }
-  if (model_ == TokenizerModel::kSentencePiece) {
-    // llama.cpp's byte_to_token: "<0xNN>" (upper-case hex), else the byte itself as a token.
-    // Where neither exists llama.cpp throws; the unknown token stands in for the byte here.
-    for (int byte = 0; byte < 256; ++byte) {
-      int32_t id = FindToken(absl::StrFormat("<0x%02X>", byte));
-      if (id == kNoToken) id = FindToken(std::string(1, static_cast<char>(byte)));
-      byte_tokens_[byte] = id;
-    }
-  }
 
-  BITSPLIT_RETURN_IF_ERROR(LoadSpecialTokens(file));
-  if (model_ == TokenizerModel::kSentencePiece) {
-    for (int32_t& id : byte_tokens_) {
-      if (id == kNoToken) id = unk_id_;
-    }
-  }
-  BuildPieces();
-  return absl::OkStatus();
-}
-
-absl::Status Tokenizer::LoadBpe(const gguf::File& file) {
-  const std::string& where = file.name();
-  const PreTokenizerSpec* spec = nullptr;
-  std::string known_names;
-  for (const PreTokenizerSpec& candidate : PreTokenizerSpecs()) {
-    for (std::string_view name : candidate.names) {
-      if (!known_names.empty()) known_names += ", ";
-      known_names += name;
-      if (name == pre_name_) spec = &candidate;
-    }
-  }
-  if (spec == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: unknown pre-tokenizer tokenizer.ggml.pre = '%s' (supported: %s)",
-                        where, pre_name_, known_names));
-  }
-  BITSPLIT_ASSIGN_OR_RETURN(pre_tokenizer_, PreTokenizer::Create(spec->patterns));
-  ignore_merges_ = spec->ignore_merges;
-  add_bos_ = spec->add_bos;
-  clean_spaces_ = spec->clean_spaces;
-  add_space_prefix_ = false;
-
-  BITSPLIT_ASSIGN_OR_RETURN(const std::vector<std::string> merges,
-                            file.GetStringArray("tokenizer.ggml.merges"));
-  merge_ranks_.reserve(merges.size());
-  for (size_t rank = 0; rank < merges.size(); ++rank) {
-    // Split at the first space after the first byte, like llama.cpp; the first rank of a
-    // repeated pair wins.
-    const std::string& merge = merges[rank];
-    const size_t space = merge.find(' ', 1);
-    std::string key = space == std::string::npos ? " " : merge;
-    merge_ranks_.emplace(std::move(key), static_cast<int>(rank));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Tokenizer::LoadSpm(const gguf::File& file) {
-  // llama.cpp's SentencePiece defaults; tokenizer.ggml.pre plays no part.
-  add_bos_ = true;
-  add_space_prefix_ = true;
-  clean_spaces_ = false;
-  scores_.assign(tokens_.size(), 0.0f);
-  if (file.Find("tokenizer.ggml.scores") != nullptr) {
-    BITSPLIT_ASSIGN_OR_RETURN(const std::vector<double> scores,
-                              file.GetFloatArray("tokenizer.ggml.scores"));
-    if (scores.size() < tokens_.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: tokenizer.ggml.scores has %d entries for %d tokens", file.name(),
-                          scores.size(), tokens_.size()));
-    }
-    for (size_t id = 0; id < tokens_.size(); ++id) scores_[id] = static_cast<float>(scores[id]);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Tokenizer::LoadSpecialTokens(const gguf::File& file) {
-  const int32_t n = vocab_size();
-  // llama.cpp's defaults, used when the metadata has no id (or an out-of-range one).
-  const auto in_range = [n](int32_t id) { return id >= 0 && id < n ? id : kNoToken; };
-  const bool spm = model_ == TokenizerModel::kSentencePiece;
-  bos_id_ = in_range(spm ? 1 : 11);
-  eos_id_ = in_range(spm ? 2 : 11);
-  unk_id_ = spm ? in_range(0) : kNoToken;
-  eot_id_ = kNoToken;
-  int32_t eom_id = kNoToken;
-  int32_t fim_pre_id = kNoToken, fim_suf_id = kNoToken, fim_mid_id = kNoToken;
-  int32_t fim_pad_id = kNoToken, fim_rep_id = kNoToken, fim_sep_id = kNoToken;
-  const std::vector<std::pair<std::string_view, int32_t*>> keys = {
-      {"tokenizer.ggml.bos_token_id", &bos_id_},
-      {"tokenizer.ggml.eos_token_id", &eos_id_},
-      {"tokenizer.ggml.eot_token_id", &eot_id_},
-      {"tokenizer.ggml.unknown_token_id", &unk_id_},
-      {"tokenizer.ggml.eom_token_id", &eom_id},
-      {"tokenizer.ggml.fim_pre_token_id", &fim_pre_id},
-      {"tokenizer.ggml.fim_suf_token_id", &fim_suf_id},
-      {"tokenizer.ggml.fim_mid_token_id", &fim_mid_id},
-      {"tokenizer.ggml.fim_pad_token_id", &fim_pad_id},
-      {"tokenizer.ggml.fim_rep_token_id", &fim_rep_id},
-      {"tokenizer.ggml.fim_sep_token_id", &fim_sep_id},
-      {"tokenizer.ggml.prefix_token_id", &fim_pre_id},
-      {"tokenizer.ggml.suffix_token_id", &fim_suf_id},
-      {"tokenizer.ggml.middle_token_id", &fim_mid_id},
-  };
-  for (const auto& [key, id] : keys) {
-    if (file.Find(key) == nullptr) continue;
-    BITSPLIT_ASSIGN_OR_RETURN(const uint64_t value, file.GetUint(key));
-    if (value < static_cast<uint64_t>(n)) *id = static_cast<int32_t>(value);
-  }
+  BITSPLIT_ASSIGN_OR_RETURN(special_, SpecialTokens::Load(file, model_, tokens_, attrs_));
   if (file.Find("tokenizer.ggml.add_bos_token") != nullptr) {
     BITSPLIT_ASSIGN_OR_RETURN(add_bos_, file.GetBool("tokenizer.ggml.add_bos_token"));
   }
   if (file.Find("tokenizer.ggml.add_eos_token") != nullptr) {
     BITSPLIT_ASSIGN_OR_RETURN(add_eos_, file.GetBool("tokenizer.ggml.add_eos_token"));
   }
-
-  // Older conversions do not record EOT/FIM ids or mark those tokens as control; llama.cpp
-  // recognizes them by their text and forces the control attribute, and so do we (this
-  // decides both end-of-generation and special-token splitting).
-  struct Detector {
-    int32_t* id;
-    std::vector<std::string_view> texts;
-  };
-  const std::vector<Detector> detectors = {
-      {&eot_id_,
-       {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-        "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>"}},
-      {&eom_id, {"<|eom_id|>"}},
-      {&fim_pre_id,
-       {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-        "<|code_prefix|>", "<|prefix|>"}},
-      {&fim_suf_id,
-       {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-        "<|code_suffix|>", "<|suffix|>"}},
-      {&fim_mid_id,
-       {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
-        "<|code_middle|>", "<|middle|>"}},
-      {&fim_pad_id, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}},
-      {&fim_rep_id, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
-      {&fim_sep_id, {"<|file_sep|>"}},
-  };
-  for (int32_t id = 0; id < n; ++id) {
-    for (const Detector& detector : detectors) {
-      if (*detector.id != kNoToken) continue;
-      if (std::find(detector.texts.begin(), detector.texts.end(), tokens_[id]) !=
-          detector.texts.end()) {
-        *detector.id = id;
-        attrs_[id] |= kAttrControl;
-      }
-    }
+  if (model_ == TokenizerModel::kSentencePiece) {
+    // Last, as its byte fallback needs the unknown token.
+    spm_ = std::make_unique<const SentencePieceEncoder>(token_ids_, std::move(scores),
+                                                        special_->unk_id());
   }
-
-  std::vector<int32_t> eog;
-  const auto add_eog = [&eog](int32_t id) {
-    if (id != kNoToken && std::find(eog.begin(), eog.end(), id) == eog.end()) eog.push_back(id);
-  };
-  add_eog(fim_pad_id);
-  add_eog(fim_rep_id);
-  add_eog(fim_sep_id);
-  static constexpr std::string_view kEogTexts[] = {"<|eot_id|>",
-                                                   "<|im_end|>",
-                                                   "<|end|>",
-                                                   "<|return|>",
-                                                   "<|call|>",
-                                                   "<|flush|>",
-                                                   "<|calls|>",
-                                                   "<end_of_turn>",
-                                                   "<|endoftext|>",
-                                                   "</s>",
-                                                   "<|eom_id|>",
-                                                   "<EOT>",
-                                                   "_<EOT>",
-                                                   "[EOT]",
-                                                   "[EOS]",
-                                                   "<|end_of_text|>",
-                                                   "<end_of_utterance>",
-                                                   "<eos>",
-                                                   "<turn|>",
-                                                   "<|tool_response>",
-                                                   "<｜end▁of▁sentence｜>",
-                                                   "[e~["};
-  for (int32_t id = 0; id < n; ++id) {
-    if (std::find(std::begin(kEogTexts), std::end(kEogTexts), tokens_[id]) != std::end(kEogTexts)) {
-      add_eog(id);
-      attrs_[id] |= kAttrControl;
-    }
-    // gpt-oss: these structural tokens are always rendered (llama.cpp's override).
-    if (tokens_[id] == "<|channel|>" || tokens_[id] == "<|message|>" ||
-        tokens_[id] == "<|start|>" || tokens_[id] == "<|constrain|>") {
-      attrs_[id] = kAttrUserDefined;
-    }
-  }
-  add_eog(eos_id_);
-  add_eog(eot_id_);
-  add_eog(eom_id);
-  // Harmony / solar-open chat formats end a message with <|end|> but keep generating; there the
-  // turn ends with <|return|> / <|call|> (or <|calls|> / <|flush|>).
-  const auto eog_has = [&](std::string_view text) {
-    return std::any_of(eog.begin(), eog.end(), [&](int32_t id) { return tokens_[id] == text; });
-  };
-  const int32_t end_id = FindToken("<|end|>");
-  if (end_id != kNoToken && eog_has("<|end|>") &&
-      ((eog_has("<|return|>") && eog_has("<|call|>")) ||
-       (eog_has("<|calls|>") && eog_has("<|flush|>")))) {
-    eog.erase(std::find(eog.begin(), eog.end(), end_id));
-    attrs_[end_id] = kAttrUserDefined;
-  }
-  // gemma4 / plamo2 have an ordinary </s>.
-  const int32_t s_id = FindToken("</s>");
-  if (s_id != kNoToken && eog_has("</s>") &&
-      (eog_has("<|tool_response>") || eog_has("<|plamo:eos|>"))) {
-    eog.erase(std::find(eog.begin(), eog.end(), s_id));
-    attrs_[s_id] = kAttrNormal;
-  }
-  std::sort(eog.begin(), eog.end());
-  eog_ids_ = eog;
-  eog_set_ = std::unordered_set<int32_t>(eog.begin(), eog.end());
-
-  for (int32_t id = 0; id < n; ++id) {
-    if (attrs_[id] & (kAttrControl | kAttrUserDefined | kAttrUnknown)) special_ids_.push_back(id);
-  }
-  // Longest first, so that a special token containing another one wins.
-  std::stable_sort(special_ids_.begin(), special_ids_.end(),
-                   [this](int32_t a, int32_t b) { return tokens_[a].size() > tokens_[b].size(); });
+  BuildPieces();
   return absl::OkStatus();
 }
 
@@ -721,51 +135,14 @@ void Tokenizer::BuildPieces() {
     if (attr & (kAttrUnknown | kAttrControl | kAttrUserDefined)) {
       pieces_[id] = text;
     } else if (attr & kAttrNormal) {
-      if (model_ == TokenizerModel::kSentencePiece) {
-        pieces_[id] = text;
-        ReplaceAll(pieces_[id], kSpmSpace, " ");
-      } else {
-        pieces_[id] = DecodeByteLevel(text);
-      }
+      pieces_[id] = model_ == TokenizerModel::kSentencePiece ? DecodeSentencePiece(text)
+                                                             : DecodeByteLevel(text);
     } else if (attr & kAttrByte) {
       // "<0xAB>" style byte tokens.
       const std::string hex = text.size() >= 5 ? text.substr(3, 2) : "";
       pieces_[id] = std::string(1, static_cast<char>(std::strtol(hex.c_str(), nullptr, 16)));
     }  // unused / undefined tokens decode to nothing
   }
-}
-
-std::vector<Tokenizer::Fragment> Tokenizer::PartitionSpecial(std::string_view text,
-                                                             bool parse_special) const {
-  std::vector<Fragment> fragments;
-  if (text.empty()) return fragments;
-  fragments.push_back({kNoToken, 0, text.size()});
-  std::vector<Fragment> next;
-  for (int32_t id : special_ids_) {
-    // Without parse_special only user-defined tokens are split out (as llama.cpp and HF do).
-    if (!parse_special && (attrs_[id] & (kAttrControl | kAttrUnknown))) continue;
-    const std::string& special = tokens_[id];
-    if (text.find(special) == std::string_view::npos) continue;
-    next.clear();
-    for (const Fragment& fragment : fragments) {
-      if (fragment.token != kNoToken) {
-        next.push_back(fragment);
-        continue;
-      }
-      const size_t end = fragment.begin + fragment.length;
-      const std::string_view searchable = text.substr(0, end);
-      size_t pos = fragment.begin;
-      size_t found;
-      while ((found = searchable.find(special, pos)) != std::string_view::npos) {
-        if (found > pos) next.push_back({kNoToken, pos, found - pos});
-        next.push_back({id, found, special.size()});
-        pos = found + special.size();
-      }
-      if (pos < end) next.push_back({kNoToken, pos, end - pos});
-    }
-    fragments.swap(next);
-  }
-  return fragments;
 }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool parse_special) const {
@@ -775,220 +152,24 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool parse_special
 std::vector<int32_t> Tokenizer::Tokenize(std::string_view text, bool add_special,
                                          bool parse_special) const {
   std::vector<int32_t> ids;
-  if (add_special && add_bos_ && bos_id_ != kNoToken) ids.push_back(bos_id_);
+  if (add_special && add_bos_ && bos_id() != kNoToken) ids.push_back(bos_id());
   // SentencePiece's leading space goes before the first text and before text that follows a
   // special token (llama.cpp's is_prev_special), BOS or not.
   bool after_special = true;
-  std::string escaped;
-  for (const Fragment& fragment : PartitionSpecial(text, parse_special)) {
+  for (const SpecialTokens::Fragment& fragment : special_->Partition(text, parse_special)) {
     if (fragment.token != kNoToken) {
       ids.push_back(fragment.token);
       after_special = true;
       continue;
     }
-    const std::string_view piece = text.substr(fragment.begin, fragment.length);
     if (model_ == TokenizerModel::kSentencePiece) {
-      escaped.clear();
-      if (add_space_prefix_ && after_special) escaped.push_back(' ');
-      escaped.append(piece);
-      ReplaceAll(escaped, " ", kSpmSpace);
-      EncodeSpm(escaped, ids);
+      spm_->Encode(fragment.text, add_space_prefix_ && after_special, ids);
     } else {
-      EncodeFragment(piece, ids);
+      bpe_->Encode(fragment.text, ids);
     }
     after_special = false;
   }
-  if (add_special && add_eos_ && eos_id_ != kNoToken) ids.push_back(eos_id_);
-  return ids;
-}
-
-void Tokenizer::EncodeSpm(std::string_view text, std::vector<int32_t>& out) const {
-  // llama.cpp's llm_tokenizer_spm_session: start from UTF-8 characters (lead-byte lengths, no
-  // validation) and repeatedly merge the adjacent pair whose concatenation is the token with the
-  // highest score, leftmost first on ties; a popped pair whose symbols changed since it was
-  // queued is stale and skipped. Every merged symbol is a token by construction; a leftover
-  // character that is not one becomes byte tokens.
-  struct Symbol {
-    int prev;
-    int next;
-    size_t begin;
-    size_t length;  // 0 once merged into its left neighbour
-  };
-  struct Bigram {
-    int left;
-    int right;
-    float score;
-    size_t length;  // combined length when queued
-  };
-  struct Lower {
-    bool operator()(const Bigram& a, const Bigram& b) const {
-      return a.score < b.score || (a.score == b.score && a.left > b.left);
-    }
-  };
-  if (text.empty()) return;
-  std::vector<Symbol> symbols;
-  for (size_t offset = 0; offset < text.size();) {
-    const size_t length =
-        std::min(text.size() - offset, Utf8SequenceLength(static_cast<uint8_t>(text[offset])));
-    const int index = static_cast<int>(symbols.size());
-    symbols.push_back({index - 1, offset + length == text.size() ? -1 : index + 1, offset, length});
-    offset += length;
-  }
-  std::priority_queue<Bigram, std::vector<Bigram>, Lower> queue;
-  const auto try_queue = [&](int left, int right) {
-    if (left == -1 || right == -1) return;
-    const size_t length = symbols[left].length + symbols[right].length;
-    const int32_t id = FindToken(text.substr(symbols[left].begin, length));
-    if (id == kNoToken) return;
-    queue.push({left, right, scores_[id], length});
-  };
-  for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_queue(i - 1, i);
-
-  while (!queue.empty()) {
-    const Bigram bigram = queue.top();
-    queue.pop();
-    Symbol& left = symbols[bigram.left];
-    Symbol& right = symbols[bigram.right];
-    if (left.length == 0 || right.length == 0 || left.length + right.length != bigram.length) {
-      continue;
-    }
-    left.length += right.length;
-    right.length = 0;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = bigram.left;
-    try_queue(left.prev, bigram.left);
-    try_queue(bigram.left, left.next);
-  }
-
-  for (int i = 0; i != -1; i = symbols[i].next) {
-    const std::string_view symbol = text.substr(symbols[i].begin, symbols[i].length);
-    const int32_t id = FindToken(symbol);
-    if (id != kNoToken) {
-      out.push_back(id);
-      continue;
-    }
-    for (char byte : symbol) {
-      const int32_t byte_id = byte_tokens_[static_cast<uint8_t>(byte)];
-      if (byte_id != kNoToken) out.push_back(byte_id);
-    }
-  }
-}
-
-void Tokenizer::EncodeFragment(std::string_view fragment, std::vector<int32_t>& out) const {
-  std::string canonical;
-  std::string for_regex;
-  Canonicalize(fragment, canonical, for_regex);
-  for (const auto& [begin, end] : pre_tokenizer_->Split(for_regex)) {
-    EncodeWord(std::string_view(canonical).substr(begin, end - begin), out);
-  }
-}
-
-void Tokenizer::EncodeWord(std::string_view word, std::vector<int32_t>& out) const {
-  static constexpr size_t kMaxCachedWords = 1 << 16;
-  std::string key(word);
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    const auto it = word_cache_.find(key);
-    if (it != word_cache_.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
-  std::string encoded;
-  encoded.reserve(word.size() * 2);
-  for (char byte : word) encoded += Bytes().byte_to_utf8[static_cast<uint8_t>(byte)];
-  std::vector<int32_t> ids;
-  const auto whole = token_ids_.find(encoded);
-  if (ignore_merges_ && whole != token_ids_.end()) {
-    ids.push_back(whole->second);
-  } else {
-    ids = BytePairMerge(encoded);
-  }
-  out.insert(out.end(), ids.begin(), ids.end());
-  std::lock_guard<std::mutex> lock(cache_mutex_);
-  if (word_cache_.size() >= kMaxCachedWords) word_cache_.clear();
-  word_cache_.emplace(std::move(key), std::move(ids));
-}
-
-int Tokenizer::MergeRank(std::string_view left, std::string_view right) const {
-  std::string key;
-  key.reserve(left.size() + 1 + right.size());
-  key.append(left).append(1, ' ').append(right);
-  const auto it = merge_ranks_.find(key);
-  return it == merge_ranks_.end() ? -1 : it->second;
-}
-
-std::vector<int32_t> Tokenizer::BytePairMerge(const std::string& word) const {
-  // Same algorithm and tie-breaking as llama.cpp's llm_tokenizer_bpe_session: a min-queue of
-  // adjacent pairs ordered by (merge rank, left position); a popped pair whose symbols changed
-  // since it was queued is stale and skipped.
-  struct Symbol {
-    int prev;
-    int next;
-    size_t begin;
-    size_t length;  // 0 once merged into its left neighbour
-  };
-  struct Pair {
-    int left;
-    int right;
-    int rank;
-    size_t length;  // combined length when queued
-  };
-  struct LaterFirst {
-    bool operator()(const Pair& a, const Pair& b) const {
-      return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
-    }
-  };
-  std::vector<Symbol> symbols;
-  for (size_t offset = 0; offset < word.size();) {
-    const size_t length =
-        std::min(word.size() - offset, Utf8SequenceLength(static_cast<uint8_t>(word[offset])));
-    const int index = static_cast<int>(symbols.size());
-    symbols.push_back({index - 1, offset + length == word.size() ? -1 : index + 1, offset, length});
-    offset += length;
-  }
-  const std::string_view text(word);
-  const auto symbol_text = [&](int i) { return text.substr(symbols[i].begin, symbols[i].length); };
-  std::priority_queue<Pair, std::vector<Pair>, LaterFirst> queue;
-  const auto try_queue = [&](int left, int right) {
-    if (left == -1 || right == -1) return;
-    const int rank = MergeRank(symbol_text(left), symbol_text(right));
-    if (rank < 0) return;
-    queue.push({left, right, rank, symbols[left].length + symbols[right].length});
-  };
-  for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_queue(i - 1, i);
-
-  while (!queue.empty()) {
-    const Pair pair = queue.top();
-    queue.pop();
-    Symbol& left = symbols[pair.left];
-    Symbol& right = symbols[pair.right];
-    // Symbols only grow, so unchanged lengths mean the pair is still the one that was queued.
-    if (left.length == 0 || right.length == 0 || left.length + right.length != pair.length) {
-      continue;
-    }
-    left.length += right.length;
-    right.length = 0;
-    left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = pair.left;
-    try_queue(left.prev, pair.left);
-    try_queue(pair.left, left.next);
-  }
-
-  std::vector<int32_t> ids;
-  for (int i = 0; i < static_cast<int>(symbols.size()); ++i) {
-    if (symbols[i].length == 0) continue;
-    const auto it = token_ids_.find(symbol_text(i));
-    if (it != token_ids_.end()) {
-      ids.push_back(it->second);
-      continue;
-    }
-    // No such token: fall back to single-byte tokens where they exist, as llama.cpp does.
-    for (char byte : symbol_text(i)) {
-      const auto byte_token = token_ids_.find(std::string_view(&byte, 1));
-      if (byte_token != token_ids_.end()) ids.push_back(byte_token->second);
-    }
-  }
+  if (add_special && add_eos_ && eos_id() != kNoToken) ids.push_back(eos_id());
   return ids;
 }
 
@@ -1018,11 +199,11 @@ absl::StatusOr<std::string> Tokenizer::Decode(std::span<const int32_t> ids,
 absl::StatusOr<std::string> Tokenizer::Detokenize(std::span<const int32_t> ids, bool remove_special,
                                                   bool unparse_special) const {
   bool remove_space = add_space_prefix_;
-  if (remove_special && add_bos_ && !ids.empty() && ids.front() == bos_id_) {
+  if (remove_special && add_bos_ && !ids.empty() && ids.front() == bos_id()) {
     remove_space = false;
     ids = ids.subspan(1);
   }
-  if (remove_special && add_eos_ && !ids.empty() && ids.back() == eos_id_) {
+  if (remove_special && add_eos_ && !ids.empty() && ids.back() == eos_id()) {
     ids = ids.subspan(0, ids.size() - 1);
   }
   std::string text;
@@ -1037,11 +218,20 @@ absl::StatusOr<std::string> Tokenizer::Detokenize(std::span<const int32_t> ids, 
     remove_space = false;
     text.append(*piece);
   }
-  if (clean_spaces_) CleanSpaces(text);
+  if (bpe_ != nullptr && bpe_->clean_spaces()) CleanSpaces(text);
   return text;
 }
 
-bool Tokenizer::IsEndOfGeneration(int32_t id) const { return eog_set_.count(id) > 0; }
+int32_t Tokenizer::bos_id() const { return special_->bos_id(); }
+int32_t Tokenizer::eos_id() const { return special_->eos_id(); }
+int32_t Tokenizer::eot_id() const { return special_->eot_id(); }
+int32_t Tokenizer::unk_id() const { return special_->unk_id(); }
+
+bool Tokenizer::IsEndOfGeneration(int32_t id) const { return special_->IsEndOfGeneration(id); }
+
+const std::vector<int32_t>& Tokenizer::end_of_generation_ids() const {
+  return special_->end_of_generation_ids();
+}
 
 bool Tokenizer::IsControl(int32_t id) const {
   return id >= 0 && id < vocab_size() && (attrs_[id] & (kAttrUnknown | kAttrControl));

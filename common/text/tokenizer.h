@@ -1,23 +1,20 @@
 #pragma once
 // The tokenizers llama.cpp reads from GGUF metadata, reproduced token for token
-// (tests/text_tokenizer_test.cc checks them against llama.cpp on a committed corpus for SmolLM2,
-// gemma3 and a qwen2 vocabulary):
-//   * byte-level BPE (tokenizer.ggml.model = "gpt2"): the same pre-tokenizer regexes (run with
-//     PCRE2), merge order and tie-breaking;
-//   * SentencePiece (tokenizer.ggml.model = "llama", llama.cpp's llm_tokenizer_spm): spaces
-//     escaped to U+2581, score-driven bigram merges, <0xNN> byte fallback, the optional leading
-//     space (tokenizer.ggml.add_space_prefix).
+// (tests/text_tokenizer_oracle_test.cc checks them against llama.cpp on a committed corpus for
+// SmolLM2, gemma3 and a qwen2 vocabulary):
+//   * byte-level BPE (tokenizer.ggml.model = "gpt2", bpe.h): the same pre-tokenizer regexes (run
+//     with PCRE2), merge order and tie-breaking;
+//   * SentencePiece (tokenizer.ggml.model = "llama", llama.cpp's llm_tokenizer_spm,
+//     sentencepiece.h): spaces escaped to U+2581, score-driven bigram merges, <0xNN> byte
+//     fallback, the optional leading space (tokenizer.ggml.add_space_prefix).
 // Both share llama.cpp's special-token splitting and its token attributes, including the
-// tokens it marks as control or end-of-generation by their text.
-#include <array>
+// tokens it marks as control or end-of-generation by their text (special_tokens.h).
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -42,7 +39,9 @@ enum class TokenizerModel {
   kSentencePiece,     // "llama"
 };
 
-class PreTokenizer;  // tokenizer.cc: regex stages that cut text into words before BPE
+class BpeEncoder;
+class SentencePieceEncoder;
+class SpecialTokens;
 
 // Thread safety: immutable after FromGguf but for the BPE word memo, which a mutex guards, so
 // every method may be called from any number of threads at once.
@@ -92,10 +91,10 @@ class Tokenizer {
                                          bool unparse_special) const;
 
   int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
-  int32_t bos_id() const { return bos_id_; }  // kNoToken when the model has none
-  int32_t eos_id() const { return eos_id_; }
-  int32_t eot_id() const { return eot_id_; }
-  int32_t unk_id() const { return unk_id_; }
+  int32_t bos_id() const;  // kNoToken when the model has none
+  int32_t eos_id() const;
+  int32_t eot_id() const;
+  int32_t unk_id() const;
   // Whether a prompt should start with BOS (tokenizer.ggml.add_bos_token, else the default of
   // the pre-tokenizer (BPE) or true (SentencePiece)). Encode never adds it; Tokenize does, or
   // callers prepend bos_id().
@@ -112,7 +111,7 @@ class Tokenizer {
   // ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", FIM repo/pad/separator tokens, ...).
   // False for out-of-range ids.
   bool IsEndOfGeneration(int32_t id) const;
-  const std::vector<int32_t>& end_of_generation_ids() const { return eog_ids_; }
+  const std::vector<int32_t>& end_of_generation_ids() const;
 
   // True for control/unknown tokens (the ones TokenToPiece hides unless render_special).
   bool IsControl(int32_t id) const;
@@ -124,62 +123,24 @@ class Tokenizer {
   int32_t FindToken(std::string_view text) const;
 
  private:
-  // Per-token attribute bits, as llama.cpp's llama_token_attr.
-  enum Attr : uint32_t {
-    kAttrUnknown = 1u << 0,
-    kAttrUnused = 1u << 1,
-    kAttrNormal = 1u << 2,
-    kAttrControl = 1u << 3,
-    kAttrUserDefined = 1u << 4,
-    kAttrByte = 1u << 5,
-  };
-  struct Fragment;
-
   Tokenizer();
   absl::Status Load(const gguf::File& file);
-  absl::Status LoadBpe(const gguf::File& file);
-  absl::Status LoadSpm(const gguf::File& file);
-  absl::Status LoadSpecialTokens(const gguf::File& file);
   void BuildPieces();
-  // Splits `text` around special tokens (llama.cpp's tokenizer_st_partition).
-  std::vector<Fragment> PartitionSpecial(std::string_view text, bool parse_special) const;
-  void EncodeFragment(std::string_view fragment, std::vector<int32_t>& out) const;
-  // SentencePiece merges of one fragment whose spaces are already escaped.
-  void EncodeSpm(std::string_view escaped, std::vector<int32_t>& out) const;
-  // BPE of one pre-tokenized word (UTF-8), memoized.
-  void EncodeWord(std::string_view word, std::vector<int32_t>& out) const;
-  std::vector<int32_t> BytePairMerge(const std::string& encoded_word) const;
-  int MergeRank(std::string_view left, std::string_view right) const;
 
   TokenizerModel model_ = TokenizerModel::kBytePairEncoding;
   std::string pre_name_;
-  std::unique_ptr<PreTokenizer> pre_tokenizer_;  // BPE only
-  bool ignore_merges_ = false;  // llama3-style: a word that is a whole token skips the merges
-  bool clean_spaces_ = false;   // Detokenize's space clean-up (llama.cpp's clean_spaces)
   bool add_bos_ = false;
   bool add_eos_ = false;
   bool add_space_prefix_ = false;
 
-  std::vector<std::string> tokens_;  // vocabulary text, byte-level encoded
-  std::vector<uint32_t> attrs_;
+  std::vector<std::string> tokens_;                          // vocabulary text as stored
+  std::vector<uint32_t> attrs_;                              // TokenAttr bits
   std::vector<std::string> pieces_;                          // decoded bytes of each token
   std::unordered_map<std::string_view, int32_t> token_ids_;  // views into tokens_
-  std::unordered_map<std::string, int> merge_ranks_;         // BPE: "left right" -> rank
-  std::vector<float> scores_;                                // SentencePiece merge priorities
-  std::array<int32_t, 256> byte_tokens_{};  // SentencePiece byte fallback (<0xNN>) per byte
-  std::vector<int32_t> special_ids_;        // control/user-defined/unknown, longest text first
-  std::vector<int32_t> eog_ids_;
-  std::unordered_set<int32_t> eog_set_;
-
-  int32_t bos_id_ = kNoToken;
-  int32_t eos_id_ = kNoToken;
-  int32_t eot_id_ = kNoToken;
-  int32_t unk_id_ = kNoToken;
-
-  // Word -> ids memo: natural text repeats words constantly, and BPE of a word is the
-  // expensive part of Encode.
-  mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> word_cache_;
+  std::unique_ptr<const SpecialTokens> special_;
+  // The model's encoder: exactly one is set.
+  std::unique_ptr<const BpeEncoder> bpe_;
+  std::unique_ptr<const SentencePieceEncoder> spm_;
 };
 
 }  // namespace bitsplit::text
