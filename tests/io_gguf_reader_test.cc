@@ -3,11 +3,14 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/io/ggml_type.h"
 #include "common/io/gguf.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -638,10 +641,6 @@ INSTANTIATE_TEST_SUITE_P(AllKinds, GgufCorruptionTest, ::testing::ValuesIn(Corru
                            return info.param.name;
                          });
 
-TEST(GgufCorruptionTableTest, CoversAtLeastFifteenKinds) {
-  EXPECT_GE(CorruptionCases().size(), 15u);
-}
-
 // Every strict prefix of a valid image is rejected cleanly (never accepted, never a crash).
 // The image ends exactly at the end of its last tensor, so even a one-byte cut is an error.
 TEST(GgufTruncationTest, EveryPrefixIsRejected) {
@@ -858,6 +857,82 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<RealModel>& info) {
       return std::string(info.param.index).substr(0, std::string(info.param.index).find('_'));
     });
+
+// ---------------------------------------------------------------------------------------------
+// The ggml type table against gguf-py's (tests/fixtures/gguf/ggml_types.json, written by
+// tests/oracle/gen_ggml_types.py)
+
+struct OracleType {
+  uint32_t id;
+  std::string name;
+  int64_t block_elements;
+  int64_t block_bytes;
+};
+
+std::vector<OracleType> OracleTypes() {
+  const nlohmann::json fixture = LoadIndex("tests/fixtures/gguf/ggml_types.json");
+  std::vector<OracleType> types;
+  for (const nlohmann::json& t : fixture["types"]) {
+    types.push_back({t["id"].get<uint32_t>(), t["name"].get<std::string>(),
+                     t["block_elements"].get<int64_t>(), t["block_bytes"].get<int64_t>()});
+    // gguf-py still sizes Q8_1 as ggml's old block of two f32 fields and 32 codes; ggml's
+    // block_q8_1 now holds two fp16 fields (d and d * sum), and Q8_1 only occurs as an
+    // activation format, never in a file. Should gguf-py catch up, this expectation fails and
+    // the exception goes.
+    if (types.back().name == "Q8_1") {
+      EXPECT_EQ(types.back().block_bytes, 4 + 4 + 32);
+      types.back().block_bytes = 2 + 2 + 32;
+    }
+  }
+  return types;
+}
+
+TEST(GgmlTypeTableTest, HoldsExactlyTheTypesGgufPyDefines) {
+  const std::vector<OracleType> types = OracleTypes();
+  ASSERT_FALSE(types.empty());
+  std::set<uint32_t> ids;
+  for (const OracleType& t : types) {
+    SCOPED_TRACE(t.name);
+    ids.insert(t.id);
+    const std::optional<GgmlTypeTraits> traits = GetGgmlTypeTraits(t.id);
+    ASSERT_TRUE(traits.has_value());
+    EXPECT_EQ(traits->name, t.name);
+    EXPECT_EQ(traits->block_elements, t.block_elements);
+    EXPECT_EQ(traits->block_bytes, t.block_bytes);
+    EXPECT_EQ(GgmlTypeName(t.id), t.name);
+  }
+  // The ids in between were retired by ggml (Q4_2, the Q4_0_4_4 repacks, ...): a file that uses
+  // one, or an id past the last, must be refused rather than sized by a guess.
+  for (uint32_t id = 0; id <= *ids.rbegin() + 16; ++id) {
+    if (ids.count(id) != 0) continue;
+    EXPECT_FALSE(GetGgmlTypeTraits(id).has_value()) << id;
+    EXPECT_EQ(GgmlTypeName(id), absl::StrCat("type#", id));
+  }
+  EXPECT_FALSE(GetGgmlTypeTraits(std::numeric_limits<uint32_t>::max()).has_value());
+}
+
+// The reader sizes a tensor of every type as gguf-py does: 2 rows of 3 blocks, written with
+// gguf-py's block bytes (not the table's), are 6 blocks of elements and bytes.
+TEST(GgmlTypeTableTest, ReaderSizesATensorOfEveryTypeAsGgufPyDoes) {
+  const std::vector<OracleType> types = OracleTypes();
+  ASSERT_FALSE(types.empty());
+  GgufBuilder b;
+  for (const OracleType& t : types) {
+    b.AddRawTensor(t.name, t.id, {3 * static_cast<uint64_t>(t.block_elements), 2},
+                   std::vector<uint8_t>(6 * static_cast<size_t>(t.block_bytes), 0));
+  }
+  auto file = ParseImage(b.Build());
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ((*file)->tensors().size(), types.size());
+  for (size_t i = 0; i < types.size(); ++i) {
+    const OracleType& t = types[i];
+    const TensorInfo& info = (*file)->tensors()[i];
+    SCOPED_TRACE(t.name);
+    EXPECT_EQ(static_cast<uint32_t>(info.type), t.id);
+    EXPECT_EQ(info.num_elements, 6 * t.block_elements);
+    EXPECT_EQ(info.num_bytes, static_cast<uint64_t>(6 * t.block_bytes));
+  }
+}
 
 }  // namespace
 }  // namespace bitsplit::gguf

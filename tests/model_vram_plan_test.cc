@@ -1,8 +1,14 @@
 // The VRAM planner: byte arithmetic against hand computation (the real SmolLM2 config, an
 // 8B-class llama config and a gemma3-1B-shaped one), the refusal and its "what fits"
 // suggestions, and bad requests.
+//
+// The hand computation restates, from a model's shape alone, docs/formats.md's row layout and
+// the device buffers vram_plan.h lists; it calls none of the planner's functions, so every
+// expected number is a sum of parts a reader can check.
+#include <algorithm>
 #include <string>
 
+#include "absl/strings/str_format.h"
 #include "common/io/gguf.h"
 #include "common/model/vram_plan.h"
 #include "gmock/gmock.h"
@@ -17,6 +23,144 @@ using ::testing::HasSubstr;
 
 constexpr uint64_t kMiB = 1ull << 20;
 constexpr uint64_t kGiB = 1ull << 30;
+constexpr uint64_t kPage = 2 * kMiB;  // each slab is whole pages of the CUDA allocator
+constexpr uint64_t kAlign = 256;      // each buffer inside a slab starts on this
+
+constexpr uint64_t RoundUp(uint64_t n, uint64_t multiple) {
+  return (n + multiple - 1) / multiple * multiple;
+}
+constexpr uint64_t Aligned(uint64_t bytes) { return RoundUp(bytes, kAlign); }
+constexpr uint64_t Pages(uint64_t bytes) { return (bytes + kPage - 1) / kPage; }
+
+// The dimensions the expectations are derived from (each test checks its config has them).
+struct Shape {
+  uint64_t layers, d_model, heads, kv_heads, head_dim, d_ff, vocab;
+  constexpr uint64_t q_dim() const { return heads * head_dim; }
+  constexpr uint64_t kv_dim() const { return kv_heads * head_dim; }
+  constexpr uint64_t widest_input() const { return std::max({d_model, q_dim(), d_ff}); }
+};
+constexpr Shape kSmolLm2{30, 576, 9, 3, 64, 1536, 49152};
+constexpr Shape kEightB{32, 4096, 32, 8, 128, 14336, 128256};
+
+void ExpectConfigHasShape(const ModelConfig& c, const Shape& s) {
+  EXPECT_EQ(c.num_layers, static_cast<int64_t>(s.layers));
+  EXPECT_EQ(c.d_model, static_cast<int64_t>(s.d_model));
+  EXPECT_EQ(c.num_heads, static_cast<int64_t>(s.heads));
+  EXPECT_EQ(c.num_kv_heads, static_cast<int64_t>(s.kv_heads));
+  EXPECT_EQ(c.head_dim, static_cast<int64_t>(s.head_dim));
+  EXPECT_EQ(c.rope_dims, static_cast<int64_t>(s.head_dim));
+  EXPECT_EQ(c.d_ff, static_cast<int64_t>(s.d_ff));
+  EXPECT_EQ(c.vocab_size, static_cast<int64_t>(s.vocab));
+}
+
+// A base format as docs/formats.md defines its rows: `bits`-bit codes, then an fp16 scale per
+// group of `group` weights, then (asymmetric formats) an fp16 min per group.
+struct RowFormat {
+  uint64_t bits, group;
+  bool has_min;
+};
+constexpr RowFormat kB2AsymG64{2, 64, true};
+constexpr RowFormat kB2SymG64{2, 64, false};
+constexpr RowFormat kB3AsymG64{3, 64, true};
+constexpr RowFormat kB4AsymG64{4, 64, true};
+constexpr RowFormat kQ8_0{8, 32, false};  // ggml's block: an fp16 scale and 32 int8 codes
+
+constexpr uint64_t RowBytes(RowFormat f, uint64_t cols) {
+  return cols * f.bits / 8 + cols / f.group * 2 * (f.has_min ? 2 : 1);
+}
+// On the device every row starts on a 4-byte boundary.
+constexpr uint64_t DeviceRow(RowFormat f, uint64_t cols) { return RoundUp(RowBytes(f, cols), 4); }
+
+// Every linear weight, each matrix rows x device row, aligned: per layer q, k, v (rows q_dim,
+// kv_dim, kv_dim of d_model), o (d_model of q_dim), gate, up (d_ff of d_model), down (d_model of
+// d_ff), then the output head (vocab of d_model).
+uint64_t LinearBytes(const Shape& s, RowFormat f) {
+  const uint64_t layer = Aligned(s.q_dim() * DeviceRow(f, s.d_model)) +
+                         2 * Aligned(s.kv_dim() * DeviceRow(f, s.d_model)) +
+                         Aligned(s.d_model * DeviceRow(f, s.q_dim())) +
+                         2 * Aligned(s.d_ff * DeviceRow(f, s.d_model)) +
+                         Aligned(s.d_model * DeviceRow(f, s.d_ff));
+  return s.layers * layer + Aligned(s.vocab * DeviceRow(f, s.d_model));
+}
+
+// A ggml Q8_0 embedding table: 2 + 32 bytes per 32 weights.
+constexpr uint64_t Q8_0EmbeddingBytes(const Shape& s) { return s.vocab * s.d_model / 32 * 34; }
+
+// The constants of a llama model (one RoPE table, two norms per layer).
+struct Constants {
+  uint64_t norms, rope, hadamard, slab;
+};
+Constants LlamaConstants(const Shape& s, uint64_t embedding_bytes, uint64_t context) {
+  Constants c;
+  c.norms = Aligned(4 * (s.layers * 2 * s.d_model + s.d_model));  // attention, FFN; output norm
+  c.rope = Aligned(context * s.head_dim / 2 * 2 * 4);  // f32 cos and sin per pair and position
+  c.hadamard = Aligned(4 * s.widest_input());          // an f32 sign per input element
+  c.slab = Pages(Aligned(embedding_bytes) + c.norms + c.rope + c.hadamard) * kPage;
+  return c;
+}
+
+// One session's fp16 keys and values, each side one buffer, in whole pages.
+constexpr uint64_t KvSessionBytes(const Shape& s, uint64_t context, uint64_t extra = 0) {
+  return Pages(2 * Aligned(s.layers * context * s.kv_dim() * 2) + extra) * kPage;
+}
+
+// The scratch of a forward of `t` tokens, buffer by buffer as vram_plan.h lists them.
+ForwardScratchLayout Scratch(const Shape& s, uint64_t t, uint64_t context) {
+  const uint64_t widest_output =
+      std::max({s.q_dim() + 2 * s.kv_dim(), s.d_model, 2 * s.d_ff, s.vocab});
+  // The activation's per-block scales and sums: one per 32 inputs, rounded up to 8 per row.
+  const uint64_t blocks = RoundUp(s.widest_input() / 32, 8);
+  ForwardScratchLayout x;
+  x.batch_bytes = 3 * Aligned(4 * t) + Aligned(2 * t * t);
+  x.hidden_state_bytes = Aligned(4 * t * s.d_model);
+  x.normed_bytes = Aligned(4 * t * s.d_model);
+  x.q_bytes = Aligned(4 * t * s.q_dim());
+  x.kv_new_bytes = 2 * Aligned(4 * t * s.kv_dim());
+  x.attention_bytes = Aligned(4 * t * s.q_dim());
+  x.gate_up_bytes = 2 * Aligned(4 * t * s.d_ff);
+  x.projected_bytes = Aligned(4 * t * s.d_model);
+  x.rotated_bytes = Aligned(4 * t * s.widest_input());
+  x.activation_bytes = Aligned(t * s.widest_input()) + 2 * Aligned(4 * t * blocks);
+  x.residual_output_bytes = Aligned(4 * t * widest_output);
+  x.logits_bytes = Aligned(4 * t * s.vocab);
+  x.scores_bytes = Aligned(4 * t * s.heads * context);
+  x.sampling_bytes = Aligned(8 * t * s.vocab);
+  x.choice_bytes = 2 * Aligned(4 * t * 64) + Aligned(8 * t) + Aligned(4 * t) + Aligned(8 * t);
+  x.total_bytes = x.batch_bytes + x.hidden_state_bytes + x.normed_bytes + x.q_bytes +
+                  x.kv_new_bytes + x.attention_bytes + x.gate_up_bytes + x.projected_bytes +
+                  x.rotated_bytes + x.activation_bytes + x.residual_output_bytes + x.logits_bytes +
+                  x.scores_bytes + x.sampling_bytes + x.choice_bytes;
+  return x;
+}
+
+void ExpectScratch(const ForwardScratchLayout& got, const ForwardScratchLayout& want) {
+  EXPECT_EQ(got.batch_bytes, want.batch_bytes);
+  EXPECT_EQ(got.hidden_state_bytes, want.hidden_state_bytes);
+  EXPECT_EQ(got.normed_bytes, want.normed_bytes);
+  EXPECT_EQ(got.q_bytes, want.q_bytes);
+  EXPECT_EQ(got.kv_new_bytes, want.kv_new_bytes);
+  EXPECT_EQ(got.attention_bytes, want.attention_bytes);
+  EXPECT_EQ(got.gate_up_bytes, want.gate_up_bytes);
+  EXPECT_EQ(got.projected_bytes, want.projected_bytes);
+  EXPECT_EQ(got.rotated_bytes, want.rotated_bytes);
+  EXPECT_EQ(got.activation_bytes, want.activation_bytes);
+  EXPECT_EQ(got.residual_output_bytes, want.residual_output_bytes);
+  EXPECT_EQ(got.logits_bytes, want.logits_bytes);
+  EXPECT_EQ(got.scores_bytes, want.scores_bytes);
+  EXPECT_EQ(got.visible_slots_bytes, want.visible_slots_bytes);
+  EXPECT_EQ(got.sampling_bytes, want.sampling_bytes);
+  EXPECT_EQ(got.choice_bytes, want.choice_bytes);
+  EXPECT_EQ(got.total_bytes, want.total_bytes);
+}
+
+// The whole plan of a llama model whose embedding table is Q8_0 on the device.
+uint64_t LlamaTotal(const Shape& s, RowFormat base, uint64_t context, uint64_t sessions,
+                    uint64_t rows) {
+  return Pages(LinearBytes(s, base)) * kPage +
+         LlamaConstants(s, Q8_0EmbeddingBytes(s), context).slab +
+         sessions * KvSessionBytes(s, context) +
+         Pages(Scratch(s, rows, context).total_bytes) * kPage;
+}
 
 ModelConfig SmolLm2Config() {
   auto file = gguf::File::Open(testing::ModelPath(testing::kSmolLm2File));
@@ -26,136 +170,136 @@ ModelConfig SmolLm2Config() {
   return *config;
 }
 
-TEST(VramPlanTest, SmolLm2ConfigIsTheOneTheNumbersAssume) {
-  const ModelConfig c = SmolLm2Config();
-  EXPECT_EQ(c.num_layers, 30);
-  EXPECT_EQ(c.d_model, 576);
-  EXPECT_EQ(c.d_ff, 1536);
-  EXPECT_EQ(c.q_dim(), 576);
-  EXPECT_EQ(c.kv_dim(), 192);
-  EXPECT_EQ(c.num_heads, 9);
-  EXPECT_EQ(c.rope_dims, 64);
-  EXPECT_EQ(c.vocab_size, 49152);
+TEST(VramPlanTest, ConfigsHaveTheShapesTheNumbersAssume) {
+  ExpectConfigHasShape(SmolLm2Config(), kSmolLm2);
+  ExpectConfigHasShape(EightBClassConfig(), kEightB);
 }
 
 TEST(VramPlanTest, SmolLm2BaseBytesMatchHandComputation) {
-  // b2_asym/g64: a 576-wide row is 18 sub-blocks x 8 + 9 scales x 2 + 9 mins x 2 = 180 bytes, a
-  // 1536-wide row 48 x 8 + 24 x 4 = 480. Per layer q 576x180 + k, v 192x180 + o 576x180 + gate,
-  // up 1536x180 + down 576x480 = 1,105,920 (every matrix a multiple of 256 bytes); 30 layers plus
-  // the head 49152 x 180 = 42,024,960 = 2.5 bits x 134,479,872 linear weights.
+  // b2_asym/g64: a 576-wide row is 144 bytes of codes + 9 scales + 9 mins = 180 bytes, a
+  // 1536-wide row 384 + 24 x 2 x 2 = 480: 42,024,960 bytes in all.
   auto bytes = SplitLinearBytes(SmolLm2Config(), SplitFormat::kB2Asym, 64);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
-  EXPECT_EQ(*bytes, 42'024'960u);
-  EXPECT_EQ(*bytes * 8, 134'479'872ull * 5 / 2);
+  EXPECT_EQ(*bytes, LinearBytes(kSmolLm2, kB2AsymG64));
+  // Every row and matrix is already a multiple of 4 and 256 bytes, so the total is also
+  // 2 + 2 x 16 / 64 = 2.5 bits per linear weight.
+  const Shape& s = kSmolLm2;
+  const uint64_t weights = s.layers * (s.d_model * (s.q_dim() + 2 * s.kv_dim()) +
+                                       s.q_dim() * s.d_model + 3 * s.d_model * s.d_ff) +
+                           s.vocab * s.d_model;
+  EXPECT_EQ(*bytes * 8, weights * 5 / 2);
 }
 
 TEST(VramPlanTest, SmolLm2PlanMatchesHandComputation) {
+  const Shape& s = kSmolLm2;
+  constexpr uint64_t kContext = 2048;
+  constexpr uint64_t kRows = 64;
   VramRequest request;
   request.config = SmolLm2Config();
   request.base_format = SplitFormat::kB2Asym;
   request.base_group = 64;
-  request.embedding_bytes = 49152ull * 576 / 32 * 34;  // Q8_0 table: 30,081,024 bytes
-  request.context = 2048;
+  request.embedding_bytes = Q8_0EmbeddingBytes(s);  // 30,081,024
+  request.context = kContext;
   request.sessions = 1;
-  request.max_batch_rows = 64;
+  request.max_batch_rows = kRows;
   auto plan = PlanVram(request, 1 * kGiB);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  // 42,024,960 in 2 MiB pages: 21 pages.
-  EXPECT_EQ(plan->base_weights_bytes, 21 * 2 * kMiB);
-  // Embedding 30,081,024 + norms 4 x 576 x 61 = 140,544 + RoPE table 2048 x 32 pairs x 8 =
-  // 524,288 + Hadamard signs 4 x 1536 = 6,144 = 30,752,000 -> 15 pages.
-  EXPECT_EQ(plan->norms_bytes, 140'544u);
-  EXPECT_EQ(plan->rope_table_bytes, 524'288u);
-  EXPECT_EQ(plan->hadamard_bytes, 6'144u);
-  EXPECT_EQ(plan->constants_slab_bytes, 15 * 2 * kMiB);
-  // fp16 KV: 2 x 30 layers x 192 x 2 bytes = 23,040 per token; 2048 tokens = 47,185,920 -> 23
-  // pages.
-  EXPECT_EQ(plan->kv_bytes_per_token, 23'040u);
-  EXPECT_EQ(plan->kv_bytes_per_session, 23 * 2 * kMiB);
-  EXPECT_EQ(plan->kv_cache_bytes, 23 * 2 * kMiB);
-  // Scratch for T = 64, context 2048 (see ForwardScratchLayout): residual output and logits
-  // 4 x 64 x 49152 each, scores 4 x 64 x 9 x 2048, sampling 8 x 64 x 49152, ...
-  EXPECT_EQ(plan->scratch.residual_output_bytes, 12'582'912u);
-  EXPECT_EQ(plan->scratch.logits_bytes, 12'582'912u);
-  EXPECT_EQ(plan->scratch.scores_bytes, 4'718'592u);
-  EXPECT_EQ(plan->scratch.sampling_bytes, 25'165'824u);
-  EXPECT_EQ(plan->scratch.activation_bytes, 64u * 1536 + 2 * 4 * 64 * 48);
-  EXPECT_EQ(plan->scratch.batch_bytes, 3u * 256 + 2 * 64 * 64);
-  EXPECT_EQ(plan->scratch.choice_bytes, 2u * 64 * 64 * 4 + 512 + 256 + 512);
-  EXPECT_EQ(plan->scratch.total_bytes, 57'231'360u);
-  EXPECT_EQ(plan->scratch_slab_bytes, 28 * 2 * kMiB);
-  EXPECT_EQ(plan->total_bytes, (21 + 15 + 23 + 28) * 2 * kMiB);  // 182,452,224
+  const uint64_t base_pages = Pages(LinearBytes(s, kB2AsymG64));  // 21
+  EXPECT_EQ(plan->base_weights_bytes, base_pages * kPage);
+  // Norms 140,544 + RoPE 524,288 + signs 6,144 beside the embedding: 15 pages.
+  const Constants constants = LlamaConstants(s, request.embedding_bytes, kContext);
+  EXPECT_EQ(plan->norms_bytes, constants.norms);
+  EXPECT_EQ(plan->rope_table_bytes, constants.rope);
+  EXPECT_EQ(plan->hadamard_bytes, constants.hadamard);
+  EXPECT_EQ(plan->constants_slab_bytes, constants.slab);
+  // fp16 keys and values: 23,040 bytes per token, 2048 tokens in 23 pages.
+  EXPECT_EQ(plan->kv_bytes_per_token, 2 * s.layers * s.kv_dim() * 2);
+  const uint64_t kv_session = KvSessionBytes(s, kContext);
+  EXPECT_EQ(plan->kv_bytes_per_session, kv_session);
+  EXPECT_EQ(plan->kv_cache_bytes, kv_session);
+  // 57,231,360 bytes of scratch, most of it the vocab-wide rows: 28 pages.
+  const ForwardScratchLayout scratch = Scratch(s, kRows, kContext);
+  ExpectScratch(plan->scratch, scratch);
+  EXPECT_EQ(plan->scratch_slab_bytes, Pages(scratch.total_bytes) * kPage);
+  EXPECT_EQ(plan->total_bytes,
+            base_pages * kPage + constants.slab + kv_session + Pages(scratch.total_bytes) * kPage);
   EXPECT_EQ(plan->budget_bytes, 1 * kGiB);
 
   uint64_t sum = 0;
   for (const VramItem& item : plan->Items()) sum += item.bytes;
   EXPECT_EQ(sum, plan->total_bytes);
-  EXPECT_THAT(plan->ToString(), HasSubstr("1 x 46.0 MiB (2048 tokens)"));
+  EXPECT_THAT(plan->ToString(), HasSubstr(absl::StrFormat("1 x %.1f MiB (2048 tokens)",
+                                                          static_cast<double>(kv_session) / kMiB)));
 }
 
 TEST(VramPlanTest, DeviceRowsArePaddedToFourBytes) {
   // b2_sym/g64: a 576-wide row is 144 + 9 x 2 = 162 bytes, padded to 164 on the device; a
-  // 1536-wide row is 384 + 24 x 2 = 432. Per layer q, o 576x164 + k, v 192x164 + gate, up
-  // 1536x164 + down 576x432 = 1,004,544; 30 layers + head 49152 x 164.
-  EXPECT_EQ(DeviceRowStride(SplitFormat::kB2Sym, 64, 576), 164u);
-  EXPECT_EQ(DeviceRowStride(SplitFormat::kB2Sym, 64, 1536), 432u);
+  // 1536-wide row is 384 + 24 x 2 = 432.
+  static_assert(RowBytes(kB2SymG64, 576) % 4 != 0, "the padding must matter");
+  EXPECT_EQ(DeviceRowStride(SplitFormat::kB2Sym, 64, 576), RowBytes(kB2SymG64, 576) + 2);
+  EXPECT_EQ(DeviceRowStride(SplitFormat::kB2Sym, 64, 1536), RowBytes(kB2SymG64, 1536));
   auto bytes = SplitLinearBytes(SmolLm2Config(), SplitFormat::kB2Sym, 64);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
-  EXPECT_EQ(*bytes, 30ull * 1'004'544 + 49152ull * 164);  // 38,197,248
+  EXPECT_EQ(*bytes, LinearBytes(kSmolLm2, kB2SymG64));  // 38,197,248
 }
 
 TEST(VramPlanTest, EightBBaseBytesMatchHandComputation) {
   const ModelConfig c = EightBClassConfig();
-  // b2_asym/g64: 4096-wide rows 128 x 8 + 64 x 4 = 1280 bytes, 14336-wide rows 448 x 8 + 224 x 4
-  // = 4480. Per layer 2 x 4096x1280 + 2 x 1024x1280 + 3 x 14336x1280 (= 4096x4480) = 68,157,440.
+  // b2_asym/g64: 4096-wide rows 1024 + 64 x 4 = 1280 bytes, 14336-wide rows 3584 + 224 x 4 =
+  // 4480: 2,345,205,760 in all.
   auto b2 = SplitLinearBytes(c, SplitFormat::kB2Asym, 64);
   ASSERT_TRUE(b2.ok()) << b2.status();
-  EXPECT_EQ(*b2, 32ull * 68'157'440 + 128256ull * 1280);  // 2,345,205,760
-  // q8_0: 4096-wide rows 128 x 34 = 4352 bytes, 14336-wide 448 x 34 = 15232.
+  EXPECT_EQ(*b2, LinearBytes(kEightB, kB2AsymG64));
+  // q8_0: 4096-wide rows 128 blocks x 34 = 4352 bytes, 14336-wide 448 x 34: 7,973,699,584.
   auto q8 = SplitLinearBytes(c, SplitFormat::kQ8_0, 32);
   ASSERT_TRUE(q8.ok()) << q8.status();
-  EXPECT_EQ(*q8, 32ull * (2 * 4096 * 4352 + 2 * 1024 * 4352 + 3 * 14336ull * 4352) +
-                     128256ull * 4352);  // 7,973,699,584
-  // b4_asym/g64: 2304 and 8064 bytes.
+  EXPECT_EQ(*q8, LinearBytes(kEightB, kQ8_0));
+  // b4_asym/g64: 2048 + 64 x 4 = 2304 and 7168 + 224 x 4 = 8064 bytes.
   auto b4 = SplitLinearBytes(c, SplitFormat::kB4Asym, 64);
   ASSERT_TRUE(b4.ok()) << b4.status();
-  EXPECT_EQ(*b4,
-            32ull * (2 * 4096 * 2304 + 2 * 1024 * 2304 + 3 * 14336ull * 2304) + 128256ull * 2304);
+  EXPECT_EQ(*b4, LinearBytes(kEightB, kB4AsymG64));
 }
 
 TEST(VramPlanTest, EightBKvCacheAndScratch) {
+  const Shape& s = kEightB;
+  constexpr uint64_t kContext = 8192;
+  constexpr uint64_t kRows = 16;
   VramRequest request;
   request.config = EightBClassConfig();
-  request.embedding_bytes = 128256ull * 4096 / 32 * 34;
-  request.context = 8192;
+  request.embedding_bytes = Q8_0EmbeddingBytes(s);
+  request.context = kContext;
   request.sessions = 4;
-  request.max_batch_rows = 16;
+  request.max_batch_rows = kRows;
   auto plan = PlanVram(request, 80 * kGiB);
   ASSERT_TRUE(plan.ok()) << plan.status();
   // 2 x 32 layers x 1024 x 2 bytes = 128 KiB per token; 8192 tokens = 1 GiB per session.
-  EXPECT_EQ(plan->kv_bytes_per_token, 131'072u);
-  EXPECT_EQ(plan->kv_bytes_per_session, 1 * kGiB);
-  EXPECT_EQ(plan->kv_cache_bytes, 4 * kGiB);
-  EXPECT_EQ(plan->base_weights_bytes, 1119 * 2 * kMiB);  // 2,345,205,760 rounded up
-  EXPECT_EQ(plan->constants_slab_bytes, 564'133'888u);
-  EXPECT_EQ(plan->scratch.total_bytes, 54'102'016u);
-  EXPECT_EQ(plan->total_bytes, 1119 * 2 * kMiB + 564'133'888u + 4 * kGiB + 26 * 2 * kMiB);
+  EXPECT_EQ(plan->kv_bytes_per_token, 2 * s.layers * s.kv_dim() * 2);
+  EXPECT_EQ(plan->kv_bytes_per_session, KvSessionBytes(s, kContext));
+  EXPECT_EQ(plan->kv_cache_bytes, 4 * KvSessionBytes(s, kContext));
+  EXPECT_EQ(plan->base_weights_bytes, Pages(LinearBytes(s, kB2AsymG64)) * kPage);
+  EXPECT_EQ(plan->constants_slab_bytes,
+            LlamaConstants(s, request.embedding_bytes, kContext).slab);  // 269 pages
+  ExpectScratch(plan->scratch, Scratch(s, kRows, kContext));             // 54,102,016
+  EXPECT_EQ(plan->total_bytes, LlamaTotal(s, kB2AsymG64, kContext, 4, kRows));
 }
 
 // A gemma3-1B-shaped config: what the device holds beyond the llama layer (every per-layer
 // vector, the local layers' RoPE table, each slot's position, the windowed
 // layers' slot lists), and none of it for llama.
 TEST(VramPlanTest, WindowedGeGluModelPlansItsExtraBuffers) {
+  constexpr Shape s{26, 1152, 4, 1, 256, 6912, 262144};
+  constexpr uint64_t kContext = 4096;
+  constexpr uint64_t kRows = 64;
   ModelConfig c = EightBClassConfig();
   c.architecture = "gemma3";
-  c.num_layers = 26;
-  c.d_model = 1152;
-  c.d_ff = 6912;
-  c.num_heads = 4;
-  c.num_kv_heads = 1;
-  c.head_dim = 256;
-  c.rope_dims = 256;
-  c.vocab_size = 262144;
+  c.num_layers = s.layers;
+  c.d_model = s.d_model;
+  c.d_ff = s.d_ff;
+  c.num_heads = s.heads;
+  c.num_kv_heads = s.kv_heads;
+  c.head_dim = s.head_dim;
+  c.rope_dims = s.head_dim;
+  c.vocab_size = s.vocab;
   c.context_length = 32768;
   c.rope_style = RopeStyle::kHalves;
   c.ffn_activation = FfnActivation::kGeluTanh;
@@ -165,27 +309,30 @@ TEST(VramPlanTest, WindowedGeGluModelPlansItsExtraBuffers) {
   c.layer_is_local.assign(26, 1);
   VramRequest request;
   request.config = c;
-  request.context = 4096;
+  request.context = kContext;
   request.sessions = 1;
-  request.max_batch_rows = 64;
+  request.max_batch_rows = kRows;
   auto plan = PlanVram(request, 80 * kGiB);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  // Per layer 4 x 1152 (attention, FFN, two post-norms) + 2 x 256 (QK-norms) = 5120 floats;
-  // 26 layers + the output norm 1152 = 134,272 floats = 537,088 bytes.
-  EXPECT_EQ(plan->norms_bytes, 537'088u);
-  // Two tables (global and local base) of 4096 positions x 128 pairs x cos, sin.
-  EXPECT_EQ(plan->rope_table_bytes, 2u * 4096 * 128 * 8);
-  // Keys and values 2 x 26 x 4096 x 256 x 2 = 109,051,904 (52 pages) + positions 4 x 4096.
-  EXPECT_EQ(plan->kv_positions_bytes, 16'384u);
-  EXPECT_EQ(plan->kv_bytes_per_session, 53 * 2 * kMiB);
-  EXPECT_EQ(plan->scratch.visible_slots_bytes, 4u * 64 * 4096 + 256);
+  // Per layer four d_model vectors (attention, FFN, two post-norms) and two head_dim ones
+  // (QK-norms), then the output norm: 537,088 bytes.
+  EXPECT_EQ(plan->norms_bytes,
+            Aligned(4 * (s.layers * (4 * s.d_model + 2 * s.head_dim) + s.d_model)));
+  // Two tables (global and local base) of positions x pairs x f32 cos, sin.
+  EXPECT_EQ(plan->rope_table_bytes, 2 * Aligned(kContext * s.head_dim / 2 * 2 * 4));
+  // Beside keys and values (exactly 52 pages), an i32 position per slot: 53 pages.
+  const uint64_t positions = Aligned(4 * kContext);
+  EXPECT_EQ(plan->kv_positions_bytes, positions);
+  EXPECT_EQ(plan->kv_bytes_per_session, KvSessionBytes(s, kContext, positions));
+  // Each row's visible slots, i32 [rows, context], and their counts, i32 [rows].
+  EXPECT_EQ(plan->scratch.visible_slots_bytes, Aligned(4 * kRows * kContext) + Aligned(4 * kRows));
 
   request.config = EightBClassConfig();
   auto llama = PlanVram(request, 80 * kGiB);
   ASSERT_TRUE(llama.ok()) << llama.status();
   EXPECT_EQ(llama->kv_positions_bytes, 0u);
   EXPECT_EQ(llama->scratch.visible_slots_bytes, 0u);
-  EXPECT_EQ(llama->rope_table_bytes, 4096u * 64 * 8);
+  EXPECT_EQ(llama->rope_table_bytes, Aligned(kContext * kEightB.head_dim / 2 * 2 * 4));
 }
 
 // --max-sessions auto on cuda: the SmolLM2 plan above is 64 fixed 2 MiB pages (base 21, constants
@@ -195,21 +342,22 @@ TEST(VramPlanTest, SessionsThatFitTheBudget) {
   request.config = SmolLm2Config();
   request.base_format = SplitFormat::kB2Asym;
   request.base_group = 64;
-  request.embedding_bytes = 49152ull * 576 / 32 * 34;
+  request.embedding_bytes = Q8_0EmbeddingBytes(kSmolLm2);
   request.context = 2048;
   request.sessions = 99;  // not read
   request.max_batch_rows = 64;
-  const uint64_t page = 2 * kMiB;
-  auto five = VramSessionsThatFit(request, (64 + 5 * 23) * page + kMiB, 256);
+  const uint64_t session = KvSessionBytes(kSmolLm2, 2048);
+  const uint64_t fixed = LlamaTotal(kSmolLm2, kB2AsymG64, 2048, 0, 64);
+  auto five = VramSessionsThatFit(request, fixed + 5 * session + kMiB, 256);
   ASSERT_TRUE(five.ok()) << five.status();
   EXPECT_EQ(*five, 5);
-  auto exact = VramSessionsThatFit(request, (64 + 5 * 23) * page, 256);
+  auto exact = VramSessionsThatFit(request, fixed + 5 * session, 256);
   ASSERT_TRUE(exact.ok()) << exact.status();
   EXPECT_EQ(*exact, 5);
-  auto capped = VramSessionsThatFit(request, (64 + 5 * 23) * page, 3);
+  auto capped = VramSessionsThatFit(request, fixed + 5 * session, 3);
   ASSERT_TRUE(capped.ok()) << capped.status();
   EXPECT_EQ(*capped, 3);
-  auto none = VramSessionsThatFit(request, (64 + 23) * page - 1, 256);
+  auto none = VramSessionsThatFit(request, fixed + session - 1, 256);
   ASSERT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted) << none.status();
   EXPECT_THAT(std::string(none.status().message()), HasSubstr("1 sessions x 2048 tokens"));
 }
@@ -219,7 +367,7 @@ TEST(VramPlanTest, RefusesAndSaysWhatFits) {
   request.config = EightBClassConfig();
   request.base_format = SplitFormat::kB4Asym;
   request.base_group = 64;
-  request.embedding_bytes = 128256ull * 4096 / 32 * 34;
+  request.embedding_bytes = Q8_0EmbeddingBytes(kEightB);
   request.context = 8192;
   request.sessions = 4;
   request.max_batch_rows = 16;
@@ -230,16 +378,25 @@ TEST(VramPlanTest, RefusesAndSaysWhatFits) {
   EXPECT_THAT(message, HasSubstr("7.00 GiB"));
   EXPECT_THAT(message, HasSubstr("base b4_asym/g64"));
   EXPECT_THAT(message, HasSubstr("4 sessions x 8192 tokens (4.00 GiB)"));
-  // At context 5120 with 4 sessions: b4 weights 2013 pages (4,221,566,976) + constants
-  // (558,170,112 + 1,064,960 norms + 2,621,440 RoPE + 57,344 signs -> 268 pages, 562,036,736) +
-  // KV 4 x 5120 x 128 KiB (2,684,354,560) + scratch (54,102,016 - 2048 x (8192 - 5120) -> 23
-  // pages, 48,234,496) = 7,516,192,768: exactly 7 GiB.
+  // At context 5120 with 4 sessions: b4 weights 2013 pages + constants 268 pages + KV 4 x 5120
+  // x 128 KiB + scratch 23 pages = exactly 7 GiB; contexts are suggested in multiples of 256.
+  ASSERT_EQ(LlamaTotal(kEightB, kB4AsymG64, 5120, 4, 16), budget);
+  ASSERT_GT(LlamaTotal(kEightB, kB4AsymG64, 5121, 4, 16), budget);
   EXPECT_THAT(message, HasSubstr("fits: context 5120 with 4 sessions"));
+  ASSERT_LE(LlamaTotal(kEightB, kB4AsymG64, 8192, 2, 16), budget);
+  ASSERT_GT(LlamaTotal(kEightB, kB4AsymG64, 8192, 3, 16), budget);
   EXPECT_THAT(message, HasSubstr("or 2 sessions at context 8192"));
-  // b2 (2.19 GiB) fits as asked; b3 (3.06 GiB) does not.
-  EXPECT_THAT(message, HasSubstr("base b2_asym/g64 needs 2.19 GiB and fits as requested"));
-  EXPECT_THAT(message, HasSubstr("base b3_asym/g64 needs 3.06 GiB"));
-  EXPECT_THAT(message, ::testing::Not(HasSubstr("3.06 GiB and fits")));
+  // b2 fits as asked; b3 does not.
+  auto gib = [](RowFormat f) {
+    return absl::StrFormat("%.2f GiB",
+                           static_cast<double>(Pages(LinearBytes(kEightB, f)) * kPage) / kGiB);
+  };
+  ASSERT_LE(LlamaTotal(kEightB, kB2AsymG64, 8192, 4, 16), budget);
+  ASSERT_GT(LlamaTotal(kEightB, kB3AsymG64, 8192, 4, 16), budget);
+  EXPECT_THAT(message,
+              HasSubstr("base b2_asym/g64 needs " + gib(kB2AsymG64) + " and fits as requested"));
+  EXPECT_THAT(message, HasSubstr("base b3_asym/g64 needs " + gib(kB3AsymG64)));
+  EXPECT_THAT(message, ::testing::Not(HasSubstr(gib(kB3AsymG64) + " and fits")));
 
   // The suggestions are true: each fits, and one more session or 256 more tokens do not.
   VramRequest shorter = request;

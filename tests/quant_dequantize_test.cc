@@ -185,6 +185,35 @@ INSTANTIATE_TEST_SUITE_P(AllFormats, DequantizeFixtureTest,
                            return std::string(GgmlTypeName(info.param.type));
                          });
 
+// The block structs are declared field by field as ggml-common.h declares them; the type
+// table's block sizes (what the GGUF reader sizes tensors by) must be what those fields add up
+// to, or a dequantizer would read its blocks at the wrong stride.
+TEST(GgmlBlocks, StructSizesAreTheTypeTableSizes) {
+  struct Case {
+    GgmlType type;
+    size_t bytes;
+    int elements;
+  };
+  for (const Case& c :
+       {Case{GgmlType::kF16, sizeof(BlockF16), 1}, Case{GgmlType::kBF16, sizeof(BlockBf16), 1},
+        Case{GgmlType::kQ4_0, sizeof(BlockQ4_0), kQk},
+        Case{GgmlType::kQ4_1, sizeof(BlockQ4_1), kQk},
+        Case{GgmlType::kQ5_0, sizeof(BlockQ5_0), kQk},
+        Case{GgmlType::kQ5_1, sizeof(BlockQ5_1), kQk},
+        Case{GgmlType::kQ8_0, sizeof(BlockQ8_0), kQk},
+        Case{GgmlType::kQ2_K, sizeof(BlockQ2_K), kQkK},
+        Case{GgmlType::kQ3_K, sizeof(BlockQ3_K), kQkK},
+        Case{GgmlType::kQ4_K, sizeof(BlockQ4_K), kQkK},
+        Case{GgmlType::kQ5_K, sizeof(BlockQ5_K), kQkK},
+        Case{GgmlType::kQ6_K, sizeof(BlockQ6_K), kQkK}}) {
+    SCOPED_TRACE(GgmlTypeName(c.type));
+    const auto traits = GetGgmlTypeTraits(c.type);
+    ASSERT_TRUE(traits.has_value());
+    EXPECT_EQ(static_cast<size_t>(traits->block_bytes), c.bytes);
+    EXPECT_EQ(traits->block_elements, c.elements);
+  }
+}
+
 // A readable spot check of the layout that the fixtures pin down wholesale: Q4_0 keeps element
 // j in the low nibble and element j + 16 in the high nibble of byte j.
 TEST(Dequantize, Q4_0NibbleOrder) {

@@ -3,6 +3,7 @@
 // CTest runs it alone (RUN_SERIAL in tests/CMakeLists.txt): beside another CPU-heavy test its
 // shares measure that test's load.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <time.h>
 
 #include <atomic>
@@ -10,16 +11,30 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/util/thread_pool.h"
 
 namespace bitsplit {
 namespace {
 
+// Pins a fresh thread to `cpu` and returns how that went: the calling thread is left alone.
+absl::Status PinAThread(int cpu) {
+  absl::Status status;
+  std::thread probe([&] { status = PinCurrentThread(cpu); });
+  probe.join();
+  return status;
+}
+
 // CPU time a thread pinned to `cpu` gets while it busy-loops for `wall`, as a fraction of it.
+// An unpinned thread would measure some other CPU, so a failed pin fails the test.
 double CpuShareOfABusyThread(int cpu, std::chrono::milliseconds wall) {
   double share = 0;
   std::thread busy([&] {
-    if (!PinCurrentThread(cpu).ok()) return;
+    const absl::Status pinned = PinCurrentThread(cpu);
+    if (!pinned.ok()) {
+      ADD_FAILURE() << pinned;
+      return;
+    }
     auto cpu_seconds = [] {
       timespec t;
       clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -50,10 +65,15 @@ Shares MeasureShares(int cpu, std::chrono::nanoseconds spin, std::chrono::nanose
   ThreadPool pool(2, spin, {cpu});
   pool.SetYieldSpin(yield_spin);
   std::atomic<int> items{0};
-  pool.ParallelFor(2, [&](int64_t begin, int64_t end, int) {  // worker 1 now waits idle
+  std::atomic<int> worker_cpu{-1};
+  pool.ParallelFor(2, [&](int64_t begin, int64_t end, int worker) {  // worker 1 now waits idle
     items.fetch_add(static_cast<int>(end - begin));
+    if (worker == 1) worker_cpu.store(sched_getcpu());
   });
   EXPECT_EQ(items.load(), 2);
+  // The pool ignores a failed pin; a worker elsewhere would leave `cpu` to the busy thread
+  // whatever it polls, and the busy-polling case would fail for the wrong reason.
+  EXPECT_EQ(worker_cpu.load(), cpu) << "the pool's worker is not pinned to CPU " << cpu;
   shares.beside_worker = CpuShareOfABusyThread(cpu, kWall);
   return shares;
 }
@@ -66,13 +86,22 @@ TEST(ThreadPoolCpuShareTest, YieldPollingWorkersLeaveTheirCpuBusyPollingOnesDoNo
   const std::vector<int> allowed = AllowedCpus();
   ASSERT_FALSE(allowed.empty());
   const int cpu = allowed.back();
+  // The CPU is in this process's affinity mask, so only a sandbox that forbids changing thread
+  // affinity (seccomp, some container runtimes) refuses the pin; there the shares cannot be
+  // measured at all.
+  if (const absl::Status pinned = PinAThread(cpu); !pinned.ok()) {
+    GTEST_SKIP() << "this environment cannot pin a thread to an allowed CPU: " << pinned;
+  }
   constexpr std::chrono::seconds kLongerThanTheTest(10);
 
   Shares polling{};
   for (int attempt = 0; attempt < 3; ++attempt) {
     polling = MeasureShares(cpu, kLongerThanTheTest, std::chrono::nanoseconds(0));
-    if (polling.beside_worker <= 0.7 * polling.baseline) break;
+    if (HasFailure() || polling.beside_worker <= 0.7 * polling.baseline) break;
   }
+  // A busy thread always gets some CPU in 200 ms; a zero baseline would make both comparisons
+  // below hold trivially.
+  EXPECT_GT(polling.baseline, 0.0);
   EXPECT_LE(polling.beside_worker, 0.7 * polling.baseline)
       << "a busy-polling worker should take about half the CPU; baseline share "
       << polling.baseline;
@@ -80,8 +109,9 @@ TEST(ThreadPoolCpuShareTest, YieldPollingWorkersLeaveTheirCpuBusyPollingOnesDoNo
   Shares yielding{};
   for (int attempt = 0; attempt < 3; ++attempt) {
     yielding = MeasureShares(cpu, std::chrono::nanoseconds(0), kLongerThanTheTest);
-    if (yielding.beside_worker >= 0.8 * yielding.baseline) break;
+    if (HasFailure() || yielding.beside_worker >= 0.8 * yielding.baseline) break;
   }
+  EXPECT_GT(yielding.baseline, 0.0);
   EXPECT_GE(yielding.beside_worker, 0.8 * yielding.baseline)
       << "baseline share " << yielding.baseline;
 }

@@ -70,6 +70,10 @@ std::optional<GgmlTypeTraits> GetGgmlTypeTraits(uint32_t type_id) {
       return GgmlTypeTraits{"TQ2_0", 256, 66};
     case 39:
       return GgmlTypeTraits{"MXFP4", 32, 17};
+    case 40:
+      return GgmlTypeTraits{"NVFP4", 64, 36};
+    case 41:
+      return GgmlTypeTraits{"Q1_0", 128, 18};
     default:
       return std::nullopt;
   }

@@ -1,7 +1,8 @@
 #pragma once
 // The ggml tensor type ids that GGUF files use, with their block geometry. Sizes follow
-// ggml's type traits table; the reader needs them to validate tensor extents even for types
-// this project cannot dequantize.
+// ggml's type traits table (tests/io_gguf_reader_test.cc checks every id against gguf-py's);
+// the reader needs them to validate tensor extents even for types this project cannot
+// dequantize.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -42,6 +43,8 @@ enum class GgmlType : uint32_t {
   kTQ1_0 = 34,
   kTQ2_0 = 35,
   kMXFP4 = 39,
+  kNVFP4 = 40,
+  kQ1_0 = 41,
 };
 
 struct GgmlTypeTraits {
