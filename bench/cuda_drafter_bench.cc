@@ -29,12 +29,12 @@
 #ifdef BITSPLIT_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "bench/synthetic_model.h"
 #include "common/cuda/cuda_model.h"
 #include "common/cuda/cuda_session.h"
 #include "common/cuda/device_info.h"
-#include "common/cuda/synthetic_model.h"
-#include "common/model/speculation.h"
 #include "common/model/vram_plan.h"
+#include "common/speculation/session.h"
 #endif
 
 namespace bitsplit::bench {
@@ -200,9 +200,9 @@ int Run(const Options& o) {
               pool.num_threads());
 
   const Clock::time_point build_start = Clock::now();
-  auto synthetic = cuda::MakeSyntheticSplitModel(config, quantization, 1, pool);
+  auto synthetic = MakeSyntheticSplitModel(config, quantization, 1, pool);
   BENCH_CHECK_OK(synthetic.status());
-  const cuda::SyntheticSplitModel& m = **synthetic;
+  const SyntheticSplitModel& m = **synthetic;
   std::printf("synthetic model built in %.1f s: base %s, residual %s (host RAM)\n",
               std::chrono::duration<double>(Clock::now() - build_start).count(),
               model::FormatBytes(m.base_linear_bytes).c_str(),
@@ -236,7 +236,7 @@ int Run(const Options& o) {
     prompt[i] = static_cast<int32_t>((i * 7919 + 13) % static_cast<size_t>(o.vocab));
   }
   const Clock::time_point prefill_start = Clock::now();
-  BENCH_CHECK_OK(model::PrefillInChunks(**session, prompt, 64));
+  BENCH_CHECK_OK(speculation::PrefillInChunks(**session, prompt, 64));
   const double prefill_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - prefill_start).count();
   std::printf("prefill of %ld tokens: %.1f ms\n", static_cast<long>(o.prompt), prefill_ms);
@@ -306,7 +306,7 @@ int Run(const Options& o) {
   // Verify timings of steps: the step's verifier forward and where its time went.
   struct VerifySamples {
     std::vector<double> ms, residual_ms, wait_gpu_ms, gpu_idle_ms;
-    void Add(const model::SessionStep& step, const cuda::ForwardTimings& t) {
+    void Add(const speculation::SessionStep& step, const cuda::ForwardTimings& t) {
       ms.push_back(step.verify_ns / 1e6);
       residual_ms.push_back(t.residual_ns / 1e6);
       wait_gpu_ms.push_back(t.wait_gpu_ns / 1e6);
@@ -315,10 +315,10 @@ int Run(const Options& o) {
   };
   // Speculation steps from root 42: each drafts a tree from the committed prefix (which grows by
   // the accepted path), verifies it and commits; the first is a warm-up.
-  auto run_steps = [&](const model::TreeShape& step_shape, std::vector<double>* draft_ms,
-                       VerifySamples* verify, model::DraftTree* last_tree) -> int {
+  auto run_steps = [&](const speculation::TreeShape& step_shape, std::vector<double>* draft_ms,
+                       VerifySamples* verify, speculation::DraftTree* last_tree) -> int {
     for (int rep = 0; rep < o.repetitions + 1 && seconds_left() > 0; ++rep) {
-      model::SessionStep step{.root = 42, .shape = step_shape};
+      speculation::SessionStep step{.root = 42, .shape = step_shape};
       BENCH_CHECK_OK((*session)->Step(step));
       *last_tree = step.tree;
       if (rep == 0) continue;
@@ -332,9 +332,10 @@ int Run(const Options& o) {
   // and the draft rounds of a whole tree: kernels launched one by one, then replayed from CUDA
   // graphs (the default; the projection and the tree's verify use these).
   cuda::DeviceKvCache& cache = (*session)->cache();
-  const model::TreeShape shape{.nodes = o.nodes, .expansions = o.expansions, .max_depth = o.depth};
+  const speculation::TreeShape shape{
+      .nodes = o.nodes, .expansions = o.expansions, .max_depth = o.depth};
   std::vector<double> draft_ms;
-  model::DraftTree tree;
+  speculation::DraftTree tree;
   VerifySamples verify_tree;
   for (const bool graphs : {false, true}) {
     model.set_cuda_graphs(graphs);
@@ -368,7 +369,7 @@ int Run(const Options& o) {
 
   // Verify of 1 node (steps with speculation off) and of the drafted trees, greedy.
   VerifySamples verify_one;
-  model::DraftTree root_only;
+  speculation::DraftTree root_only;
   if (run_steps({.nodes = 0}, nullptr, &verify_one, &root_only) != 0) return 1;
   struct VerifyCase {
     std::string name;

@@ -1,5 +1,5 @@
 // speculation_bench: acceptance and speed of speculative decoding on the real model, in process
-// (common/model/speculation.h, the code the drafter service runs), over a committed prompt set.
+// (common/speculation/session.h, the code the drafter service runs), over a committed prompt set.
 //
 //   speculation_bench --split PREFIX[=LABEL] [--split ...] [--q2k DRAFT.gguf]
 //                     [--prompts bench/prompts/prompts.jsonl] [--tokens 32] [--threads 2]
@@ -28,8 +28,8 @@
 #include "CLI/CLI.hpp"
 #include "bench/read_bandwidth.h"
 #include "common/model/llama_model.h"
-#include "common/model/speculation.h"
-#include "common/model/split_quantizer.h"
+#include "common/offline/split_quantizer.h"
+#include "common/speculation/cpu_session.h"
 #include "common/text/chat_template.h"
 #include "common/text/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -37,11 +37,11 @@
 namespace bitsplit {
 namespace {
 
-using model::CpuSpeculativeSession;
-using model::DraftKv;
 using model::ForwardMode;
 using model::LlamaModel;
-using model::TreeShape;
+using speculation::CpuSpeculativeSession;
+using speculation::DraftKv;
+using speculation::TreeShape;
 using Clock = std::chrono::steady_clock;
 
 [[noreturn]] void Die(const std::string& message) {
@@ -89,21 +89,21 @@ std::vector<int32_t> Generate(LlamaModel& target, const Draft& draft, const Tree
       target, ForwardMode::kVerify, *draft.model, draft.mode,
       {.capacity = static_cast<int64_t>(prompt.size()) + max_tokens + 80, .draft_kv = draft.kv}));
   const std::span<const int32_t> all(prompt);
-  OrDie(model::PrefillInChunks(*session, all.first(all.size() - 1), 64));
+  OrDie(speculation::PrefillInChunks(*session, all.first(all.size() - 1), 64));
   int32_t root = prompt.back();
   std::vector<int32_t> out;
   const Clock::time_point start = Clock::now();
   bool done = false;
   while (!done) {
-    model::SessionStep step{.root = root, .shape = shape};
+    speculation::SessionStep step{.root = root, .shape = shape};
     OrDie(session->Step(step));
-    const model::DraftTree& tree = step.tree;
-    const model::WalkResult& walk = step.walk;
+    const speculation::DraftTree& tree = step.tree;
+    const speculation::WalkResult& walk = step.walk;
     totals.draft_seconds += step.draft_ns * 1e-9;
     totals.verify_seconds += step.verify_ns * 1e-9;
     ++totals.steps;
     totals.walked += static_cast<int64_t>(walk.tokens.size());
-    const std::vector<int32_t> depths = model::TreeDepths(tree.parents);
+    const std::vector<int32_t> depths = speculation::TreeDepths(tree.parents);
     const int tree_depth = *std::max_element(depths.begin(), depths.end());
     const int reached = static_cast<int>(walk.path.size()) - 1;
     for (int d = 1; d <= std::min(tree_depth, kMaxDepth); ++d) {

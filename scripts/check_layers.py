@@ -21,7 +21,9 @@ import sys
 # The first rule whose pattern matches a file's layer applies; a layer no rule matches may
 # include only itself. "proto" is the generated protobuf/gRPC code under "bitsplit/".
 COMMON_BELOW_MODEL = ["common/ops", "common/quant", "common/io", "common/util"]
-ALL_COMMON = ["common/model", "common/rpc", "common/cuda", "common/text"] + COMMON_BELOW_MODEL
+RUNTIME = ["common/model", "common/speculation"] + COMMON_BELOW_MODEL
+ALL_COMMON = ["common/model", "common/speculation", "common/offline", "common/rpc", "common/cuda",
+              "common/text"] + COMMON_BELOW_MODEL
 RULES = [
     ("common/util", [],
      "the bottom layer: helpers with no project dependency"),
@@ -32,16 +34,20 @@ RULES = [
     ("common/ops", ["common/quant", "common/io", "common/util"],
      "kernels compute on the quantized blocks of quant"),
     ("common/model", COMMON_BELOW_MODEL,
-     "the model composes ops over quantized weights"),
+     "the runtime model composes ops over quantized weights"),
+    ("common/speculation", RUNTIME,
+     "speculative decoding drives the runtime model's forwards"),
     ("common/text", ["common/io", "common/util"],
      "tokenizer and chat template read GGUF metadata, independent of the model stack"),
+    ("common/offline", ["common/model", "common/text"] + COMMON_BELOW_MODEL,
+     "quantize, calibrate, allocate and evaluate: the runtime model and the tokenizer, offline"),
     ("common/rpc", ["common/model"] + COMMON_BELOW_MODEL + ["proto"],
      "clients wrap the model layer's interfaces in the generated internal protos"),
-    ("common/cuda", ["common/model"] + COMMON_BELOW_MODEL,
-     "the GPU backend implements the model layer's interfaces with the CPU formats"),
-    ("services/*", ["common/model", "common/rpc", "common/cuda", "common/text", "common/io",
-                    "common/util", "proto"],
-     "services call the model layer, never quant or ops, and never another service"),
+    ("common/cuda", RUNTIME,
+     "the GPU backend implements the runtime's interfaces with the CPU formats"),
+    ("services/*", ["common/model", "common/speculation", "common/rpc", "common/cuda",
+                    "common/text", "common/io", "common/util", "proto"],
+     "services call the runtime, never quant, ops or the offline side, nor another service"),
     ("tools/*", ALL_COMMON + ["proto"],
      "the command-line tools may use any common layer"),
     ("bench", ALL_COMMON + ["proto"],

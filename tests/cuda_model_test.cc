@@ -20,16 +20,16 @@
 #include <vector>
 
 #ifdef BITSPLIT_HAVE_CUDA
+#include "bench/synthetic_model.h"
 #include "common/cuda/cuda_model.h"
 #include "common/cuda/cuda_session.h"
 #include "common/cuda/device_info.h"
-#include "common/cuda/synthetic_model.h"
 #include "common/io/shm_channel.h"
 #include "common/model/llama_model.h"
-#include "common/model/speculation.h"
 #include "common/model/split_model.h"
-#include "common/model/split_quantizer.h"
 #include "common/model/vram_plan.h"
+#include "common/offline/split_quantizer.h"
+#include "common/speculation/cpu_session.h"
 #include "gmock/gmock.h"
 #include "tests/testing/gguf_builder.h"
 #include "tests/testing/metrics.h"
@@ -97,11 +97,11 @@ const testing::SplitModelPaths& TinySplitModel() {
     const std::string gguf = (testing::TestTempDir() / "tiny.gguf").string();
     EXPECT_TRUE(testing::WriteFileBytes(gguf, b.Build()));
     const std::string prefix = (testing::TestTempDir() / "tiny").string();
-    model::SplitQuantizeOptions options;
+    offline::SplitQuantizeOptions options;
     options.quantization = testing::SplitFixtureQuantization();
     options.num_threads = 2;
-    auto summary = model::QuantizeSplitModel(gguf, model::SplitBasePath(prefix),
-                                             model::SplitResidualPath(prefix), options);
+    auto summary = offline::QuantizeSplitModel(gguf, model::SplitBasePath(prefix),
+                                               model::SplitResidualPath(prefix), options);
     EXPECT_TRUE(summary.ok()) << summary.status();
     return testing::SplitModelPaths{model::SplitBasePath(prefix), model::SplitResidualPath(prefix)};
   }();
@@ -187,11 +187,11 @@ const testing::SplitModelPaths& FamilySplitModel(const std::string& architecture
   const std::string gguf = (testing::TestTempDir() / (name + ".gguf")).string();
   EXPECT_TRUE(testing::WriteFileBytes(gguf, b.Build()));
   const std::string prefix = (testing::TestTempDir() / name).string();
-  model::SplitQuantizeOptions options;
+  offline::SplitQuantizeOptions options;
   options.quantization = testing::SplitFixtureQuantization();
   options.num_threads = 2;
-  auto summary = model::QuantizeSplitModel(gguf, model::SplitBasePath(prefix),
-                                           model::SplitResidualPath(prefix), options);
+  auto summary = offline::QuantizeSplitModel(gguf, model::SplitBasePath(prefix),
+                                             model::SplitResidualPath(prefix), options);
   EXPECT_TRUE(summary.ok()) << architecture << ": " << summary.status();
   return models
       ->emplace(architecture, testing::SplitModelPaths{model::SplitBasePath(prefix),
@@ -314,7 +314,7 @@ TEST(CudaModelFixtureTest, SyntheticModelHasTheShapeAndScaleAsked) {
   config.vocab_size = 1000;
   model::SplitQuantization q = testing::SplitFixtureQuantization();
   ThreadPool pool(2);
-  auto m = MakeSyntheticSplitModel(config, q, 3, pool);
+  auto m = bench::MakeSyntheticSplitModel(config, q, 3, pool);
   ASSERT_TRUE(m.ok()) << m.status();
   // b2_asym/g64 is 2.5 bits and r8/g32 8.5 bits per weight: no padding in memory.
   const int64_t weights = 2 * (2 * 256 * 256 + 2 * 128 * 256 + 3 * 512 * 256) + 1000 * 256;
@@ -338,7 +338,7 @@ TEST(CudaModelFixtureTest, SyntheticModelHasTheShapeAndScaleAsked) {
   EXPECT_EQ((*m)->embedding_and_norms.token_embd.rows, 1000);
   EXPECT_EQ((*m)->embedding_and_norms.layers.size(), 2u);
   q.residual_format = std::nullopt;
-  EXPECT_EQ(MakeSyntheticSplitModel(config, q, 3, pool).status().code(),
+  EXPECT_EQ(bench::MakeSyntheticSplitModel(config, q, 3, pool).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -442,18 +442,18 @@ TEST_F(CudaModelTest, ATokenAloneEqualsTheSameTokenInABatchAndTreeNodesEqualThei
 
 // Plain decoding (a tree of the root only) and speculation give the same tokens.
 std::vector<int32_t> Generate(CudaModel& model, std::span<const int32_t> prompt,
-                              const model::TreeShape& shape, const model::SamplingParams& sampling,
-                              int count) {
+                              const speculation::TreeShape& shape,
+                              const model::SamplingParams& sampling, int count) {
   auto session = CudaSpeculativeSession::Create(model, {});
   EXPECT_TRUE(session.ok()) << session.status();
   if (!session.ok()) return {};
-  EXPECT_TRUE(model::PrefillInChunks(**session, prompt.subspan(0, prompt.size() - 1),
-                                     model.options().max_batch_rows)
+  EXPECT_TRUE(speculation::PrefillInChunks(**session, prompt.subspan(0, prompt.size() - 1),
+                                           model.options().max_batch_rows)
                   .ok());
   std::vector<int32_t> out;
   int32_t root = prompt.back();
   while (static_cast<int>(out.size()) < count) {
-    model::SessionStep step{.root = root, .shape = shape, .sampling = sampling};
+    speculation::SessionStep step{.root = root, .shape = shape, .sampling = sampling};
     const absl::Status stepped = (*session)->Step(step);
     EXPECT_TRUE(stepped.ok()) << stepped;
     if (!stepped.ok()) return out;
@@ -473,10 +473,10 @@ TEST_F(CudaModelTest, SpeculativeOutputEqualsPlainDecoding) {
   for (const model::SamplingParams& sampling : {greedy, sampled}) {
     const std::vector<int32_t> plain = Generate(*e.cuda, prompt, {.nodes = 0}, sampling, 24);
     ASSERT_EQ(plain.size(), 24u);
-    for (const model::TreeShape shape :
-         {model::TreeShape{.nodes = 8, .expansions = 2, .max_depth = 4},
-          model::TreeShape{.nodes = 16, .expansions = 4, .max_depth = 8},
-          model::TreeShape{.nodes = 5, .expansions = 1, .max_depth = 5}}) {
+    for (const speculation::TreeShape shape :
+         {speculation::TreeShape{.nodes = 8, .expansions = 2, .max_depth = 4},
+          speculation::TreeShape{.nodes = 16, .expansions = 4, .max_depth = 8},
+          speculation::TreeShape{.nodes = 5, .expansions = 1, .max_depth = 5}}) {
       EXPECT_EQ(Generate(*e.cuda, prompt, shape, sampling, 24), plain)
           << "nodes " << shape.nodes << " expansions " << shape.expansions << " temperature "
           << sampling.temperature;
@@ -649,9 +649,9 @@ TEST_F(CudaModelTest, FamilySpeculativeOutputEqualsPlainDecoding) {
     for (const model::SamplingParams& sampling : {greedy, sampled}) {
       const std::vector<int32_t> plain = Generate(*e.cuda, prompt, {.nodes = 0}, sampling, 24);
       ASSERT_EQ(plain.size(), 24u) << architecture;
-      for (const model::TreeShape shape :
-           {model::TreeShape{.nodes = 8, .expansions = 2, .max_depth = 4},
-            model::TreeShape{.nodes = 5, .expansions = 1, .max_depth = 5}}) {
+      for (const speculation::TreeShape shape :
+           {speculation::TreeShape{.nodes = 8, .expansions = 2, .max_depth = 4},
+            speculation::TreeShape{.nodes = 5, .expansions = 1, .max_depth = 5}}) {
         EXPECT_EQ(Generate(*e.cuda, prompt, shape, sampling, 24), plain)
             << architecture << " nodes " << shape.nodes << " temperature " << sampling.temperature;
       }
@@ -743,7 +743,7 @@ TEST_F(CudaModelTest, SessionsSteppedTogetherEqualPlainDecoding) {
   ASSERT_NE(e.cuda, nullptr);
   struct Stream {
     std::vector<int32_t> prompt;
-    model::TreeShape shape;
+    speculation::TreeShape shape;
     model::SamplingParams sampling;
   };
   const std::vector<Stream> streams = {
@@ -769,12 +769,12 @@ TEST_F(CudaModelTest, SessionsSteppedTogetherEqualPlainDecoding) {
   std::vector<size_t> prefilled(streams.size(), 0);
   for (int iteration = 0; iteration < 200; ++iteration) {
     std::vector<CudaSpeculativeSession*> stepping;
-    std::vector<model::SessionStep> steps;
+    std::vector<speculation::SessionStep> steps;
     std::vector<size_t> who;
     for (size_t i = 0; i < streams.size(); ++i) {
       if (out[i].size() >= kTokens) continue;
       if (i == 3 && iteration < 2) continue;  // joins late
-      model::SessionStep step;
+      speculation::SessionStep step;
       const size_t prompt_rest = streams[i].prompt.size() - 1;
       if (prefilled[i] < prompt_rest) {
         const size_t chunk = std::min<size_t>(16, prompt_rest - prefilled[i]);
@@ -814,20 +814,20 @@ TEST_F(CudaModelTest, DraftTreesMatchTheCpuDraftForTheSamePrefix) {
   const std::vector<int32_t> prompt = Prompt(10, 9);
   auto cuda_session = CudaSpeculativeSession::Create(*e.cuda, {});
   ASSERT_TRUE(cuda_session.ok());
-  auto cpu_session = model::CpuSpeculativeSession::Create(
+  auto cpu_session = speculation::CpuSpeculativeSession::Create(
       *e.cpu, ForwardMode::kVerify, *e.cpu, ForwardMode::kDraft, {.capacity = kContext});
   ASSERT_TRUE(cpu_session.ok());
-  ASSERT_TRUE(model::PrefillInChunks(**cuda_session, std::span(prompt).first(9), 32).ok());
-  ASSERT_TRUE(model::PrefillInChunks(**cpu_session, std::span(prompt).first(9), 32).ok());
-  const model::TreeShape shape{.nodes = 6, .expansions = 3, .max_depth = 3};
-  model::SessionStep cuda_step{.root = prompt[9], .shape = shape};
-  model::SessionStep cpu_step{.root = prompt[9], .shape = shape};
+  ASSERT_TRUE(speculation::PrefillInChunks(**cuda_session, std::span(prompt).first(9), 32).ok());
+  ASSERT_TRUE(speculation::PrefillInChunks(**cpu_session, std::span(prompt).first(9), 32).ok());
+  const speculation::TreeShape shape{.nodes = 6, .expansions = 3, .max_depth = 3};
+  speculation::SessionStep cuda_step{.root = prompt[9], .shape = shape};
+  speculation::SessionStep cpu_step{.root = prompt[9], .shape = shape};
   ASSERT_TRUE((*cuda_session)->Step(cuda_step).ok()) << cuda_step.status;
   ASSERT_TRUE((*cpu_session)->Step(cpu_step).ok()) << cpu_step.status;
   // The root's children come from one draft forward of the same prefix: same top-3 unless two
   // draft logits are within the fp16-KV difference of each other.
-  const model::DraftTree& cuda_tree = cuda_step.tree;
-  const model::DraftTree& cpu_tree = cpu_step.tree;
+  const speculation::DraftTree& cuda_tree = cuda_step.tree;
+  const speculation::DraftTree& cpu_tree = cpu_step.tree;
   EXPECT_EQ(cuda_tree.size(), cpu_tree.size());
   EXPECT_EQ(cuda_tree.tokens[1], cpu_tree.tokens[1]);
   EXPECT_NEAR(cuda_tree.logprobs[1], cpu_tree.logprobs[1], 0.05);
@@ -880,11 +880,11 @@ TEST_F(CudaModelTest, DraftGraphsReplayTheEagerForwardsBitForBit) {
   auto eager_session = CudaSpeculativeSession::Create(*e.cuda, {});
   auto graph_session = CudaSpeculativeSession::Create(*e.cuda, {});
   ASSERT_TRUE(eager_session.ok() && graph_session.ok());
-  ASSERT_TRUE(model::PrefillInChunks(**eager_session, std::span(tokens).first(20), 32).ok());
-  ASSERT_TRUE(model::PrefillInChunks(**graph_session, std::span(tokens).first(20), 32).ok());
-  const model::TreeShape shape{.nodes = 8, .expansions = 3, .max_depth = 4};
-  model::SessionStep eager_step{.root = tokens[20], .shape = shape};
-  model::SessionStep graph_step{.root = tokens[20], .shape = shape};
+  ASSERT_TRUE(speculation::PrefillInChunks(**eager_session, std::span(tokens).first(20), 32).ok());
+  ASSERT_TRUE(speculation::PrefillInChunks(**graph_session, std::span(tokens).first(20), 32).ok());
+  const speculation::TreeShape shape{.nodes = 8, .expansions = 3, .max_depth = 4};
+  speculation::SessionStep eager_step{.root = tokens[20], .shape = shape};
+  speculation::SessionStep graph_step{.root = tokens[20], .shape = shape};
   e.cuda->set_cuda_graphs(false);
   ASSERT_TRUE((*eager_session)->Step(eager_step).ok()) << eager_step.status;
   e.cuda->set_cuda_graphs(true);
@@ -1039,8 +1039,8 @@ TEST_F(CudaModelTest, SessionRefusesBadSteps) {
   ASSERT_NE(e.cuda, nullptr);
   auto session = CudaSpeculativeSession::Create(*e.cuda, {});
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(model::PrefillInChunks(**session, Prompt(5, 2), 32).ok());
-  auto code = [&](model::SessionStep step) {
+  ASSERT_TRUE(speculation::PrefillInChunks(**session, Prompt(5, 2), 32).ok());
+  auto code = [&](speculation::SessionStep step) {
     (void)(*session)->Step(step);
     return step.status.code();
   };
@@ -1049,13 +1049,13 @@ TEST_F(CudaModelTest, SessionRefusesBadSteps) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code({.prefill = {-1}}), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*session)->committed_length(), 5);
-  model::SessionStep with_logprobs{.root = 1,
-                                   .shape = {.nodes = 2, .expansions = 2, .max_depth = 1},
-                                   .top_logprobs = 3,
-                                   .with_logprobs = true};
+  speculation::SessionStep with_logprobs{.root = 1,
+                                         .shape = {.nodes = 2, .expansions = 2, .max_depth = 1},
+                                         .top_logprobs = 3,
+                                         .with_logprobs = true};
   ASSERT_TRUE((*session)->Step(with_logprobs).ok()) << with_logprobs.status;
   ASSERT_EQ(with_logprobs.choices.size(), 3u);
-  for (const model::TargetChoice& c : with_logprobs.choices) {
+  for (const speculation::TargetChoice& c : with_logprobs.choices) {
     ASSERT_EQ(c.top_ids.size(), 3u);
     EXPECT_EQ(c.top_ids[0], c.token);  // greedy: the choice is the most likely token
     EXPECT_LE(c.logprob, 0.0f);

@@ -8,7 +8,7 @@
 
 #include "common/model/llama_model.h"
 #include "common/model/sampler.h"
-#include "common/model/speculation.h"
+#include "common/speculation/tree.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/paths.h"
@@ -85,16 +85,16 @@ TEST_F(Gemma3SplitTest, SpeculationIsLosslessPastTheSlidingWindow) {
   const std::vector<std::vector<int32_t>> prompts = {OraclePrompt("plain_long_gpl")};
   ASSERT_GT(prompts[0].size(), 600u);
   const SamplingParams samplings[] = {{}};
-  const TreeShape shapes[] = {{.nodes = 16, .expansions = 4, .max_depth = 8},
-                              {.nodes = 8, .expansions = 1, .max_depth = 8},
-                              {.nodes = 0, .expansions = 1, .max_depth = 1}};
+  const speculation::TreeShape shapes[] = {{.nodes = 16, .expansions = 4, .max_depth = 8},
+                                           {.nodes = 8, .expansions = 1, .max_depth = 8},
+                                           {.nodes = 0, .expansions = 1, .max_depth = 1}};
   constexpr int kTokens = 12;
   int accepted_beyond_root = 0;
   for (size_t p = 0; p < prompts.size(); ++p) {
     for (const SamplingParams& sampling : samplings) {
       const std::vector<int32_t> expected =
           testing::PlainDecode(*model_, prompts[p], sampling, kTokens);
-      for (const TreeShape& shape : shapes) {
+      for (const speculation::TreeShape& shape : shapes) {
         const testing::SpecRun run = testing::SpeculativeDecode(
             *model_, prompts[p], sampling, kTokens, shape, ForwardMode::kDraft);
         EXPECT_EQ(run.tokens, expected) << "prompt " << p << " T=" << sampling.temperature

@@ -30,7 +30,7 @@
 #include "common/model/remote_residual.h"
 #include "common/model/split_backend.h"
 #include "common/model/split_model.h"
-#include "common/model/split_quantizer.h"
+#include "common/offline/split_quantizer.h"
 #include "common/quant/split_format.h"
 #include "common/quant/split_matmul.h"
 #include "common/rpc/residual_client.h"
@@ -1072,11 +1072,11 @@ TEST(ResidualServiceModelTest, VerifyForwardWithRemoteResidualMatchesInProcess) 
   ASSERT_NE(mkdtemp(pattern), nullptr);
   const std::string dir = pattern;
   const std::string prefix = dir + "/smol";
-  model::SplitQuantizeOptions options;
+  offline::SplitQuantizeOptions options;
   options.quantization.residual_format = quant::SplitFormat::kR6;
   options.quantization.residual_group = 32;
-  auto summary = model::QuantizeSplitModel(gguf, prefix + ".base.bsplit",
-                                           prefix + ".residual.bsplit", options);
+  auto summary = offline::QuantizeSplitModel(gguf, prefix + ".base.bsplit",
+                                             prefix + ".residual.bsplit", options);
   ASSERT_TRUE(summary.ok()) << summary.status();
 
   auto in_process = model::LlamaModel::LoadSplit(summary->base_path, summary->residual_path, 2);

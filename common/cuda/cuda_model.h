@@ -33,11 +33,11 @@
 #include "common/model/kv_cache.h"
 #include "common/model/llama_model.h"
 #include "common/model/sampler.h"
-#include "common/model/speculation.h"
 #include "common/model/split_backend.h"
 #include "common/model/split_model.h"
 #include "common/model/vram_plan.h"
 #include "common/model/weights.h"
+#include "common/speculation/tree.h"
 #include "common/util/thread_pool.h"
 
 namespace bitsplit::cuda {
@@ -137,7 +137,7 @@ struct DeviceSequence {
 };
 
 // The draft children of one forward's logit rows (TopK).
-using RowTopK = model::DraftRowChoices;  // common/model/speculation.h
+using RowTopK = speculation::DraftRowChoices;  // common/speculation/tree.h
 
 class CudaModel {
  public:

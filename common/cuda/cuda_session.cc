@@ -25,7 +25,7 @@ absl::StatusOr<std::unique_ptr<CudaSpeculativeSession>> CudaSpeculativeSession::
 
 // RunBatchedStep over CudaSpeculativeSessions of one CudaModel; the draft's children and the
 // target's choices are picked on the device, per sequence, from the shared forward's logits.
-class CudaBatchedStep final : public model::BatchedStepModel {
+class CudaBatchedStep final : public speculation::BatchedStepModel {
  public:
   explicit CudaBatchedStep(std::span<CudaSpeculativeSession* const> sessions)
       : sessions_(sessions), model_(sessions[0]->model_), vocab_(model_.config().vocab_size) {
@@ -40,18 +40,18 @@ class CudaBatchedStep final : public model::BatchedStepModel {
   int64_t max_draft_nodes(size_t i) const override {
     return std::min(sessions_[i]->capacity(), model_.options().max_batch_rows);
   }
-  absl::Status PrepareDraft(size_t, const model::SessionStep&) override {
+  absl::Status PrepareDraft(size_t, const speculation::SessionStep&) override {
     return absl::OkStatus();  // the draft reads the verifier's KV
   }
   absl::Status DraftForward(std::span<const Sequence> sequences,
-                            std::vector<model::DraftRowChoices>* children) override {
+                            std::vector<speculation::DraftRowChoices>* children) override {
     BITSPLIT_RETURN_IF_ERROR(Forward(sequences, ForwardMode::kDraft));
     children->clear();
     int64_t at = 0;
     for (const Sequence& sequence : sequences) {
       const int64_t rows = sequence.batch->num_logit_rows();
       BITSPLIT_ASSIGN_OR_RETURN(
-          model::DraftRowChoices top,
+          speculation::DraftRowChoices top,
           model_.TopK(static_cast<int32_t>(std::min<int64_t>({sequence.top_k, 64, vocab_})), at,
                       rows));
       children->push_back(std::move(top));
@@ -75,8 +75,8 @@ class CudaBatchedStep final : public model::BatchedStepModel {
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<std::vector<model::TargetChoice>> Targets(
-      size_t index, const model::SessionStep& step) override {
+  absl::StatusOr<std::vector<speculation::TargetChoice>> Targets(
+      size_t index, const speculation::SessionStep& step) override {
     const Sequence& sequence = verified_[index];
     CudaSpeculativeSession& session = *sessions_[sequence.session];
     const model::Batch& batch = *sequence.batch;
@@ -88,14 +88,14 @@ class CudaBatchedStep final : public model::BatchedStepModel {
     BITSPLIT_ASSIGN_OR_RETURN(
         const std::vector<int32_t> targets,
         model_.ChooseTargets(step.sampling, next_indices, logit_offsets_[index]));
-    std::vector<model::TargetChoice> choices(rows);
+    std::vector<speculation::TargetChoice> choices(rows);
     for (size_t i = 0; i < rows; ++i) choices[i].token = targets[i];
     if (step.with_logprobs || step.top_logprobs > 0) {
       session.logits_.resize(rows * static_cast<size_t>(vocab_));
       BITSPLIT_RETURN_IF_ERROR(
           model_.CopyLogits(logit_offsets_[index], static_cast<int64_t>(rows), session.logits_));
-      model::FillLogprobs(session.logits_, vocab_, step.sampling, step.top_logprobs,
-                          session.sampler_, choices);
+      speculation::FillLogprobs(session.logits_, vocab_, step.sampling, step.top_logprobs,
+                                session.sampler_, choices);
     }
     return choices;
   }
@@ -134,16 +134,16 @@ class CudaBatchedStep final : public model::BatchedStepModel {
 };
 
 void CudaSpeculativeSession::StepMany(std::span<CudaSpeculativeSession* const> sessions,
-                                      std::span<model::SessionStep> steps) {
+                                      std::span<speculation::SessionStep> steps) {
   BITSPLIT_CHECK(sessions.size() == steps.size());
   if (sessions.empty()) return;
   CudaBatchedStep model(sessions);
-  model::RunBatchedStep(model, steps);
+  speculation::RunBatchedStep(model, steps);
 }
 
-absl::Status CudaSpeculativeSession::Step(model::SessionStep& step) {
+absl::Status CudaSpeculativeSession::Step(speculation::SessionStep& step) {
   CudaSpeculativeSession* const self[] = {this};
-  StepMany(self, std::span<model::SessionStep>(&step, 1));
+  StepMany(self, std::span<speculation::SessionStep>(&step, 1));
   return step.status;
 }
 

@@ -1,12 +1,12 @@
 #pragma once
-// One sequence on the CUDA backend: model::SpeculativeSession (common/model/speculation.h) with the
-// verifier's KV cache on the device, read by the draft (shared KV; the own-KV ablation is
+// One sequence on the CUDA backend: speculation::SpeculativeSession (common/speculation/session.h)
+// with the verifier's KV cache on the device, read by the draft (shared KV; the own-KV ablation is
 // CPU-only), stepped by StepMany. The draft's children and the target's choices are computed on
 // the device (CudaModel::TopK, CudaModel::ChooseTargets); only the chosen ids cross to the host,
 // plus the logits when log-probabilities are asked for.
 //
-// Thread safety: as model::SpeculativeSession; sessions of one CudaModel must be serialized (one
-// forward at a time), and a session may be destroyed on any thread.
+// Thread safety: as speculation::SpeculativeSession; sessions of one CudaModel must be serialized
+// (one forward at a time), and a session may be destroyed on any thread.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -16,11 +16,11 @@
 #include "absl/status/statusor.h"
 #include "common/cuda/cuda_model.h"
 #include "common/model/sampler.h"
-#include "common/model/speculation.h"
+#include "common/speculation/session.h"
 
 namespace bitsplit::cuda {
 
-class CudaSpeculativeSession final : public model::SpeculativeSession {
+class CudaSpeculativeSession final : public speculation::SpeculativeSession {
  public:
   struct Options {
     // Tokens the session accepts, at most the planned context (0: all of it). A session may
@@ -38,13 +38,13 @@ class CudaSpeculativeSession final : public model::SpeculativeSession {
   std::span<const int32_t> committed_tokens() const override { return committed_tokens_; }
   DeviceKvCache& cache() { return *cache_; }
 
-  // model::RunBatchedStep over sessions of one CudaModel: each draft round and the verifier pass
-  // of every session in one CudaModel::ForwardSequences. A tree or prefill chunk takes at most
+  // speculation::RunBatchedStep over sessions of one CudaModel: each draft round and the verifier
+  // pass of every session in one CudaModel::ForwardSequences. A tree or prefill chunk takes at most
   // the model's max_batch_rows rows.
   static void StepMany(std::span<CudaSpeculativeSession* const> sessions,
-                       std::span<model::SessionStep> steps);
+                       std::span<speculation::SessionStep> steps);
   // This session's step alone (StepMany of one); its status.
-  absl::Status Step(model::SessionStep& step);
+  absl::Status Step(speculation::SessionStep& step);
   // The last verifier forward this session took part in: residual wait, GPU wait, GPU idle
   // (CudaModel::last_timings).
   const ForwardTimings& verify_forward_timings() const { return verify_forward_timings_; }

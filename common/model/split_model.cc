@@ -517,4 +517,7 @@ absl::StatusOr<std::unique_ptr<SplitModelFiles>> SplitModelFiles::Open(
   return files;
 }
 
+std::string SplitBasePath(const std::string& prefix) { return prefix + ".base.bsplit"; }
+std::string SplitResidualPath(const std::string& prefix) { return prefix + ".residual.bsplit"; }
+
 }  // namespace bitsplit::model

@@ -44,7 +44,7 @@ struct SplitQuantization {
   int base_group = 64;
   // nullopt: base only (no residual file), e.g. the Q8_0 reference configuration.
   std::optional<quant::SplitFormat> residual_format = quant::SplitFormat::kR8;
-  int residual_group = 64;  // 0 in the files' record of a base-only model
+  int residual_group = 32;  // 0 in the files' record of a base-only model
   HadamardRotation rotation;
   // Hex SHA-256 of the calibration text whose activations weighted the base fit; empty when
   // none. The token count and window size make the fit reproducible.
@@ -96,6 +96,10 @@ std::string SplitBaseString(const SplitQuantization& quantization);
 std::string SplitResidualString(const SplitQuantization& quantization);
 // "b2_asym", "r8", "q8_0", ...
 std::string SplitFormatName(quant::SplitFormat format);
+
+// The files of a split model with prefix P.
+std::string SplitBasePath(const std::string& prefix);      // P.base.bsplit
+std::string SplitResidualPath(const std::string& prefix);  // P.residual.bsplit
 
 // Row byte sizes of the split formats, for SplitFile::Open and SplitFileWriter::Create.
 RowSizeOracle SplitFormatRowSizeOracle();

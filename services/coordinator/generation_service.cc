@@ -8,7 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "common/text/streaming_detokenizer.h"
 #include "grpcpp/support/proto_buffer_writer.h"
-#include "services/coordinator/speculation_loop.h"
+#include "services/coordinator/drafter_stream.h"
 #include "spdlog/spdlog.h"
 
 namespace bitsplit::coordinator {

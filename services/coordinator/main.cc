@@ -27,19 +27,19 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/io/gguf.h"
-#include "common/model/speculation.h"
 #include "common/model/split_model.h"
 #include "common/rpc/drafter_client.h"
 #include "common/rpc/server_runner.h"
+#include "common/speculation/tree.h"
 #include "common/text/chat_template.h"
 #include "common/text/tokenizer.h"
 #include "common/util/status_macros.h"
+#include "services/coordinator/drafter_stream.h"
 #include "services/coordinator/generation_service.h"
 #include "services/coordinator/http_api.h"
 #include "services/coordinator/metrics.h"
 #include "services/coordinator/request_queue.h"
 #include "services/coordinator/request_validation.h"
-#include "services/coordinator/speculation_loop.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -66,7 +66,7 @@ struct Flags {
   int max_active = 0;  // 0: the drafter's session count
   int max_queue = 16;
   std::string speculation = "adaptive";
-  model::TreeShape shape;
+  speculation::TreeShape shape;
   int adaptive_max_nodes = 128;
   int adaptive_max_depth = 16;
   int max_tokens_limit = 4096;
@@ -236,7 +236,7 @@ absl::StatusOr<ServerLimits> Limits(const Flags& flags, SpeculationMode default_
                            .expansions = 8,
                            .max_depth = flags.adaptive_max_depth};
   if (default_mode != SpeculationMode::kOff) {
-    if (absl::Status status = model::ValidateTreeShape(flags.shape, limits.max_tree_nodes);
+    if (absl::Status status = speculation::ValidateTreeShape(flags.shape, limits.max_tree_nodes);
         !status.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--nodes/--expansions/--max-depth: ", status.message(),

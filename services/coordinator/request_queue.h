@@ -17,9 +17,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bitsplit/v1/generation.pb.h"
+#include "services/coordinator/drafter_stream.h"
 #include "services/coordinator/metrics.h"
 #include "services/coordinator/request_validation.h"
-#include "services/coordinator/speculation_loop.h"
 
 namespace bitsplit::coordinator {
 

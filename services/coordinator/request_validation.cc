@@ -56,12 +56,12 @@ absl::Status ParseSpeculation(const v1::SpeculationSettings& settings, const Ser
     plan.shape.nodes = 0;
     return absl::OkStatus();
   }
-  absl::Status status = model::ValidateTreeShape(plan.shape, limits.max_tree_nodes);
+  absl::Status status = speculation::ValidateTreeShape(plan.shape, limits.max_tree_nodes);
   if (!status.ok()) return Prefixed("speculation: ", status);
   if (plan.shape.nodes == 0) {
     plan.mode = SpeculationMode::kOff;  // no tree fits: the baseline is the only choice
   } else if (plan.mode == SpeculationMode::kAdaptive) {
-    if (auto policy = model::MakeAdaptivePolicy(plan.shape); !policy.ok()) {
+    if (auto policy = speculation::MakeAdaptivePolicy(plan.shape); !policy.ok()) {
       return Prefixed("speculation: adaptive: ", policy.status());
     }
   }

@@ -11,8 +11,8 @@
 #include "absl/status/statusor.h"
 #include "bitsplit/v1/generation.pb.h"
 #include "common/model/sampler.h"
-#include "common/model/speculation.h"
-#include "common/model/speculation_policy.h"
+#include "common/speculation/policy.h"
+#include "common/speculation/tree.h"
 #include "common/text/chat_template.h"
 #include "common/text/tokenizer.h"
 
@@ -39,10 +39,10 @@ struct ServerLimits {
   int32_t max_tree_nodes = 63;  // drafted nodes beyond the root (drafter max_tree_nodes - 1)
   int32_t max_logprobs = 20;
   SpeculationMode default_mode = SpeculationMode::kAdaptive;
-  model::TreeShape default_shape;  // tree mode's shape when a request sets none
+  speculation::TreeShape default_shape;  // tree mode's shape when a request sets none
   // Adaptive mode's largest shape when a request sets none: the policy picks among the shapes
   // within it (up to 128 nodes and depth 16: where verify rows are cheap, deep trees pay).
-  model::TreeShape adaptive_shape = {.nodes = 128, .expansions = 8, .max_depth = 16};
+  speculation::TreeShape adaptive_shape = {.nodes = 128, .expansions = 8, .max_depth = 16};
 };
 
 struct GenerationPlan {
@@ -53,7 +53,7 @@ struct GenerationPlan {
   std::vector<int32_t> stop_token_ids;
   int32_t logprobs = 0;
   SpeculationMode mode = SpeculationMode::kOff;
-  model::TreeShape shape;  // kTree: the shape of every step; kAdaptive: the largest allowed
+  speculation::TreeShape shape;  // kTree: the shape of every step; kAdaptive: the largest allowed
 };
 
 // The prompt as token ids, tokenized as `bitsplit generate` does: plain prompts as text (control

@@ -30,11 +30,12 @@ absl::Status CpuEngine::SetResidualSource(model::ResidualSource* source) {
   return model_->SetResidualSource(source);
 }
 
-absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> CpuEngine::NewSession(int64_t context) {
-  BITSPLIT_ASSIGN_OR_RETURN(
-      std::unique_ptr<model::CpuSpeculativeSession> session,
-      model::CpuSpeculativeSession::Create(*model_, model::ForwardMode::kVerify, *model_,
-                                           model::ForwardMode::kDraft, {.capacity = context}));
+absl::StatusOr<std::unique_ptr<speculation::SpeculativeSession>> CpuEngine::NewSession(
+    int64_t context) {
+  BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<speculation::CpuSpeculativeSession> session,
+                            speculation::CpuSpeculativeSession::Create(
+                                *model_, model::ForwardMode::kVerify, *model_,
+                                model::ForwardMode::kDraft, {.capacity = context}));
   return session;
 }
 
@@ -42,10 +43,10 @@ uint64_t CpuEngine::SessionHostBytes(int64_t context) const {
   return model::KvCacheBytes(model_->config(), context);
 }
 
-void CpuEngine::Step(std::span<model::SpeculativeSession* const> sessions,
-                     std::span<model::SessionStep> steps) {
-  model::CpuSpeculativeSession::StepMany(OwnSessions<model::CpuSpeculativeSession>(sessions),
-                                         steps);
+void CpuEngine::Step(std::span<speculation::SpeculativeSession* const> sessions,
+                     std::span<speculation::SessionStep> steps) {
+  speculation::CpuSpeculativeSession::StepMany(
+      OwnSessions<speculation::CpuSpeculativeSession>(sessions), steps);
 }
 
 }  // namespace bitsplit::drafter

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/llama_model.h"
-#include "common/model/speculation.h"
+#include "common/speculation/cpu_session.h"
 #include "services/gpu-drafter/drafter_engine.h"
 
 namespace bitsplit::drafter {
@@ -31,12 +31,13 @@ class CpuEngine final : public DrafterEngine {
   const EngineInfo& info() const override { return info_; }
   bool has_residual() const override { return model_->SupportsMode(model::ForwardMode::kVerify); }
   absl::Status SetResidualSource(model::ResidualSource* source) override;
-  absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> NewSession(int64_t context) override;
+  absl::StatusOr<std::unique_ptr<speculation::SpeculativeSession>> NewSession(
+      int64_t context) override;
   // The verifier's KV cache (the draft reads it).
   uint64_t SessionHostBytes(int64_t context) const override;
-  // Batched: model::CpuSpeculativeSession::StepMany.
-  void Step(std::span<model::SpeculativeSession* const> sessions,
-            std::span<model::SessionStep> steps) override;
+  // Batched: speculation::CpuSpeculativeSession::StepMany.
+  void Step(std::span<speculation::SpeculativeSession* const> sessions,
+            std::span<speculation::SessionStep> steps) override;
 
  private:
   CpuEngine() = default;

@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/cuda/cuda_session.h"
-#include "common/model/speculation.h"
 #include "common/model/vram_plan.h"
+#include "common/speculation/session.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::drafter {
@@ -79,15 +79,16 @@ absl::Status CudaEngine::SetResidualSource(model::ResidualSource* source) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> CudaEngine::NewSession(int64_t context) {
+absl::StatusOr<std::unique_ptr<speculation::SpeculativeSession>> CudaEngine::NewSession(
+    int64_t context) {
   // A session of `context` tokens checks arguments as a CPU session of that capacity would.
   BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaSpeculativeSession> session,
                             cuda::CudaSpeculativeSession::Create(*model_, {.capacity = context}));
   return session;
 }
 
-void CudaEngine::Step(std::span<model::SpeculativeSession* const> sessions,
-                      std::span<model::SessionStep> steps) {
+void CudaEngine::Step(std::span<speculation::SpeculativeSession* const> sessions,
+                      std::span<speculation::SessionStep> steps) {
   cuda::CudaSpeculativeSession::StepMany(OwnSessions<cuda::CudaSpeculativeSession>(sessions),
                                          steps);
 }

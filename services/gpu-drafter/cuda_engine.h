@@ -55,11 +55,12 @@ class CudaEngine final : public DrafterEngine {
   // A session with one of the planned KV caches; `context` (at most the planned context,
   // INVALID_ARGUMENT beyond) bounds what the session accepts, as on the cpu backend.
   // RESOURCE_EXHAUSTED when every planned KV cache is in use.
-  absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> NewSession(int64_t context) override;
+  absl::StatusOr<std::unique_ptr<speculation::SpeculativeSession>> NewSession(
+      int64_t context) override;
   uint64_t SessionHostBytes(int64_t) const override { return 0; }
   // Batched: cuda::CudaSpeculativeSession::StepMany.
-  void Step(std::span<model::SpeculativeSession* const> sessions,
-            std::span<model::SessionStep> steps) override;
+  void Step(std::span<speculation::SpeculativeSession* const> sessions,
+            std::span<speculation::SessionStep> steps) override;
 
   const model::VramPlan& plan() const { return model_->plan(); }
 

@@ -2,13 +2,13 @@
 // The compute side of the gpu-drafter service: the models and every session's KV cache. The
 // service (drafter_service.h) checks requests, its scheduler (scheduler.h) owns the sessions,
 // their limits and the residual link; an engine only runs the math of
-// common/model/speculation.h. Engines (chosen by --backend): cpu (cpu_engine.h, always built) and
+// common/speculation/session.h. Engines (chosen by --backend): cpu (cpu_engine.h, always built) and
 // cuda (cuda_engine.h, built with BITSPLIT_CUDA).
 //
 // Thread safety: an engine and its sessions are NOT thread-safe. Only the scheduler's thread
 // calls into the engine: one forward runs at a time, and each iteration (Step) batches the
 // generations' rows into it. A session may be destroyed on any thread
-// (model::SpeculativeSession).
+// (speculation::SpeculativeSession).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -19,9 +19,9 @@
 #include "absl/status/statusor.h"
 #include "common/model/config.h"
 #include "common/model/sampler.h"
-#include "common/model/speculation.h"
 #include "common/model/split_backend.h"
 #include "common/model/split_model.h"
+#include "common/speculation/session.h"
 
 namespace bitsplit::drafter {
 
@@ -55,10 +55,11 @@ EngineInfo SplitModelInfo(const model::SplitModelFiles& files, const std::string
 // `sessions` as the engine's own session type: every session an engine steps is one of its
 // NewSession's.
 template <class Session>
-std::vector<Session*> OwnSessions(std::span<model::SpeculativeSession* const> sessions) {
+std::vector<Session*> OwnSessions(std::span<speculation::SpeculativeSession* const> sessions) {
   std::vector<Session*> own;
   own.reserve(sessions.size());
-  for (model::SpeculativeSession* session : sessions) own.push_back(static_cast<Session*>(session));
+  for (speculation::SpeculativeSession* session : sessions)
+    own.push_back(static_cast<Session*>(session));
   return own;
 }
 
@@ -74,15 +75,15 @@ class DrafterEngine {
   // its use. FAILED_PRECONDITION for an engine whose residual is in process.
   virtual absl::Status SetResidualSource(model::ResidualSource* source) = 0;
   // A session holding up to `context` tokens (prompt + output + one tree).
-  virtual absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> NewSession(
+  virtual absl::StatusOr<std::unique_ptr<speculation::SpeculativeSession>> NewSession(
       int64_t context) = 0;
   // Host memory a session of `context` tokens allocates: its KV caches on the cpu backend; 0 on
   // cuda, whose caches are part of the VRAM plan.
   virtual uint64_t SessionHostBytes(int64_t context) const = 0;
-  // One scheduler iteration over sessions this engine made (model::SessionStep): every step in
-  // shared forwards where the engine batches sessions, else one session after another.
-  virtual void Step(std::span<model::SpeculativeSession* const> sessions,
-                    std::span<model::SessionStep> steps) = 0;
+  // One scheduler iteration over sessions this engine made (speculation::SessionStep): every step
+  // in shared forwards where the engine batches sessions, else one session after another.
+  virtual void Step(std::span<speculation::SpeculativeSession* const> sessions,
+                    std::span<speculation::SessionStep> steps) = 0;
 };
 
 }  // namespace bitsplit::drafter

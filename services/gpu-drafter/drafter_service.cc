@@ -4,9 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/model/speculation_policy.h"
 #include "common/rpc/channel_options.h"
 #include "common/rpc/server_runner.h"
+#include "common/speculation/policy.h"
 #include "common/util/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
@@ -114,10 +114,10 @@ absl::StatusOr<GenerationRequest> DrafterService::CheckRequest(
   g.shape = {.nodes = request.nodes(),
              .expansions = request.expansions(),
              .max_depth = request.max_depth()};
-  BITSPLIT_RETURN_IF_ERROR(model::ValidateTreeShape(g.shape, options_.max_tree_nodes - 1));
+  BITSPLIT_RETURN_IF_ERROR(speculation::ValidateTreeShape(g.shape, options_.max_tree_nodes - 1));
   g.adaptive = request.adaptive() && g.shape.nodes > 0;
   if (g.adaptive) {
-    absl::StatusOr<model::AdaptivePolicy> policy = model::MakeAdaptivePolicy(g.shape);
+    absl::StatusOr<speculation::AdaptivePolicy> policy = speculation::MakeAdaptivePolicy(g.shape);
     if (!policy.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("adaptive: ", policy.status().message()));
     }

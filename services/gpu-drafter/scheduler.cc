@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/model/speculation_policy.h"
+#include "common/speculation/policy.h"
 #include "services/gpu-drafter/iteration_plan.h"
 #include "spdlog/spdlog.h"
 
@@ -14,7 +14,7 @@ namespace bitsplit::drafter {
 namespace v1 = bitsplit::internal::v1;
 namespace {
 
-v1::NodeChoice ToNodeChoice(const model::TargetChoice& choice) {
+v1::NodeChoice ToNodeChoice(const speculation::TargetChoice& choice) {
   v1::NodeChoice out;
   out.set_token(choice.token);
   out.set_logprob(choice.logprob);
@@ -31,12 +31,12 @@ struct Scheduler::Generation {
   std::shared_ptr<GenerateStream> stream;
   GenerationRequest request;
 
-  std::unique_ptr<model::SpeculativeSession> session;  // null until admitted
+  std::unique_ptr<speculation::SpeculativeSession> session;  // null until admitted
   size_t prefilled = 0;   // prompt tokens committed: all but the last before the first step
   int32_t root = 0;       // the next step's root (the token after the committed ones)
   int32_t generated = 0;  // emitted tokens outside end_tokens
-  model::AdaptivePolicy* policy = nullptr;  // adaptive: shared, or own_policy
-  std::unique_ptr<model::AdaptivePolicy> own_policy;
+  speculation::AdaptivePolicy* policy = nullptr;  // adaptive: shared, or own_policy
+  std::unique_ptr<speculation::AdaptivePolicy> own_policy;
   int64_t last_rows = 0;     // verifier rows it had in the last iteration
   double last_tokens = 0.0;  // tokens it emitted in the last iteration
   bool finished = false;
@@ -54,25 +54,26 @@ struct Scheduler::Generation {
 // acceptance the model's, so what one generation measured serves the next with the same bounds.
 struct Scheduler::AdaptivePolicies {
   static constexpr size_t kMaxShared = 8;  // more distinct bounds get a policy each
-  std::map<std::tuple<int32_t, int32_t, int32_t>, model::AdaptivePolicy> by_bounds;
+  std::map<std::tuple<int32_t, int32_t, int32_t>, speculation::AdaptivePolicy> by_bounds;
   // The last iteration's verifier rows and emitted tokens, all generations': what the others
-  // add to a generation's next iteration (model::BatchContext).
+  // add to a generation's next iteration (speculation::BatchContext).
   int64_t last_rows = 0;
   double last_tokens = 0.0;
 
-  model::BatchContext ContextFor(const Generation& g) const {
+  speculation::BatchContext ContextFor(const Generation& g) const {
     return {.other_rows = static_cast<int32_t>(std::max<int64_t>(0, last_rows - g.last_rows)),
             .other_tokens = std::max(0.0, last_tokens - g.last_tokens)};
   }
-  model::AdaptivePolicy* For(Generation& g) {
-    const model::TreeShape& bounds = g.request.shape;
+  speculation::AdaptivePolicy* For(Generation& g) {
+    const speculation::TreeShape& bounds = g.request.shape;
     const auto key = std::make_tuple(bounds.nodes, bounds.expansions, bounds.max_depth);
     auto found = by_bounds.find(key);
     if (found == by_bounds.end() && by_bounds.size() < kMaxShared) {
-      found = by_bounds.emplace(key, *model::MakeAdaptivePolicy(bounds)).first;
+      found = by_bounds.emplace(key, *speculation::MakeAdaptivePolicy(bounds)).first;
     }
     if (found != by_bounds.end()) return &found->second;
-    g.own_policy = std::make_unique<model::AdaptivePolicy>(*model::MakeAdaptivePolicy(bounds));
+    g.own_policy =
+        std::make_unique<speculation::AdaptivePolicy>(*speculation::MakeAdaptivePolicy(bounds));
     return g.own_policy.get();
   }
 };
@@ -163,13 +164,13 @@ void Scheduler::RunIteration(std::vector<std::unique_ptr<Generation>>& active) {
     }
   }
   std::vector<Generation*> running;
-  std::vector<model::SessionStep> steps = TakeWork(active, running);
+  std::vector<speculation::SessionStep> steps = TakeWork(active, running);
   if (running.empty()) return;
   if (absl::Status residual = EnsureResidual(); !residual.ok()) {
     for (Generation* g : running) g->End(residual);
     return;
   }
-  std::vector<model::SpeculativeSession*> sessions;
+  std::vector<speculation::SpeculativeSession*> sessions;
   for (Generation* g : running) sessions.push_back(g->session.get());
   engine_.Step(sessions, steps);
   for (auto& generation : active) {  // what each took of this iteration, for the policies
@@ -192,7 +193,7 @@ void Scheduler::Admit(Generation& g) {
     g.End(residual);
     return;
   }
-  absl::StatusOr<std::unique_ptr<model::SpeculativeSession>> session =
+  absl::StatusOr<std::unique_ptr<speculation::SpeculativeSession>> session =
       engine_.NewSession(g.request.context);
   if (!session.ok()) {
     g.End(session.status());
@@ -209,16 +210,16 @@ void Scheduler::Close(Generation& g) {
   open_sessions_.fetch_sub(1);
 }
 
-std::vector<model::SessionStep> Scheduler::TakeWork(
+std::vector<speculation::SessionStep> Scheduler::TakeWork(
     std::vector<std::unique_ptr<Generation>>& active, std::vector<Generation*>& running) {
   // The generations that can take work, and what each asks for.
   std::vector<Generation*> ready;
-  std::vector<model::TreeShape> shapes;
+  std::vector<speculation::TreeShape> shapes;
   std::vector<GenerationDemand> demands;
   for (auto& generation : active) {
     Generation& g = *generation;
     if (g.finished || g.session == nullptr) continue;
-    const model::TreeShape shape =
+    const speculation::TreeShape shape =
         g.policy != nullptr ? g.policy->Next(policies_->ContextFor(g)) : g.request.shape;
     ready.push_back(&g);
     shapes.push_back(shape);
@@ -241,10 +242,10 @@ std::vector<model::SessionStep> Scheduler::TakeWork(
                                    : ready.size(),
                 .first = first});
 
-  std::vector<model::SessionStep> steps;
+  std::vector<speculation::SessionStep> steps;
   for (const Assignment& assignment : plan) {
     Generation& g = *ready[assignment.generation];
-    model::SessionStep step;
+    speculation::SessionStep step;
     switch (assignment.kind) {
       case Assignment::Kind::kContextFull: {
         v1::GenerateEvent full;
@@ -274,12 +275,12 @@ std::vector<model::SessionStep> Scheduler::TakeWork(
 }
 
 void Scheduler::Count(std::span<Generation* const> running,
-                      std::span<const model::SessionStep> steps) {
+                      std::span<const speculation::SessionStep> steps) {
   policies_->last_rows = 0;
   policies_->last_tokens = 0.0;
   for (size_t i = 0; i < running.size(); ++i) {
     Generation& g = *running[i];
-    const model::SessionStep& step = steps[i];
+    const speculation::SessionStep& step = steps[i];
     if (!step.status.ok()) continue;
     g.last_rows =
         step.prefill.empty() ? step.tree.size() : static_cast<int64_t>(step.prefill.size());
@@ -291,7 +292,7 @@ void Scheduler::Count(std::span<Generation* const> running,
   ++counters_.iterations;
   counters_.steps += static_cast<int64_t>(steps.size());
   // Every step of an iteration reports the iteration's shared forwards: count them once.
-  for (const model::SessionStep& step : steps) {
+  for (const speculation::SessionStep& step : steps) {
     if (!step.status.ok()) continue;
     counters_.draft_ns += step.draft_ns;
     counters_.verify_ns += step.verify_ns;
@@ -301,7 +302,8 @@ void Scheduler::Count(std::span<Generation* const> running,
   }
 }
 
-void Scheduler::Emit(Generation& g, const model::SessionStep& step, int32_t batch_generations) {
+void Scheduler::Emit(Generation& g, const speculation::SessionStep& step,
+                     int32_t batch_generations) {
   if (!step.status.ok()) {
     g.End(ForwardError(step.status));
     return;
@@ -313,7 +315,7 @@ void Scheduler::Emit(Generation& g, const model::SessionStep& step, int32_t batc
     if (!g.stream->Send(std::move(event))) g.End(absl::CancelledError("the client went away"));
     return;
   }
-  const std::vector<int32_t> depths = model::TreeDepths(step.tree.parents);
+  const std::vector<int32_t> depths = speculation::TreeDepths(step.tree.parents);
   const int32_t tree_depth = *std::max_element(depths.begin(), depths.end());
   const int32_t accepted_depth = static_cast<int32_t>(step.walk.path.size()) - 1;
   if (g.policy != nullptr) {
@@ -337,7 +339,7 @@ void Scheduler::Emit(Generation& g, const model::SessionStep& step, int32_t batc
   report.set_batch_rows(step.batch_rows);
   report.set_batch_generations(batch_generations);
   report.set_shape(g.policy != nullptr ? g.policy->Describe(policies_->ContextFor(g))
-                                       : model::DescribeShape(step.shape));
+                                       : speculation::DescribeShape(step.shape));
   // Emitted up to the first end token or the max_tokens-th other token.
   bool done = false;
   for (size_t t = 0; t < step.walk.tokens.size() && !done; ++t) {

@@ -23,7 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "common/model/sampler.h"
-#include "common/model/speculation.h"
+#include "common/speculation/session.h"
 #include "services/gpu-drafter/drafter_engine.h"
 #include "services/gpu-drafter/generate_stream.h"
 #include "services/gpu-drafter/residual_link.h"
@@ -38,7 +38,7 @@ struct GenerationRequest {
   int32_t logprobs = 0;    // top alternatives per emitted token
   int32_t max_tokens = 0;  // tokens outside end_tokens, at least 1
   std::unordered_set<int32_t> end_tokens;
-  model::TreeShape shape;  // every step's, or the adaptive policy's bounds
+  speculation::TreeShape shape;  // every step's, or the adaptive policy's bounds
   bool adaptive = false;
 };
 
@@ -92,11 +92,12 @@ class Scheduler {
   void Loop();
   void RunIteration(std::vector<std::unique_ptr<Generation>>& active);
   // The iteration's steps, one per generation in `running`.
-  std::vector<model::SessionStep> TakeWork(std::vector<std::unique_ptr<Generation>>& active,
-                                           std::vector<Generation*>& running);
+  std::vector<speculation::SessionStep> TakeWork(std::vector<std::unique_ptr<Generation>>& active,
+                                                 std::vector<Generation*>& running);
   void Admit(Generation& generation);
-  void Count(std::span<Generation* const> running, std::span<const model::SessionStep> steps);
-  void Emit(Generation& generation, const model::SessionStep& step, int32_t batch_generations);
+  void Count(std::span<Generation* const> running, std::span<const speculation::SessionStep> steps);
+  void Emit(Generation& generation, const speculation::SessionStep& step,
+            int32_t batch_generations);
   void Close(Generation& generation);
   absl::Status EnsureResidual();
   // The status to report for a failed verifier forward.

@@ -7,7 +7,7 @@
 
 #include "common/model/llama_model.h"
 #include "common/model/sampler.h"
-#include "common/model/speculation.h"
+#include "common/speculation/cpu_session.h"
 #include "gtest/gtest.h"
 
 namespace bitsplit::testing {
@@ -52,23 +52,23 @@ struct SpecRun {
 // when given. The prompt is prefilled in chunks of 16.
 inline SpecRun SpeculativeDecode(model::LlamaModel& model, const std::vector<int32_t>& prompt,
                                  const model::SamplingParams& sampling, int count,
-                                 const model::TreeShape& shape, model::ForwardMode draft_mode,
-                                 model::DraftKv draft_kv = model::DraftKv::kShared,
+                                 const speculation::TreeShape& shape, model::ForwardMode draft_mode,
+                                 speculation::DraftKv draft_kv = speculation::DraftKv::kShared,
                                  model::LlamaModel* draft = nullptr) {
   SpecRun run;
   const int64_t capacity = static_cast<int64_t>(prompt.size()) + count + shape.nodes + 8;
-  auto session = model::CpuSpeculativeSession::Create(
+  auto session = speculation::CpuSpeculativeSession::Create(
       model, model::ForwardMode::kVerify, draft != nullptr ? *draft : model, draft_mode,
       {.capacity = capacity, .draft_kv = draft_kv, .own_kv_chunk = 16});
   EXPECT_TRUE(session.ok()) << session.status();
   if (!session.ok()) return run;
-  model::CpuSpeculativeSession& s = **session;
+  speculation::CpuSpeculativeSession& s = **session;
   const std::span<const int32_t> all(prompt);
-  const absl::Status prefilled = model::PrefillInChunks(s, all.first(all.size() - 1), 16);
+  const absl::Status prefilled = speculation::PrefillInChunks(s, all.first(all.size() - 1), 16);
   EXPECT_TRUE(prefilled.ok()) << prefilled;
   int32_t root = prompt.back();
   while (static_cast<int>(run.tokens.size()) < count) {
-    model::SessionStep step{.root = root, .shape = shape, .sampling = sampling};
+    speculation::SessionStep step{.root = root, .shape = shape, .sampling = sampling};
     const absl::Status stepped = s.Step(step);
     EXPECT_TRUE(stepped.ok()) << stepped;
     if (!stepped.ok()) break;

@@ -5,14 +5,15 @@
 // split_fixture.quantize_* in tests/CMakeLists.txt, which are also the command's end-to-end
 // tests) into the directory BITSPLIT_SPLIT_FIXTURES names. A test binary run by hand quantizes
 // its own copy into a temporary directory instead (once per process, the same knobs), so it never
-// reads files left over from an older build.
+// reads files left over from an older build (with the built CLI, which tests/CMakeLists.txt makes
+// every such test depend on).
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 
-#include "common/model/split_quantizer.h"
+#include "common/model/split_model.h"
 #include "gtest/gtest.h"
 #include "tests/testing/paths.h"
 
@@ -60,12 +61,14 @@ inline SplitModelPaths SplitModelOf(const std::string& name, const std::string& 
     return SplitModelPaths{model::SplitBasePath(prefix), model::SplitResidualPath(prefix)};
   }
   const std::string own = (TestTempDir() / name).string();
-  SplitModelPaths own_paths{model::SplitBasePath(own), model::SplitResidualPath(own)};
-  const auto summary =
-      model::QuantizeSplitModel(ModelPath(source_file), own_paths.base, own_paths.residual,
-                                {.quantization = SplitFixtureQuantization(), .num_threads = 2});
-  EXPECT_TRUE(summary.ok()) << summary.status();
-  return own_paths;
+  // The knobs of SplitFixtureQuantization().
+  const std::string command = std::string(BITSPLIT_BINARY_DIR "/tools/bitsplit/bitsplit") +
+                              " quantize '" + ModelPath(source_file) + "' -o '" + own +
+                              "' --base-bits 2 --base-format asym --residual-bits 8 --group 64"
+                              " --residual-group 32 --rotate --rotate-block 64 --seed 1"
+                              " --threads 2 >/dev/null";
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  return SplitModelPaths{model::SplitBasePath(own), model::SplitResidualPath(own)};
 }
 
 inline const SplitModelPaths& SmolLm2SplitModel() {

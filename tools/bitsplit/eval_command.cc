@@ -21,15 +21,15 @@
 
 #include "absl/strings/str_format.h"
 #include "common/io/gguf.h"
-#include "common/model/eval.h"
-#include "common/model/eval_configs.h"
 #include "common/model/llama_model.h"
-#include "common/model/split_quantizer.h"
 #include "common/model/weights.h"
+#include "common/offline/calibration.h"
+#include "common/offline/eval.h"
+#include "common/offline/eval_configs.h"
+#include "common/offline/split_quantizer.h"
 #include "common/text/tokenizer.h"
 #include "common/util/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "tools/bitsplit/calibration.h"
 #include "tools/bitsplit/commands.h"
 
 namespace bitsplit::cli {
@@ -54,7 +54,7 @@ struct EvalCommandOptions {
   bool keep_work_dir = false;
   std::string calibration_path;
   int64_t calibration_tokens = 4096;
-  model::EvalSpecDefaults defaults;
+  offline::EvalSpecDefaults defaults;
 };
 
 // absl::Status::message() is an absl::string_view, distinct from std::string_view in Debian's
@@ -73,13 +73,13 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 // One configuration's row: what it runs and what it measured.
 struct Row {
-  model::EvalConfigSpec spec;
+  offline::EvalConfigSpec spec;
   std::string mode;  // "reference", "draft", "verify"
   model::LlamaModel* model = nullptr;
   model::ForwardMode forward_mode = model::ForwardMode::kReference;
   // "hq8": the output head from this base-only Q8_0 model instead of `model`'s.
   model::LlamaModel* head_model = nullptr;
-  model::WeightStats weights;
+  offline::WeightStats weights;
   bool has_weight_stats = false;
   double quantize_seconds = 0;
   std::string files;  // the quantized files or the GGUF path
@@ -93,9 +93,9 @@ std::string AlignmentWord(double exact_fraction) {
 }
 
 std::string AlignmentLabel(const Row& row) {
-  if (row.spec.kind == model::EvalConfigSpec::Kind::kReference) return "is the reference";
+  if (row.spec.kind == offline::EvalConfigSpec::Kind::kReference) return "is the reference";
   if (!row.has_weight_stats) return "?";
-  const model::WeightStats& w = row.weights;
+  const offline::WeightStats& w = row.weights;
   return absl::StrFormat("layers %s, head %s (%.1f%% / %.1f%% exact)",
                          AlignmentWord(w.layers.exact_fraction),
                          AlignmentWord(w.head.exact_fraction), 100.0 * w.layers.exact_fraction,
@@ -104,7 +104,7 @@ std::string AlignmentLabel(const Row& row) {
 
 std::string Percent(double fraction) { return absl::StrFormat("%.2f%%", 100.0 * fraction); }
 
-void PrintTable(const std::vector<Row>& rows, const model::EvalReport& report,
+void PrintTable(const std::vector<Row>& rows, const offline::EvalReport& report,
                 const std::string& model_path) {
   std::printf(
       "Reference: %s dequantized to f32, reference engine (f32 activations). %lld windows of <= "
@@ -118,7 +118,7 @@ void PrintTable(const std::vector<Row>& rows, const model::EvalReport& report,
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& row = rows[i];
-    const model::EvalSummary& s = report.configs[i].summary;
+    const offline::EvalSummary& s = report.configs[i].summary;
     const std::string weight_error =
         row.has_weight_stats ? absl::StrFormat("%.3g", row.weights.relative_error) : "-";
     const std::string gpu =
@@ -133,7 +133,7 @@ void PrintTable(const std::vector<Row>& rows, const model::EvalReport& report,
   std::fflush(stdout);
 }
 
-nlohmann::json SummaryJson(const model::EvalSummary& s) {
+nlohmann::json SummaryJson(const offline::EvalSummary& s) {
   return {{"tokens", s.tokens},         {"kl_mean", s.kl_mean},
           {"kl_median", s.kl_median},   {"kl_p99", s.kl_p99},
           {"kl_max", s.kl_max},         {"top1_agreement", s.top1_agreement},
@@ -175,8 +175,8 @@ bool SameBase(const model::SplitQuantization& a, const model::SplitQuantization&
 
 // The options that need no file: the configurations parse, the window and token bounds hold, and
 // :imp configurations have a calibration text that is not the evaluation text.
-int CheckOptions(const EvalCommandOptions& options, std::vector<model::EvalConfigSpec>* specs) {
-  auto parsed = model::ParseEvalConfigSpecs(options.configs, options.defaults);
+int CheckOptions(const EvalCommandOptions& options, std::vector<offline::EvalConfigSpec>* specs) {
+  auto parsed = offline::ParseEvalConfigSpecs(options.configs, options.defaults);
   if (!parsed.ok()) return Fail(kExitBadInput, parsed.status().message());
   if (options.window < 2) return Fail(kExitBadInput, "--window must be at least 2");
   if (options.max_tokens < 0) return Fail(kExitBadInput, "--max-tokens must be >= 0");
@@ -219,11 +219,11 @@ int LoadSource(const EvalCommandOptions& options, Source* source) {
 }
 
 // Every split configuration must fit the model before anything is quantized.
-int CheckSplitConfigs(const std::vector<model::EvalConfigSpec>& specs,
+int CheckSplitConfigs(const std::vector<offline::EvalConfigSpec>& specs,
                       const model::ModelConfig& config) {
-  for (const model::EvalConfigSpec& spec : specs) {
-    if (spec.kind != model::EvalConfigSpec::Kind::kSplit) continue;
-    if (absl::Status status = model::ValidateSplitQuantization(spec.quantization, config);
+  for (const offline::EvalConfigSpec& spec : specs) {
+    if (spec.kind != offline::EvalConfigSpec::Kind::kSplit) continue;
+    if (absl::Status status = offline::ValidateSplitQuantization(spec.quantization, config);
         !status.ok()) {
       return Fail(kExitBadInput, absl::StrFormat("%s: %s", spec.label, status.message()));
     }
@@ -239,7 +239,7 @@ struct EvalText {
 
 // Tokenizes --text with the source's tokenizer; fails when that gives no window to score.
 int ReadEvalText(const EvalCommandOptions& options, const gguf::File& source_file,
-                 const model::EvalOptions& eval_options, EvalText* eval_text) {
+                 const offline::EvalOptions& eval_options, EvalText* eval_text) {
   auto tokenizer = text::Tokenizer::FromGguf(source_file);
   if (!tokenizer.ok()) return Fail(kExitBadInput, tokenizer.status().message());
   auto bytes = ReadFile(options.text_path);
@@ -248,7 +248,7 @@ int ReadEvalText(const EvalCommandOptions& options, const gguf::File& source_fil
   // Plain text: control-token spellings in it are tokenized as ordinary text.
   eval_text->tokens = (*tokenizer)->Encode(eval_text->bytes, /*parse_special=*/false);
   const std::vector<int32_t>& tokens = eval_text->tokens;
-  const auto windows = model::EvalWindows(static_cast<int64_t>(tokens.size()), eval_options);
+  const auto windows = offline::EvalWindows(static_cast<int64_t>(tokens.size()), eval_options);
   if (windows.empty()) {
     return Fail(kExitBadInput,
                 absl::StrFormat("nothing to score: %d tokens (--max-tokens %d) give no window of "
@@ -312,7 +312,7 @@ class RowBuilder {
         pool_(pool) {}
 
   // Verify specs first so that base-only specs can share their base.
-  int BuildRows(const std::vector<model::EvalConfigSpec>& specs, std::vector<Row>* rows) {
+  int BuildRows(const std::vector<offline::EvalConfigSpec>& specs, std::vector<Row>* rows) {
     rows->resize(specs.size());
     std::vector<size_t> order;
     for (size_t i = 0; i < specs.size(); ++i) {
@@ -326,16 +326,16 @@ class RowBuilder {
       row.spec = specs[i];
       int code = kExitOk;
       switch (row.spec.kind) {
-        case model::EvalConfigSpec::Kind::kReference:
+        case offline::EvalConfigSpec::Kind::kReference:
           ReferenceRow(row);
           break;
-        case model::EvalConfigSpec::Kind::kGguf:
+        case offline::EvalConfigSpec::Kind::kGguf:
           code = GgufRow(row);
           break;
-        case model::EvalConfigSpec::Kind::kSplit:
+        case offline::EvalConfigSpec::Kind::kSplit:
           code = SplitRow(row);
           break;
-        case model::EvalConfigSpec::Kind::kSplitFiles:
+        case offline::EvalConfigSpec::Kind::kSplitFiles:
           code = SplitFilesRow(row);
           break;
       }
@@ -352,7 +352,7 @@ class RowBuilder {
   }
 
   int GgufRow(Row& row) {
-    const model::EvalConfigSpec& spec = row.spec;
+    const offline::EvalConfigSpec& spec = row.spec;
     auto loaded = model::LlamaModel::Load(spec.gguf_path, options_.threads);
     if (!loaded.ok()) return Fail(kExitBadInput, loaded.status().message());
     if ((*loaded)->config().vocab_size != config_.vocab_size) {
@@ -362,7 +362,7 @@ class RowBuilder {
     if (!file.ok()) return Fail(kExitBadInput, file.status().message());
     auto weights = model::ModelWeightsFromGguf(**file, (*loaded)->config());
     if (!weights.ok()) return Fail(kExitBadInput, weights.status().message());
-    auto stats = model::MeasureGgufWeights(source_.weights, config_, *weights, pool_);
+    auto stats = offline::MeasureGgufWeights(source_.weights, config_, *weights, pool_);
     if (!stats.ok()) return Fail(kExitBadInput, stats.status().message());
     row.weights = *stats;
     row.has_weight_stats = true;
@@ -374,7 +374,7 @@ class RowBuilder {
   }
 
   int SplitRow(Row& row) {
-    const model::EvalConfigSpec& spec = row.spec;
+    const offline::EvalConfigSpec& spec = row.spec;
     bool created_now = false;
     auto found = FindOrQuantize(spec, &created_now);
     if (!found.ok()) return Fail(kExitFailure, found.status().message());
@@ -384,8 +384,8 @@ class RowBuilder {
     row.forward_mode = spec.verify ? model::ForwardMode::kVerify : model::ForwardMode::kDraft;
     row.mode = spec.verify ? "verify" : "draft";
     row.files = job->base_path + (spec.verify ? " + " + job->residual_path : "");
-    auto stats = model::MeasureSplitWeights(source_.weights, config_, *row.model->split_files(),
-                                            spec.verify, pool_);
+    auto stats = offline::MeasureSplitWeights(source_.weights, config_, *row.model->split_files(),
+                                              spec.verify, pool_);
     if (!stats.ok()) return Fail(kExitFailure, stats.status().message());
     row.weights = *stats;
     row.has_weight_stats = true;
@@ -395,7 +395,7 @@ class RowBuilder {
 
   // A split model already on disk (split:PREFIX / split-base:PREFIX).
   int SplitFilesRow(Row& row) {
-    const model::EvalConfigSpec& spec = row.spec;
+    const offline::EvalConfigSpec& spec = row.spec;
     const std::string base_path = model::SplitBasePath(spec.split_prefix);
     const std::string residual_path =
         spec.verify ? model::SplitResidualPath(spec.split_prefix) : "";
@@ -408,8 +408,8 @@ class RowBuilder {
     row.forward_mode = spec.verify ? model::ForwardMode::kVerify : model::ForwardMode::kDraft;
     row.mode = spec.verify ? "verify" : "draft";
     row.files = base_path + (spec.verify ? " + " + residual_path : "");
-    auto stats = model::MeasureSplitWeights(source_.weights, config_, *row.model->split_files(),
-                                            spec.verify, pool_);
+    auto stats = offline::MeasureSplitWeights(source_.weights, config_, *row.model->split_files(),
+                                              spec.verify, pool_);
     if (!stats.ok()) return Fail(kExitBadInput, stats.status().message());
     row.weights = *stats;
     row.has_weight_stats = true;
@@ -419,24 +419,24 @@ class RowBuilder {
 
   // "hq8": the output head of the base-only Q8_0 model, its weights counted with the row's.
   int AddQ8_0Head(Row& row) {
-    auto q8_0 = model::ParseEvalConfigSpec("q8_0", options_.defaults);
+    auto q8_0 = offline::ParseEvalConfigSpec("q8_0", options_.defaults);
     if (!q8_0.ok()) return Fail(kExitFailure, q8_0.status().message());
     bool head_created = false;
     auto head_job = FindOrQuantize(*q8_0, &head_created);
     if (!head_job.ok()) return Fail(kExitFailure, head_job.status().message());
     if (head_created) row.quantize_seconds += (*head_job)->seconds;
     row.head_model = (*head_job)->model.get();
-    auto head_stats = model::MeasureSplitWeights(source_.weights, config_,
-                                                 *row.head_model->split_files(), false, pool_);
+    auto head_stats = offline::MeasureSplitWeights(source_.weights, config_,
+                                                   *row.head_model->split_files(), false, pool_);
     if (!head_stats.ok()) return Fail(kExitFailure, head_stats.status().message());
-    row.weights = model::CombineLayersAndHead(row.weights, *head_stats);
+    row.weights = offline::CombineLayersAndHead(row.weights, *head_stats);
     row.files += "; head: " + (*head_job)->base_path;
     return kExitOk;
   }
 
   // The split model of a spec: an existing job with the same quantization (a base-only spec
   // may use the draft mode of a verify job with the same base), or a new one quantized now.
-  absl::StatusOr<SplitJob*> FindOrQuantize(const model::EvalConfigSpec& spec, bool* created_now) {
+  absl::StatusOr<SplitJob*> FindOrQuantize(const offline::EvalConfigSpec& spec, bool* created_now) {
     *created_now = false;
     if (SplitJob* job = FindJob(spec); job != nullptr) return job;
     BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<SplitJob> created, Quantize(spec));
@@ -445,7 +445,7 @@ class RowBuilder {
     return jobs_.back().get();
   }
 
-  SplitJob* FindJob(const model::EvalConfigSpec& spec) const {
+  SplitJob* FindJob(const offline::EvalConfigSpec& spec) const {
     for (const auto& existing : jobs_) {
       if (existing->importance != spec.importance) continue;
       if (spec.verify ? existing->quantization == spec.quantization
@@ -457,7 +457,7 @@ class RowBuilder {
   }
 
   // Quantizes the spec into the work directory (config<N> for the N-th job) and loads it.
-  absl::StatusOr<std::unique_ptr<SplitJob>> Quantize(const model::EvalConfigSpec& spec) {
+  absl::StatusOr<std::unique_ptr<SplitJob>> Quantize(const offline::EvalConfigSpec& spec) {
     auto created = std::make_unique<SplitJob>();
     created->quantization = spec.quantization;
     created->importance = spec.importance;
@@ -467,15 +467,16 @@ class RowBuilder {
         spec.quantization.residual_format ? model::SplitResidualPath(stem) : "";
     std::fprintf(stderr, "[eval] quantizing %s ...\n", spec.label.c_str());
     const Clock::time_point start = Clock::now();
-    const model::Calibration* calibration = nullptr;
+    const offline::Calibration* calibration = nullptr;
     if (spec.importance) {
       BITSPLIT_ASSIGN_OR_RETURN(calibration, CalibrationFor(spec.quantization.rotation));
     }
-    model::SplitQuantizeOptions quantize_options;
+    offline::SplitQuantizeOptions quantize_options;
     quantize_options.quantization = spec.quantization;
     quantize_options.num_threads = options_.threads;
-    auto summary = model::QuantizeSplitModel(options_.model_path, created->base_path,
-                                             created->residual_path, quantize_options, calibration);
+    auto summary =
+        offline::QuantizeSplitModel(options_.model_path, created->base_path, created->residual_path,
+                                    quantize_options, calibration);
     if (!summary.ok()) {
       return absl::Status(summary.status().code(), absl::StrFormat("quantizing %s: %s", spec.label,
                                                                    summary.status().message()));
@@ -490,14 +491,14 @@ class RowBuilder {
   }
 
   // One calibration per rotation (importance lives in the rotated space), collected once.
-  absl::StatusOr<const model::Calibration*> CalibrationFor(
+  absl::StatusOr<const offline::Calibration*> CalibrationFor(
       const model::HadamardRotation& rotation) {
     const std::string key = absl::StrFormat("%d/%d", rotation.block, rotation.seed);
     auto it = calibrations_.find(key);
     if (it == calibrations_.end()) {
-      auto collected =
-          CalibrateFromTextFile(options_.model_path, options_.calibration_path, rotation,
-                                options_.calibration_tokens, options_.window, options_.threads);
+      auto collected = offline::CalibrateFromTextFile(
+          options_.model_path, options_.calibration_path, rotation, options_.calibration_tokens,
+          options_.window, options_.threads);
       if (!collected.ok()) return collected.status();
       it = calibrations_.emplace(key, std::move(*collected)).first;
     }
@@ -512,15 +513,15 @@ class RowBuilder {
   std::vector<std::unique_ptr<SplitJob>> jobs_;
   std::vector<std::unique_ptr<model::LlamaModel>> gguf_models_;
   std::vector<std::unique_ptr<model::LlamaModel>> split_file_models_;
-  std::map<std::string, model::Calibration> calibrations_;
+  std::map<std::string, offline::Calibration> calibrations_;
 };
 
 // The logits source of every row, in row order: its model in its forward mode, or with the
 // output head of its head model.
 struct RowSources {
   std::vector<std::unique_ptr<HeadSwapBackend>> head_swaps;
-  std::vector<std::unique_ptr<model::LogitsSource>> sources;
-  std::vector<model::LogitsSource*> pointers;
+  std::vector<std::unique_ptr<offline::LogitsSource>> sources;
+  std::vector<offline::LogitsSource*> pointers;
 };
 
 RowSources MakeRowSources(const std::vector<Row>& rows) {
@@ -532,7 +533,7 @@ RowSources MakeRowSources(const std::vector<Row>& rows) {
       out.head_swaps.push_back(std::make_unique<HeadSwapBackend>(
           m->backend(mode), row.head_model->backend(model::ForwardMode::kDraft)));
       HeadSwapBackend* swap = out.head_swaps.back().get();
-      out.sources.push_back(std::make_unique<model::ForwardLogitsSource>(
+      out.sources.push_back(std::make_unique<offline::ForwardLogitsSource>(
           m->config(),
           [m, swap](const model::Batch& batch, model::KvCache& cache, std::span<float> logits) {
             return m->ForwardWith(*swap, batch, cache, logits);
@@ -540,7 +541,7 @@ RowSources MakeRowSources(const std::vector<Row>& rows) {
       out.pointers.push_back(out.sources.back().get());
       continue;
     }
-    out.sources.push_back(std::make_unique<model::ForwardLogitsSource>(
+    out.sources.push_back(std::make_unique<offline::ForwardLogitsSource>(
         m->config(),
         [m, mode](const model::Batch& batch, model::KvCache& cache, std::span<float> logits) {
           return m->Forward(batch, cache, logits, mode);
@@ -556,7 +557,7 @@ void PrintProgress(int64_t done, int64_t total, double seconds) {
                seconds / static_cast<double>(done) * static_cast<double>(total - done));
 }
 
-void PrintTimes(const std::vector<Row>& rows, const model::EvalReport& report,
+void PrintTimes(const std::vector<Row>& rows, const offline::EvalReport& report,
                 double eval_seconds) {
   std::fprintf(stderr, "[eval] evaluation %.1f s (reference forward %.1f s)\n", eval_seconds,
                report.reference_forward_seconds);
@@ -567,15 +568,15 @@ void PrintTimes(const std::vector<Row>& rows, const model::EvalReport& report,
   }
 }
 
-nlohmann::json RowJson(const Row& row, const model::EvalResult& result) {
+nlohmann::json RowJson(const Row& row, const offline::EvalResult& result) {
   nlohmann::json c;
   c["label"] = row.spec.label;
   c["mode"] = row.mode;
   c["files"] = row.files;
-  if (row.spec.kind == model::EvalConfigSpec::Kind::kSplit) {
+  if (row.spec.kind == offline::EvalConfigSpec::Kind::kSplit) {
     c["quantization"] = model::SplitQuantizationToJson(row.spec.quantization);
     c["importance"] = row.spec.importance;
-  } else if (row.spec.kind == model::EvalConfigSpec::Kind::kSplitFiles) {
+  } else if (row.spec.kind == offline::EvalConfigSpec::Kind::kSplitFiles) {
     c["quantization"] = model::SplitQuantizationToJson(row.model->split_files()->quantization());
   }
   c["aligned_with_source_grid"] = AlignmentLabel(row);
@@ -603,7 +604,8 @@ nlohmann::json RowJson(const Row& row, const model::EvalResult& result) {
 
 // --json: the run's inputs, the reference and every row.
 int WriteJson(const EvalCommandOptions& options, const EvalText& eval_text, int threads,
-              const model::EvalReport& report, double eval_seconds, const std::vector<Row>& rows) {
+              const offline::EvalReport& report, double eval_seconds,
+              const std::vector<Row>& rows) {
   nlohmann::json json;
   json["model"] = options.model_path;
   json["text"] = options.text_path;
@@ -628,7 +630,7 @@ int WriteJson(const EvalCommandOptions& options, const EvalText& eval_text, int 
 }
 
 int RunEval(const EvalCommandOptions& options) {
-  std::vector<model::EvalConfigSpec> specs;
+  std::vector<offline::EvalConfigSpec> specs;
   if (int code = CheckOptions(options, &specs); code != kExitOk) return code;
 
   const Clock::time_point load_start = Clock::now();
@@ -639,7 +641,7 @@ int RunEval(const EvalCommandOptions& options) {
   ThreadPool pool(threads);
   if (int code = CheckSplitConfigs(specs, config); code != kExitOk) return code;
 
-  model::EvalOptions eval_options;
+  offline::EvalOptions eval_options;
   eval_options.window = options.window;
   eval_options.max_tokens = options.max_tokens;
   eval_options.num_threads = threads;
@@ -655,11 +657,12 @@ int RunEval(const EvalCommandOptions& options) {
   if (int code = builder.BuildRows(specs, &rows); code != kExitOk) return code;
   spdlog::debug("setup took {:.1f} s", SecondsSince(load_start));
 
-  model::LlamaLogitsSource reference_source(source.reference.get());
+  offline::LlamaLogitsSource reference_source(source.reference.get());
   const RowSources sources = MakeRowSources(rows);
   eval_options.progress = PrintProgress;
   const Clock::time_point eval_start = Clock::now();
-  auto report = model::Evaluate(reference_source, sources.pointers, eval_text.tokens, eval_options);
+  auto report =
+      offline::Evaluate(reference_source, sources.pointers, eval_text.tokens, eval_options);
   if (!report.ok()) return Fail(kExitFailure, report.status().message());
   const double eval_seconds = SecondsSince(eval_start);
 

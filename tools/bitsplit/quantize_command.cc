@@ -19,18 +19,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/model/bit_allocator.h"
 #include "common/model/config.h"
-#include "common/model/eval.h"
 #include "common/model/kv_cache.h"
 #include "common/model/llama_model.h"
 #include "common/model/split_model.h"
-#include "common/model/split_quantizer.h"
 #include "common/model/vram_plan.h"
 #include "common/model/weights.h"
+#include "common/offline/bit_allocator.h"
+#include "common/offline/calibration.h"
+#include "common/offline/plan_check.h"
+#include "common/offline/split_quantizer.h"
 #include "common/quant/split_format.h"
 #include "common/util/status_macros.h"
-#include "tools/bitsplit/calibration.h"
 #include "tools/bitsplit/commands.h"
 
 namespace bitsplit::cli {
@@ -56,7 +56,7 @@ struct QuantizeOptions {
   std::optional<std::string> calibration_path;
   int calibration_window = 512;
   int threads = 0;
-  // Bits by budget (model/bit_allocator.h): set when --vram-budget is given.
+  // Bits by budget (common/offline/bit_allocator.h): set when --vram-budget is given.
   std::optional<std::string> vram_budget;
   std::string quality = "q8_0";
   int64_t plan_context = 2048;  // the drafter's --max-context default
@@ -127,7 +127,7 @@ class ProgressLine {
  public:
   ProgressLine() : enabled_(isatty(STDERR_FILENO) != 0) {}
 
-  void Update(const model::QuantizeProgress& p) {
+  void Update(const offline::QuantizeProgress& p) {
     if (!enabled_) return;
     const bool done = p.tensors_done == p.tensors_total;
     if (!done && p.elapsed_seconds - last_seconds_ < 0.1) return;
@@ -167,19 +167,6 @@ absl::StatusOr<double> QualityFactor(const std::string& text) {
       absl::StrCat("--quality \"", text, "\" is neither q8_0 nor q8_0*F with a positive factor F"));
 }
 
-// Bytes of every linear weight in Q8_0 (the yardstick of --vram-budget N%).
-uint64_t Q8_0LinearBytes(const model::ModelConfig& config) {
-  uint64_t bytes = 0;
-  for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
-    const int64_t cols = model::LinearGroupInputDim(config, id.group);
-    for (const int64_t rows : model::LinearGroupOutputDims(config, id.group)) {
-      bytes +=
-          static_cast<uint64_t>(rows) * quant::SplitRowBytes(quant::SplitFormat::kQ8_0, 32, cols);
-    }
-  }
-  return bytes;
-}
-
 // --vram-budget: a size, or N%: the base weights get N% of the linear weights' Q8_0 bytes on top
 // of what the rest of the plan (`vram` with uniform bases: constants, KV cache, scratch) needs.
 absl::StatusOr<uint64_t> BudgetBytes(const std::string& text, const model::VramRequest& vram) {
@@ -187,11 +174,7 @@ absl::StatusOr<uint64_t> BudgetBytes(const std::string& text, const model::VramR
     double percent = 0;
     if (absl::SimpleAtod(text.substr(0, text.size() - 1), &percent) && percent > 0 &&
         percent <= 1000) {
-      BITSPLIT_ASSIGN_OR_RETURN(const uint64_t total, model::VramTotalBytes(vram));
-      BITSPLIT_ASSIGN_OR_RETURN(const model::VramPlan plan, model::PlanVram(vram, total));
-      return total - plan.base_weights_bytes +
-             static_cast<uint64_t>(percent / 100 *
-                                   static_cast<double>(Q8_0LinearBytes(vram.config)));
+      return offline::BudgetForBaseShare(vram, percent);
     }
   } else if (absl::StatusOr<uint64_t> bytes = model::ParseBytes(text); bytes.ok()) {
     return *bytes;
@@ -208,8 +191,8 @@ struct BudgetPlanning {
   std::unique_ptr<gguf::File> source;
   model::ModelConfig config;
   model::ModelWeights weights;
-  model::BitCandidates candidates;
-  model::AllocationRequest request;
+  offline::BitCandidates candidates;
+  offline::AllocationRequest request;
 };
 
 absl::StatusOr<std::unique_ptr<BudgetPlanning>> PrepareBudget(
@@ -219,12 +202,12 @@ absl::StatusOr<std::unique_ptr<BudgetPlanning>> PrepareBudget(
   BITSPLIT_ASSIGN_OR_RETURN(planning->config, model::ModelConfigFromGguf(*planning->source));
   BITSPLIT_ASSIGN_OR_RETURN(planning->weights,
                             model::ModelWeightsFromGguf(*planning->source, planning->config));
-  model::BitCandidates& candidates = planning->candidates;
+  offline::BitCandidates& candidates = planning->candidates;
   if (options.base_format == "sym") {
     candidates.bases = {quant::SplitFormat::kB2Sym, quant::SplitFormat::kB3Sym,
                         quant::SplitFormat::kB4Sym};
   }
-  model::AllocationRequest& request = planning->request;
+  offline::AllocationRequest& request = planning->request;
   BITSPLIT_ASSIGN_OR_RETURN(request.error_factor, QualityFactor(options.quality));
   const model::ModelWeights& weights = planning->weights;
   request.vram.config = planning->config;
@@ -249,138 +232,15 @@ absl::StatusOr<std::unique_ptr<BudgetPlanning>> PrepareBudget(
   return planning;
 }
 
-// Logits of `model` in `mode` over one window from an empty cache.
-absl::StatusOr<std::vector<float>> WindowLogits(model::LlamaModel& model, model::ForwardMode mode,
-                                                const std::vector<int32_t>& tokens) {
-  model::ForwardLogitsSource source(
-      model.config(),
-      [&model, mode](const model::Batch& batch, model::KvCache& cache, std::span<float> logits) {
-        return model.Forward(batch, cache, logits, mode);
-      });
-  std::vector<float> logits;
-  BITSPLIT_RETURN_IF_ERROR(source.WindowLogits(tokens, &logits));
-  return logits;
-}
-
-// Quantizes `q` into PREFIX.check.* and returns the mean KL(reference || its verifier) (base-only
-// model: its base's) over the calibration window, given the reference's logits there; the files
-// are removed.
-absl::StatusOr<double> MeasuredWindowKl(const QuantizeOptions& options,
-                                        std::span<const float> reference_logits,
-                                        const model::SplitQuantization& q,
-                                        const model::Calibration& calibration) {
-  const std::string prefix = options.output_prefix + ".check";
-  const std::string base = model::SplitBasePath(prefix);
-  const std::string residual = q.residual_format ? model::SplitResidualPath(prefix) : "";
-  const bool calibrated = q.base_format != quant::SplitFormat::kQ8_0;
-  BITSPLIT_RETURN_IF_ERROR(
-      model::QuantizeSplitModel(options.input_path, base, residual,
-                                {.quantization = q, .num_threads = options.threads},
-                                calibrated ? &calibration : nullptr)
-          .status());
-  absl::StatusOr<double> kl = [&]() -> absl::StatusOr<double> {
-    BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> model,
-                              model::LlamaModel::LoadSplit(base, residual, options.threads));
-    BITSPLIT_ASSIGN_OR_RETURN(
-        const std::vector<float> logits,
-        WindowLogits(*model,
-                     residual.empty() ? model::ForwardMode::kDraft : model::ForwardMode::kVerify,
-                     calibration.first_window));
-    return model::MeanKlDivergence(reference_logits, logits, model->config().vocab_size);
-  }();
-  std::error_code ignored;
-  std::filesystem::remove(base, ignored);
-  if (!residual.empty()) std::filesystem::remove(residual, ignored);
-  return kl;
-}
-
-// The predicted KL of a plan is a model; the measurement is the truth. Quantizes Q8_0 and the
-// plan, measures both verifiers' KL on the calibration window, and searches the predicted bound
-// (NextErrorFactor) for the cheapest plan whose KL meets --quality's multiple of Q8_0's, at most
-// --check-rounds plans. Returns the measured plan with the least projected time per token among
-// those that meet it, else the one with the lowest KL; `checked` ends with that plan's bound.
-absl::StatusOr<model::BitPlan> CheckPlan(const QuantizeOptions& options,
-                                         const BudgetPlanning& planning,
-                                         const model::SplitQuantization& quantization,
-                                         const model::Calibration& calibration,
-                                         const std::vector<model::GroupSensitivity>& groups,
-                                         model::AllocationRequest& checked) {
-  std::vector<float> reference_logits;
-  {
-    BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> reference,
-                              model::LlamaModel::Load(options.input_path, options.threads));
-    BITSPLIT_ASSIGN_OR_RETURN(
-        reference_logits,
-        WindowLogits(*reference, model::ForwardMode::kReference, calibration.first_window));
-  }
-  model::SplitQuantization q8_0;
-  q8_0.base_format = quant::SplitFormat::kQ8_0;
-  q8_0.base_group = 32;
-  q8_0.residual_format.reset();
-  q8_0.residual_group = 0;
-  BITSPLIT_ASSIGN_OR_RETURN(const double q8_0_kl,
-                            MeasuredWindowKl(options, reference_logits, q8_0, calibration));
-  const double target = planning.request.error_factor * q8_0_kl;
-  auto same_choices = [](const model::BitPlan& a, const model::BitPlan& b) {
-    return std::equal(a.choices.begin(), a.choices.end(), b.choices.begin(), b.choices.end(),
-                      [](const model::BitPlan::Choice& x, const model::BitPlan::Choice& y) {
-                        return x.base == y.base && x.residual == y.residual;
-                      });
-  };
-  std::vector<model::BitPlan> plans;
-  std::vector<model::BoundTrial> trials;
-  size_t best = 0;
-  auto better = [&](size_t i) {
-    const bool met = trials[i].measured_kl <= target;
-    const bool best_met = trials[best].measured_kl <= target;
-    if (met != best_met) return met;
-    return met ? plans[i].seconds_per_token() < plans[best].seconds_per_token()
-               : trials[i].measured_kl < trials[best].measured_kl;
-  };
-  for (int round = 1; round <= options.check_rounds; ++round) {
-    BITSPLIT_ASSIGN_OR_RETURN(model::BitPlan plan,
-                              model::AllocateBits(groups, planning.candidates, checked));
-    // A bound that changes no choice has been measured already.
-    const auto seen = std::find_if(plans.begin(), plans.end(),
-                                   [&](const model::BitPlan& p) { return same_choices(p, plan); });
-    double kl = 0;
-    if (seen != plans.end()) {
-      kl = trials[static_cast<size_t>(seen - plans.begin())].measured_kl;
-    } else {
-      const model::SplitQuantization q =
-          model::ApplyBitPlan(groups, planning.candidates, plan, quantization);
-      BITSPLIT_ASSIGN_OR_RETURN(kl, MeasuredWindowKl(options, reference_logits, q, calibration));
-    }
-    std::fprintf(stderr,
-                 "[quantize] check %d/%d: verifier KL %.3g on the calibration window (%zu "
-                 "tokens)%s, target %.3g = %.3g x Q8_0's %.3g; predicted %.3g, bound %.3g x "
-                 "Q8_0's predicted\n",
-                 round, options.check_rounds, kl, calibration.first_window.size(),
-                 seen != plans.end() ? " (a plan measured before)" : "", target,
-                 planning.request.error_factor, q8_0_kl, plan.verify_error, checked.error_factor);
-    plans.push_back(std::move(plan));
-    trials.push_back({.error_factor = checked.error_factor, .measured_kl = kl});
-    if (better(trials.size() - 1)) best = trials.size() - 1;
-    if (kl <= target && kl >= model::kKlCloseEnough * target) break;
-    checked.error_factor = model::NextErrorFactor(trials, target);
-  }
-  checked.error_factor = trials[best].error_factor;
-  const double best_kl = trials[best].measured_kl;
-  std::printf("measured: verifier KL %.3g on the calibration window, %.3f x Q8_0's %.3g%s\n",
-              best_kl, best_kl / q8_0_kl, q8_0_kl,
-              best_kl <= target ? "" : ": MISSED --quality after --check-rounds plans");
-  return plans[best];
-}
-
 // Chooses per linear group the base and residual formats for --vram-budget and prints the plan.
 absl::StatusOr<model::SplitQuantization> PlanBits(const QuantizeOptions& options,
                                                   const BudgetPlanning& planning,
                                                   model::SplitQuantization quantization,
-                                                  const model::Calibration* calibration) {
+                                                  const offline::Calibration* calibration) {
   const model::ModelConfig& config = planning.config;
   const model::ModelWeights& weights = planning.weights;
-  const model::BitCandidates& candidates = planning.candidates;
-  const model::AllocationRequest& request = planning.request;
+  const offline::BitCandidates& candidates = planning.candidates;
+  const offline::AllocationRequest& request = planning.request;
   std::fprintf(stderr,
                "[quantize] budget %s: measuring every linear group at %zu bases x %zu "
                "residuals, weighted by the calibration activations\n",
@@ -389,8 +249,8 @@ absl::StatusOr<model::SplitQuantization> PlanBits(const QuantizeOptions& options
   const auto start = std::chrono::steady_clock::now();
   const bool tty = isatty(STDERR_FILENO) != 0;
   BITSPLIT_ASSIGN_OR_RETURN(
-      std::vector<model::GroupSensitivity> groups,
-      model::MeasureSensitivities(
+      std::vector<offline::GroupSensitivity> groups,
+      offline::MeasureSensitivities(
           weights, config, quantization, candidates, calibration, options.threads,
           [&](int64_t done, int64_t total) {
             if (!tty) return;
@@ -406,24 +266,38 @@ absl::StatusOr<model::SplitQuantization> PlanBits(const QuantizeOptions& options
   {
     BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> reference,
                               model::LlamaModel::Load(options.input_path, options.threads));
-    BITSPLIT_RETURN_IF_ERROR(model::MeasureKlSensitivities(*reference, *calibration, groups));
+    BITSPLIT_RETURN_IF_ERROR(offline::MeasureKlSensitivities(*reference, *calibration, groups));
   }
-  BITSPLIT_ASSIGN_OR_RETURN(model::BitPlan plan, model::AllocateBits(groups, candidates, request));
-  model::AllocationRequest checked = request;
+  BITSPLIT_ASSIGN_OR_RETURN(offline::BitPlan plan,
+                            offline::AllocateBits(groups, candidates, request));
+  offline::AllocationRequest checked = request;
   if (options.check_rounds > 0) {
     BITSPLIT_ASSIGN_OR_RETURN(
-        plan, CheckPlan(options, planning, quantization, *calibration, groups, checked));
+        const offline::PlanCheck check,
+        offline::CheckBitPlan({.source_path = options.input_path,
+                               .scratch_prefix = options.output_prefix + ".check",
+                               .rounds = options.check_rounds,
+                               .threads = options.threads,
+                               .report =
+                                   [](const std::string& line) {
+                                     std::fprintf(stderr, "[quantize] %s\n", line.c_str());
+                                   }},
+                              candidates, quantization, *calibration, groups, checked));
+    std::printf("measured: verifier KL %.3g on the calibration window, %.3f x Q8_0's %.3g%s\n",
+                check.measured_kl, check.measured_kl / check.q8_0_kl, check.q8_0_kl,
+                check.met() ? "" : ": MISSED --quality after --check-rounds plans");
+    plan = check.plan;
   }
-  std::printf("%s", model::BitPlanReport(groups, candidates, plan, checked).c_str());
+  std::printf("%s", offline::BitPlanReport(groups, candidates, plan, checked).c_str());
   if (options.plan_json_path) {
     std::ofstream out(*options.plan_json_path);
-    out << model::BitPlanJson(groups, candidates, plan, checked).dump(1) << "\n";
+    out << offline::BitPlanJson(groups, candidates, plan, checked).dump(1) << "\n";
     if (!out) {
       return absl::PermissionDeniedError(
           absl::StrCat("cannot write --plan-json ", *options.plan_json_path));
     }
   }
-  return model::ApplyBitPlan(groups, candidates, plan, std::move(quantization));
+  return offline::ApplyBitPlan(groups, candidates, plan, std::move(quantization));
 }
 
 int RunQuantize(const QuantizeOptions& options) {
@@ -445,7 +319,7 @@ int RunQuantize(const QuantizeOptions& options) {
     if (!source.ok()) return FailWith(source.status());
     auto config = model::ModelConfigFromGguf(**source);
     if (!config.ok()) return FailWith(config.status());
-    if (auto status = model::ValidateSplitQuantization(*quantization, *config); !status.ok()) {
+    if (auto status = offline::ValidateSplitQuantization(*quantization, *config); !status.ok()) {
       return FailWith(status);
     }
   }
@@ -454,12 +328,12 @@ int RunQuantize(const QuantizeOptions& options) {
     budget = PrepareBudget(options, *quantization);
     if (!budget->ok()) return FailWith(budget->status());
   }
-  std::optional<model::Calibration> calibration;
+  std::optional<offline::Calibration> calibration;
   if (options.calibration_path) {
     std::fprintf(stderr, "[quantize] calibrating on %s\n", options.calibration_path->c_str());
-    auto collected =
-        CalibrateFromTextFile(options.input_path, *options.calibration_path, quantization->rotation,
-                              /*max_tokens=*/0, options.calibration_window, options.threads);
+    auto collected = offline::CalibrateFromTextFile(
+        options.input_path, *options.calibration_path, quantization->rotation,
+        /*max_tokens=*/0, options.calibration_window, options.threads);
     if (!collected.ok()) return FailWith(collected.status());
     calibration = std::move(*collected);
   }
@@ -470,16 +344,16 @@ int RunQuantize(const QuantizeOptions& options) {
   }
 
   ProgressLine progress;
-  const model::SplitQuantizeOptions quantize_options{.quantization = *quantization,
-                                                     .num_threads = options.threads};
-  auto summary = model::QuantizeSplitModel(
+  const offline::SplitQuantizeOptions quantize_options{.quantization = *quantization,
+                                                       .num_threads = options.threads};
+  auto summary = offline::QuantizeSplitModel(
       options.input_path, model::SplitBasePath(options.output_prefix),
       quantization->residual_format ? model::SplitResidualPath(options.output_prefix) : "",
       quantize_options, calibration ? &*calibration : nullptr,
-      [&progress](const model::QuantizeProgress& p) { progress.Update(p); });
+      [&progress](const offline::QuantizeProgress& p) { progress.Update(p); });
   if (!summary.ok()) return FailWith(summary.status());
 
-  const model::QuantizeSummary& s = *summary;
+  const offline::QuantizeSummary& s = *summary;
   std::printf("quantization: %s\n", model::SplitQuantizationString(s.quantization).c_str());
   std::printf("fingerprint:  %s\n", SplitFingerprintToHex(s.fingerprint).c_str());
   std::printf(

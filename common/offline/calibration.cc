@@ -1,4 +1,4 @@
-#include "tools/bitsplit/calibration.h"
+#include "common/offline/calibration.h"
 
 #include <cstdio>
 #include <fstream>
@@ -12,13 +12,13 @@
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
 
-namespace bitsplit::cli {
+namespace bitsplit::offline {
 
-absl::StatusOr<model::Calibration> CalibrateFromTextFile(const std::string& gguf_path,
-                                                         const std::string& text_path,
-                                                         const model::HadamardRotation& rotation,
-                                                         int64_t max_tokens, int64_t window,
-                                                         int num_threads) {
+absl::StatusOr<Calibration> CalibrateFromTextFile(const std::string& gguf_path,
+                                                  const std::string& text_path,
+                                                  const model::HadamardRotation& rotation,
+                                                  int64_t max_tokens, int64_t window,
+                                                  int num_threads) {
   std::ifstream in(text_path, std::ios::binary);
   if (!in)
     return absl::NotFoundError(absl::StrFormat("cannot read calibration file %s", text_path));
@@ -36,11 +36,11 @@ absl::StatusOr<model::Calibration> CalibrateFromTextFile(const std::string& gguf
     tokens.resize(static_cast<size_t>(max_tokens));
   }
   const int32_t bos = tokenizer->add_bos() ? tokenizer->bos_id() : -1;
-  BITSPLIT_ASSIGN_OR_RETURN(model::Calibration calibration,
-                            model::CollectCalibration(*source, tokens, window, bos, rotation));
+  BITSPLIT_ASSIGN_OR_RETURN(Calibration calibration,
+                            CollectCalibration(*source, tokens, window, bos, rotation));
   // The hash covers the whole file; with the token count it identifies what was run.
   calibration.text_sha256 = Sha256Hex(Sha256Of(text.data(), text.size()));
   return calibration;
 }
 
-}  // namespace bitsplit::cli
+}  // namespace bitsplit::offline

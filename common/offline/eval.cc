@@ -1,4 +1,4 @@
-#include "common/model/eval.h"
+#include "common/offline/eval.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,7 +9,7 @@
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 
-namespace bitsplit::model {
+namespace bitsplit::offline {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -27,19 +27,19 @@ double LogSumExp(std::span<const float> logits) {
 }
 
 // Runs `tokens` as one causal sequence from an empty cache (created or cleared here).
-absl::Status RunCausalWindow(const ModelConfig& config, std::span<const int32_t> tokens,
-                             std::unique_ptr<KvCache>& cache,
+absl::Status RunCausalWindow(const model::ModelConfig& config, std::span<const int32_t> tokens,
+                             std::unique_ptr<model::KvCache>& cache,
                              const ForwardLogitsSource::ForwardFn& forward,
                              std::vector<float>* logits) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) return absl::InvalidArgumentError("empty window");
   if (cache == nullptr || cache->capacity() < n) {
-    BITSPLIT_ASSIGN_OR_RETURN(KvCache created, KvCache::Create(config, n));
-    cache = std::make_unique<KvCache>(std::move(created));
+    BITSPLIT_ASSIGN_OR_RETURN(model::KvCache created, model::KvCache::Create(config, n));
+    cache = std::make_unique<model::KvCache>(std::move(created));
   }
   cache->Clear();
   logits->resize(static_cast<size_t>(n * config.vocab_size));
-  const Batch batch = Batch::Causal(tokens, 0);
+  const model::Batch batch = model::Batch::Causal(tokens, 0);
   BITSPLIT_RETURN_IF_ERROR(forward(batch, *cache, std::span<float>(*logits)));
   cache->DiscardPending();
   return absl::OkStatus();
@@ -124,7 +124,7 @@ EvalSummary EvalAccumulator::Summarize() const {
 
 absl::Status LlamaLogitsSource::WindowLogits(std::span<const int32_t> tokens,
                                              std::vector<float>* logits) {
-  ForwardLogitsSource::ForwardFn forward = [this](const Batch& batch, KvCache& cache,
+  ForwardLogitsSource::ForwardFn forward = [this](const model::Batch& batch, model::KvCache& cache,
                                                   std::span<float> out) {
     return model_->Forward(batch, cache, out);
   };
@@ -265,4 +265,4 @@ absl::StatusOr<EvalReport> Evaluate(LogitsSource& reference, std::span<LogitsSou
   return report;
 }
 
-}  // namespace bitsplit::model
+}  // namespace bitsplit::offline

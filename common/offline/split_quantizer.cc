@@ -1,4 +1,4 @@
-#include "common/model/split_quantizer.h"
+#include "common/offline/split_quantizer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -21,7 +21,7 @@
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 
-namespace bitsplit::model {
+namespace bitsplit::offline {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -36,23 +36,24 @@ std::string FormatName(quant::SplitFormat format) { return quant::GetSplitFormat
 
 // Wraps a backend and accumulates, per group, the sum over rows of each input column's square
 // (after the rotation the base is fitted in). Thread safety: one forward at a time.
-class ActivationRecorder final : public LinearBackend {
+class ActivationRecorder final : public model::LinearBackend {
  public:
-  ActivationRecorder(LinearBackend& inner, const ModelConfig& config, HadamardRotation rotation)
+  ActivationRecorder(model::LinearBackend& inner, const model::ModelConfig& config,
+                     model::HadamardRotation rotation)
       : inner_(inner), config_(config), rotation_(rotation) {
-    for (const LinearGroupId id : AllLinearGroups(config)) {
-      sums_.emplace_back(static_cast<size_t>(LinearGroupInputDim(config, id.group)), 0.0);
+    for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
+      sums_.emplace_back(static_cast<size_t>(model::LinearGroupInputDim(config, id.group)), 0.0);
     }
     source_sums_ = sums_;
     rows_.assign(sums_.size(), 0);
   }
 
-  absl::Status Apply(LinearGroupId id, const float* x, int64_t num_tokens,
+  absl::Status Apply(model::LinearGroupId id, const float* x, int64_t num_tokens,
                      std::span<float* const> outputs, ThreadPool& pool) override {
-    const size_t index = static_cast<size_t>(LinearGroupIndex(config_, id));
-    const int64_t cols = LinearGroupInputDim(config_, id.group);
+    const size_t index = static_cast<size_t>(model::LinearGroupIndex(config_, id));
+    const int64_t cols = model::LinearGroupInputDim(config_, id.group);
     rotated_.assign(x, x + num_tokens * cols);
-    RotateRows(rotation_, rotated_.data(), num_tokens, cols);
+    model::RotateRows(rotation_, rotated_.data(), num_tokens, cols);
     std::vector<double>& sums = sums_[index];
     std::vector<double>& source_sums = source_sums_[index];
     for (int64_t t = 0; t < num_tokens; ++t) {
@@ -83,9 +84,9 @@ class ActivationRecorder final : public LinearBackend {
   }
 
  private:
-  LinearBackend& inner_;
-  const ModelConfig config_;
-  const HadamardRotation rotation_;
+  model::LinearBackend& inner_;
+  const model::ModelConfig config_;
+  const model::HadamardRotation rotation_;
   std::vector<std::vector<double>> sums_;         // [LinearGroupIndex][input dim], rotated
   std::vector<std::vector<double>> source_sums_;  // the same before the rotation
   std::vector<int64_t> rows_;                     // [LinearGroupIndex]
@@ -99,17 +100,17 @@ struct InputDim {
   std::string tensor;
   int64_t cols;
 };
-std::vector<InputDim> DistinctInputDims(const ModelConfig& config) {
+std::vector<InputDim> DistinctInputDims(const model::ModelConfig& config) {
   std::vector<InputDim> dims;
-  std::vector<LinearGroupId> ids = {{0, LinearGroup::kQkv},
-                                    {0, LinearGroup::kAttnOutput},
-                                    {0, LinearGroup::kGateUp},
-                                    {0, LinearGroup::kDown},
-                                    LinearGroupId::Head()};
-  for (const LinearGroupId id : ids) {
-    const int64_t cols = LinearGroupInputDim(config, id.group);
+  std::vector<model::LinearGroupId> ids = {{0, model::LinearGroup::kQkv},
+                                           {0, model::LinearGroup::kAttnOutput},
+                                           {0, model::LinearGroup::kGateUp},
+                                           {0, model::LinearGroup::kDown},
+                                           model::LinearGroupId::Head()};
+  for (const model::LinearGroupId id : ids) {
+    const int64_t cols = model::LinearGroupInputDim(config, id.group);
     if (std::none_of(dims.begin(), dims.end(), [&](const InputDim& d) { return d.cols == cols; })) {
-      dims.push_back({LinearGroupTensorNames(id)[0], cols});
+      dims.push_back({model::LinearGroupTensorNames(id)[0], cols});
     }
   }
   return dims;
@@ -169,20 +170,20 @@ absl::StatusOr<std::vector<uint8_t>> GgufMetadataImage(const gguf::File& source)
   return image;
 }
 
-SplitFingerprint Fingerprint(const std::string& source_sha256, const SplitQuantization& q) {
+SplitFingerprint Fingerprint(const std::string& source_sha256, const model::SplitQuantization& q) {
   Sha256 hasher;
   hasher.Update(std::string(kFingerprintDomain));
   hasher.Update("\n", 1);
   hasher.Update(source_sha256);
   hasher.Update("\n", 1);
-  hasher.Update(SplitQuantizationToJson(q).dump());
+  hasher.Update(model::SplitQuantizationToJson(q).dump());
   return hasher.Finish();
 }
 
 // A linear weight to split.
 struct SplitJob {
   std::string name;
-  LinearGroupId id;
+  model::LinearGroupId id;
   ops::WeightMatrix source;  // [rows, cols]
   uint64_t source_bytes;
 };
@@ -226,8 +227,8 @@ struct FilePlan {
   }
 };
 
-absl::StatusOr<FilePlan> PlanFiles(const gguf::File& source, const ModelConfig& config,
-                                   const ModelWeights& weights) {
+absl::StatusOr<FilePlan> PlanFiles(const gguf::File& source, const model::ModelConfig& config,
+                                   const model::ModelWeights& weights) {
   FilePlan plan;
   BITSPLIT_ASSIGN_OR_RETURN(plan.metadata_image, GgufMetadataImage(source));
   for (const char* name : {"token_embd.weight", "output_norm.weight", "rope_freqs.weight"}) {
@@ -235,18 +236,18 @@ absl::StatusOr<FilePlan> PlanFiles(const gguf::File& source, const ModelConfig& 
       plan.copies.push_back(tensor);
     }
   }
-  for (const LinearGroupId id : AllLinearGroups(config)) {
+  for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
     PlanStep& step = plan.steps.emplace_back();
-    if (id.group == LinearGroup::kQkv) {
-      for (const LayerVectorSpec& spec : LayerVectorSpecs(config)) {
+    if (id.group == model::LinearGroup::kQkv) {
+      for (const model::LayerVectorSpec& spec : model::LayerVectorSpecs(config)) {
         BITSPLIT_ASSIGN_OR_RETURN(
             const gguf::TensorInfo* tensor,
             SourceTensor(source, absl::StrCat("blk.", id.layer, ".", spec.tensor)));
         step.norms.push_back(tensor);
       }
     }
-    const std::vector<std::string> names = LinearGroupTensorNames(id);
-    const GgufGroupMatrices matrices = GroupMatricesOf(weights, id);
+    const std::vector<std::string> names = model::LinearGroupTensorNames(id);
+    const model::GgufGroupMatrices matrices = model::GroupMatricesOf(weights, id);
     for (size_t i = 0; i < names.size(); ++i) {
       const ops::WeightMatrix& matrix = matrices[i];
       step.jobs.push_back(
@@ -258,10 +259,12 @@ absl::StatusOr<FilePlan> PlanFiles(const gguf::File& source, const ModelConfig& 
 }
 
 // Declares every tensor of the plan (fixing both files' layouts) and counts formats.
-absl::Status DeclareTensors(const FilePlan& plan, const SplitQuantization& q, SplitFileWriter& base,
-                            SplitFileWriter* residual, QuantizeSummary* summary) {
-  BITSPLIT_RETURN_IF_ERROR(base.DeclareTensor(kGgufMetadataTensor, GgmlTensorFormat(GgmlType::kI8),
-                                              0, {static_cast<int64_t>(plan.metadata_image.size())})
+absl::Status DeclareTensors(const FilePlan& plan, const model::SplitQuantization& q,
+                            SplitFileWriter& base, SplitFileWriter* residual,
+                            QuantizeSummary* summary) {
+  BITSPLIT_RETURN_IF_ERROR(base.DeclareTensor(model::kGgufMetadataTensor,
+                                              GgmlTensorFormat(GgmlType::kI8), 0,
+                                              {static_cast<int64_t>(plan.metadata_image.size())})
                                .status());
   ++summary->base_format_counts[GgmlTypeName(GgmlType::kI8)];
   auto declare_copy = [&](const gguf::TensorInfo* tensor) -> absl::Status {
@@ -300,14 +303,15 @@ absl::Status DeclareTensors(const FilePlan& plan, const SplitQuantization& q, Sp
 // Base and residual codes of one matrix, rows in parallel.
 class MatrixSplitter {
  public:
-  MatrixSplitter(const SplitQuantization& q, ThreadPool& pool) : q_(q), pool_(pool) {}
+  MatrixSplitter(const model::SplitQuantization& q, ThreadPool& pool) : q_(q), pool_(pool) {}
 
   // Fills base (rows × base row bytes) and residual (rows × residual row bytes, when the
   // quantization has a residual) from `job.source`.
   absl::Status Run(const SplitJob& job, const float* importance, std::vector<uint8_t>* base,
                    std::vector<uint8_t>* residual) {
     const ops::WeightMatrix& w = job.source;
-    const TensorSplitFormats formats = {q_.BaseFormatOf(job.name), q_.ResidualFormatOf(job.name)};
+    const model::TensorSplitFormats formats = {q_.BaseFormatOf(job.name),
+                                               q_.ResidualFormatOf(job.name)};
     const size_t base_row_bytes = quant::SplitRowBytes(formats.base, q_.base_group, w.cols);
     const size_t residual_row_bytes =
         formats.residual ? quant::SplitRowBytes(*formats.residual, q_.residual_group, w.cols) : 0;
@@ -343,11 +347,11 @@ class MatrixSplitter {
 
  private:
   // row, rest: scratch of w.cols floats each.
-  absl::Status SplitRow(const TensorSplitFormats& formats, const ops::WeightMatrix& w, int64_t r,
-                        const float* importance, float* row, float* rest, uint8_t* base_out,
-                        uint8_t* residual_out) const {
+  absl::Status SplitRow(const model::TensorSplitFormats& formats, const ops::WeightMatrix& w,
+                        int64_t r, const float* importance, float* row, float* rest,
+                        uint8_t* base_out, uint8_t* residual_out) const {
     ops::DequantizeWeightRow(w, r, row);
-    RotateRows(q_.rotation, row, 1, w.cols);
+    model::RotateRows(q_.rotation, row, 1, w.cols);
     if (formats.base == quant::SplitFormat::kQ8_0) {
       quant::QuantizeQ8_0SplitRow(row, w.cols, base_out);
     } else {
@@ -361,15 +365,12 @@ class MatrixSplitter {
                                       residual_out);
   }
 
-  const SplitQuantization& q_;
+  const model::SplitQuantization& q_;
   ThreadPool& pool_;
   std::vector<std::vector<float>> scratch_;  // per worker
 };
 
 }  // namespace
-
-std::string SplitBasePath(const std::string& prefix) { return prefix + ".base.bsplit"; }
-std::string SplitResidualPath(const std::string& prefix) { return prefix + ".residual.bsplit"; }
 
 double QuantizeSummary::base_bits_per_weight() const {
   return source_parameters > 0 ? 8.0 * base_file_bytes / source_parameters : 0.0;
@@ -381,11 +382,12 @@ double QuantizeSummary::residual_bits_per_weight() const {
   return linear_parameters > 0 ? 8.0 * residual_file_bytes / linear_parameters : 0.0;
 }
 
-absl::StatusOr<Calibration> CollectCalibration(LlamaModel& model, std::span<const int32_t> tokens,
-                                               int64_t window, int32_t bos,
-                                               const HadamardRotation& rotation) {
-  const ModelConfig& config = model.config();
-  LinearBackend* reference = model.backend(ForwardMode::kReference);
+absl::StatusOr<Calibration> CollectCalibration(model::LlamaModel& model,
+                                               std::span<const int32_t> tokens, int64_t window,
+                                               int32_t bos,
+                                               const model::HadamardRotation& rotation) {
+  const model::ModelConfig& config = model.config();
+  model::LinearBackend* reference = model.backend(model::ForwardMode::kReference);
   if (reference == nullptr) {
     return absl::FailedPreconditionError(
         "calibration needs the source model (reference mode), not a split model");
@@ -397,7 +399,7 @@ absl::StatusOr<Calibration> CollectCalibration(LlamaModel& model, std::span<cons
                                                    prefix + 1, ", ", config.context_length, "]"));
   }
   ActivationRecorder recorder(*reference, config, rotation);
-  BITSPLIT_ASSIGN_OR_RETURN(KvCache cache, model.NewKvCache(window));
+  BITSPLIT_ASSIGN_OR_RETURN(model::KvCache cache, model.NewKvCache(window));
   std::vector<float> logits;
   std::vector<int32_t> chunk, first_window;
   for (size_t begin = 0; begin < tokens.size();) {
@@ -406,7 +408,7 @@ absl::StatusOr<Calibration> CollectCalibration(LlamaModel& model, std::span<cons
     if (bos >= 0) chunk.push_back(bos);
     chunk.insert(chunk.end(), tokens.begin() + begin, tokens.begin() + begin + count);
     // Every row's logits, so that the output head sees every position's input.
-    const Batch batch = Batch::Causal(chunk, 0);
+    const model::Batch batch = model::Batch::Causal(chunk, 0);
     logits.resize(chunk.size() * static_cast<size_t>(config.vocab_size));
     cache.Clear();
     BITSPLIT_RETURN_IF_ERROR(model.ForwardWith(recorder, batch, cache, logits));
@@ -422,7 +424,8 @@ absl::StatusOr<Calibration> CollectCalibration(LlamaModel& model, std::span<cons
   return calibration;
 }
 
-absl::Status ValidateSplitQuantization(const SplitQuantization& q, const ModelConfig& config) {
+absl::Status ValidateSplitQuantization(const model::SplitQuantization& q,
+                                       const model::ModelConfig& config) {
   const quant::SplitFormatInfo& base = quant::GetSplitFormatInfo(q.base_format);
   if (!base.is_base && q.base_format != quant::SplitFormat::kQ8_0) {
     return absl::InvalidArgumentError(
@@ -459,7 +462,7 @@ absl::Status ValidateSplitQuantization(const SplitQuantization& q, const ModelCo
       BITSPLIT_RETURN_IF_ERROR(CheckGroup("residual", *formats.residual, q.residual_group, dims));
     }
   }
-  BITSPLIT_RETURN_IF_ERROR(ValidateTensorFormats(q, config));
+  BITSPLIT_RETURN_IF_ERROR(model::ValidateTensorFormats(q, config));
   if (q.rotation.enabled()) {
     for (const InputDim& dim : dims) {
       if (quant::ValidateHadamard(q.rotation.block, dim.cols).ok()) continue;
@@ -483,19 +486,20 @@ absl::StatusOr<QuantizeSummary> QuantizeSplitModel(const std::string& gguf_path,
                                                    const QuantizeProgressFn& progress) {
   const Clock::time_point start = Clock::now();
   BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<gguf::File> source, gguf::File::Open(gguf_path));
-  BITSPLIT_ASSIGN_OR_RETURN(const ModelConfig config, ModelConfigFromGguf(*source));
-  BITSPLIT_ASSIGN_OR_RETURN(const ModelWeights weights, ModelWeightsFromGguf(*source, config));
+  BITSPLIT_ASSIGN_OR_RETURN(const model::ModelConfig config, model::ModelConfigFromGguf(*source));
+  BITSPLIT_ASSIGN_OR_RETURN(const model::ModelWeights weights,
+                            model::ModelWeightsFromGguf(*source, config));
 
-  SplitQuantization q = options.quantization;
+  model::SplitQuantization q = options.quantization;
   if (!q.residual_format) q.residual_group = 0;  // canonical, as the record stores it
   q.calibration_sha256.clear();
   q.calibration_tokens = q.calibration_window = 0;
   if (calibration != nullptr) {
-    const std::vector<LinearGroupId> groups = AllLinearGroups(config);
+    const std::vector<model::LinearGroupId> groups = model::AllLinearGroups(config);
     bool fits = calibration->importance.size() == groups.size();
     for (size_t g = 0; fits && g < groups.size(); ++g) {
       fits = static_cast<int64_t>(calibration->importance[g].size()) ==
-             LinearGroupInputDim(config, groups[g].group);
+             model::LinearGroupInputDim(config, groups[g].group);
     }
     if (!fits) return absl::InvalidArgumentError("calibration was collected on a different model");
     q.calibration_sha256 = calibration->text_sha256;
@@ -523,15 +527,15 @@ absl::StatusOr<QuantizeSummary> QuantizeSplitModel(const std::string& gguf_path,
   summary.linear_parameters = plan.linear_parameters;
 
   const nlohmann::json metadata = {
-      {kSplitMetadataKey,
-       {{"version", SplitRecordVersionOf(q)},
-        {"quantization", SplitQuantizationToJson(q)},
+      {model::kSplitMetadataKey,
+       {{"version", model::SplitRecordVersionOf(q)},
+        {"quantization", model::SplitQuantizationToJson(q)},
         {"source",
          {{"file", std::filesystem::path(gguf_path).filename().string()},
           {"sha256", source_sha256},
           {"bytes", source->image_size()}}},
         {"output_tied_to_embedding", weights.output_tied_to_embedding}}}};
-  const RowSizeOracle oracle = SplitFormatRowSizeOracle();
+  const RowSizeOracle oracle = model::SplitFormatRowSizeOracle();
   BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<SplitFileWriter> base,
                             SplitFileWriter::Create(summary.base_path, SplitFileKind::kBase,
                                                     summary.fingerprint, metadata, oracle));
@@ -559,8 +563,8 @@ absl::StatusOr<QuantizeSummary> QuantizeSplitModel(const std::string& gguf_path,
     advance(tensor->num_bytes);
     return absl::OkStatus();
   };
-  BITSPLIT_RETURN_IF_ERROR(base->WriteTensorData(kGgufMetadataTensor, plan.metadata_image.data(),
-                                                 plan.metadata_image.size()));
+  BITSPLIT_RETURN_IF_ERROR(base->WriteTensorData(
+      model::kGgufMetadataTensor, plan.metadata_image.data(), plan.metadata_image.size()));
   advance(0);
   for (const gguf::TensorInfo* tensor : plan.copies) BITSPLIT_RETURN_IF_ERROR(write_copy(tensor));
 
@@ -572,7 +576,8 @@ absl::StatusOr<QuantizeSummary> QuantizeSplitModel(const std::string& gguf_path,
     for (const SplitJob& job : step.jobs) {
       const float* importance =
           calibration != nullptr
-              ? calibration->importance[static_cast<size_t>(LinearGroupIndex(config, job.id))]
+              ? calibration
+                    ->importance[static_cast<size_t>(model::LinearGroupIndex(config, job.id))]
                     .data()
               : nullptr;
       BITSPLIT_RETURN_IF_ERROR(splitter.Run(job, importance, &base_codes, &residual_codes));
@@ -597,4 +602,4 @@ absl::StatusOr<QuantizeSummary> QuantizeSplitModel(const std::string& gguf_path,
   return summary;
 }
 
-}  // namespace bitsplit::model
+}  // namespace bitsplit::offline

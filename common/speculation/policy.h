@@ -41,9 +41,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/model/speculation.h"
+#include "common/speculation/tree.h"
 
-namespace bitsplit::model {
+namespace bitsplit::speculation {
 
 // "off" for nodes = 0, else "tree N=16 k=4 depth<=8" (a chain is k=1): the shape string of the
 // public speculation stats.
@@ -194,4 +194,4 @@ class AdaptivePolicy {
 // candidates that fit, else `bounds` itself.
 absl::StatusOr<AdaptivePolicy> MakeAdaptivePolicy(const TreeShape& bounds);
 
-}  // namespace bitsplit::model
+}  // namespace bitsplit::speculation

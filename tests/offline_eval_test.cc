@@ -1,4 +1,4 @@
-// Statistics of `bitsplit eval` (common/model/eval.h) against hand-computed values, and an
+// Statistics of `bitsplit eval` (common/offline/eval.h) against hand-computed values, and an
 // end-to-end evaluation of SmolLM2 on a few hundred tokens.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -8,15 +8,15 @@
 #include <numeric>
 #include <vector>
 
-#include "common/model/eval.h"
-#include "common/model/eval_configs.h"
 #include "common/model/llama_model.h"
-#include "common/model/split_quantizer.h"
+#include "common/offline/eval.h"
+#include "common/offline/eval_configs.h"
+#include "common/offline/split_quantizer.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/paths.h"
 #include "tests/testing/split_fixture.h"
 
-namespace bitsplit::model {
+namespace bitsplit::offline {
 namespace {
 
 using ::testing::DoubleNear;
@@ -294,25 +294,26 @@ std::vector<int32_t> FixtureTokens() {
 // SmolLM2, 256 tokens in two windows: the reference against itself, the split fixture
 // (b2_asym/g64 + r8/g64, Hadamard 64) in draft mode (b2) and verify mode (b2+r8).
 TEST(EvaluateSmolLm2Test, ReferenceIsExactAndResidualImprovesOnTheDraft) {
-  auto reference = LlamaModel::Load(testing::ModelPath(testing::kSmolLm2File), 2);
+  auto reference = model::LlamaModel::Load(testing::ModelPath(testing::kSmolLm2File), 2);
   ASSERT_TRUE(reference.ok()) << reference.status();
   const testing::SplitModelPaths& paths = testing::SmolLm2SplitModel();
-  auto split = LlamaModel::LoadSplit(paths.base, paths.residual, 2);
+  auto split = model::LlamaModel::LoadSplit(paths.base, paths.residual, 2);
   ASSERT_TRUE(split.ok()) << split.status();
 
   std::vector<int32_t> tokens = FixtureTokens();
   ASSERT_GE(tokens.size(), 256u);
   LlamaLogitsSource ref_source(reference->get());
   LlamaLogitsSource ref_again(reference->get());
-  auto mode_source = [&](ForwardMode mode) {
-    LlamaModel* m = split->get();
+  auto mode_source = [&](model::ForwardMode mode) {
+    model::LlamaModel* m = split->get();
     return ForwardLogitsSource(
-        m->config(), [m, mode](const Batch& batch, KvCache& cache, std::span<float> logits) {
+        m->config(),
+        [m, mode](const model::Batch& batch, model::KvCache& cache, std::span<float> logits) {
           return m->Forward(batch, cache, logits, mode);
         });
   };
-  ForwardLogitsSource draft = mode_source(ForwardMode::kDraft);
-  ForwardLogitsSource verify = mode_source(ForwardMode::kVerify);
+  ForwardLogitsSource draft = mode_source(model::ForwardMode::kDraft);
+  ForwardLogitsSource verify = mode_source(model::ForwardMode::kVerify);
   LogitsSource* configs[] = {&ref_again, &draft, &verify};
   EvalOptions options;
   options.window = 128;
@@ -343,7 +344,7 @@ TEST(EvaluateSmolLm2Test, ReferenceIsExactAndResidualImprovesOnTheDraft) {
   // reproduces the (rotated) source grid.
   auto source_file = gguf::File::Open(testing::ModelPath(testing::kSmolLm2File));
   ASSERT_TRUE(source_file.ok()) << source_file.status();
-  auto source = ModelWeightsFromGguf(**source_file, (*reference)->config());
+  auto source = model::ModelWeightsFromGguf(**source_file, (*reference)->config());
   ASSERT_TRUE(source.ok()) << source.status();
   ThreadPool pool(2);
   auto draft_weights =
@@ -372,13 +373,13 @@ TEST(MeasureWeightsTest, OurQ8_0ReproducesTheQ8_0HeadExactly) {
   options.quantization.base_group = 32;
   options.quantization.residual_format = std::nullopt;
   options.num_threads = 2;
-  auto summary = QuantizeSplitModel(gguf_path, SplitBasePath(prefix), "", options);
+  auto summary = QuantizeSplitModel(gguf_path, model::SplitBasePath(prefix), "", options);
   ASSERT_TRUE(summary.ok()) << summary.status();
-  auto split = LlamaModel::LoadSplit(SplitBasePath(prefix), "", 2);
+  auto split = model::LlamaModel::LoadSplit(model::SplitBasePath(prefix), "", 2);
   ASSERT_TRUE(split.ok()) << split.status();
   auto file = gguf::File::Open(gguf_path);
   ASSERT_TRUE(file.ok()) << file.status();
-  auto source = ModelWeightsFromGguf(**file, (*split)->config());
+  auto source = model::ModelWeightsFromGguf(**file, (*split)->config());
   ASSERT_TRUE(source.ok()) << source.status();
   ThreadPool pool(2);
   auto stats = MeasureSplitWeights(*source, (*split)->config(), *(*split)->split_files(),
@@ -421,9 +422,9 @@ TEST(MeasureWeightsTest, CombinesTheLayersOfOneConfigurationWithTheHeadOfAnother
 TEST(MeasureWeightsTest, AGgufAgainstItselfIsExact) {
   auto file = gguf::File::Open(testing::ModelPath(testing::kSmolLm2File));
   ASSERT_TRUE(file.ok()) << file.status();
-  auto config = ModelConfigFromGguf(**file);
+  auto config = model::ModelConfigFromGguf(**file);
   ASSERT_TRUE(config.ok()) << config.status();
-  auto weights = ModelWeightsFromGguf(**file, *config);
+  auto weights = model::ModelWeightsFromGguf(**file, *config);
   ASSERT_TRUE(weights.ok()) << weights.status();
   ThreadPool pool(2);
   auto stats = MeasureGgufWeights(*weights, *config, *weights, pool);
@@ -443,4 +444,4 @@ TEST(MeasureWeightsTest, AGgufAgainstItselfIsExact) {
 }
 
 }  // namespace
-}  // namespace bitsplit::model
+}  // namespace bitsplit::offline

@@ -14,7 +14,7 @@
 #include "common/model/weights.h"
 #include "common/util/thread_pool.h"
 
-namespace bitsplit::cuda {
+namespace bitsplit::bench {
 
 struct SyntheticSplitModel {
   model::ModelConfig config;
@@ -36,4 +36,4 @@ absl::StatusOr<std::unique_ptr<SyntheticSplitModel>> MakeSyntheticSplitModel(
     const model::ModelConfig& config, const model::SplitQuantization& quantization, uint64_t seed,
     ThreadPool& pool);
 
-}  // namespace bitsplit::cuda
+}  // namespace bitsplit::bench

@@ -1,17 +1,17 @@
-#include "common/cuda/synthetic_model.h"
+#include "bench/synthetic_model.h"
 
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/io/ggml_type.h"
-#include "common/model/split_quantizer.h"
+#include "common/offline/split_quantizer.h"
 #include "common/ops/matmul.h"
 #include "common/quant/split_format.h"
 #include "common/util/fp16.h"
 #include "common/util/status_macros.h"
 
-namespace bitsplit::cuda {
+namespace bitsplit::bench {
 namespace {
 
 // splitmix64: one independent stream per (seed, matrix, row).
@@ -79,7 +79,7 @@ absl::StatusOr<std::unique_ptr<SyntheticSplitModel>> MakeSyntheticSplitModel(
   if (!quantization.residual_format.has_value()) {
     return absl::InvalidArgumentError("a synthetic split model needs a residual format");
   }
-  BITSPLIT_RETURN_IF_ERROR(model::ValidateSplitQuantization(quantization, config));
+  BITSPLIT_RETURN_IF_ERROR(offline::ValidateSplitQuantization(quantization, config));
   auto m = std::make_unique<SyntheticSplitModel>();
   m->config = config;
   m->quantization = quantization;
@@ -144,4 +144,4 @@ absl::StatusOr<std::unique_ptr<SyntheticSplitModel>> MakeSyntheticSplitModel(
   return m;
 }
 
-}  // namespace bitsplit::cuda
+}  // namespace bitsplit::bench

@@ -1,4 +1,4 @@
-// Speculative decoding in process (common/model/speculation.h): the walk, the tree growth, and
+// Speculative decoding in process (common/speculation/session.h): the walk, the tree growth, and
 // the losslessness invariant of docs/design.md §3 on the real SmolLM2 split model — speculative
 // output equals plain decoding (one verifier token at a time, sampled at the token's index) for
 // every tree shape and sampling setting.
@@ -10,7 +10,7 @@
 
 #include "common/model/llama_model.h"
 #include "common/model/sampler.h"
-#include "common/model/speculation.h"
+#include "common/speculation/cpu_session.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -18,7 +18,7 @@
 #include "tests/testing/speculation_runs.h"
 #include "tests/testing/split_fixture.h"
 
-namespace bitsplit::model {
+namespace bitsplit::speculation {
 namespace {
 
 using ::testing::ElementsAre;
@@ -86,7 +86,7 @@ class SpeculationTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     const testing::SplitModelPaths& paths = testing::SmolLm2SplitModel();
-    auto model = LlamaModel::LoadSplit(paths.base, paths.residual, kThreads);
+    auto model = model::LlamaModel::LoadSplit(paths.base, paths.residual, kThreads);
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = model->release();
   }
@@ -96,20 +96,20 @@ class SpeculationTest : public ::testing::Test {
   }
 
   static std::vector<int32_t> PlainDecode(const std::vector<int32_t>& prompt,
-                                          const SamplingParams& sampling, int count) {
+                                          const model::SamplingParams& sampling, int count) {
     return testing::PlainDecode(*model_, prompt, sampling, count);
   }
   static testing::SpecRun SpeculativeDecode(const std::vector<int32_t>& prompt,
-                                            const SamplingParams& sampling, int count,
-                                            const TreeShape& shape, ForwardMode draft_mode,
+                                            const model::SamplingParams& sampling, int count,
+                                            const TreeShape& shape, model::ForwardMode draft_mode,
                                             DraftKv draft_kv = DraftKv::kShared) {
     return testing::SpeculativeDecode(*model_, prompt, sampling, count, shape, draft_mode,
                                       draft_kv);
   }
 
-  static LlamaModel* model_;
+  static model::LlamaModel* model_;
 };
-LlamaModel* SpeculationTest::model_ = nullptr;
+model::LlamaModel* SpeculationTest::model_ = nullptr;
 
 const TreeShape kTree16 = {.nodes = 16, .expansions = 4, .max_depth = 8};
 const TreeShape kChain8 = {.nodes = 8, .expansions = 1, .max_depth = 8};
@@ -119,8 +119,8 @@ const TreeShape kOff = {.nodes = 0, .expansions = 1, .max_depth = 1};
 // the accepted path: the root and the accepted nodes' tokens, in order.
 TEST_F(SpeculationTest, StepsGrowTheRequestedTreeAndCommitTheAcceptedPath) {
   const std::vector<int32_t> prompt = OraclePrompts(24)[2];
-  auto session = *CpuSpeculativeSession::Create(*model_, ForwardMode::kVerify, *model_,
-                                                ForwardMode::kDraft, {.capacity = 128});
+  auto session = *CpuSpeculativeSession::Create(*model_, model::ForwardMode::kVerify, *model_,
+                                                model::ForwardMode::kDraft, {.capacity = 128});
   ASSERT_TRUE(
       PrefillInChunks(*session, std::span<const int32_t>(prompt).first(prompt.size() - 1), 8).ok());
   ASSERT_EQ(session->committed_length(), static_cast<int64_t>(prompt.size() - 1));
@@ -176,7 +176,8 @@ TEST_F(SpeculationTest, StepsGrowTheRequestedTreeAndCommitTheAcceptedPath) {
 // forward and the commit keeps the right KV.
 TEST_F(SpeculationTest, APerfectDrafterHasItsChainsAcceptedWhole) {
   for (const std::vector<int32_t>& prompt : OraclePrompts(32)) {
-    const testing::SpecRun run = SpeculativeDecode(prompt, {}, 27, kChain8, ForwardMode::kVerify);
+    const testing::SpecRun run =
+        SpeculativeDecode(prompt, {}, 27, kChain8, model::ForwardMode::kVerify);
     EXPECT_EQ(run.verify_steps, 3);
     EXPECT_EQ(run.tokens, PlainDecode(prompt, {}, 27));
   }
@@ -186,25 +187,26 @@ TEST_F(SpeculationTest, APerfectDrafterHasItsChainsAcceptedWhole) {
 // own KV: every shape, greedy and sampled, equals plain decoding token for token.
 TEST_F(SpeculationTest, SpeculativeOutputEqualsPlainDecoding) {
   const std::vector<std::vector<int32_t>> prompts = OraclePrompts(24);
-  const SamplingParams samplings[] = {{},
-                                      {.temperature = 0.8f, .seed = 1},
-                                      {.temperature = 0.8f, .top_k = 40, .seed = 2},
-                                      {.temperature = 0.8f, .top_p = 0.9f, .seed = 3}};
+  const model::SamplingParams samplings[] = {{},
+                                             {.temperature = 0.8f, .seed = 1},
+                                             {.temperature = 0.8f, .top_k = 40, .seed = 2},
+                                             {.temperature = 0.8f, .top_p = 0.9f, .seed = 3}};
   constexpr int kTokens = 16;
   int accepted_beyond_root = 0;
   for (size_t p = 0; p < prompts.size(); p += 2) {
-    for (const SamplingParams& sampling : samplings) {
+    for (const model::SamplingParams& sampling : samplings) {
       const std::vector<int32_t> expected = PlainDecode(prompts[p], sampling, kTokens);
       for (const TreeShape& shape : {kTree16, kChain8, kOff}) {
-        for (ForwardMode draft : {ForwardMode::kDraft, ForwardMode::kVerify}) {
-          if (shape.nodes == 0 && draft == ForwardMode::kVerify) continue;
+        for (model::ForwardMode draft : {model::ForwardMode::kDraft, model::ForwardMode::kVerify}) {
+          if (shape.nodes == 0 && draft == model::ForwardMode::kVerify) continue;
           const testing::SpecRun run =
               SpeculativeDecode(prompts[p], sampling, kTokens, shape, draft);
           EXPECT_EQ(run.tokens, expected)
               << "prompt " << p << " T=" << sampling.temperature << " seed " << sampling.seed
               << " nodes " << shape.nodes << " k " << shape.expansions << " draft "
-              << ForwardModeName(draft);
-          if (draft == ForwardMode::kVerify) accepted_beyond_root += kTokens - run.verify_steps;
+              << model::ForwardModeName(draft);
+          if (draft == model::ForwardMode::kVerify)
+            accepted_beyond_root += kTokens - run.verify_steps;
         }
       }
     }
@@ -221,14 +223,14 @@ TEST_F(SpeculationTest, DeepTreesOf128NodesAreLossless) {
   const TreeShape deep = {.nodes = 128, .expansions = 8, .max_depth = 16};
   const std::vector<int32_t> prompt = OraclePrompts(24)[1];
   constexpr int kTokens = 16;
-  for (const SamplingParams& sampling :
-       {SamplingParams{}, SamplingParams{.temperature = 0.8f, .seed = 11}}) {
+  for (const model::SamplingParams& sampling :
+       {model::SamplingParams{}, model::SamplingParams{.temperature = 0.8f, .seed = 11}}) {
     const std::vector<int32_t> expected = PlainDecode(prompt, sampling, kTokens);
-    EXPECT_EQ(SpeculativeDecode(prompt, sampling, kTokens, deep, ForwardMode::kDraft).tokens,
+    EXPECT_EQ(SpeculativeDecode(prompt, sampling, kTokens, deep, model::ForwardMode::kDraft).tokens,
               expected)
         << "T=" << sampling.temperature;
     const testing::SpecRun perfect =
-        SpeculativeDecode(prompt, sampling, kTokens, deep, ForwardMode::kVerify);
+        SpeculativeDecode(prompt, sampling, kTokens, deep, model::ForwardMode::kVerify);
     EXPECT_EQ(perfect.tokens, expected) << "T=" << sampling.temperature;
     if (sampling.temperature == 0.0f) {
       EXPECT_LT(perfect.verify_steps, kTokens / 2);  // more than 2 tokens per step
@@ -238,14 +240,15 @@ TEST_F(SpeculationTest, DeepTreesOf128NodesAreLossless) {
 
 TEST_F(SpeculationTest, OwnDraftKvIsLosslessToo) {
   const std::vector<int32_t> prompt = OraclePrompts(24)[3];
-  for (const SamplingParams& sampling :
-       {SamplingParams{}, SamplingParams{.temperature = 0.8f, .seed = 7}}) {
+  for (const model::SamplingParams& sampling :
+       {model::SamplingParams{}, model::SamplingParams{.temperature = 0.8f, .seed = 7}}) {
     const std::vector<int32_t> expected = PlainDecode(prompt, sampling, 20);
     EXPECT_EQ(
-        SpeculativeDecode(prompt, sampling, 20, kTree16, ForwardMode::kDraft, DraftKv::kOwn).tokens,
+        SpeculativeDecode(prompt, sampling, 20, kTree16, model::ForwardMode::kDraft, DraftKv::kOwn)
+            .tokens,
         expected);
-    const testing::SpecRun perfect =
-        SpeculativeDecode(prompt, sampling, 20, kChain8, ForwardMode::kVerify, DraftKv::kOwn);
+    const testing::SpecRun perfect = SpeculativeDecode(prompt, sampling, 20, kChain8,
+                                                       model::ForwardMode::kVerify, DraftKv::kOwn);
     EXPECT_EQ(perfect.tokens, expected);
   }
 }
@@ -254,23 +257,24 @@ TEST_F(SpeculationTest, OwnDraftKvIsLosslessToo) {
 // agrees with the verifier almost always, so that multi-token paths are accepted and committed;
 // reading the verifier's KV or computing its own.
 TEST_F(SpeculationTest, SeparateDraftModelIsLosslessWithSharedAndOwnKv) {
-  auto source = LlamaModel::Load(testing::ModelPath(testing::kSmolLm2File), kThreads);
+  auto source = model::LlamaModel::Load(testing::ModelPath(testing::kSmolLm2File), kThreads);
   ASSERT_TRUE(source.ok()) << source.status();
   const std::vector<int32_t> prompt = OraclePrompts(24)[0];
   constexpr int kTokens = 16;
   const std::vector<int32_t> expected = PlainDecode(prompt, {}, kTokens);
   for (const DraftKv kv : {DraftKv::kShared, DraftKv::kOwn}) {
+    SCOPED_TRACE(kv == DraftKv::kShared ? "shared KV" : "own KV");
     const testing::SpecRun run = testing::SpeculativeDecode(
-        *model_, prompt, {}, kTokens, kTree16, ForwardMode::kReference, kv, source->get());
-    EXPECT_EQ(run.tokens, expected) << DraftKvName(kv);
-    EXPECT_LT(run.verify_steps, kTokens) << DraftKvName(kv) << ": no drafted token was accepted";
+        *model_, prompt, {}, kTokens, kTree16, model::ForwardMode::kReference, kv, source->get());
+    EXPECT_EQ(run.tokens, expected);
+    EXPECT_LT(run.verify_steps, kTokens) << "no drafted token was accepted";
   }
 }
 
 TEST_F(SpeculationTest, BadStepsAreRejectedAndChangeNothing) {
   const std::vector<int32_t> prompt = OraclePrompts(16)[1];
-  auto session = *CpuSpeculativeSession::Create(*model_, ForwardMode::kVerify, *model_,
-                                                ForwardMode::kDraft, {.capacity = 40});
+  auto session = *CpuSpeculativeSession::Create(*model_, model::ForwardMode::kVerify, *model_,
+                                                model::ForwardMode::kDraft, {.capacity = 40});
   ASSERT_TRUE(PrefillInChunks(*session, prompt, 64).ok());
   const int64_t length = session->committed_length();
   const std::vector<int32_t> tokens(session->committed_tokens().begin(),
@@ -327,8 +331,8 @@ TEST_F(SpeculationTest, SequencesForwardedTogetherEqualEachForwardedAlone) {
   const std::vector<std::vector<int32_t>> prompts = OraclePrompts(24);
   const int64_t vocab = model_->config().vocab_size;
   constexpr int kSequences = 3;
-  std::vector<KvCache> together, alone;
-  std::vector<Batch> batches;
+  std::vector<model::KvCache> together, alone;
+  std::vector<model::Batch> batches;
   for (int s = 0; s < kSequences; ++s) {
     together.push_back(*model_->NewKvCache(64));
     alone.push_back(*model_->NewKvCache(64));
@@ -336,29 +340,31 @@ TEST_F(SpeculationTest, SequencesForwardedTogetherEqualEachForwardedAlone) {
     const std::vector<int32_t> prefix(prompts[s].begin(), prompts[s].begin() + 5 * s);
     if (!prefix.empty()) {
       std::vector<float> ignored(static_cast<size_t>(prefix.size() * vocab));
-      for (KvCache* cache : {&together.back(), &alone.back()}) {
-        ASSERT_TRUE(model_->Forward(Batch::Causal(prefix, 0), *cache, ignored).ok());
+      for (model::KvCache* cache : {&together.back(), &alone.back()}) {
+        ASSERT_TRUE(model_->Forward(model::Batch::Causal(prefix, 0), *cache, ignored).ok());
         ASSERT_TRUE(cache->Commit(static_cast<int64_t>(prefix.size())).ok());
       }
     }
   }
-  batches.push_back(Batch::Causal(std::vector<int32_t>(prompts[0].begin(), prompts[0].end()), 0));
-  batches.back().logit_rows = {static_cast<int32_t>(prompts[0].size() - 1)};
   batches.push_back(
-      *Batch::Tree(std::vector<int32_t>{11, 12, 13, 14}, std::vector<int32_t>{-1, 0, 0, 1}, 5));
-  batches.push_back(Batch::Causal(std::vector<int32_t>{prompts[2][10]}, 10));
+      model::Batch::Causal(std::vector<int32_t>(prompts[0].begin(), prompts[0].end()), 0));
+  batches.back().logit_rows = {static_cast<int32_t>(prompts[0].size() - 1)};
+  batches.push_back(*model::Batch::Tree(std::vector<int32_t>{11, 12, 13, 14},
+                                        std::vector<int32_t>{-1, 0, 0, 1}, 5));
+  batches.push_back(model::Batch::Causal(std::vector<int32_t>{prompts[2][10]}, 10));
   std::vector<std::vector<float>> logits_together(kSequences), logits_alone(kSequences);
-  std::vector<SequenceForward> forwards;
+  std::vector<model::SequenceForward> forwards;
   for (int s = 0; s < kSequences; ++s) {
     const size_t size = static_cast<size_t>(batches[s].num_logit_rows() * vocab);
     logits_together[s].resize(size);
     logits_alone[s].resize(size);
     forwards.push_back({.batch = &batches[s], .cache = &together[s], .logits = logits_together[s]});
   }
-  ASSERT_TRUE(model_->ForwardSequences(forwards, ForwardMode::kVerify).ok());
+  ASSERT_TRUE(model_->ForwardSequences(forwards, model::ForwardMode::kVerify).ok());
   const int64_t kv = model_->config().kv_dim();
   for (int s = 0; s < kSequences; ++s) {
-    ASSERT_TRUE(model_->Forward(batches[s], alone[s], logits_alone[s], ForwardMode::kVerify).ok());
+    ASSERT_TRUE(
+        model_->Forward(batches[s], alone[s], logits_alone[s], model::ForwardMode::kVerify).ok());
     EXPECT_EQ(logits_together[s], logits_alone[s]) << "sequence " << s;
     const int64_t first = alone[s].committed_length();
     for (int64_t layer = 0; layer < model_->config().num_layers; ++layer) {
@@ -374,13 +380,13 @@ TEST_F(SpeculationTest, SequencesForwardedTogetherEqualEachForwardedAlone) {
   }
   // A cache twice, or a malformed sequence, is refused before anything runs.
   forwards[1].cache = &together[0];
-  EXPECT_THAT(model_->ForwardSequences(forwards, ForwardMode::kVerify).message(),
+  EXPECT_THAT(model_->ForwardSequences(forwards, model::ForwardMode::kVerify).message(),
               HasSubstr("share one KV cache"));
   forwards[1].cache = &together[1];
-  Batch bad = batches[2];
+  model::Batch bad = batches[2];
   bad.tokens[0] = static_cast<int32_t>(vocab);
   forwards[2].batch = &bad;
-  EXPECT_THAT(model_->ForwardSequences(forwards, ForwardMode::kVerify).message(),
+  EXPECT_THAT(model_->ForwardSequences(forwards, model::ForwardMode::kVerify).message(),
               HasSubstr("sequence 2"));
 }
 
@@ -391,7 +397,7 @@ TEST_F(SpeculationTest, SessionsSteppedTogetherEqualPlainDecoding) {
   const std::vector<std::vector<int32_t>> prompts = OraclePrompts(24);
   struct Generation {
     std::vector<int32_t> prompt;
-    SamplingParams sampling;
+    model::SamplingParams sampling;
     TreeShape shape;
     int join_iteration = 0;
     std::unique_ptr<CpuSpeculativeSession> session;
@@ -401,7 +407,8 @@ TEST_F(SpeculationTest, SessionsSteppedTogetherEqualPlainDecoding) {
   };
   constexpr int kTokens = 20;
   std::vector<Generation> generations(5);
-  auto set = [&](size_t i, size_t prompt, SamplingParams sampling, TreeShape shape, int join) {
+  auto set = [&](size_t i, size_t prompt, model::SamplingParams sampling, TreeShape shape,
+                 int join) {
     generations[i].prompt = prompts[prompt];
     generations[i].sampling = sampling;
     generations[i].shape = shape;
@@ -413,8 +420,8 @@ TEST_F(SpeculationTest, SessionsSteppedTogetherEqualPlainDecoding) {
   set(3, 3, {}, kTree16, 3);
   set(4, 4, {.temperature = 0.8f, .seed = 2}, kTree16, 1);
   for (Generation& g : generations) {
-    g.session = *CpuSpeculativeSession::Create(*model_, ForwardMode::kVerify, *model_,
-                                               ForwardMode::kDraft, {.capacity = 96});
+    g.session = *CpuSpeculativeSession::Create(*model_, model::ForwardMode::kVerify, *model_,
+                                               model::ForwardMode::kDraft, {.capacity = 96});
     g.root = g.prompt.back();
   }
   constexpr size_t kPrefillChunk = 7;  // every prompt takes several iterations to prefill
@@ -477,4 +484,4 @@ TEST_F(SpeculationTest, SessionsSteppedTogetherEqualPlainDecoding) {
 }
 
 }  // namespace
-}  // namespace bitsplit::model
+}  // namespace bitsplit::speculation

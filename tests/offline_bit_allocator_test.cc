@@ -13,17 +13,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/io/gguf.h"
-#include "common/model/bit_allocator.h"
 #include "common/model/config.h"
-#include "common/model/eval.h"
 #include "common/model/kv_cache.h"
 #include "common/model/linear_backend.h"
 #include "common/model/llama_model.h"
 #include "common/model/residual_file.h"
 #include "common/model/split_model.h"
-#include "common/model/split_quantizer.h"
 #include "common/model/vram_plan.h"
 #include "common/model/weights.h"
+#include "common/offline/bit_allocator.h"
+#include "common/offline/eval.h"
+#include "common/offline/split_quantizer.h"
 #include "common/ops/matmul.h"
 #include "common/quant/split_format.h"
 #include "gmock/gmock.h"
@@ -32,7 +32,7 @@
 #include "tests/testing/speculation_runs.h"
 #include "tests/testing/synthetic_weights.h"
 
-namespace bitsplit::model {
+namespace bitsplit::offline {
 namespace {
 
 using quant::SplitFormat;
@@ -86,8 +86,8 @@ std::string WriteTinyModel() {
 
 struct Tiny {
   std::unique_ptr<gguf::File> file;
-  ModelConfig config;
-  ModelWeights weights;
+  model::ModelConfig config;
+  model::ModelWeights weights;
 };
 const Tiny& TinyModel() {
   static const Tiny* const tiny = [] {
@@ -95,10 +95,10 @@ const Tiny& TinyModel() {
     auto file = gguf::File::Open(WriteTinyModel());
     EXPECT_TRUE(file.ok()) << file.status();
     t->file = std::move(*file);
-    auto config = ModelConfigFromGguf(*t->file);
+    auto config = model::ModelConfigFromGguf(*t->file);
     EXPECT_TRUE(config.ok()) << config.status();
     t->config = *config;
-    auto weights = ModelWeightsFromGguf(*t->file, t->config);
+    auto weights = model::ModelWeightsFromGguf(*t->file, t->config);
     EXPECT_TRUE(weights.ok()) << weights.status();
     t->weights = *weights;
     return t;
@@ -106,8 +106,8 @@ const Tiny& TinyModel() {
   return *tiny;
 }
 
-SplitQuantization RotatedQuantization() {
-  SplitQuantization q;
+model::SplitQuantization RotatedQuantization() {
+  model::SplitQuantization q;
   q.base_format = SplitFormat::kB2Asym;
   q.base_group = 64;
   q.residual_format = SplitFormat::kR8;
@@ -117,20 +117,22 @@ SplitQuantization RotatedQuantization() {
 }
 
 // Every linear tensor of a group gets `formats`.
-void PlanGroup(const LinearGroupId id, TensorSplitFormats formats, SplitQuantization* q) {
-  for (const std::string& name : LinearGroupTensorNames(id)) q->tensor_formats[name] = formats;
+void PlanGroup(const model::LinearGroupId id, model::TensorSplitFormats formats,
+               model::SplitQuantization* q) {
+  for (const std::string& name : model::LinearGroupTensorNames(id))
+    q->tensor_formats[name] = formats;
 }
 
 // A mixed plan: layer 0 b4 + r3, layer 1 b2 + r8 (its down projection b3 + r5), head b3 + r4.
-SplitQuantization MixedPlan() {
-  SplitQuantization q = RotatedQuantization();
-  for (const LinearGroupId id : AllLinearGroups(TinyModel().config)) {
-    TensorSplitFormats formats{SplitFormat::kB2Asym, SplitFormat::kR8};
-    if (id.group == LinearGroup::kOutputHead) {
+model::SplitQuantization MixedPlan() {
+  model::SplitQuantization q = RotatedQuantization();
+  for (const model::LinearGroupId id : model::AllLinearGroups(TinyModel().config)) {
+    model::TensorSplitFormats formats{SplitFormat::kB2Asym, SplitFormat::kR8};
+    if (id.group == model::LinearGroup::kOutputHead) {
       formats = {SplitFormat::kB3Asym, SplitFormat::kR4};
     } else if (id.layer == 0) {
       formats = {SplitFormat::kB4Asym, SplitFormat::kR3};
-    } else if (id.group == LinearGroup::kDown) {
+    } else if (id.group == model::LinearGroup::kDown) {
       formats = {SplitFormat::kB3Asym, SplitFormat::kR5};
     }
     PlanGroup(id, formats, &q);
@@ -146,47 +148,48 @@ std::string TempPrefix(const std::string& name) {
 // ---- The plan in the record -----------------------------------------------------------------
 
 TEST(BitPlanRecordTest, RoundTripsThroughJsonWithItsOwnVersion) {
-  const SplitQuantization uniform = RotatedQuantization();
-  EXPECT_FALSE(SplitQuantizationToJson(uniform).contains("tensor_formats"));
-  EXPECT_EQ(SplitRecordVersionOf(uniform), kSplitRecordVersion);
+  const model::SplitQuantization uniform = RotatedQuantization();
+  EXPECT_FALSE(model::SplitQuantizationToJson(uniform).contains("tensor_formats"));
+  EXPECT_EQ(model::SplitRecordVersionOf(uniform), model::kSplitRecordVersion);
 
-  const SplitQuantization planned = MixedPlan();
-  const nlohmann::json json = SplitQuantizationToJson(planned);
+  const model::SplitQuantization planned = MixedPlan();
+  const nlohmann::json json = model::SplitQuantizationToJson(planned);
   ASSERT_TRUE(json.contains("tensor_formats"));
   EXPECT_EQ(json["tensor_formats"]["blk.1.ffn_down.weight"], nlohmann::json({"b3_asym", "r5"}));
-  absl::StatusOr<SplitQuantization> back = SplitQuantizationFromJson(json);
+  absl::StatusOr<model::SplitQuantization> back = model::SplitQuantizationFromJson(json);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, planned);
   EXPECT_EQ(back->BaseFormatOf("blk.0.attn_k.weight"), SplitFormat::kB4Asym);
   EXPECT_EQ(back->ResidualFormatOf("output.weight"), SplitFormat::kR4);
-  EXPECT_EQ(SplitRecordVersionOf(planned), kSplitRecordVersionWithPlan);
-  EXPECT_EQ(SplitQuantizationString(planned),
+  EXPECT_EQ(model::SplitRecordVersionOf(planned), model::kSplitRecordVersionWithPlan);
+  EXPECT_EQ(model::SplitQuantizationString(planned),
             "{b2_asym x6, b3_asym x2, b4_asym x7}/g64 + {r3 x7, r4 x1, r5 x1, r8 x6}/g32, "
             "hadamard 64 (seed 1)");
 
   // A plan needs a version 3 record; older versions never had one.
-  EXPECT_TRUE(SplitRecordQuantization({{"version", 3}, {"quantization", json}}).ok());
-  EXPECT_THAT(SplitRecordQuantization({{"version", 2}, {"quantization", json}}).status().message(),
-              HasSubstr("holds a bit plan"));
+  EXPECT_TRUE(model::SplitRecordQuantization({{"version", 3}, {"quantization", json}}).ok());
+  EXPECT_THAT(
+      model::SplitRecordQuantization({{"version", 2}, {"quantization", json}}).status().message(),
+      HasSubstr("holds a bit plan"));
 }
 
 TEST(BitPlanRecordTest, MalformedPlansAreRejectedNamingTheTensor) {
-  nlohmann::json json = SplitQuantizationToJson(MixedPlan());
+  nlohmann::json json = model::SplitQuantizationToJson(MixedPlan());
   json["tensor_formats"]["blk.0.attn_q.weight"] = {"r4", "r4"};
-  EXPECT_THAT(SplitQuantizationFromJson(json).status().message(),
+  EXPECT_THAT(model::SplitQuantizationFromJson(json).status().message(),
               HasSubstr("tensor_formats[\"blk.0.attn_q.weight\"] has no base format"));
   json["tensor_formats"]["blk.0.attn_q.weight"] = {"b2_asym", nullptr};
-  EXPECT_THAT(SplitQuantizationFromJson(json).status().message(),
+  EXPECT_THAT(model::SplitQuantizationFromJson(json).status().message(),
               HasSubstr("has no residual in a model with one"));
   json["tensor_formats"]["blk.0.attn_q.weight"] = "b2_asym";
-  EXPECT_THAT(SplitQuantizationFromJson(json).status().message(), HasSubstr("is not [base"));
+  EXPECT_THAT(model::SplitQuantizationFromJson(json).status().message(), HasSubstr("is not [base"));
 
   // One group, one format: the kernels run a group's matrices together.
-  SplitQuantization split_group = MixedPlan();
+  model::SplitQuantization split_group = MixedPlan();
   split_group.tensor_formats["blk.0.attn_v.weight"] = {SplitFormat::kB2Asym, SplitFormat::kR3};
   EXPECT_THAT(ValidateSplitQuantization(split_group, TinyModel().config).message(),
               HasSubstr("must share their formats"));
-  SplitQuantization unknown = MixedPlan();
+  model::SplitQuantization unknown = MixedPlan();
   unknown.tensor_formats["blk.7.attn_q.weight"] = {SplitFormat::kB2Asym, SplitFormat::kR8};
   EXPECT_THAT(ValidateSplitQuantization(unknown, TinyModel().config).message(),
               HasSubstr("blk.7.attn_q.weight is not a linear weight"));
@@ -195,23 +198,23 @@ TEST(BitPlanRecordTest, MalformedPlansAreRejectedNamingTheTensor) {
 // ---- A planned model through the files, the loaders and speculation ---------------------------
 
 TEST(BitPlanFilesTest, PlannedModelLoadsWithItsFormatsAndSpeculatesLosslessly) {
-  const SplitQuantization q = MixedPlan();
+  const model::SplitQuantization q = MixedPlan();
   const std::string prefix = TempPrefix("mixed-plan");
-  absl::StatusOr<QuantizeSummary> summary =
-      QuantizeSplitModel(WriteTinyModel(), SplitBasePath(prefix), SplitResidualPath(prefix),
-                         {.quantization = q, .num_threads = kThreads});
+  absl::StatusOr<QuantizeSummary> summary = QuantizeSplitModel(
+      WriteTinyModel(), model::SplitBasePath(prefix), model::SplitResidualPath(prefix),
+      {.quantization = q, .num_threads = kThreads});
   ASSERT_TRUE(summary.ok()) << summary.status();
   EXPECT_EQ(summary->base_format_counts.at("b4_asym"), 7);
   EXPECT_EQ(summary->residual_format_counts.at("r3"), 7);
 
-  absl::StatusOr<std::unique_ptr<SplitModelFiles>> files =
-      SplitModelFiles::Open(SplitBasePath(prefix), SplitResidualPath(prefix));
+  absl::StatusOr<std::unique_ptr<model::SplitModelFiles>> files =
+      model::SplitModelFiles::Open(model::SplitBasePath(prefix), model::SplitResidualPath(prefix));
   ASSERT_TRUE(files.ok()) << files.status();
   EXPECT_EQ((*files)->quantization(), summary->quantization);
-  const ModelConfig& config = (*files)->config();
+  const model::ModelConfig& config = (*files)->config();
   std::map<std::string, SplitFormat, std::less<>> base_formats;
-  for (const LinearGroupId id : AllLinearGroups(config)) {
-    const std::vector<std::string> names = LinearGroupTensorNames(id);
+  for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
+    const std::vector<std::string> names = model::LinearGroupTensorNames(id);
     for (size_t i = 0; i < names.size(); ++i) {
       EXPECT_EQ((*files)->base_linear().group(id)[i].format, q.BaseFormatOf(names[i])) << names[i];
       EXPECT_EQ((*files)->residual_linear()->group(id)[i].format, *q.ResidualFormatOf(names[i]))
@@ -220,42 +223,44 @@ TEST(BitPlanFilesTest, PlannedModelLoadsWithItsFormatsAndSpeculatesLosslessly) {
     }
   }
   // The residual service's loader reads the same per-tensor formats.
-  absl::StatusOr<std::unique_ptr<ResidualFile>> residual =
-      ResidualFile::Open(SplitResidualPath(prefix));
+  absl::StatusOr<std::unique_ptr<model::ResidualFile>> residual =
+      model::ResidualFile::Open(model::SplitResidualPath(prefix));
   ASSERT_TRUE(residual.ok()) << residual.status();
   // The device plan counts every matrix at its own format: the sum of its rows' device strides.
   uint64_t expected = 0, expected_residual = 0;
-  for (const LinearGroupId id : AllLinearGroups(config)) {
-    const std::vector<std::string> names = LinearGroupTensorNames(id);
-    const std::vector<int64_t> rows = LinearGroupOutputDims(config, id.group);
-    const int64_t cols = LinearGroupInputDim(config, id.group);
+  for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
+    const std::vector<std::string> names = model::LinearGroupTensorNames(id);
+    const std::vector<int64_t> rows = model::LinearGroupOutputDims(config, id.group);
+    const int64_t cols = model::LinearGroupInputDim(config, id.group);
     for (size_t i = 0; i < names.size(); ++i) {
-      expected += AlignVram(static_cast<uint64_t>(rows[i]) *
-                            ((quant::SplitRowBytes(base_formats[names[i]], 64, cols) + 3) / 4 * 4));
+      expected +=
+          model::AlignVram(static_cast<uint64_t>(rows[i]) *
+                           ((quant::SplitRowBytes(base_formats[names[i]], 64, cols) + 3) / 4 * 4));
       expected_residual += static_cast<uint64_t>(rows[i]) *
                            quant::SplitRowBytes(*q.ResidualFormatOf(names[i]), 32, cols);
     }
   }
   EXPECT_EQ((*residual)->weight_bytes(), expected_residual);
   absl::StatusOr<uint64_t> planned_bytes =
-      SplitLinearBytes(config, SplitFormat::kB2Asym, 64, &base_formats);
+      model::SplitLinearBytes(config, SplitFormat::kB2Asym, 64, &base_formats);
   ASSERT_TRUE(planned_bytes.ok()) << planned_bytes.status();
   EXPECT_EQ(*planned_bytes, expected);
 
   // Mixed formats in one forward: speculation with the draft base emits exactly what plain
   // decoding with the verifier emits.
-  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
-      LlamaModel::LoadSplit(SplitBasePath(prefix), SplitResidualPath(prefix), kThreads);
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> model = model::LlamaModel::LoadSplit(
+      model::SplitBasePath(prefix), model::SplitResidualPath(prefix), kThreads);
   ASSERT_TRUE(model.ok()) << model.status();
   const std::vector<int32_t> prompt = {1, 17, 42, 99, 7, 250, 3, 64};
   const std::vector<int32_t> plain = testing::PlainDecode(**model, prompt, {}, 40);
-  for (const TreeShape shape : {TreeShape{16, 4, 4}, TreeShape{128, 8, 16}}) {
+  for (const speculation::TreeShape shape :
+       {speculation::TreeShape{16, 4, 4}, speculation::TreeShape{128, 8, 16}}) {
     const testing::SpecRun run =
-        testing::SpeculativeDecode(**model, prompt, {}, 40, shape, ForwardMode::kDraft);
+        testing::SpeculativeDecode(**model, prompt, {}, 40, shape, model::ForwardMode::kDraft);
     EXPECT_EQ(run.tokens, plain) << shape.nodes << " nodes";
   }
-  std::filesystem::remove(SplitBasePath(prefix));
-  std::filesystem::remove(SplitResidualPath(prefix));
+  std::filesystem::remove(model::SplitBasePath(prefix));
+  std::filesystem::remove(model::SplitResidualPath(prefix));
 }
 
 // ---- Sensitivities ----------------------------------------------------------------------------
@@ -283,27 +288,29 @@ double SquaredError(const quant::MatrixView& view, const std::vector<std::vector
 
 TEST(SensitivitiesTest, MatchTheErrorsOfTheFilesTheQuantizerWrites) {
   const Tiny& tiny = TinyModel();
-  const SplitQuantization q = MixedPlan();
+  const model::SplitQuantization q = MixedPlan();
   const BitCandidates candidates;
   absl::StatusOr<std::vector<GroupSensitivity>> groups =
       MeasureSensitivities(tiny.weights, tiny.config, q, candidates, nullptr, kThreads);
   ASSERT_TRUE(groups.ok()) << groups.status();
-  ASSERT_EQ(groups->size(), AllLinearGroups(tiny.config).size());
+  ASSERT_EQ(groups->size(), model::AllLinearGroups(tiny.config).size());
 
   const std::string prefix = TempPrefix("sensitivity");
-  ASSERT_TRUE(QuantizeSplitModel(WriteTinyModel(), SplitBasePath(prefix), SplitResidualPath(prefix),
+  ASSERT_TRUE(QuantizeSplitModel(WriteTinyModel(), model::SplitBasePath(prefix),
+                                 model::SplitResidualPath(prefix),
                                  {.quantization = q, .num_threads = kThreads})
                   .ok());
-  SplitQuantization q8_0;
+  model::SplitQuantization q8_0;
   q8_0.base_format = SplitFormat::kQ8_0;
   q8_0.base_group = 32;
   q8_0.residual_format.reset();
   const std::string q8_prefix = TempPrefix("sensitivity-q8");
-  ASSERT_TRUE(QuantizeSplitModel(WriteTinyModel(), SplitBasePath(q8_prefix), "",
+  ASSERT_TRUE(QuantizeSplitModel(WriteTinyModel(), model::SplitBasePath(q8_prefix), "",
                                  {.quantization = q8_0, .num_threads = kThreads})
                   .ok());
-  auto files = SplitModelFiles::Open(SplitBasePath(prefix), SplitResidualPath(prefix));
-  auto q8_files = SplitModelFiles::Open(SplitBasePath(q8_prefix), "");
+  auto files =
+      model::SplitModelFiles::Open(model::SplitBasePath(prefix), model::SplitResidualPath(prefix));
+  auto q8_files = model::SplitModelFiles::Open(model::SplitBasePath(q8_prefix), "");
   ASSERT_TRUE(files.ok() && q8_files.ok());
 
   for (const GroupSensitivity& group : *groups) {
@@ -318,7 +325,7 @@ TEST(SensitivitiesTest, MatchTheErrorsOfTheFilesTheQuantizerWrites) {
                                *q.ResidualFormatOf(group.tensors[0])) -
                      candidates.residuals.begin();
     double base_error = 0, verify_error = 0, q8_error = 0, signal = 0, source_signal = 0;
-    const GgufGroupMatrices sources = GroupMatricesOf(tiny.weights, group.id);
+    const model::GgufGroupMatrices sources = model::GroupMatricesOf(tiny.weights, group.id);
     for (size_t m = 0; m < sources.count; ++m) {
       const ops::WeightMatrix& w = sources[m];
       std::vector<std::vector<float>> rotated(static_cast<size_t>(w.rows)),
@@ -327,7 +334,7 @@ TEST(SensitivitiesTest, MatchTheErrorsOfTheFilesTheQuantizerWrites) {
         plain[r].resize(static_cast<size_t>(w.cols));
         ops::DequantizeWeightRow(w, r, plain[r].data());
         rotated[r] = plain[r];
-        RotateRows(q.rotation, rotated[r].data(), 1, w.cols);
+        model::RotateRows(q.rotation, rotated[r].data(), 1, w.cols);
         for (int64_t j = 0; j < w.cols; ++j) {
           signal += static_cast<double>(rotated[r][j]) * rotated[r][j];
           source_signal += static_cast<double>(plain[r][j]) * plain[r][j];
@@ -337,7 +344,7 @@ TEST(SensitivitiesTest, MatchTheErrorsOfTheFilesTheQuantizerWrites) {
       verify_error += SquaredError(base[m], rotated, &residual[m]);
       q8_error += SquaredError(q8[m], plain);  // unweighted: the rotation keeps its norm
     }
-    const std::string what = LinearGroupIdString(group.id);
+    const std::string what = model::LinearGroupIdString(group.id);
     EXPECT_NEAR(group.signal, signal, 1e-9 * signal) << what;
     EXPECT_NEAR(group.signal, source_signal, 1e-5 * source_signal) << what;  // orthonormal
     EXPECT_NEAR(group.bases[b].base_error, base_error, 1e-9 * base_error) << what;
@@ -357,8 +364,8 @@ TEST(SensitivitiesTest, MatchTheErrorsOfTheFilesTheQuantizerWrites) {
     }
   }
   for (const std::string& p : {prefix, q8_prefix}) {
-    std::filesystem::remove(SplitBasePath(p));
-    std::filesystem::remove(SplitResidualPath(p));
+    std::filesystem::remove(model::SplitBasePath(p));
+    std::filesystem::remove(model::SplitResidualPath(p));
   }
 }
 
@@ -368,17 +375,18 @@ TEST(SensitivitiesTest, KlPerErrorIsOnePerKindAndTheHeadsIsTheSecondOrderKl) {
   absl::StatusOr<std::vector<GroupSensitivity>> groups = MeasureSensitivities(
       tiny.weights, tiny.config, RotatedQuantization(), candidates, nullptr, kThreads);
   ASSERT_TRUE(groups.ok()) << groups.status();
-  absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Load(WriteTinyModel(), kThreads);
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> model =
+      model::LlamaModel::Load(WriteTinyModel(), kThreads);
   ASSERT_TRUE(model.ok()) << model.status();
   Calibration calibration;
   EXPECT_EQ(MeasureKlSensitivities(**model, calibration, *groups).code(),
             absl::StatusCode::kInvalidArgument);  // no window
   for (int32_t t = 0; t < 64; ++t) calibration.first_window.push_back((t * 37 + 5) % 320);
   ASSERT_TRUE(MeasureKlSensitivities(**model, calibration, *groups).ok());
-  std::map<LinearGroup, double> verify, draft;
+  std::map<model::LinearGroup, double> verify, draft;
   for (const GroupSensitivity& group : *groups) {
-    EXPECT_GT(group.kl_per_error, 0) << LinearGroupIdString(group.id);
-    EXPECT_GT(group.draft_kl_per_error, 0) << LinearGroupIdString(group.id);
+    EXPECT_GT(group.kl_per_error, 0) << model::LinearGroupIdString(group.id);
+    EXPECT_GT(group.draft_kl_per_error, 0) << model::LinearGroupIdString(group.id);
     // One factor per kind.
     if (verify.contains(group.id.group)) {
       EXPECT_EQ(verify[group.id.group], group.kl_per_error);
@@ -394,10 +402,12 @@ TEST(SensitivitiesTest, KlPerErrorIsOnePerKindAndTheHeadsIsTheSecondOrderKl) {
   const int64_t vocab = tiny.config.vocab_size;
   const std::vector<int32_t>& tokens = calibration.first_window;
   std::vector<float> logits(tokens.size() * static_cast<size_t>(vocab));
-  absl::StatusOr<KvCache> cache = (*model)->NewKvCache(static_cast<int64_t>(tokens.size()));
+  absl::StatusOr<model::KvCache> cache = (*model)->NewKvCache(static_cast<int64_t>(tokens.size()));
   ASSERT_TRUE(cache.ok());
   ASSERT_TRUE(
-      (*model)->Forward(Batch::Causal(tokens, 0), *cache, logits, ForwardMode::kReference).ok());
+      (*model)
+          ->Forward(model::Batch::Causal(tokens, 0), *cache, logits, model::ForwardMode::kReference)
+          .ok());
   double expected = 0;
   std::vector<double> log_p;
   for (size_t t = 0; t < tokens.size(); ++t) {
@@ -407,7 +417,7 @@ TEST(SensitivitiesTest, KlPerErrorIsOnePerKindAndTheHeadsIsTheSecondOrderKl) {
     expected += (1 - sum_p2) / (2.0 * static_cast<double>(vocab));
   }
   expected /= static_cast<double>(tokens.size());
-  EXPECT_NEAR(verify[LinearGroup::kOutputHead], expected, 0.1 * expected);
+  EXPECT_NEAR(verify[model::LinearGroup::kOutputHead], expected, 0.1 * expected);
 }
 
 // ---- The allocation ---------------------------------------------------------------------------
@@ -415,8 +425,8 @@ TEST(SensitivitiesTest, KlPerErrorIsOnePerKindAndTheHeadsIsTheSecondOrderKl) {
 // SmolLM2-135M's shapes with made-up errors: every extra base bit divides a group's base error
 // by 4 and every residual bit its verify error by 4, with group-to-group variation, so that the
 // budget arithmetic runs at a real model's sizes without measuring one.
-ModelConfig SmolLm2Shapes() {
-  ModelConfig c;
+model::ModelConfig SmolLm2Shapes() {
+  model::ModelConfig c;
   c.num_layers = 30;
   c.d_model = 576;
   c.d_ff = 1536;
@@ -429,22 +439,22 @@ ModelConfig SmolLm2Shapes() {
   return c;
 }
 
-std::vector<GroupSensitivity> SyntheticSensitivities(const ModelConfig& config,
+std::vector<GroupSensitivity> SyntheticSensitivities(const model::ModelConfig& config,
                                                      const BitCandidates& candidates) {
   std::vector<GroupSensitivity> groups;
   uint64_t state = 7;
-  for (const LinearGroupId id : AllLinearGroups(config)) {
+  for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
     GroupSensitivity g;
     g.id = id;
-    g.tensors = LinearGroupTensorNames(id);
-    const int64_t cols = LinearGroupInputDim(config, id.group);
+    g.tensors = model::LinearGroupTensorNames(id);
+    const int64_t cols = model::LinearGroupInputDim(config, id.group);
     g.signal = 1;
     g.kl_per_error = g.draft_kl_per_error = 1;
     state = testing::SplitMix64(state);
     const double variation = 0.5 + static_cast<double>(state >> 11) * 0x1p-53;
     g.q8_0_error = 1e-5 * variation;
     g.residual_bytes.assign(candidates.residuals.size(), 0);
-    for (const int64_t rows : LinearGroupOutputDims(config, id.group)) {
+    for (const int64_t rows : model::LinearGroupOutputDims(config, id.group)) {
       g.weights += rows * cols;
       g.q8_0_bytes +=
           static_cast<uint64_t>(rows) * quant::SplitRowBytes(SplitFormat::kQ8_0, 32, cols);
@@ -456,9 +466,9 @@ std::vector<GroupSensitivity> SyntheticSensitivities(const ModelConfig& config,
     for (const SplitFormat base : candidates.bases) {
       BaseOption option;
       option.base = base;
-      for (const int64_t rows : LinearGroupOutputDims(config, id.group)) {
+      for (const int64_t rows : model::LinearGroupOutputDims(config, id.group)) {
         option.device_bytes +=
-            AlignVram(static_cast<uint64_t>(rows) * DeviceRowStride(base, 64, cols));
+            model::AlignVram(static_cast<uint64_t>(rows) * model::DeviceRowStride(base, 64, cols));
       }
       const int bits = quant::GetSplitFormatInfo(base).bits;
       option.base_error = variation * std::pow(4.0, -bits);
@@ -473,7 +483,7 @@ std::vector<GroupSensitivity> SyntheticSensitivities(const ModelConfig& config,
   return groups;
 }
 
-AllocationRequest RequestFor(const ModelConfig& config) {
+AllocationRequest RequestFor(const model::ModelConfig& config) {
   AllocationRequest request;
   request.vram.config = config;
   request.vram.base_group = 64;
@@ -485,10 +495,11 @@ AllocationRequest RequestFor(const ModelConfig& config) {
 }
 
 // The device plan of per-group bases, by PlanVram (the CUDA backend's arithmetic).
-VramRequest VramRequestOf(const AllocationRequest& request,
-                          const std::vector<GroupSensitivity>& groups,
-                          const BitCandidates& candidates, const std::vector<size_t>& bases) {
-  VramRequest vram = request.vram;
+model::VramRequest VramRequestOf(const AllocationRequest& request,
+                                 const std::vector<GroupSensitivity>& groups,
+                                 const BitCandidates& candidates,
+                                 const std::vector<size_t>& bases) {
+  model::VramRequest vram = request.vram;
   for (size_t g = 0; g < groups.size(); ++g) {
     for (const std::string& name : groups[g].tensors) {
       vram.base_tensor_formats[name] = candidates.bases[bases[g]];
@@ -506,12 +517,12 @@ BudgetRange BudgetRangeOf(const AllocationRequest& request,
                           const BitCandidates& candidates) {
   const std::vector<size_t> lowest(groups.size(), 0),
       highest(groups.size(), candidates.bases.size() - 1);
-  return {*VramTotalBytes(VramRequestOf(request, groups, candidates, lowest)),
-          *VramTotalBytes(VramRequestOf(request, groups, candidates, highest))};
+  return {*model::VramTotalBytes(VramRequestOf(request, groups, candidates, lowest)),
+          *model::VramTotalBytes(VramRequestOf(request, groups, candidates, highest))};
 }
 
 TEST(AllocateBitsTest, FitsEveryBudgetExactlyAndLeavesNoUpgradeThatWouldFit) {
-  const ModelConfig config = SmolLm2Shapes();
+  const model::ModelConfig config = SmolLm2Shapes();
   const BitCandidates candidates;
   const std::vector<GroupSensitivity> groups = SyntheticSensitivities(config, candidates);
   AllocationRequest request = RequestFor(config);
@@ -524,8 +535,8 @@ TEST(AllocateBitsTest, FitsEveryBudgetExactlyAndLeavesNoUpgradeThatWouldFit) {
     ASSERT_TRUE(plan.ok()) << plan.status();
     std::vector<size_t> bases;
     for (const BitPlan::Choice& choice : plan->choices) bases.push_back(choice.base);
-    const VramRequest chosen = VramRequestOf(request, groups, candidates, bases);
-    absl::StatusOr<VramPlan> vram = PlanVram(chosen, budget);
+    const model::VramRequest chosen = VramRequestOf(request, groups, candidates, bases);
+    absl::StatusOr<model::VramPlan> vram = model::PlanVram(chosen, budget);
     ASSERT_TRUE(vram.ok()) << "budget " << budget << ": " << vram.status();
     EXPECT_EQ(vram->total_bytes, plan->vram.total_bytes);
     EXPECT_LE(plan->vram.total_bytes, budget);
@@ -534,8 +545,9 @@ TEST(AllocateBitsTest, FitsEveryBudgetExactlyAndLeavesNoUpgradeThatWouldFit) {
       if (bases[g] + 1 >= candidates.bases.size()) continue;
       std::vector<size_t> more = bases;
       ++more[g];
-      EXPECT_EQ(PlanVram(VramRequestOf(request, groups, candidates, more), budget).status().code(),
-                absl::StatusCode::kResourceExhausted)
+      EXPECT_EQ(
+          model::PlanVram(VramRequestOf(request, groups, candidates, more), budget).status().code(),
+          absl::StatusCode::kResourceExhausted)
           << "budget " << budget << ": " << groups[g].tensors[0] << " could still be upgraded";
     }
     if (plan->base_linear_bytes > groups.size()) ++upgraded_plans;
@@ -556,7 +568,7 @@ TEST(AllocateBitsTest, FitsEveryBudgetExactlyAndLeavesNoUpgradeThatWouldFit) {
 // power of two (exact in floating point) leaves the plan unchanged. Scaling only the verify
 // factors would move the bases if an upgrade's draft distortion were judged with them.
 TEST(AllocateBitsTest, PlanIsInvariantToTheScaleOfEachKlFactor) {
-  const ModelConfig config = SmolLm2Shapes();
+  const model::ModelConfig config = SmolLm2Shapes();
   const BitCandidates candidates;
   const std::vector<GroupSensitivity> groups = SyntheticSensitivities(config, candidates);
   AllocationRequest request = RequestFor(config);
@@ -592,7 +604,7 @@ TEST(AllocateBitsTest, PlanIsInvariantToTheScaleOfEachKlFactor) {
 }
 
 TEST(AllocateBitsTest, RefusesABudgetBelowTheFewestBitsSayingWhatFits) {
-  const ModelConfig config = SmolLm2Shapes();
+  const model::ModelConfig config = SmolLm2Shapes();
   const BitCandidates candidates;
   const std::vector<GroupSensitivity> groups = SyntheticSensitivities(config, candidates);
   AllocationRequest request = RequestFor(config);
@@ -606,7 +618,7 @@ TEST(AllocateBitsTest, RefusesABudgetBelowTheFewestBitsSayingWhatFits) {
 
 TEST(AllocateBitsTest, ResidualsMeetTheBoundWithNearlyTheFewestBytes) {
   // 2 layers: 9 groups, 5^9 residual choices, few enough to search them all.
-  const ModelConfig config = TinyModel().config;
+  const model::ModelConfig config = TinyModel().config;
   const BitCandidates candidates;
   std::vector<GroupSensitivity> groups = SyntheticSensitivities(config, candidates);
   AllocationRequest request = RequestFor(config);
@@ -689,4 +701,4 @@ TEST(BitAllocatorTest, BoundSearchReachesTheTargetOfAPowerLawResponse) {
 }
 
 }  // namespace
-}  // namespace bitsplit::model
+}  // namespace bitsplit::offline

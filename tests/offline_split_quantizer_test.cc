@@ -17,8 +17,8 @@
 #include "common/model/linear_backend.h"
 #include "common/model/llama_model.h"
 #include "common/model/split_model.h"
-#include "common/model/split_quantizer.h"
 #include "common/model/weights.h"
+#include "common/offline/split_quantizer.h"
 #include "common/ops/matmul.h"
 #include "common/quant/hadamard.h"
 #include "common/quant/split_format.h"
@@ -29,7 +29,7 @@
 #include "tests/testing/paths.h"
 #include "tests/testing/split_fixture.h"
 
-namespace bitsplit::model {
+namespace bitsplit::offline {
 namespace {
 
 using ::testing::HasSubstr;
@@ -37,8 +37,8 @@ using ::testing::HasSubstr;
 // The source model, opened once per process.
 struct Source {
   std::unique_ptr<gguf::File> file;
-  ModelConfig config;
-  ModelWeights weights;
+  model::ModelConfig config;
+  model::ModelWeights weights;
 };
 const Source& SmolLm2() {
   static const Source* const source = [] {
@@ -46,10 +46,10 @@ const Source& SmolLm2() {
     auto file = gguf::File::Open(testing::ModelPath(testing::kSmolLm2File));
     EXPECT_TRUE(file.ok()) << file.status();
     s->file = std::move(*file);
-    auto config = ModelConfigFromGguf(*s->file);
+    auto config = model::ModelConfigFromGguf(*s->file);
     EXPECT_TRUE(config.ok()) << config.status();
     s->config = *config;
-    auto weights = ModelWeightsFromGguf(*s->file, s->config);
+    auto weights = model::ModelWeightsFromGguf(*s->file, s->config);
     EXPECT_TRUE(weights.ok()) << weights.status();
     s->weights = *weights;
     return s;
@@ -58,14 +58,15 @@ const Source& SmolLm2() {
 }
 
 // Source matrix i of group `id` (the tied head is token_embd's matrix).
-const ops::WeightMatrix& SourceMatrix(const ModelWeights& w, LinearGroupId id, size_t i) {
-  return GroupMatricesOf(w, id)[i];
+const ops::WeightMatrix& SourceMatrix(const model::ModelWeights& w, model::LinearGroupId id,
+                                      size_t i) {
+  return model::GroupMatricesOf(w, id)[i];
 }
 
 // ---- Knob validation ----------------------------------------------------------------------------
 
 TEST(ValidateSplitQuantizationTest, GroupThatDoesNotDivideNamesTheTensorAndTheGroupsThatFit) {
-  SplitQuantization q = testing::SplitFixtureQuantization();
+  model::SplitQuantization q = testing::SplitFixtureQuantization();
   q.base_group = 128;  // SmolLM2's d_model is 576 = 9 * 64
   const absl::Status status = ValidateSplitQuantization(q, SmolLm2().config);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
@@ -82,7 +83,7 @@ TEST(ValidateSplitQuantizationTest, GroupThatDoesNotDivideNamesTheTensorAndTheGr
 }
 
 TEST(ValidateSplitQuantizationTest, RejectsRotationBlocksAndFormatsThatDoNotFit) {
-  SplitQuantization q = testing::SplitFixtureQuantization();
+  model::SplitQuantization q = testing::SplitFixtureQuantization();
   q.rotation.block = 128;
   absl::Status status = ValidateSplitQuantization(q, SmolLm2().config);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
@@ -111,8 +112,8 @@ TEST(ValidateSplitQuantizationTest, RejectsRotationBlocksAndFormatsThatDoNotFit)
 // ----------------------------------------------------------------------
 
 // The Q8_0 reference configuration: a q8_0 base and no residual.
-SplitQuantization Q8_0Quantization() {
-  SplitQuantization q;
+model::SplitQuantization Q8_0Quantization() {
+  model::SplitQuantization q;
   q.base_format = quant::SplitFormat::kQ8_0;
   q.base_group = 32;
   q.residual_format.reset();
@@ -121,31 +122,32 @@ SplitQuantization Q8_0Quantization() {
 }
 
 TEST(SplitQuantizationTest, RecordRoundTripsThroughJson) {
-  const SplitQuantization base_only = Q8_0Quantization();
-  SplitQuantization calibrated = testing::SplitFixtureQuantization();
+  const model::SplitQuantization base_only = Q8_0Quantization();
+  model::SplitQuantization calibrated = testing::SplitFixtureQuantization();
   calibrated.residual_format = quant::SplitFormat::kR6;
   calibrated.rotation.seed = ~uint64_t{0};  // the full uint64 range survives JSON
   calibrated.calibration_sha256 = std::string(64, 'a');
   calibrated.calibration_tokens = 4096;
   calibrated.calibration_window = 512;
-  for (const SplitQuantization& q : {testing::SplitFixtureQuantization(), base_only, calibrated}) {
-    const nlohmann::json json = SplitQuantizationToJson(q);
-    auto parsed = SplitQuantizationFromJson(nlohmann::json::parse(json.dump()));
+  for (const model::SplitQuantization& q :
+       {testing::SplitFixtureQuantization(), base_only, calibrated}) {
+    const nlohmann::json json = model::SplitQuantizationToJson(q);
+    auto parsed = model::SplitQuantizationFromJson(nlohmann::json::parse(json.dump()));
     ASSERT_TRUE(parsed.ok()) << parsed.status() << " for " << json.dump();
     EXPECT_EQ(*parsed, q) << json.dump();
   }
-  EXPECT_EQ(SplitQuantizationString(calibrated),
+  EXPECT_EQ(model::SplitQuantizationString(calibrated),
             "b2_asym/g64 + r6/g32, hadamard 64 (seed 18446744073709551615), calibrated on 4096 "
             "tokens");
-  EXPECT_EQ(SplitQuantizationString(base_only), "q8_0/g32 (base only)");
+  EXPECT_EQ(model::SplitQuantizationString(base_only), "q8_0/g32 (base only)");
 }
 
 TEST(SplitQuantizationTest, MalformedRecordsAreRejectedNamingTheField) {
-  const nlohmann::json good = SplitQuantizationToJson(testing::SplitFixtureQuantization());
+  const nlohmann::json good = model::SplitQuantizationToJson(testing::SplitFixtureQuantization());
   auto with = [&](const char* key, nlohmann::json value) {
     nlohmann::json json = good;
     json[key] = std::move(value);
-    return SplitQuantizationFromJson(json).status();
+    return model::SplitQuantizationFromJson(json).status();
   };
   EXPECT_THAT(with("base_format", "b5_asym").message(), HasSubstr("unknown split format"));
   EXPECT_THAT(with("base_format", "r8").message(), HasSubstr("not a base format"));
@@ -155,49 +157,50 @@ TEST(SplitQuantizationTest, MalformedRecordsAreRejectedNamingTheField) {
   EXPECT_THAT(with("rotate_seed", -1).message(), HasSubstr("\"rotate_seed\""));
   nlohmann::json missing = good;
   missing.erase("residual_format");
-  EXPECT_THAT(SplitQuantizationFromJson(missing).status().message(),
+  EXPECT_THAT(model::SplitQuantizationFromJson(missing).status().message(),
               HasSubstr("\"residual_format\""));
-  EXPECT_FALSE(SplitQuantizationFromJson(nlohmann::json::array()).ok());
+  EXPECT_FALSE(model::SplitQuantizationFromJson(nlohmann::json::array()).ok());
 }
 
 // Version 2 changed only q8_0's bytes (split rows instead of ggml's blocks), so version 1 records
 // load unless their base is q8_0, which would be read wrongly.
 TEST(SplitQuantizationTest, RecordVersionIsChecked) {
-  const SplitQuantization q8_0 = Q8_0Quantization();
-  auto record = [](const SplitQuantization& q, nlohmann::json version) {
-    nlohmann::json json = {{"quantization", SplitQuantizationToJson(q)}};
+  const model::SplitQuantization q8_0 = Q8_0Quantization();
+  auto record = [](const model::SplitQuantization& q, nlohmann::json version) {
+    nlohmann::json json = {{"quantization", model::SplitQuantizationToJson(q)}};
     if (!version.is_null()) json["version"] = std::move(version);
     return json;
   };
-  const SplitQuantization split = testing::SplitFixtureQuantization();
-  for (const SplitQuantization& q : {split, q8_0}) {
-    auto current = SplitRecordQuantization(record(q, kSplitRecordVersion));
+  const model::SplitQuantization split = testing::SplitFixtureQuantization();
+  for (const model::SplitQuantization& q : {split, q8_0}) {
+    auto current = model::SplitRecordQuantization(record(q, model::kSplitRecordVersion));
     ASSERT_TRUE(current.ok()) << current.status();
     EXPECT_EQ(*current, q);
   }
-  auto old_split = SplitRecordQuantization(record(split, 1));
+  auto old_split = model::SplitRecordQuantization(record(split, 1));
   ASSERT_TRUE(old_split.ok()) << old_split.status();
   EXPECT_EQ(*old_split, split);
-  EXPECT_THAT(SplitRecordQuantization(record(q8_0, 1)).status().message(),
+  EXPECT_THAT(model::SplitRecordQuantization(record(q8_0, 1)).status().message(),
               HasSubstr("q8_0 model of split record version 1"));
-  EXPECT_THAT(
-      SplitRecordQuantization(record(split, kSplitRecordVersionWithPlan + 1)).status().message(),
-      HasSubstr("not one this build reads"));
-  EXPECT_THAT(SplitRecordQuantization(record(split, 0)).status().message(),
+  EXPECT_THAT(model::SplitRecordQuantization(record(split, model::kSplitRecordVersionWithPlan + 1))
+                  .status()
+                  .message(),
               HasSubstr("not one this build reads"));
-  EXPECT_THAT(SplitRecordQuantization(record(split, nullptr)).status().message(),
+  EXPECT_THAT(model::SplitRecordQuantization(record(split, 0)).status().message(),
+              HasSubstr("not one this build reads"));
+  EXPECT_THAT(model::SplitRecordQuantization(record(split, nullptr)).status().message(),
               HasSubstr("no integer \"version\""));
-  EXPECT_THAT(SplitRecordQuantization(record(split, "2")).status().message(),
+  EXPECT_THAT(model::SplitRecordQuantization(record(split, "2")).status().message(),
               HasSubstr("no integer \"version\""));
-  EXPECT_THAT(SplitRecordQuantization(nlohmann::json{{"version", 2}}).status().message(),
+  EXPECT_THAT(model::SplitRecordQuantization(nlohmann::json{{"version", 2}}).status().message(),
               HasSubstr("no quantization"));
 }
 
 // ---- The fixture files -------------------------------------------------------------------------
 
-std::unique_ptr<SplitModelFiles> OpenFixture() {
+std::unique_ptr<model::SplitModelFiles> OpenFixture() {
   const testing::SplitModelPaths& paths = testing::SmolLm2SplitModel();
-  auto files = SplitModelFiles::Open(paths.base, paths.residual);
+  auto files = model::SplitModelFiles::Open(paths.base, paths.residual);
   EXPECT_TRUE(files.ok()) << files.status();
   return files.ok() ? std::move(*files) : nullptr;
 }
@@ -209,7 +212,7 @@ TEST(SplitModelFilesTest, CarryTheQuantizationConfigMetadataAndSourceTensors) {
   EXPECT_EQ(files->quantization(), testing::SplitFixtureQuantization());
   EXPECT_EQ(files->base().fingerprint(), files->residual()->fingerprint());
 
-  const ModelConfig& c = files->config();
+  const model::ModelConfig& c = files->config();
   EXPECT_EQ(c.num_layers, source.config.num_layers);
   EXPECT_EQ(c.d_model, source.config.d_model);
   EXPECT_EQ(c.d_ff, source.config.d_ff);
@@ -243,7 +246,7 @@ TEST(SplitModelFilesTest, CarryTheQuantizationConfigMetadataAndSourceTensors) {
   // output.weight in both files; the residual file holds linear weights only.
   EXPECT_EQ(files->base().FindTensor("output.weight")->dims, (std::vector<int64_t>{576, 49152}));
   EXPECT_EQ(files->residual()->tensors().size(), 30u * 7 + 1);
-  EXPECT_EQ(files->base().metadata()[kSplitMetadataKey]["output_tied_to_embedding"], true);
+  EXPECT_EQ(files->base().metadata()[model::kSplitMetadataKey]["output_tied_to_embedding"], true);
 }
 
 // Per matrix row: W' (the rotated source row) against B + R. In the rotated space every element
@@ -254,13 +257,13 @@ TEST(SplitModelFilesTest, BasePlusResidualReconstructsEveryWeightWithinHalfAResi
   auto files = OpenFixture();
   ASSERT_NE(files, nullptr);
   const Source& source = SmolLm2();
-  const SplitQuantization& q = files->quantization();
+  const model::SplitQuantization& q = files->quantization();
   ASSERT_TRUE(q.rotation.enabled());
   ThreadPool pool(2);
   std::mutex mutex;
   int64_t checked = 0;
   double worst_ratio = 0;  // max |W' - (B + R)| / (step / 2) over everything
-  for (const LinearGroupId id : AllLinearGroups(source.config)) {
+  for (const model::LinearGroupId id : model::AllLinearGroups(source.config)) {
     const auto base = files->base_linear().group(id);
     const auto residual = files->residual_linear()->group(id);
     for (size_t i = 0; i < base.size(); ++i) {
@@ -289,8 +292,9 @@ TEST(SplitModelFilesTest, BasePlusResidualReconstructsEveryWeightWithinHalfAResi
             const double error = std::fabs(static_cast<double>(rotated[j]) - sum[j]);
             const double slack = 4e-7 * std::max(std::fabs(rotated[j]), std::fabs(b[j])) + 1e-12;
             if (error > half_steps[j] * (1 + 1e-5) + slack && failures++ < 3) {
-              ADD_FAILURE() << LinearGroupTensorNames(id)[i] << " row " << row << " col " << j
-                            << ": |W' - (B + R)| = " << error << " > step / 2 = " << half_steps[j];
+              ADD_FAILURE() << model::LinearGroupTensorNames(id)[i] << " row " << row << " col "
+                            << j << ": |W' - (B + R)| = " << error
+                            << " > step / 2 = " << half_steps[j];
             }
             if (half_steps[j] > 0) local_worst = std::max(local_worst, error / half_steps[j]);
           }
@@ -305,8 +309,8 @@ TEST(SplitModelFilesTest, BasePlusResidualReconstructsEveryWeightWithinHalfAResi
             }
             if (std::sqrt(error2) > std::sqrt(bound2) * (1 + 1e-4) + 1e-6 * std::sqrt(norm2) &&
                 failures++ < 3) {
-              ADD_FAILURE() << LinearGroupTensorNames(id)[i] << " row " << row << " block " << block
-                            << ": un-rotated L2 error " << std::sqrt(error2) << " > bound "
+              ADD_FAILURE() << model::LinearGroupTensorNames(id)[i] << " row " << row << " block "
+                            << block << ": un-rotated L2 error " << std::sqrt(error2) << " > bound "
                             << std::sqrt(bound2);
             }
           }
@@ -340,24 +344,24 @@ std::string CopyWithFingerprintByteFlipped(const std::string& path) {
 
 TEST(SplitModelFilesTest, RefusesSwappedKindsAndMismatchedFingerprints) {
   const testing::SplitModelPaths& paths = testing::SmolLm2SplitModel();
-  auto swapped = SplitModelFiles::Open(paths.base, paths.base);
+  auto swapped = model::SplitModelFiles::Open(paths.base, paths.base);
   EXPECT_EQ(swapped.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(swapped.status().message(), HasSubstr("given as the residual file"));
 
-  auto residual_as_base = SplitModelFiles::Open(paths.residual, "");
+  auto residual_as_base = model::SplitModelFiles::Open(paths.residual, "");
   EXPECT_EQ(residual_as_base.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(residual_as_base.status().message(), HasSubstr("given as the base file"));
 
   auto mismatched =
-      SplitModelFiles::Open(paths.base, CopyWithFingerprintByteFlipped(paths.residual));
+      model::SplitModelFiles::Open(paths.base, CopyWithFingerprintByteFlipped(paths.residual));
   EXPECT_EQ(mismatched.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(mismatched.status().message(), HasSubstr("do not belong together"));
 
-  auto gguf = SplitModelFiles::Open(testing::ModelPath(testing::kSmolLm2File), "");
+  auto gguf = model::SplitModelFiles::Open(testing::ModelPath(testing::kSmolLm2File), "");
   EXPECT_EQ(gguf.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(gguf.status().message(), HasSubstr("GGUF"));
 
-  auto missing = SplitModelFiles::Open(paths.base + ".nope", "");
+  auto missing = model::SplitModelFiles::Open(paths.base + ".nope", "");
   EXPECT_FALSE(missing.ok());
 }
 
@@ -369,7 +373,7 @@ TEST(SplitModelFilesTest, RefusesABaseFileWithoutItsLinearWeights) {
   const std::string path = (testing::TestTempDir() / "partial.base.bsplit").string();
   {
     auto writer = SplitFileWriter::Create(path, SplitFileKind::kBase, base.fingerprint(),
-                                          base.metadata(), SplitFormatRowSizeOracle());
+                                          base.metadata(), model::SplitFormatRowSizeOracle());
     ASSERT_TRUE(writer.ok()) << writer.status();
     std::vector<const SplitTensor*> kept;
     for (const SplitTensor& tensor : base.tensors()) {
@@ -383,7 +387,7 @@ TEST(SplitModelFilesTest, RefusesABaseFileWithoutItsLinearWeights) {
     }
     ASSERT_TRUE((*writer)->Finish().ok());
   }
-  auto files = SplitModelFiles::Open(path, "");
+  auto files = model::SplitModelFiles::Open(path, "");
   EXPECT_EQ(files.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(files.status().message(), HasSubstr("blk.0.attn_q.weight"));
 }
@@ -395,18 +399,18 @@ TEST(SplitModelFilesTest, RefusesAVersion1Q8_0BaseFile) {
   auto fixture = OpenFixture();
   ASSERT_NE(fixture, nullptr);
   const SplitFile& base = fixture->base();
-  auto open_with_record = [&](const SplitQuantization& q, int version) {
+  auto open_with_record = [&](const model::SplitQuantization& q, int version) {
     nlohmann::json metadata = base.metadata();
-    metadata[kSplitMetadataKey]["version"] = version;
-    metadata[kSplitMetadataKey]["quantization"] = SplitQuantizationToJson(q);
+    metadata[model::kSplitMetadataKey]["version"] = version;
+    metadata[model::kSplitMetadataKey]["quantization"] = model::SplitQuantizationToJson(q);
     const std::string path = (testing::TestTempDir() / "record.base.bsplit").string();
     auto writer = SplitFileWriter::Create(path, SplitFileKind::kBase, base.fingerprint(), metadata,
-                                          SplitFormatRowSizeOracle());
+                                          model::SplitFormatRowSizeOracle());
     EXPECT_TRUE(writer.ok()) << writer.status();
     if (writer.ok()) {
       EXPECT_TRUE((*writer)->Finish().ok());
     }
-    return SplitModelFiles::Open(path, "").status();
+    return model::SplitModelFiles::Open(path, "").status();
   };
   const absl::Status q8_0 = open_with_record(Q8_0Quantization(), 1);
   EXPECT_EQ(q8_0.code(), absl::StatusCode::kInvalidArgument);
@@ -450,9 +454,9 @@ TEST(QuantizeSplitModelTest, Q8_0BaseOnlyIsDeterministicAndWithinHalfAStep) {
                 .code(),
             absl::StatusCode::kInvalidArgument);
 
-  auto opened = SplitModelFiles::Open(one, "");
+  auto opened = model::SplitModelFiles::Open(one, "");
   ASSERT_TRUE(opened.ok()) << opened.status();
-  const SplitModelFiles& files = **opened;
+  const model::SplitModelFiles& files = **opened;
   EXPECT_EQ(files.residual_linear(), nullptr);
   EXPECT_EQ(files.quantization(), summary->quantization);  // the record round-trips
   auto fixture = OpenFixture();
@@ -460,8 +464,9 @@ TEST(QuantizeSplitModelTest, Q8_0BaseOnlyIsDeterministicAndWithinHalfAStep) {
   EXPECT_NE(files.base().fingerprint(), fixture->base().fingerprint());
   // |W - B| <= d / 2 per block, plus the fp16 rounding of d (ggml stores d to nearest).
   const Source& source = SmolLm2();
-  for (const LinearGroupId id : {LinearGroupId{0, LinearGroup::kQkv},
-                                 LinearGroupId{17, LinearGroup::kDown}, LinearGroupId::Head()}) {
+  for (const model::LinearGroupId id :
+       {model::LinearGroupId{0, model::LinearGroup::kQkv},
+        model::LinearGroupId{17, model::LinearGroup::kDown}, model::LinearGroupId::Head()}) {
     const auto base = files.base_linear().group(id);
     for (size_t i = 0; i < base.size(); ++i) {
       const ops::WeightMatrix& w = SourceMatrix(source.weights, id, i);
@@ -473,7 +478,7 @@ TEST(QuantizeSplitModelTest, Q8_0BaseOnlyIsDeterministicAndWithinHalfAStep) {
           const float d =
               quant::SplitGroupScale(base[i].format, 32, w.cols, base[i].row(row), j / 32);
           ASSERT_LE(std::fabs(original[j] - b[j]), d * (0.5f + 127.0f / 2048.0f) + 1e-9f)
-              << LinearGroupTensorNames(id)[i] << " row " << row << " col " << j;
+              << model::LinearGroupTensorNames(id)[i] << " row " << row << " col " << j;
         }
       }
     }
@@ -491,22 +496,22 @@ std::vector<int32_t> FixtureTokens(size_t count) {
 }
 
 TEST(CollectCalibrationTest, MeanSquaredInputsPerGroupInTheRotatedSpace) {
-  auto model = LlamaModel::Load(testing::ModelPath(testing::kSmolLm2File), 2);
+  auto model = model::LlamaModel::Load(testing::ModelPath(testing::kSmolLm2File), 2);
   ASSERT_TRUE(model.ok()) << model.status();
   const std::vector<int32_t> tokens = FixtureTokens(100);
-  const HadamardRotation rotation{.block = 64, .seed = 1};
-  auto plain = CollectCalibration(**model, tokens, 40, /*bos=*/1, HadamardRotation{});
+  const model::HadamardRotation rotation{.block = 64, .seed = 1};
+  auto plain = CollectCalibration(**model, tokens, 40, /*bos=*/1, model::HadamardRotation{});
   auto rotated = CollectCalibration(**model, tokens, 40, /*bos=*/1, rotation);
   ASSERT_TRUE(plain.ok()) << plain.status();
   ASSERT_TRUE(rotated.ok()) << rotated.status();
   EXPECT_EQ(plain->tokens, 100);
   EXPECT_EQ(plain->window, 40);
-  const ModelConfig& config = (*model)->config();
-  ASSERT_EQ(plain->importance.size(), AllLinearGroups(config).size());
-  for (const LinearGroupId id : AllLinearGroups(config)) {
-    const auto& p = plain->importance[static_cast<size_t>(LinearGroupIndex(config, id))];
-    const auto& r = rotated->importance[static_cast<size_t>(LinearGroupIndex(config, id))];
-    ASSERT_EQ(static_cast<int64_t>(p.size()), LinearGroupInputDim(config, id.group));
+  const model::ModelConfig& config = (*model)->config();
+  ASSERT_EQ(plain->importance.size(), model::AllLinearGroups(config).size());
+  for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
+    const auto& p = plain->importance[static_cast<size_t>(model::LinearGroupIndex(config, id))];
+    const auto& r = rotated->importance[static_cast<size_t>(model::LinearGroupIndex(config, id))];
+    ASSERT_EQ(static_cast<int64_t>(p.size()), model::LinearGroupInputDim(config, id.group));
     // The rotation is orthonormal per block: it moves energy between a block's columns but
     // keeps the block's total.
     for (size_t block = 0; block < p.size(); block += 64) {
@@ -517,7 +522,7 @@ TEST(CollectCalibrationTest, MeanSquaredInputsPerGroupInTheRotatedSpace) {
         rotated_sum += r[j];
       }
       EXPECT_NEAR(rotated_sum, plain_sum, 1e-4 * plain_sum + 1e-12)
-          << LinearGroupIdString(id) << " block " << block;
+          << model::LinearGroupIdString(id) << " block " << block;
     }
   }
   // Activations are not all alike: some columns carry far more energy than others.
@@ -532,4 +537,4 @@ TEST(CollectCalibrationTest, MeanSquaredInputsPerGroupInTheRotatedSpace) {
 }
 
 }  // namespace
-}  // namespace bitsplit::model
+}  // namespace bitsplit::offline

@@ -30,7 +30,7 @@
 #include "common/model/kv_cache.h"
 #include "common/model/llama_model.h"
 
-namespace bitsplit::model {
+namespace bitsplit::offline {
 
 // ---- Per-token statistics ---------------------------------------------------------------------
 
@@ -96,29 +96,30 @@ class LogitsSource {
 // the file's types. Does not own the model.
 class LlamaLogitsSource : public LogitsSource {
  public:
-  explicit LlamaLogitsSource(LlamaModel* model) : model_(model) {}
+  explicit LlamaLogitsSource(model::LlamaModel* model) : model_(model) {}
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   absl::Status WindowLogits(std::span<const int32_t> tokens, std::vector<float>* logits) override;
 
  private:
-  LlamaModel* model_;
-  std::unique_ptr<KvCache> cache_;
+  model::LlamaModel* model_;
+  std::unique_ptr<model::KvCache> cache_;
 };
 
 // A LogitsSource over any forward function with LlamaModel::Forward's contract (e.g. a split
 // model in some mode): a causal batch of the window, all logit rows, from a cleared cache.
 class ForwardLogitsSource : public LogitsSource {
  public:
-  using ForwardFn = std::function<absl::Status(const Batch&, KvCache&, std::span<float>)>;
-  ForwardLogitsSource(const ModelConfig& config, ForwardFn forward)
+  using ForwardFn =
+      std::function<absl::Status(const model::Batch&, model::KvCache&, std::span<float>)>;
+  ForwardLogitsSource(const model::ModelConfig& config, ForwardFn forward)
       : config_(config), forward_(std::move(forward)) {}
   int64_t vocab_size() const override { return config_.vocab_size; }
   absl::Status WindowLogits(std::span<const int32_t> tokens, std::vector<float>* logits) override;
 
  private:
-  ModelConfig config_;
+  model::ModelConfig config_;
   ForwardFn forward_;
-  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<model::KvCache> cache_;
 };
 
 // ---- The evaluation loop ----------------------------------------------------------------------
@@ -156,4 +157,4 @@ struct EvalReport {
 absl::StatusOr<EvalReport> Evaluate(LogitsSource& reference, std::span<LogitsSource* const> configs,
                                     std::span<const int32_t> tokens, const EvalOptions& options);
 
-}  // namespace bitsplit::model
+}  // namespace bitsplit::offline

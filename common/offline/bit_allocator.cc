@@ -1,4 +1,4 @@
-#include "common/model/bit_allocator.h"
+#include "common/offline/bit_allocator.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,16 +11,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/model/eval.h"
 #include "common/model/kv_cache.h"
 #include "common/model/split_backend.h"
+#include "common/offline/eval.h"
 #include "common/ops/matmul.h"
 #include "common/quant/split_common.h"
 #include "common/quant/split_format.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 
-namespace bitsplit::model {
+namespace bitsplit::offline {
 namespace {
 
 double WeightedSquaredError(const float* a, const float* b, const float* weight, int64_t n) {
@@ -32,26 +32,27 @@ double WeightedSquaredError(const float* a, const float* b, const float* weight,
   return sum;
 }
 
-absl::Status ValidateCandidates(const BitCandidates& c, const SplitQuantization& q,
-                                const ModelConfig& config) {
+absl::Status ValidateCandidates(const BitCandidates& c, const model::SplitQuantization& q,
+                                const model::ModelConfig& config) {
   if (c.bases.empty() || c.residuals.empty()) {
     return absl::InvalidArgumentError("the allocator needs at least one base and one residual");
   }
   for (const quant::SplitFormat f : c.bases) {
     if (!quant::GetSplitFormatInfo(f).is_base) {
-      return absl::InvalidArgumentError(absl::StrCat(SplitFormatName(f), " is not a base format"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(model::SplitFormatName(f), " is not a base format"));
     }
   }
   for (const quant::SplitFormat f : c.residuals) {
     if (!quant::GetSplitFormatInfo(f).is_residual) {
       return absl::InvalidArgumentError(
-          absl::StrCat(SplitFormatName(f), " is not a residual format"));
+          absl::StrCat(model::SplitFormatName(f), " is not a residual format"));
     }
   }
   // Every candidate must fit every input width with the quantization's groups.
   for (const quant::SplitFormat base : c.bases) {
     for (const quant::SplitFormat residual : c.residuals) {
-      SplitQuantization trial = q;
+      model::SplitQuantization trial = q;
       trial.base_format = base;
       trial.residual_format = residual;
       trial.tensor_formats.clear();
@@ -72,11 +73,12 @@ struct RowErrors {
 }  // namespace
 
 absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
-    const ModelWeights& weights, const ModelConfig& config, const SplitQuantization& q,
-    const BitCandidates& candidates, const Calibration* calibration, int num_threads,
+    const model::ModelWeights& weights, const model::ModelConfig& config,
+    const model::SplitQuantization& q, const BitCandidates& candidates,
+    const Calibration* calibration, int num_threads,
     const std::function<void(int64_t, int64_t)>& progress) {
   BITSPLIT_RETURN_IF_ERROR(ValidateCandidates(candidates, q, config));
-  const std::vector<LinearGroupId> ids = AllLinearGroups(config);
+  const std::vector<model::LinearGroupId> ids = model::AllLinearGroups(config);
   if (calibration != nullptr && calibration->importance.size() != ids.size()) {
     return absl::InvalidArgumentError("calibration was collected on a different model");
   }
@@ -86,8 +88,8 @@ absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
   std::vector<GroupSensitivity> groups;
   groups.reserve(ids.size());
   for (size_t g = 0; g < ids.size(); ++g) {
-    const LinearGroupId id = ids[g];
-    const int64_t cols = LinearGroupInputDim(config, id.group);
+    const model::LinearGroupId id = ids[g];
+    const int64_t cols = model::LinearGroupInputDim(config, id.group);
     const float* importance = nullptr;
     const float* source_importance = nullptr;
     if (calibration != nullptr) {
@@ -101,18 +103,18 @@ absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
     }
     GroupSensitivity group;
     group.id = id;
-    group.tensors = LinearGroupTensorNames(id);
+    group.tensors = model::LinearGroupTensorNames(id);
     group.residual_bytes.assign(num_residuals, 0);
     group.bases.resize(num_bases);
     for (size_t b = 0; b < num_bases; ++b) {
       group.bases[b].base = candidates.bases[b];
       group.bases[b].verify_error.assign(num_residuals, 0);
     }
-    for (const ops::WeightMatrix* matrix : GroupMatricesOf(weights, id).span()) {
+    for (const ops::WeightMatrix* matrix : model::GroupMatricesOf(weights, id).span()) {
       const ops::WeightMatrix& w = *matrix;
       if (w.cols != cols) {
-        return absl::InternalError(absl::StrCat(LinearGroupIdString(id), ": a matrix has ", w.cols,
-                                                " columns, expected ", cols));
+        return absl::InternalError(absl::StrCat(model::LinearGroupIdString(id), ": a matrix has ",
+                                                w.cols, " columns, expected ", cols));
       }
       group.weights += w.rows * w.cols;
       group.q8_0_bytes += static_cast<uint64_t>(w.rows) *
@@ -124,8 +126,8 @@ absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
       }
       for (size_t b = 0; b < num_bases; ++b) {
         group.bases[b].device_bytes +=
-            AlignVram(static_cast<uint64_t>(w.rows) *
-                      DeviceRowStride(candidates.bases[b], q.base_group, w.cols));
+            model::AlignVram(static_cast<uint64_t>(w.rows) *
+                             model::DeviceRowStride(candidates.bases[b], q.base_group, w.cols));
       }
       // Per-row sums are kept and added in row order, so the totals do not depend on threads.
       std::vector<RowErrors> rows(static_cast<size_t>(w.rows));
@@ -147,7 +149,7 @@ absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
           quant::DequantizeSplitRow(quant::SplitFormat::kQ8_0, 32, codes.data(), w.cols,
                                     approx.data());
           out.q8_0 = WeightedSquaredError(row.data(), approx.data(), source_importance, w.cols);
-          RotateRows(q.rotation, row.data(), 1, w.cols);
+          model::RotateRows(q.rotation, row.data(), 1, w.cols);
           for (size_t j = 0; j < n; ++j) {
             out.signal += (importance != nullptr ? importance[j] : 1.0) *
                           static_cast<double>(row[j]) * row[j];
@@ -184,8 +186,8 @@ absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
         }
       });
       if (!first_error.ok()) {
-        return absl::Status(first_error.code(),
-                            absl::StrCat(LinearGroupIdString(id), ": ", first_error.message()));
+        return absl::Status(first_error.code(), absl::StrCat(model::LinearGroupIdString(id), ": ",
+                                                             first_error.message()));
       }
       for (const RowErrors& row : rows) {
         group.signal += row.signal;
@@ -325,7 +327,7 @@ ResidualSolution SolveResiduals(const std::vector<GroupSensitivity>& groups,
 absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups,
                                      const BitCandidates& candidates,
                                      const AllocationRequest& request) {
-  const std::vector<LinearGroupId> ids = AllLinearGroups(request.vram.config);
+  const std::vector<model::LinearGroupId> ids = model::AllLinearGroups(request.vram.config);
   if (groups.size() != ids.size()) {
     return absl::InvalidArgumentError(absl::StrCat("the sensitivities cover ", groups.size(),
                                                    " linear groups; the model has ", ids.size()));
@@ -349,7 +351,7 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
 
   // The device plan with group g on base bases[g].
   auto vram_request_of = [&](const std::vector<size_t>& bases) {
-    VramRequest vram = request.vram;
+    model::VramRequest vram = request.vram;
     vram.base_format = candidates.bases.front();
     vram.base_tensor_formats.clear();
     for (size_t g = 0; g < groups.size(); ++g) {
@@ -361,11 +363,12 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
   };
 
   std::vector<size_t> bases(groups.size(), 0);
-  absl::StatusOr<VramPlan> smallest = PlanVram(vram_request_of(bases), request.budget_bytes);
+  absl::StatusOr<model::VramPlan> smallest =
+      model::PlanVram(vram_request_of(bases), request.budget_bytes);
   if (!smallest.ok()) {
     return absl::Status(smallest.status().code(),
                         absl::StrCat("even the fewest base bits (every linear weight ",
-                                     SplitFormatName(candidates.bases.front()),
+                                     model::SplitFormatName(candidates.bases.front()),
                                      ") do not fit: ", smallest.status().message()));
   }
   // Everything but the base weights' slab is independent of the bases.
@@ -377,10 +380,10 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
     high_distortion += DraftKl(group, group.bases.back().base_error);
     q8_0_error += Kl(group, group.q8_0_error);
   }
-  BITSPLIT_CHECK(RoundVramSlab(base_bytes) == smallest->base_weights_bytes);
+  BITSPLIT_CHECK(model::RoundVramSlab(base_bytes) == smallest->base_weights_bytes);
   const uint64_t other_bytes = smallest->total_bytes - smallest->base_weights_bytes;
   auto fits = [&](uint64_t bytes) {
-    return RoundVramSlab(bytes) + other_bytes <= request.budget_bytes;
+    return model::RoundVramSlab(bytes) + other_bytes <= request.budget_bytes;
   };
   const double target = request.error_factor * q8_0_error;
 
@@ -434,7 +437,8 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
     residuals = SolveResiduals(groups, bases, target);
   }
 
-  absl::StatusOr<VramPlan> vram = PlanVram(vram_request_of(bases), request.budget_bytes);
+  absl::StatusOr<model::VramPlan> vram =
+      model::PlanVram(vram_request_of(bases), request.budget_bytes);
   BITSPLIT_CHECK(vram.ok());  // every accepted upgrade was checked to fit
   BitPlan plan;
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -464,18 +468,18 @@ namespace {
 // squared output error per token is energy[g], as a weight error of weighted energy E would give.
 // The noise is a function of (group, matrix, token, row) alone. Thread safety: one forward at a
 // time, like every LinearBackend wrapper.
-class OutputNoise final : public LinearBackend {
+class OutputNoise final : public model::LinearBackend {
  public:
-  OutputNoise(LinearBackend& inner, const ModelConfig& config, LinearGroup kind,
-              const std::vector<double>& energy)
+  OutputNoise(model::LinearBackend& inner, const model::ModelConfig& config,
+              model::LinearGroup kind, const std::vector<double>& energy)
       : inner_(inner), config_(config), kind_(kind), energy_(energy) {}
 
-  absl::Status Apply(LinearGroupId id, const float* x, int64_t num_tokens,
+  absl::Status Apply(model::LinearGroupId id, const float* x, int64_t num_tokens,
                      std::span<float* const> outputs, ThreadPool& pool) override {
     BITSPLIT_RETURN_IF_ERROR(inner_.Apply(id, x, num_tokens, outputs, pool));
     if (id.group != kind_) return absl::OkStatus();
-    const int64_t index = LinearGroupIndex(config_, id);
-    const std::vector<int64_t> rows = LinearGroupOutputDims(config_, id.group);
+    const int64_t index = model::LinearGroupIndex(config_, id);
+    const std::vector<int64_t> rows = model::LinearGroupOutputDims(config_, id.group);
     int64_t total_rows = 0;
     for (const int64_t r : rows) total_rows += r;
     const double sigma = std::sqrt(energy_[static_cast<size_t>(index)] / total_rows);
@@ -493,18 +497,18 @@ class OutputNoise final : public LinearBackend {
   }
 
  private:
-  LinearBackend& inner_;
-  const ModelConfig config_;
-  const LinearGroup kind_;
+  model::LinearBackend& inner_;
+  const model::ModelConfig config_;
+  const model::LinearGroup kind_;
   const std::vector<double>& energy_;
 };
 
 }  // namespace
 
-absl::Status MeasureKlSensitivities(LlamaModel& model, const Calibration& calibration,
+absl::Status MeasureKlSensitivities(model::LlamaModel& model, const Calibration& calibration,
                                     std::vector<GroupSensitivity>& groups) {
-  const ModelConfig& config = model.config();
-  const std::vector<LinearGroupId> ids = AllLinearGroups(config);
+  const model::ModelConfig& config = model.config();
+  const std::vector<model::LinearGroupId> ids = model::AllLinearGroups(config);
   if (groups.size() != ids.size()) {
     return absl::InvalidArgumentError("the sensitivities are of another model");
   }
@@ -512,7 +516,7 @@ absl::Status MeasureKlSensitivities(LlamaModel& model, const Calibration& calibr
   if (tokens.size() < 2) {
     return absl::InvalidArgumentError("the calibration has no window of 2 or more tokens");
   }
-  LinearBackend* reference = model.backend(ForwardMode::kReference);
+  model::LinearBackend* reference = model.backend(model::ForwardMode::kReference);
   if (reference == nullptr) {
     return absl::FailedPreconditionError("the KL probe needs the source model (reference mode)");
   }
@@ -524,13 +528,14 @@ absl::Status MeasureKlSensitivities(LlamaModel& model, const Calibration& calibr
     verify_energy[g] = errors[errors.size() / 2];
     draft_energy[g] = groups[g].bases.front().base_error;
   }
-  const Batch batch = Batch::Causal(tokens, 0);
+  const model::Batch batch = model::Batch::Causal(tokens, 0);
   const size_t vocab = static_cast<size_t>(config.vocab_size);
-  BITSPLIT_ASSIGN_OR_RETURN(KvCache cache, model.NewKvCache(static_cast<int64_t>(tokens.size())));
+  BITSPLIT_ASSIGN_OR_RETURN(model::KvCache cache,
+                            model.NewKvCache(static_cast<int64_t>(tokens.size())));
   std::vector<float> clean(tokens.size() * vocab), noisy(tokens.size() * vocab);
   BITSPLIT_RETURN_IF_ERROR(model.ForwardWith(*reference, batch, cache, clean));
   // Mean KL over the window with noise of `energy` on the groups of `kind`, per unit of energy.
-  auto kl_per_unit = [&](LinearGroup kind,
+  auto kl_per_unit = [&](model::LinearGroup kind,
                          const std::vector<double>& energy) -> absl::StatusOr<double> {
     double kind_energy = 0;
     for (size_t g = 0; g < groups.size(); ++g) {
@@ -542,8 +547,9 @@ absl::Status MeasureKlSensitivities(LlamaModel& model, const Calibration& calibr
     BITSPLIT_RETURN_IF_ERROR(model.ForwardWith(noise, batch, cache, noisy));
     return std::max(MeanKlDivergence(clean, noisy, config.vocab_size), 1e-30) / kind_energy;
   };
-  for (const LinearGroup kind : {LinearGroup::kQkv, LinearGroup::kAttnOutput, LinearGroup::kGateUp,
-                                 LinearGroup::kDown, LinearGroup::kOutputHead}) {
+  for (const model::LinearGroup kind :
+       {model::LinearGroup::kQkv, model::LinearGroup::kAttnOutput, model::LinearGroup::kGateUp,
+        model::LinearGroup::kDown, model::LinearGroup::kOutputHead}) {
     BITSPLIT_ASSIGN_OR_RETURN(const double verify, kl_per_unit(kind, verify_energy));
     BITSPLIT_ASSIGN_OR_RETURN(const double draft, kl_per_unit(kind, draft_energy));
     for (size_t g = 0; g < groups.size(); ++g) {
@@ -586,16 +592,16 @@ double NextErrorFactor(const std::vector<BoundTrial>& trials, double target_kl) 
   return side[0].error_factor * std::pow(aim / side[0].measured_kl, 1 / exponent);
 }
 
-SplitQuantization ApplyBitPlan(const std::vector<GroupSensitivity>& groups,
-                               const BitCandidates& candidates, const BitPlan& plan,
-                               SplitQuantization quantization) {
+model::SplitQuantization ApplyBitPlan(const std::vector<GroupSensitivity>& groups,
+                                      const BitCandidates& candidates, const BitPlan& plan,
+                                      model::SplitQuantization quantization) {
   BITSPLIT_CHECK(plan.choices.size() == groups.size());
   quantization.base_format = candidates.bases.front();
   quantization.residual_format = candidates.residuals.front();
   quantization.tensor_formats.clear();
   for (size_t g = 0; g < groups.size(); ++g) {
-    const TensorSplitFormats formats = {candidates.bases[plan.choices[g].base],
-                                        candidates.residuals[plan.choices[g].residual]};
+    const model::TensorSplitFormats formats = {candidates.bases[plan.choices[g].base],
+                                               candidates.residuals[plan.choices[g].residual]};
     for (const std::string& name : groups[g].tensors) {
       quantization.tensor_formats.emplace(name, formats);
     }
@@ -607,13 +613,13 @@ std::string BitPlanReport(const std::vector<GroupSensitivity>& groups,
                           const BitCandidates& candidates, const BitPlan& plan,
                           const AllocationRequest& request) {
   // Per matrix kind, in AllLinearGroups order of first appearance.
-  std::vector<LinearGroup> kinds;
-  std::map<LinearGroup, std::map<std::string, int>> bases, residuals;
+  std::vector<model::LinearGroup> kinds;
+  std::map<model::LinearGroup, std::map<std::string, int>> bases, residuals;
   for (size_t g = 0; g < groups.size(); ++g) {
-    const LinearGroup kind = groups[g].id.group;
+    const model::LinearGroup kind = groups[g].id.group;
     if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
-    ++bases[kind][SplitFormatName(candidates.bases[plan.choices[g].base])];
-    ++residuals[kind][SplitFormatName(candidates.residuals[plan.choices[g].residual])];
+    ++bases[kind][model::SplitFormatName(candidates.bases[plan.choices[g].base])];
+    ++residuals[kind][model::SplitFormatName(candidates.residuals[plan.choices[g].residual])];
   }
   auto counts = [](const std::map<std::string, int>& of) {
     return absl::StrJoin(of, "  ", [](std::string* out, const auto& entry) {
@@ -622,23 +628,23 @@ std::string BitPlanReport(const std::vector<GroupSensitivity>& groups,
   };
   int64_t linear_weights = 0;
   for (const GroupSensitivity& group : groups) linear_weights += group.weights;
-  std::string text =
-      absl::StrFormat("bit plan for a VRAM budget of %s:\n", FormatBytes(request.budget_bytes));
-  for (const LinearGroup kind : kinds) {
-    absl::StrAppendFormat(&text, "  %-12s base %-40s residual %s\n", LinearGroupName(kind),
+  std::string text = absl::StrFormat("bit plan for a VRAM budget of %s:\n",
+                                     model::FormatBytes(request.budget_bytes));
+  for (const model::LinearGroup kind : kinds) {
+    absl::StrAppendFormat(&text, "  %-12s base %-40s residual %s\n", model::LinearGroupName(kind),
                           counts(bases[kind]), counts(residuals[kind]));
   }
   absl::StrAppendFormat(
       &text, "GPU: %s of %s (linear weights %s, %.2f bits/weight)\n",
-      FormatBytes(plan.vram.total_bytes), FormatBytes(request.budget_bytes),
-      FormatBytes(plan.base_linear_bytes),
+      model::FormatBytes(plan.vram.total_bytes), model::FormatBytes(request.budget_bytes),
+      model::FormatBytes(plan.base_linear_bytes),
       8.0 * static_cast<double>(plan.base_linear_bytes) / static_cast<double>(linear_weights));
   absl::StrAppendFormat(&text, "     %s\n", plan.vram.ToString());
   absl::StrAppendFormat(
       &text, "RAM: residual %s read per verify, %.3f x Q8_0's %s (%.2f bits/weight)\n",
-      FormatBytes(plan.residual_bytes),
+      model::FormatBytes(plan.residual_bytes),
       static_cast<double>(plan.residual_bytes) / static_cast<double>(plan.q8_0_bytes),
-      FormatBytes(plan.q8_0_bytes),
+      model::FormatBytes(plan.q8_0_bytes),
       8.0 * static_cast<double>(plan.residual_bytes) / static_cast<double>(linear_weights));
   absl::StrAppendFormat(&text,
                         "quality: verifier's predicted KL %.3f x Q8_0's weights' (%.2e vs "
@@ -666,14 +672,14 @@ nlohmann::json BitPlanJson(const std::vector<GroupSensitivity>& groups,
     const GroupSensitivity& group = groups[g];
     nlohmann::json bases = nlohmann::json::array();
     for (const BaseOption& base : group.bases) {
-      bases.push_back({{"format", SplitFormatName(base.base)},
+      bases.push_back({{"format", model::SplitFormatName(base.base)},
                        {"device_bytes", base.device_bytes},
                        {"base_error", base.base_error},
                        {"verify_error", base.verify_error}});
     }
     json_groups.push_back(
-        {{"group", LinearGroupIdString(group.id)},
-         {"kind", std::string(LinearGroupName(group.id.group))},
+        {{"group", model::LinearGroupIdString(group.id)},
+         {"kind", std::string(model::LinearGroupName(group.id.group))},
          {"layer", group.id.layer},
          {"tensors", group.tensors},
          {"weights", group.weights},
@@ -684,12 +690,13 @@ nlohmann::json BitPlanJson(const std::vector<GroupSensitivity>& groups,
          {"q8_0_bytes", group.q8_0_bytes},
          {"residual_bytes", group.residual_bytes},
          {"bases", std::move(bases)},
-         {"chosen_base", SplitFormatName(candidates.bases[plan.choices[g].base])},
-         {"chosen_residual", SplitFormatName(candidates.residuals[plan.choices[g].residual])}});
+         {"chosen_base", model::SplitFormatName(candidates.bases[plan.choices[g].base])},
+         {"chosen_residual",
+          model::SplitFormatName(candidates.residuals[plan.choices[g].residual])}});
   }
   nlohmann::json residual_names = nlohmann::json::array();
   for (const quant::SplitFormat f : candidates.residuals)
-    residual_names.push_back(SplitFormatName(f));
+    residual_names.push_back(model::SplitFormatName(f));
   return {{"budget_bytes", request.budget_bytes},
           {"error_factor", request.error_factor},
           {"ram_bytes_per_second", request.machine.ram_bytes_per_second},
@@ -712,4 +719,4 @@ nlohmann::json BitPlanJson(const std::vector<GroupSensitivity>& groups,
           {"groups", std::move(json_groups)}};
 }
 
-}  // namespace bitsplit::model
+}  // namespace bitsplit::offline

@@ -17,43 +17,16 @@
 // absolute position), so the emitted tokens equal plain decoding's whatever the tree shape.
 #include <algorithm>
 #include <cstdint>
-#include <memory>
-#include <queue>
 #include <span>
-#include <string_view>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "common/model/kv_cache.h"
 #include "common/model/llama_model.h"
 #include "common/model/sampler.h"
+#include "common/speculation/tree.h"
 
-namespace bitsplit::model {
-
-// Shape of a draft tree. `nodes` counts drafted tokens beyond the root (the verify batch is
-// nodes + 1); expansions = 1 gives a chain.
-struct TreeShape {
-  int32_t nodes = 16;
-  int32_t expansions = 4;  // k: frontier nodes expanded per draft forward (and children kept)
-  int32_t max_depth = 8;   // the root has depth 0
-};
-// INVALID_ARGUMENT unless 0 <= nodes <= max_nodes, 1 <= expansions <= 64, 1 <= max_depth <= 64
-// (depth is irrelevant when nodes is 0).
-absl::Status ValidateTreeShape(const TreeShape& shape, int32_t max_nodes);
-
-// A tree in topological order: node 0 is the root, parents[i] < i (parents[0] = -1).
-struct DraftTree {
-  std::vector<int32_t> tokens;
-  std::vector<int32_t> parents;
-  std::vector<float> logprobs;  // cumulative draft log-probability (root 0)
-  int32_t draft_forwards = 0;
-
-  int32_t size() const { return static_cast<int32_t>(tokens.size()); }
-};
-// Depth of every node (root 0).
-std::vector<int32_t> TreeDepths(std::span<const int32_t> parents);
+namespace bitsplit::speculation {
 
 // The target's choice after one node.
 struct TargetChoice {
@@ -63,71 +36,6 @@ struct TargetChoice {
   std::vector<float> top_logprobs;
 };
 
-// The walk of docs/design.md §3: from the root, descend while the target's choice at the current
-// node is one of its children. `path` are the accepted node indices (path[0] = 0) and `tokens` the
-// emitted tokens: the target's choice at each node of the path (the last is the bonus token).
-struct WalkResult {
-  std::vector<int32_t> path;
-  std::vector<int32_t> tokens;
-};
-WalkResult WalkTree(std::span<const int32_t> tokens, std::span<const int32_t> parents,
-                    std::span<const int32_t> target_tokens);
-
-// ---- Pieces every backend's batched step shares (the CPU one below, common/cuda's) ----------
-
-// The `count` largest logits' ids, most likely first (lower id first among equals).
-std::vector<int32_t> TopTokenIds(std::span<const float> logits, int32_t count);
-
-// The k most likely next tokens of every row of one draft forward.
-struct DraftRowChoices {
-  int32_t k = 0;
-  std::vector<int32_t> ids;             // [rows][k], most likely first
-  std::vector<float> logits;            // [rows][k]
-  std::vector<double> log_normalizers;  // [rows]: log Σ exp(row logits), the softmax normalizer
-};
-// Of `rows` rows of `vocab` logits, on the CPU.
-DraftRowChoices TopDraftChoices(std::span<const float> logits, int64_t rows, int64_t vocab,
-                                int32_t k);
-
-// Best-first growth of a draft tree from `root` as a state machine, so that the draft forwards of
-// several sessions run as one batch: while !done(), run batch() (after the committed prefix, node
-// i's K/V in pending slot i) and Absorb its rows' k = expansions() best children. The first
-// forward runs the root; each later one the nodes that joined in the previous round. Every node
-// that runs offers its k most probable children, scored by cumulative draft log-probability, to
-// one frontier; each round the k best frontier candidates (within max_depth) join, until
-// shape.nodes nodes beyond the root have joined; shape.nodes = 0 is the root alone. The caller
-// validated root and shape (ValidateDraftRequest) and drops the pending slots afterwards.
-// Thread safety: none (one owner).
-class DraftTreeGrower {
- public:
-  DraftTreeGrower(int32_t root, const TreeShape& shape, int64_t committed_length);
-  bool done() const { return done_; }
-  const Batch& batch() const { return batch_; }
-  int32_t expansions() const { return shape_.expansions; }
-  // `children` of every row of batch(), from the draft forward of batch().
-  void Absorb(const DraftRowChoices& children);
-  DraftTree Take() { return std::move(tree_); }
-
- private:
-  struct Candidate {
-    double logprob;  // cumulative
-    int32_t token;
-    int32_t parent;
-    int32_t depth;
-    bool operator<(const Candidate& other) const;
-  };
-  void MakeBatch();
-
-  const TreeShape shape_;
-  const int64_t committed_length_;
-  DraftTree tree_;
-  std::vector<int32_t> depths_ = {0};
-  std::priority_queue<Candidate> frontier_;
-  int32_t forwarded_ = 0;  // nodes [0, forwarded_) have run
-  Batch batch_;
-  bool done_ = false;
-};
-
 // The checks of a step for a session holding `length` of `capacity` tokens whose forwards take at
 // most `max_nodes` rows (INVALID_ARGUMENT / RESOURCE_EXHAUSTED).
 absl::Status ValidatePrefill(std::span<const int32_t> tokens, int64_t vocab_size, int64_t length,
@@ -135,26 +43,25 @@ absl::Status ValidatePrefill(std::span<const int32_t> tokens, int64_t vocab_size
 absl::Status ValidateDraftRequest(int32_t root, const TreeShape& shape, int64_t vocab_size,
                                   int64_t max_nodes, int64_t length, int64_t capacity);
 // The target's sampling of a step: valid parameters and top_logprobs >= 0 (INVALID_ARGUMENT).
-absl::Status ValidateTargetSampling(const SamplingParams& sampling, int32_t top_logprobs);
+absl::Status ValidateTargetSampling(const model::SamplingParams& sampling, int32_t top_logprobs);
 
 // Runs `tokens`, to be placed from `first_position` on, in causal chunks of at most `chunk`
 // tokens (logits of each chunk's last row only): `forward_and_commit` runs a chunk's batch and
 // commits it. Stops at the first error, leaving the earlier chunks committed.
-absl::Status ForEachPrefillChunk(std::span<const int32_t> tokens, int64_t chunk,
-                                 int64_t first_position,
-                                 absl::FunctionRef<absl::Status(const Batch&)> forward_and_commit);
+absl::Status ForEachPrefillChunk(
+    std::span<const int32_t> tokens, int64_t chunk, int64_t first_position,
+    absl::FunctionRef<absl::Status(const model::Batch&)> forward_and_commit);
 
 // Fills choices[i].logprob / top_ids / top_logprobs from the verify logits [n][vocab].
-void FillLogprobs(std::span<const float> logits, int64_t vocab_size, const SamplingParams& sampling,
-                  int32_t top_logprobs, Sampler& sampler, std::span<TargetChoice> choices);
+void FillLogprobs(std::span<const float> logits, int64_t vocab_size,
+                  const model::SamplingParams& sampling, int32_t top_logprobs,
+                  model::Sampler& sampler, std::span<TargetChoice> choices);
 
 // Where the draft reads the committed prefix's keys and values.
 enum class DraftKv {
   kShared = 0,  // the verifier's exact KV (the design)
   kOwn = 1,     // the draft model's own KV, computed over the committed tokens (ablation)
 };
-std::string_view DraftKvName(DraftKv kv);  // "shared", "own"
-absl::StatusOr<DraftKv> ParseDraftKv(std::string_view name);
 
 // One sequence under speculative decoding: its KV cache and the tokens committed to it. It
 // grows only by steps (SessionStep) run by its backend's StepMany, alone (a batch of one: the
@@ -185,7 +92,7 @@ struct SessionStep {
   std::vector<int32_t> prefill = {};  // non-empty: a prefill chunk, and no speculation step
   int32_t root = 0;                   // the next token (not yet committed)
   TreeShape shape = {};               // nodes = 0: off (the root alone is verified)
-  SamplingParams sampling = {};
+  model::SamplingParams sampling = {};
   int32_t top_logprobs = 0;  // alternatives per node
   bool with_logprobs = false;
 
@@ -211,7 +118,7 @@ class BatchedStepModel {
   // One sequence of a shared forward: session `session`'s rows.
   struct Sequence {
     size_t session = 0;
-    const Batch* batch = nullptr;
+    const model::Batch* batch = nullptr;
     int32_t top_k = 0;  // draft forwards: children kept per row
   };
 
@@ -261,53 +168,4 @@ absl::Status PrefillInChunks(Session& session, std::span<const int32_t> tokens, 
   return absl::OkStatus();
 }
 
-// SpeculativeSession on the CPU: the target and the draft are LlamaModels (the split model in
-// verify and draft mode, or a separate draft GGUF in reference mode).
-class CpuSpeculativeSession final : public SpeculativeSession {
- public:
-  struct Options {
-    int64_t capacity = 2048;  // tokens the session may hold (prompt + output + a tree)
-    DraftKv draft_kv = DraftKv::kShared;
-    int64_t own_kv_chunk = 64;  // own KV: rows of each draft forward that catches it up
-  };
-
-  // `target` runs in `target_mode` (verify for a split model), `draft` in `draft_mode` (draft for
-  // the split model's base; reference for a separate GGUF draft model). Both must outlive the
-  // session and have the same layer count and KV width when the draft reads the verifier's KV.
-  static absl::StatusOr<std::unique_ptr<CpuSpeculativeSession>> Create(LlamaModel& target,
-                                                                       ForwardMode target_mode,
-                                                                       LlamaModel& draft,
-                                                                       ForwardMode draft_mode,
-                                                                       const Options& options);
-
-  int64_t committed_length() const override { return target_cache_.committed_length(); }
-  int64_t capacity() const override { return target_cache_.capacity(); }
-  std::span<const int32_t> committed_tokens() const override { return committed_tokens_; }
-
-  // RunBatchedStep over sessions that share their target and draft models (their forwards are
-  // LlamaModel::ForwardSequences).
-  static void StepMany(std::span<CpuSpeculativeSession* const> sessions,
-                       std::span<SessionStep> steps);
-  // This session's step alone (StepMany of one); its status.
-  absl::Status Step(SessionStep& step);
-
- private:
-  friend class CpuBatchedStep;
-  CpuSpeculativeSession(LlamaModel& target, ForwardMode target_mode, LlamaModel& draft,
-                        ForwardMode draft_mode, const Options& options, KvCache target_cache);
-  // Brings the draft's own cache up to the committed tokens (own-KV mode).
-  absl::Status CatchUpDraftCache();
-
-  LlamaModel& target_;
-  const ForwardMode target_mode_;
-  LlamaModel& draft_;
-  const ForwardMode draft_mode_;
-  const Options options_;
-  KvCache target_cache_;
-  std::unique_ptr<KvCache> draft_cache_;  // own-KV mode only
-  std::vector<int32_t> committed_tokens_;
-  Sampler sampler_;
-  std::vector<float> logits_;
-};
-
-}  // namespace bitsplit::model
+}  // namespace bitsplit::speculation

@@ -1,4 +1,4 @@
-#include "services/coordinator/speculation_loop.h"
+#include "services/coordinator/drafter_stream.h"
 
 #include <algorithm>
 #include <deque>
@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/model/speculation.h"
-#include "common/model/speculation_policy.h"
+#include "common/speculation/policy.h"
+#include "common/speculation/tree.h"
 #include "common/text/stop_matcher.h"
 #include "common/text/streaming_detokenizer.h"
 #include "common/util/status_macros.h"
@@ -310,7 +310,7 @@ absl::StatusOr<v1::GenerateComplete> RunGeneration(const GenerationPlan& plan,
       stats.set_shape("off");
       break;
     case SpeculationMode::kTree:
-      stats.set_shape(model::DescribeShape(plan.shape));
+      stats.set_shape(speculation::DescribeShape(plan.shape));
       break;
     case SpeculationMode::kAdaptive:
       stats.set_shape(policy_shape.empty() ? "adaptive: measuring" : policy_shape);

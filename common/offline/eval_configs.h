@@ -10,7 +10,7 @@
 //   split-base:PREFIX  the same model's base alone (its draft)
 //   q8_0               Q8_0 from our own quantizer (split base-only format kQ8_0, group 32)
 //   bN                 split base only, N in {2, 3, 4}: the draft model (ForwardMode::kDraft)
-//   bN+rM              base + residual, M in {6, 8}: the verifier (ForwardMode::kVerify)
+//   bN+rM              base + residual, M in {3, 4, 5, 6, 8}: the verifier (ForwardMode::kVerify)
 // followed by options, each after a ':'
 //   gK                 base and residual group K     bgK / rgK   base / residual group only
 //   sym | asym         base grid                     rot | rotK | norot   Hadamard block K
@@ -32,7 +32,7 @@
 #include "common/model/weights.h"
 #include "common/util/thread_pool.h"
 
-namespace bitsplit::model {
+namespace bitsplit::offline {
 
 // The knobs a spec does not set: the defaults docs/quality.md picked by measurement on SmolLM2
 // (ablation table there): 2-bit-family bases asymmetric with group 64, residuals with group 32,
@@ -54,7 +54,7 @@ struct EvalConfigSpec {
   std::string split_prefix;  // kSplitFiles (verify: base + residual, else the base alone)
   // kSplit: what to quantize (residual_format nullopt for base-only specs and q8_0) and whether
   // the calibration activations weight the base fit; `verify` runs base + residual.
-  SplitQuantization quantization;
+  model::SplitQuantization quantization;
   bool importance = false;
   bool verify = false;
   bool head_q8_0 = false;  // "hq8": the output head runs q8_0's base instead
@@ -68,8 +68,8 @@ absl::StatusOr<std::vector<EvalConfigSpec>> ParseEvalConfigSpecs(std::string_vie
                                                                  const EvalSpecDefaults& defaults);
 
 // The matrices of a linear group in a GGUF model's weights, in LinearGroupTensorNames order.
-std::vector<const ops::WeightMatrix*> GgufGroupMatrices(const ModelWeights& weights,
-                                                        LinearGroupId id);
+std::vector<const ops::WeightMatrix*> GgufMatricesOf(const model::ModelWeights& weights,
+                                                     model::LinearGroupId id);
 
 // Distance of a set of weights from the source's.
 struct WeightErrorPart {
@@ -109,13 +109,14 @@ WeightStats CombineLayersAndHead(const WeightStats& layers_from, const WeightSta
 
 // `source`: the reference GGUF's weights. For a split model (`split` loaded with LoadSplit) the
 // configuration's weights are dequant(base) (+ dequant(residual) when `verify`).
-absl::StatusOr<WeightStats> MeasureSplitWeights(const ModelWeights& source,
-                                                const ModelConfig& config,
-                                                const SplitModelFiles& split, bool verify,
+absl::StatusOr<WeightStats> MeasureSplitWeights(const model::ModelWeights& source,
+                                                const model::ModelConfig& config,
+                                                const model::SplitModelFiles& split, bool verify,
                                                 ThreadPool& pool);
 // For a GGUF configuration (another quantization of the same model).
-absl::StatusOr<WeightStats> MeasureGgufWeights(const ModelWeights& source,
-                                               const ModelConfig& config,
-                                               const ModelWeights& candidate, ThreadPool& pool);
+absl::StatusOr<WeightStats> MeasureGgufWeights(const model::ModelWeights& source,
+                                               const model::ModelConfig& config,
+                                               const model::ModelWeights& candidate,
+                                               ThreadPool& pool);
 
-}  // namespace bitsplit::model
+}  // namespace bitsplit::offline

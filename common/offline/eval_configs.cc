@@ -1,4 +1,4 @@
-#include "common/model/eval_configs.h"
+#include "common/offline/eval_configs.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -12,7 +12,7 @@
 #include "common/quant/split_format.h"
 #include "common/util/status_macros.h"
 
-namespace bitsplit::model {
+namespace bitsplit::offline {
 namespace {
 
 absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
@@ -234,7 +234,7 @@ absl::StatusOr<EvalConfigSpec> ParseEvalConfigSpec(std::string_view spec,
   out.importance = importance;
   out.verify = residual_bits != 0;
   out.head_q8_0 = head_q8_0;
-  SplitQuantization& q = out.quantization;
+  model::SplitQuantization& q = out.quantization;
   q.rotation.block = rotation_block;
   q.rotation.seed = rotation_block > 0 ? defaults.rotation_seed : 0;
   const std::string rotation_label =
@@ -282,20 +282,20 @@ absl::StatusOr<std::vector<EvalConfigSpec>> ParseEvalConfigSpecs(std::string_vie
   return out;
 }
 
-std::vector<const ops::WeightMatrix*> GgufGroupMatrices(const ModelWeights& weights,
-                                                        LinearGroupId id) {
-  if (id.group == LinearGroup::kOutputHead) return {&weights.output};
-  const LayerWeights& w = weights.layers[static_cast<size_t>(id.layer)];
+std::vector<const ops::WeightMatrix*> GgufMatricesOf(const model::ModelWeights& weights,
+                                                     model::LinearGroupId id) {
+  if (id.group == model::LinearGroup::kOutputHead) return {&weights.output};
+  const model::LayerWeights& w = weights.layers[static_cast<size_t>(id.layer)];
   switch (id.group) {
-    case LinearGroup::kQkv:
+    case model::LinearGroup::kQkv:
       return {&w.wq, &w.wk, &w.wv};
-    case LinearGroup::kAttnOutput:
+    case model::LinearGroup::kAttnOutput:
       return {&w.wo};
-    case LinearGroup::kGateUp:
+    case model::LinearGroup::kGateUp:
       return {&w.w_gate, &w.w_up};
-    case LinearGroup::kDown:
+    case model::LinearGroup::kDown:
       return {&w.w_down};
-    case LinearGroup::kOutputHead:
+    case model::LinearGroup::kOutputHead:
       break;
   }
   return {};
@@ -305,34 +305,34 @@ WeightStats CombineLayersAndHead(const WeightStats& layers_from, const WeightSta
   return FromParts(layers_from.layers, head_from.head);
 }
 
-absl::StatusOr<WeightStats> MeasureSplitWeights(const ModelWeights& source,
-                                                const ModelConfig& config,
-                                                const SplitModelFiles& split, bool verify,
+absl::StatusOr<WeightStats> MeasureSplitWeights(const model::ModelWeights& source,
+                                                const model::ModelConfig& config,
+                                                const model::SplitModelFiles& split, bool verify,
                                                 ThreadPool& pool) {
   if (verify && split.residual_linear() == nullptr) {
     return absl::FailedPreconditionError("verify weights asked of a split model without residual");
   }
-  const HadamardRotation rotation = split.quantization().rotation;
+  const model::HadamardRotation rotation = split.quantization().rotation;
   PartSums sums(pool.num_threads());
   double gpu_bytes[2] = {0, 0};
   double ram_bytes[2] = {0, 0};
-  for (const LinearGroupId& id : AllLinearGroups(config)) {
+  for (const model::LinearGroupId& id : model::AllLinearGroups(config)) {
     const std::span<const quant::MatrixView> base = split.base_linear().group(id);
-    const std::vector<const ops::WeightMatrix*> src = GgufGroupMatrices(source, id);
+    const std::vector<const ops::WeightMatrix*> src = GgufMatricesOf(source, id);
     std::span<const quant::MatrixView> residual;
     if (verify) residual = split.residual_linear()->group(id);
     if (base.size() != src.size() || (verify && residual.size() != src.size())) {
       return absl::InternalError(
-          absl::StrCat("group ", LinearGroupIdString(id), ": matrix counts differ"));
+          absl::StrCat("group ", model::LinearGroupIdString(id), ": matrix counts differ"));
     }
     for (size_t m = 0; m < base.size(); ++m) {
       const quant::MatrixView& b = base[m];
       const ops::WeightMatrix& s = *src[m];
       if (b.rows != s.rows || b.cols != s.cols) {
-        return absl::InternalError(
-            absl::StrCat("group ", LinearGroupIdString(id), ": shapes differ from the source"));
+        return absl::InternalError(absl::StrCat("group ", model::LinearGroupIdString(id),
+                                                ": shapes differ from the source"));
       }
-      const int part = id.group == LinearGroup::kOutputHead ? 1 : 0;
+      const int part = id.group == model::LinearGroup::kOutputHead ? 1 : 0;
       sums.weights[part] += b.rows * b.cols;
       gpu_bytes[part] += static_cast<double>(b.rows) *
                          static_cast<double>(quant::SplitRowBytes(b.format, b.group, b.cols));
@@ -344,7 +344,7 @@ absl::StatusOr<WeightStats> MeasureSplitWeights(const ModelWeights& source,
       CompareRows(b.rows, b.cols, pool, sums.parts[part],
                   [&](int64_t row, float* src_row, float* cfg_row) {
                     ops::DequantizeWeightRow(s, row, src_row);
-                    RotateRows(rotation, src_row, 1, b.cols);
+                    model::RotateRows(rotation, src_row, 1, b.cols);
                     quant::DequantizeSplitRow(b.format, b.group, b.row(row), b.cols, cfg_row);
                     if (r != nullptr) {
                       std::vector<float> residual_row(static_cast<size_t>(b.cols));
@@ -359,23 +359,24 @@ absl::StatusOr<WeightStats> MeasureSplitWeights(const ModelWeights& source,
   return Finish(sums, gpu_bytes, ram_bytes);
 }
 
-absl::StatusOr<WeightStats> MeasureGgufWeights(const ModelWeights& source,
-                                               const ModelConfig& config,
-                                               const ModelWeights& candidate, ThreadPool& pool) {
+absl::StatusOr<WeightStats> MeasureGgufWeights(const model::ModelWeights& source,
+                                               const model::ModelConfig& config,
+                                               const model::ModelWeights& candidate,
+                                               ThreadPool& pool) {
   PartSums sums(pool.num_threads());
   double bytes[2] = {0, 0};
   const double no_bytes[2] = {0, 0};
-  for (const LinearGroupId& id : AllLinearGroups(config)) {
-    const std::vector<const ops::WeightMatrix*> src = GgufGroupMatrices(source, id);
-    const std::vector<const ops::WeightMatrix*> cand = GgufGroupMatrices(candidate, id);
+  for (const model::LinearGroupId& id : model::AllLinearGroups(config)) {
+    const std::vector<const ops::WeightMatrix*> src = GgufMatricesOf(source, id);
+    const std::vector<const ops::WeightMatrix*> cand = GgufMatricesOf(candidate, id);
     for (size_t m = 0; m < src.size(); ++m) {
       const ops::WeightMatrix& s = *src[m];
       const ops::WeightMatrix& c = *cand[m];
       if (s.rows != c.rows || s.cols != c.cols) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("group ", LinearGroupIdString(id), ": shapes differ from the source"));
+        return absl::InvalidArgumentError(absl::StrCat("group ", model::LinearGroupIdString(id),
+                                                       ": shapes differ from the source"));
       }
-      const int part = id.group == LinearGroup::kOutputHead ? 1 : 0;
+      const int part = id.group == model::LinearGroup::kOutputHead ? 1 : 0;
       sums.weights[part] += s.rows * s.cols;
       bytes[part] += static_cast<double>(c.rows) * static_cast<double>(c.row_bytes);
       CompareRows(s.rows, s.cols, pool, sums.parts[part],
@@ -388,4 +389,4 @@ absl::StatusOr<WeightStats> MeasureGgufWeights(const ModelWeights& source,
   return Finish(sums, bytes, no_bytes);
 }
 
-}  // namespace bitsplit::model
+}  // namespace bitsplit::offline

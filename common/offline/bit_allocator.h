@@ -43,12 +43,12 @@
 #include "common/model/linear_backend.h"
 #include "common/model/llama_model.h"
 #include "common/model/split_model.h"
-#include "common/model/split_quantizer.h"
 #include "common/model/vram_plan.h"
 #include "common/model/weights.h"
+#include "common/offline/split_quantizer.h"
 #include "nlohmann/json.hpp"
 
-namespace bitsplit::model {
+namespace bitsplit::offline {
 
 // The formats the allocator chooses among, each list in ascending bits.
 struct BitCandidates {
@@ -70,7 +70,7 @@ struct BaseOption {
 
 // What quantizing one group costs and loses, for every candidate.
 struct GroupSensitivity {
-  LinearGroupId id;
+  model::LinearGroupId id;
   std::vector<std::string> tensors;  // LinearGroupTensorNames order
   int64_t weights = 0;
   double signal = 0;  // weighted squared weights, sum_j E[x_j^2] w_j^2
@@ -93,8 +93,9 @@ struct GroupSensitivity {
 // every group on the calling thread. INVALID_ARGUMENT for candidates that are not base/residual
 // formats or do not fit the model.
 absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
-    const ModelWeights& weights, const ModelConfig& config, const SplitQuantization& quantization,
-    const BitCandidates& candidates, const Calibration* calibration, int num_threads,
+    const model::ModelWeights& weights, const model::ModelConfig& config,
+    const model::SplitQuantization& quantization, const BitCandidates& candidates,
+    const Calibration* calibration, int num_threads,
     const std::function<void(int64_t done, int64_t total)>& progress = {});
 
 // Sets every group's kl_per_error and draft_kl_per_error from `model` (the reference: a GGUF
@@ -103,7 +104,7 @@ absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
 // E_probe, divided by the kind's total E_probe; E_probe is the group's fewest-bits base under its
 // middle residual (verify) or alone (draft). INVALID_ARGUMENT
 // without a calibration window or for sensitivities of another model.
-absl::Status MeasureKlSensitivities(LlamaModel& model, const Calibration& calibration,
+absl::Status MeasureKlSensitivities(model::LlamaModel& model, const Calibration& calibration,
                                     std::vector<GroupSensitivity>& groups);
 
 // The machine the projection is for.
@@ -125,7 +126,7 @@ struct AcceptancePrior {
 struct AllocationRequest {
   // Config, base group, embedding bytes, context, sessions and batch rows of the device plan;
   // its base formats are the allocator's to choose.
-  VramRequest vram;
+  model::VramRequest vram;
   uint64_t budget_bytes = 0;
   // The residuals keep the verifier's predicted KL <= error_factor x Q8_0's.
   double error_factor = 1.0;
@@ -140,7 +141,7 @@ struct BitPlan {
     size_t residual = 0;
   };
   std::vector<Choice> choices;
-  VramPlan vram;                   // the device plan of the chosen bases
+  model::VramPlan vram;            // the device plan of the chosen bases
   uint64_t base_linear_bytes = 0;  // device bytes of the linear weights
   uint64_t residual_bytes = 0;     // RAM bytes read by one verify
   uint64_t q8_0_bytes = 0;         // Q8_0's bytes of the same weights
@@ -187,9 +188,9 @@ double NextErrorFactor(const std::vector<BoundTrial>& trials, double target_kl);
 
 // `quantization` with the plan's formats for every linear tensor (tensor_formats) and the fewest
 // candidate bits as its defaults.
-SplitQuantization ApplyBitPlan(const std::vector<GroupSensitivity>& groups,
-                               const BitCandidates& candidates, const BitPlan& plan,
-                               SplitQuantization quantization);
+model::SplitQuantization ApplyBitPlan(const std::vector<GroupSensitivity>& groups,
+                                      const BitCandidates& candidates, const BitPlan& plan,
+                                      model::SplitQuantization quantization);
 
 // What `bitsplit quantize` prints: per matrix kind the groups on each base and residual, bytes on
 // the GPU and in RAM beside Q8_0's, the projected verify floor and tokens/s.
@@ -203,4 +204,4 @@ nlohmann::json BitPlanJson(const std::vector<GroupSensitivity>& groups,
                            const BitCandidates& candidates, const BitPlan& plan,
                            const AllocationRequest& request);
 
-}  // namespace bitsplit::model
+}  // namespace bitsplit::offline

@@ -1,13 +1,13 @@
 #pragma once
-// `bitsplit quantize`: turns a llama GGUF into a split model (docs/design.md §4; the files are
+// `bitsplit quantize`: turns a GGUF of a supported family into a split model (docs/design.md §4; the files are
 // described in docs/split_model.md).
 //
 // Every linear weight W (wq, wk, wv, wo, gate, up, down of every layer, and the output head;
 // for tied embeddings the head is token_embd's matrix) is dequantized to f32 rows, optionally
 // rotated along its input dimension (W' = W·Qᵀ with Q the block Hadamard of split_backend.h, so
 // x·Wᵀ = (x·Qᵀ)·W'ᵀ: activations are rotated at run time), split into a base B (2/3/4-bit,
-// importance-weighted when calibrated) and a residual R = W' - B quantized to r6/r8 with its own
-// group scale. Norms and the embedding table go to the base file at source precision, with the
+// importance-weighted when calibrated) and a residual R = W' - B quantized to r3, r4, r5, r6 or
+// r8 with its own group scale (or, with a bit plan, each linear group at its own formats). Norms and the embedding table go to the base file at source precision, with the
 // source GGUF's metadata (config, tokenizer, chat template). A base-only run (no residual) also
 // serves the Q8_0 reference configuration through the same kernels.
 #include <cstdint>
@@ -25,11 +25,7 @@
 #include "common/model/llama_model.h"
 #include "common/model/split_model.h"
 
-namespace bitsplit::model {
-
-// The files of a split model with output prefix P.
-std::string SplitBasePath(const std::string& prefix);      // P.base.bsplit
-std::string SplitResidualPath(const std::string& prefix);  // P.residual.bsplit
+namespace bitsplit::offline {
 
 // Per-input-column importance of every linear group: the mean squared activation of the group's
 // input over the calibration tokens, in the rotated space when the model is rotated (the space
@@ -51,20 +47,21 @@ struct Calibration {
 // empty cache and starting with `bos` when bos >= 0, and collects the mean squared input of
 // every linear group (rotated by `rotation` first). INVALID_ARGUMENT for no tokens or a window
 // below 1 or beyond the context length.
-absl::StatusOr<Calibration> CollectCalibration(LlamaModel& model, std::span<const int32_t> tokens,
-                                               int64_t window, int32_t bos,
-                                               const HadamardRotation& rotation);
+absl::StatusOr<Calibration> CollectCalibration(model::LlamaModel& model,
+                                               std::span<const int32_t> tokens, int64_t window,
+                                               int32_t bos,
+                                               const model::HadamardRotation& rotation);
 
 struct SplitQuantizeOptions {
-  SplitQuantization quantization;  // its calibration_* fields are filled from `calibration`
-  int num_threads = 0;             // <= 0: all hardware threads
+  model::SplitQuantization quantization;  // its calibration_* fields are filled from `calibration`
+  int num_threads = 0;                    // <= 0: all hardware threads
 };
 
 // Checks `quantization` against a model: known formats of the right kind, groups and the
 // rotation block dividing every linear weight's input dimension. INVALID_ARGUMENT naming the
 // first tensor that does not fit and the values that would fit every tensor.
-absl::Status ValidateSplitQuantization(const SplitQuantization& quantization,
-                                       const ModelConfig& config);
+absl::Status ValidateSplitQuantization(const model::SplitQuantization& quantization,
+                                       const model::ModelConfig& config);
 
 struct QuantizeProgress {
   int64_t tensors_done = 0;
@@ -79,7 +76,7 @@ struct QuantizeSummary {
   std::string base_path;
   std::string residual_path;  // empty when base only
   SplitFingerprint fingerprint{};
-  SplitQuantization quantization;
+  model::SplitQuantization quantization;
   int64_t source_parameters = 0;     // elements of every source tensor (a tied head counted once)
   int64_t linear_parameters = 0;     // elements of every linear weight, the head included
   uint64_t base_file_bytes = 0;      // all of it lives in VRAM
@@ -110,4 +107,4 @@ absl::StatusOr<QuantizeSummary> QuantizeSplitModel(const std::string& gguf_path,
                                                    const Calibration* calibration = nullptr,
                                                    const QuantizeProgressFn& progress = {});
 
-}  // namespace bitsplit::model
+}  // namespace bitsplit::offline

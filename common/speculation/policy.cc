@@ -1,4 +1,4 @@
-#include "common/model/speculation_policy.h"
+#include "common/speculation/policy.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "common/util/status_macros.h"
 
-namespace bitsplit::model {
+namespace bitsplit::speculation {
 namespace {
 
 // Verify measurements older than ~this many fade out of the cost line fit.
@@ -400,4 +400,4 @@ absl::StatusOr<AdaptivePolicy> MakeAdaptivePolicy(const TreeShape& bounds) {
   return AdaptivePolicy::Create(options);
 }
 
-}  // namespace bitsplit::model
+}  // namespace bitsplit::speculation

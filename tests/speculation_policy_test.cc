@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "common/model/speculation_policy.h"
+#include "common/speculation/policy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace bitsplit::model {
+namespace bitsplit::speculation {
 namespace {
 
 // A synthetic target and machine, deliberately not the policy's own model: a tree that keeps k
@@ -422,4 +422,4 @@ TEST(SpeculationPolicyTest, RecordRejectsInconsistentMeasurementsAndKeepsState) 
 }
 
 }  // namespace
-}  // namespace bitsplit::model
+}  // namespace bitsplit::speculation
