@@ -1,15 +1,16 @@
 #pragma once
-// `bitsplit quantize`: turns a GGUF of a supported family into a split model (docs/design.md §4; the files are
-// described in docs/split_model.md).
+// `bitsplit quantize`: turns a GGUF of a supported family into a split model (docs/design.md §4;
+// the files are described in docs/split_model.md).
 //
 // Every linear weight W (wq, wk, wv, wo, gate, up, down of every layer, and the output head;
 // for tied embeddings the head is token_embd's matrix) is dequantized to f32 rows, optionally
 // rotated along its input dimension (W' = W·Qᵀ with Q the block Hadamard of split_backend.h, so
 // x·Wᵀ = (x·Qᵀ)·W'ᵀ: activations are rotated at run time), split into a base B (2/3/4-bit,
 // importance-weighted when calibrated) and a residual R = W' - B quantized to r3, r4, r5, r6 or
-// r8 with its own group scale (or, with a bit plan, each linear group at its own formats). Norms and the embedding table go to the base file at source precision, with the
-// source GGUF's metadata (config, tokenizer, chat template). A base-only run (no residual) also
-// serves the Q8_0 reference configuration through the same kernels.
+// r8 with its own group scale (or, with a bit plan, each linear group at its own formats). Norms
+// and the embedding table go to the base file at source precision, with the source GGUF's metadata
+// (config, tokenizer, chat template). A base-only run (no residual) also serves the Q8_0 reference
+// configuration through the same kernels.
 #include <cstdint>
 #include <functional>
 #include <map>
