@@ -380,14 +380,14 @@ class HttpApi::Routes {
   void Respond(HttpJob& job, openai::ResponseBuilder& builder, int socket, httplib::Response& res) {
     while (true) {
       std::optional<HttpJob::Event> event = job.Next(kPollInterval);
-      if (!event) {
-        if (PeerClosed(socket)) {
-          job.Abandon(*context_.queue);
-          res.status = 499;  // nobody reads it: the client closed the connection
-          return;
-        }
-        continue;
+      // Checked on every turn, not only when no chunk came: a generation that produces chunks
+      // faster than the poll interval would otherwise never notice the client left.
+      if (PeerClosed(socket)) {
+        job.Abandon(*context_.queue);
+        res.status = 499;  // nobody reads it: the client closed the connection
+        return;
       }
+      if (!event) continue;
       if (event->chunk) {
         builder.AddChunk(*event->chunk);
         continue;
@@ -414,13 +414,11 @@ class HttpApi::Routes {
     }
     while (true) {
       std::optional<HttpJob::Event> event = job.Next(kPollInterval);
-      if (!event) {
-        if (PeerClosed(socket)) {
-          job.Abandon(queue);
-          return false;
-        }
-        continue;
+      if (PeerClosed(socket)) {  // a write into the socket's buffer can succeed after the close
+        job.Abandon(queue);
+        return false;
       }
+      if (!event) continue;
       if (event->chunk) {
         if (std::optional<json> out = builder.AddChunk(*event->chunk);
             out && !write(SseEvent(*out))) {
