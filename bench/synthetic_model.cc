@@ -138,8 +138,9 @@ absl::StatusOr<std::unique_ptr<SyntheticSplitModel>> MakeSyntheticSplitModel(
   m->norms.assign(static_cast<size_t>(config.d_model * (2 * config.num_layers + 1)), 1.0f);
   m->embedding_and_norms.output_norm = m->norms.data() + 2 * config.num_layers * config.d_model;
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
-    m->embedding_and_norms.layers.push_back({m->norms.data() + (2 * layer) * config.d_model,
-                                             m->norms.data() + (2 * layer + 1) * config.d_model});
+    model::LayerNorms& norms = m->embedding_and_norms.layers.emplace_back();
+    norms.attn_norm = m->norms.data() + (2 * layer) * config.d_model;
+    norms.ffn_norm = m->norms.data() + (2 * layer + 1) * config.d_model;
   }
   return m;
 }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model/config.h"
 #include "common/model/llama_model.h"
+#include "common/model/split_model.h"
 #include "common/model/weights.h"
 #include "gtest/gtest.h"
 #include "tests/testing/gguf_builder.h"
@@ -238,7 +239,7 @@ TEST(TinyLlamaTest, RejectsOtherArchitectureNamingTheSupportedOnes) {
   const absl::Status status = tiny.Config().status();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
   ExpectErrorMentions(status, "\"mamba\"");
-  ExpectErrorMentions(status, "llama, gemma3, qwen2, qwen3");
+  ExpectErrorMentions(status, "llama, gemma3, qwen2, qwen3, qwen3moe");
 }
 
 // qwen2 reads the same tensors plus q/k/v biases; without them the file is incomplete.
@@ -512,7 +513,8 @@ TEST(TinyLlamaTest, RejectsEachKeyOutOfRange) {
       {[](GgufBuilder& b) { b.AddString("llama.rope.scaling.type", "yarn"); }, kUnimplemented,
        "rope scaling type \"yarn\" is not supported"},
       {set_uint("llama.expert_count", 8), kUnimplemented,
-       "mixture-of-experts models (8 experts) are not supported"},
+       "llama with experts (8) is not supported; the mixture-of-experts architecture supported is "
+       "qwen3moe"},
       {set_float("llama.final_logit_softcapping", 30.0f), kUnimplemented,
        "final logit soft-capping (30) is not supported"},
       {set_uint("llama.vocab_size", 41), kInvalid,
@@ -536,6 +538,69 @@ TEST(TinyLlamaTest, RejectsEachKeyOutOfRange) {
   ExpectErrorMentions(MetadataConfig(metadata, 0).status(), "embedding table has 0 rows");
 }
 
+// qwen3moe: the expert keys, llama.cpp's routing rules, and a clear error for every other rule.
+TEST(ModelConfigTest, Qwen3MoeReadsItsExpertsAndRefusesOtherRouting) {
+  using Edit = std::function<void(GgufBuilder&)>;
+  auto config_with = [](const Edit& edit) {
+    GgufBuilder b;
+    TinyLlama::AddMetadata(b, "qwen3moe");
+    b.AddUint32("qwen3moe.expert_count", 16);
+    b.AddUint32("qwen3moe.expert_used_count", 4);
+    b.AddUint32("qwen3moe.expert_feed_forward_length", 24);
+    edit(b);
+    return MetadataConfig(b, 40);
+  };
+  auto config = config_with([](GgufBuilder&) {});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->has_experts());
+  EXPECT_EQ(config->num_experts, 16);
+  EXPECT_EQ(config->num_experts_used, 4);
+  EXPECT_EQ(config->d_ff_expert, 24);
+  EXPECT_EQ(config->expert_weights_scale, 1.0f);
+  EXPECT_TRUE(config->qk_norm);
+  EXPECT_EQ(config->rope_style, RopeStyle::kHalves);
+  config = config_with([](GgufBuilder& b) {
+    b.AddBool("qwen3moe.expert_weights_norm", true);
+    b.AddFloat32("qwen3moe.expert_weights_scale", 2.5f);
+    b.AddUint32("qwen3moe.expert_gating_func", 1);
+  });
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->expert_weights_scale, 2.5f);
+  // Dense families have no experts.
+  GgufBuilder dense;
+  TinyLlama::AddMetadata(dense, "qwen3");
+  ASSERT_TRUE(MetadataConfig(dense, 40).ok());
+  EXPECT_FALSE(MetadataConfig(dense, 40)->has_experts());
+
+  const struct {
+    Edit edit;
+    absl::StatusCode code;
+    std::string message;
+  } cases[] = {
+      {[](GgufBuilder& b) { Drop(b, "qwen3moe.expert_count"); }, absl::StatusCode::kNotFound,
+       "qwen3moe.expert_count"},
+      {[](GgufBuilder& b) {
+         Drop(b, "qwen3moe.expert_used_count").AddUint32("qwen3moe.expert_used_count", 17);
+       },
+       absl::StatusCode::kInvalidArgument,
+       "qwen3moe.expert_used_count = 17 is out of range [1, 16]"},
+      {[](GgufBuilder& b) { Drop(b, "qwen3moe.expert_feed_forward_length"); },
+       absl::StatusCode::kNotFound, "qwen3moe.expert_feed_forward_length"},
+      {[](GgufBuilder& b) { b.AddUint32("qwen3moe.expert_shared_count", 1); },
+       absl::StatusCode::kUnimplemented, "qwen3moe: shared experts (1) are not supported"},
+      {[](GgufBuilder& b) { b.AddUint32("qwen3moe.expert_gating_func", 2); },
+       absl::StatusCode::kUnimplemented,
+       "qwen3moe: expert gating function 2 is not supported (softmax only)"},
+      {[](GgufBuilder& b) { b.AddBool("qwen3moe.expert_weights_norm", false); },
+       absl::StatusCode::kUnimplemented, "qwen3moe: expert_weights_norm must be true"},
+  };
+  for (const auto& c : cases) {
+    const absl::Status status = config_with(c.edit).status();
+    EXPECT_EQ(status.code(), c.code) << c.message << ": " << status;
+    ExpectErrorMentions(status, c.message);
+  }
+}
+
 TEST(TinyLlamaTest, RejectsHeadsThatDoNotDivideTheWidth) {
   TinyLlama tiny([](GgufBuilder& b) { TinyLlama::AddMetadata(b, "llama", 6); });
   ExpectErrorMentions(tiny.Config().status(), "head_count");
@@ -544,6 +609,88 @@ TEST(TinyLlamaTest, RejectsHeadsThatDoNotDivideTheWidth) {
 TEST(TinyLlamaTest, RejectsMissingHyperparameter) {
   TinyLlama tiny([](GgufBuilder& b) { b.AddString("general.architecture", "llama"); });
   ExpectErrorMentions(tiny.Config().status(), "llama.block_count");
+}
+
+// A tiny qwen3moe: TinyLlama's attention with QK-norm, and 4 experts of width 32 (2 used) in
+// each layer's FFN.
+TinyLlama TinyQwen3Moe(const std::function<void(GgufBuilder&)>& edit = nullptr) {
+  return TinyLlama(
+      [](GgufBuilder& b) {
+        TinyLlama::AddMetadata(b, "qwen3moe");
+        b.AddUint32("qwen3moe.expert_count", 4);
+        b.AddUint32("qwen3moe.expert_used_count", 2);
+        b.AddUint32("qwen3moe.expert_feed_forward_length", 32);
+      },
+      [&edit](GgufBuilder& b) {
+        std::erase_if(b.tensors(), [](const GgufBuilder::Tensor& t) {
+          return t.name.find(".ffn_gate.") != std::string::npos ||
+                 t.name.find(".ffn_up.") != std::string::npos ||
+                 t.name.find(".ffn_down.") != std::string::npos;
+        });
+        for (int i = 0; i < 2; ++i) {
+          const std::string p = "blk." + std::to_string(i) + ".";
+          b.AddF32Tensor(p + "attn_q_norm.weight", {16}, std::vector<float>(16, 1.0f));
+          b.AddF32Tensor(p + "attn_k_norm.weight", {16}, std::vector<float>(16, 1.0f));
+          b.AddTensor(p + "ffn_gate_inp.weight", GgmlType::kF32, {64, 4});
+          b.AddTensor(p + "ffn_gate_exps.weight", GgmlType::kQ8_0, {64, 32, 4});
+          b.AddTensor(p + "ffn_up_exps.weight", GgmlType::kQ8_0, {64, 32, 4});
+          b.AddTensor(p + "ffn_down_exps.weight", GgmlType::kF16, {32, 64, 4});
+        }
+        if (edit) edit(b);
+      });
+}
+
+TEST(TinyLlamaTest, Qwen3MoeExpertsAreViewsOfTheThreeDimensionalTensors) {
+  TinyLlama tiny = TinyQwen3Moe();
+  auto weights = tiny.Weights();
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const LayerWeights& layer = weights->layers[1];
+  EXPECT_EQ(layer.vectors.router.rows, 4);
+  EXPECT_EQ(layer.vectors.router.cols, 64);
+  ASSERT_EQ(layer.expert_gate.size(), 4u);
+  ASSERT_EQ(layer.expert_down.size(), 4u);
+  EXPECT_EQ(layer.w_gate.data, nullptr);  // no dense FFN
+  const gguf::TensorInfo* gate = tiny.file->FindTensor("blk.1.ffn_gate_exps.weight");
+  const gguf::TensorInfo* down = tiny.file->FindTensor("blk.1.ffn_down_exps.weight");
+  ASSERT_NE(gate, nullptr);
+  ASSERT_NE(down, nullptr);
+  for (size_t e = 0; e < 4; ++e) {
+    // Expert e's rows follow the e earlier experts' d_ff_expert (gate) or d_model (down) rows.
+    EXPECT_EQ(layer.expert_gate[e].data, gate->data + e * gate->num_bytes / 4);
+    EXPECT_EQ(layer.expert_gate[e].rows, 32);
+    EXPECT_EQ(layer.expert_gate[e].cols, 64);
+    EXPECT_EQ(layer.expert_down[e].data, down->data + e * down->num_bytes / 4);
+    EXPECT_EQ(layer.expert_down[e].rows, 64);
+    EXPECT_EQ(layer.expert_down[e].row_bytes, 32 * 2);  // F16
+  }
+  // A split cannot hold experts yet: quantizing and opening one are refused by name.
+  const absl::Status splittable = CheckSplittable(*tiny.Config());
+  EXPECT_EQ(splittable.code(), absl::StatusCode::kUnimplemented);
+  ExpectErrorMentions(splittable, "qwen3moe has 4 experts per layer");
+  EXPECT_TRUE(CheckSplittable(*TinyLlama().Config()).ok());
+}
+
+TEST(TinyLlamaTest, Qwen3MoeTensorErrorsNameTheTensor) {
+  TinyLlama missing = TinyQwen3Moe([](GgufBuilder& b) {
+    std::erase_if(b.tensors(), [](const GgufBuilder::Tensor& t) {
+      return t.name == "blk.1.ffn_down_exps.weight";
+    });
+  });
+  ExpectErrorMentions(missing.Weights().status(), "tensor blk.1.ffn_down_exps.weight is missing");
+  TinyLlama wrong = TinyQwen3Moe([](GgufBuilder& b) {
+    for (auto& t : b.tensors()) {
+      if (t.name != "blk.0.ffn_up_exps.weight") continue;
+      t.dims = {64, 32, 3};
+      t.data.resize(GgufBuilder::TensorBytes(t.type, t.dims).value());
+    }
+  });
+  ExpectErrorMentions(wrong.Weights().status(),
+                      "tensor blk.0.ffn_up_exps.weight has dims {64, 32, 3}, expected {64, 32, 4}");
+  TinyLlama dense = TinyQwen3Moe([](GgufBuilder& b) {
+    b.AddTensor("blk.0.ffn_gate.weight", GgmlType::kQ8_0, {64, 96});
+  });
+  ExpectErrorMentions(dense.Weights().status(),
+                      "tensor blk.0.ffn_gate.weight is not part of a 2-layer qwen3moe model");
 }
 
 TEST(TinyLlamaTest, RejectsMissingTensorByName) {

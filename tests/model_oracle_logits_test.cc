@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -235,24 +236,44 @@ TEST(OracleLogitsTest, MatchesLlamaCppOnF32Gemma3) {
                          /*min_positions=*/1000);
 }
 
-// qwen2 (q/k/v biases) and qwen3 (QK-norm, explicit head width): small random-weight models
-// (d 256, 4 query / 2 KV heads of 64, 2 and 3 layers, tied head over the real 152,064-token qwen2
-// vocabulary), rebuilt here from the fixture's recipe and checked tensor by tensor against the
-// sha256 of what llama.cpp ran (tests/testing/synthetic_weights.h). Random weights prove the
-// arithmetic of the two families, not any model's quality.
+// The random-weight GGUF of a synthetic fixture, rebuilt from its recipe and checked tensor by
+// tensor against the sha256 of what llama.cpp ran (tests/testing/synthetic_weights.h), in a
+// temporary file that goes with the object.
+class SyntheticModelFile {
+ public:
+  explicit SyntheticModelFile(const std::string& fixture_file)
+      : fixture_(ReadFixture(fixture_file)),
+        path_(std::filesystem::temp_directory_path() /
+              absl::StrCat("bitsplit-", std::filesystem::path(fixture_file).stem().string(), "-",
+                           getpid(), ".gguf")) {
+    if (fixture_.is_null()) return;
+    absl::StatusOr<std::vector<uint8_t>> image = testing::BuildSyntheticGguf(fixture_);
+    EXPECT_TRUE(image.ok()) << image.status();
+    written_ = image.ok() && testing::WriteFileBytes(path_.string(), *image);
+  }
+  ~SyntheticModelFile() {
+    std::error_code ignored;
+    std::filesystem::remove(path_, ignored);
+  }
+  bool ok() const { return written_; }
+  const nlohmann::json& fixture() const { return fixture_; }
+  std::string path() const { return path_.string(); }
+
+ private:
+  nlohmann::json fixture_;
+  std::filesystem::path path_;
+  bool written_ = false;
+};
+
+// qwen2 (q/k/v biases), qwen3 (QK-norm, explicit head width) and qwen3moe (qwen3's attention, a
+// mixture of 16 experts with 4 used in every layer): small random-weight models (d 256, 4 query /
+// 2 KV heads of 64, 2 or 3 layers, tied head over the real 152,064-token qwen2 vocabulary).
+// Random weights prove the arithmetic of the families, not any model's quality.
 void ExpectMatchesSyntheticOracle(const std::string& fixture_file) {
-  const nlohmann::json fixture = ReadFixture(fixture_file);
-  ASSERT_FALSE(fixture.is_null());
-  absl::StatusOr<std::vector<uint8_t>> image = testing::BuildSyntheticGguf(fixture);
-  ASSERT_TRUE(image.ok()) << image.status();
-  const std::filesystem::path path =
-      std::filesystem::temp_directory_path() /
-      absl::StrCat("bitsplit-", std::filesystem::path(fixture_file).stem().string(), "-", getpid(),
-                   ".gguf");
-  ASSERT_TRUE(testing::WriteFileBytes(path.string(), *image));
-  ExpectMatchesF32Oracle(fixture, path.string(), /*near_tie_margin=*/1e-4, /*min_positions=*/500);
-  std::error_code ignored;
-  std::filesystem::remove(path, ignored);
+  const SyntheticModelFile model(fixture_file);
+  ASSERT_TRUE(model.ok());
+  ExpectMatchesF32Oracle(model.fixture(), model.path(), /*near_tie_margin=*/1e-4,
+                         /*min_positions=*/500);
 }
 
 TEST(OracleLogitsTest, MatchesLlamaCppOnSyntheticQwen2) {
@@ -261,6 +282,64 @@ TEST(OracleLogitsTest, MatchesLlamaCppOnSyntheticQwen2) {
 
 TEST(OracleLogitsTest, MatchesLlamaCppOnSyntheticQwen3) {
   ExpectMatchesSyntheticOracle("tests/fixtures/oracle/qwen3_synthetic_logits.json");
+}
+
+TEST(OracleLogitsTest, MatchesLlamaCppOnSyntheticQwen3Moe) {
+  ExpectMatchesSyntheticOracle("tests/fixtures/oracle/qwen3moe_synthetic_logits.json");
+}
+
+// A mixture-of-experts row routes on its own hidden state and its experts are added in the order
+// chosen, so its logits are bit-identical whether it runs alone, in a causal batch, as a node of
+// a tree beside other branches, or on another thread count.
+TEST(OracleLogitsTest, Qwen3MoeRowsAreBatchInvariant) {
+  const SyntheticModelFile file("tests/fixtures/oracle/qwen3moe_synthetic_logits.json");
+  ASSERT_TRUE(file.ok());
+  auto two_threads = LlamaModel::Load(file.path(), 2);
+  auto one_thread = LlamaModel::Load(file.path(), 1);
+  ASSERT_TRUE(two_threads.ok()) << two_threads.status();
+  ASSERT_TRUE(one_thread.ok()) << one_thread.status();
+  const std::vector<int32_t> all = file.fixture()["cases"][0]["tokens"];
+  ASSERT_GE(all.size(), 40u);
+  const std::vector<int32_t> tokens(all.begin(), all.begin() + 40);
+  const int64_t vocab = (*two_threads)->config().vocab_size;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+
+  // The whole prompt as one causal batch.
+  auto cache = (*two_threads)->NewKvCache(n + 4);
+  ASSERT_TRUE(cache.ok());
+  std::vector<float> batched(static_cast<size_t>(n * vocab));
+  ASSERT_TRUE((*two_threads)->Forward(Batch::Causal(tokens, 0), *cache, batched).ok());
+  // One token at a time, on one thread.
+  auto single_cache = (*one_thread)->NewKvCache(n + 4);
+  ASSERT_TRUE(single_cache.ok());
+  std::vector<float> single(static_cast<size_t>(vocab));
+  for (int64_t t = 0; t < n; ++t) {
+    const std::vector<int32_t> one = {tokens[static_cast<size_t>(t)]};
+    ASSERT_TRUE((*one_thread)
+                    ->Forward(Batch::Causal(one, static_cast<int32_t>(t)), *single_cache, single)
+                    .ok());
+    ASSERT_TRUE(single_cache->Commit(1).ok());
+    ASSERT_EQ(0, std::memcmp(single.data(), batched.data() + t * vocab, vocab * sizeof(float)))
+        << "position " << t;
+  }
+  // A tree over the committed prompt: two branches of two tokens; each node equals its path run
+  // as a chain.
+  ASSERT_TRUE(cache->Commit(n).ok());
+  const std::vector<int32_t> tree_tokens = {tokens[1], tokens[2], tokens[3], tokens[4]};
+  auto tree = Batch::Tree(tree_tokens, std::vector<int32_t>{-1, 0, -1, 2}, static_cast<int32_t>(n));
+  ASSERT_TRUE(tree.ok());
+  std::vector<float> tree_logits(static_cast<size_t>(4 * vocab));
+  ASSERT_TRUE((*two_threads)->Forward(*tree, *cache, tree_logits).ok());
+  for (const int branch : {0, 2}) {
+    const std::vector<int32_t> chain = {tree_tokens[branch], tree_tokens[branch + 1]};
+    std::vector<float> chain_logits(static_cast<size_t>(2 * vocab));
+    ASSERT_TRUE((*two_threads)
+                    ->Forward(Batch::Causal(chain, static_cast<int32_t>(n)), *cache, chain_logits)
+                    .ok());
+    EXPECT_EQ(0, std::memcmp(chain_logits.data(), tree_logits.data() + branch * vocab,
+                             2 * vocab * sizeof(float)))
+        << "branch at node " << branch;
+  }
 }
 
 // For information: llama.cpp on the original Q4_1 file quantizes activations to Q8_1 inside its

@@ -28,14 +28,20 @@ struct FamilyTraits {
   // Local/global layer pattern when the file names a sliding window but no pattern: every
   // `swa_pattern`-th layer is global, the others local (0: no sliding window in this family).
   int swa_pattern;
+  bool experts;  // every layer's FFN is a mixture of experts (expert_count is required)
 };
 
 constexpr FamilyTraits kFamilies[] = {
-    {"llama", RopeStyle::kAdjacentPairs, FfnActivation::kSilu, false, false, false, false, 0},
-    {"gemma3", RopeStyle::kHalves, FfnActivation::kGeluTanh, true, true, true, false, 6},
-    {"qwen2", RopeStyle::kHalves, FfnActivation::kSilu, false, false, false, true, 0},
-    {"qwen3", RopeStyle::kHalves, FfnActivation::kSilu, false, true, false, false, 0},
+    {"llama", RopeStyle::kAdjacentPairs, FfnActivation::kSilu, false, false, false, false, 0,
+     false},
+    {"gemma3", RopeStyle::kHalves, FfnActivation::kGeluTanh, true, true, true, false, 6, false},
+    {"qwen2", RopeStyle::kHalves, FfnActivation::kSilu, false, false, false, true, 0, false},
+    {"qwen3", RopeStyle::kHalves, FfnActivation::kSilu, false, true, false, false, 0, false},
+    {"qwen3moe", RopeStyle::kHalves, FfnActivation::kSilu, false, true, false, false, 0, true},
 };
+
+// Most experts a layer may declare (the largest published MoE models have 512).
+constexpr int64_t kMaxExperts = 4096;
 
 constexpr int64_t kMaxCount = int64_t{1} << 31;
 
@@ -162,11 +168,49 @@ absl::StatusOr<float> ReadRopeFreqScale(const Metadata& meta) {
   return 1.0f / factor;
 }
 
-absl::Status RejectUnsupportedFeatures(const Metadata& meta) {
+// The experts of a mixture-of-experts family: how many, how many a token uses, their FFN width,
+// and the routing rules llama.cpp's graph for the family applies (softmax gating, renormalized
+// weights, no shared expert); a file that declares other rules is refused, not misread.
+absl::Status ReadExperts(const Metadata& meta, ModelConfig& config) {
+  BITSPLIT_ASSIGN_OR_RETURN(config.num_experts,
+                            meta.Count("expert_count", std::nullopt, kMaxExperts));
+  BITSPLIT_ASSIGN_OR_RETURN(config.num_experts_used,
+                            meta.Count("expert_used_count", std::nullopt, config.num_experts));
+  BITSPLIT_ASSIGN_OR_RETURN(config.d_ff_expert, meta.Count("expert_feed_forward_length"));
+  BITSPLIT_ASSIGN_OR_RETURN(const uint64_t shared, meta.Uint("expert_shared_count", 0));
+  if (shared != 0) {
+    return Unsupported(meta.file, "%s: shared experts (%d) are not supported", config.architecture,
+                       shared);
+  }
+  // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX is 1.
+  BITSPLIT_ASSIGN_OR_RETURN(const uint64_t gating, meta.Uint("expert_gating_func", 1));
+  if (gating != 1) {
+    return Unsupported(meta.file, "%s: expert gating function %d is not supported (softmax only)",
+                       config.architecture, gating);
+  }
+  const gguf::Value* norm = meta.file.Find(meta.Key("expert_weights_norm"));
+  const bool* renormalize = norm == nullptr ? nullptr : std::get_if<bool>(&norm->data);
+  if (norm != nullptr && (renormalize == nullptr || !*renormalize)) {
+    return Unsupported(meta.file,
+                       "%s: expert_weights_norm must be true (the family renormalizes the chosen "
+                       "experts' weights)",
+                       config.architecture);
+  }
+  BITSPLIT_ASSIGN_OR_RETURN(config.expert_weights_scale, meta.Float("expert_weights_scale", 1.0f));
+  if (config.expert_weights_scale == 0.0f) config.expert_weights_scale = 1.0f;  // llama.cpp: unset
+  if (!std::isfinite(config.expert_weights_scale)) {
+    return Invalid(meta.file, "%s is not finite", meta.Key("expert_weights_scale"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RejectUnsupportedFeatures(const Metadata& meta, const FamilyTraits& family) {
   BITSPLIT_ASSIGN_OR_RETURN(const uint64_t experts, meta.Uint("expert_count", 0));
-  if (experts > 0) {
-    return Unsupported(meta.file, "mixture-of-experts models (%d experts) are not supported",
-                       experts);
+  if (experts > 0 && !family.experts) {
+    return Unsupported(meta.file,
+                       "%s with experts (%d) is not supported; the mixture-of-experts "
+                       "architecture supported is qwen3moe",
+                       family.architecture, experts);
   }
   BITSPLIT_ASSIGN_OR_RETURN(const float softcap, meta.Float("final_logit_softcapping", 0.0f));
   if (softcap != 0.0f) {
@@ -355,7 +399,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
                    config.rope_freq_base, config.rms_norm_eps);
   }
   BITSPLIT_ASSIGN_OR_RETURN(config.rope_freq_scale, ReadRopeFreqScale(meta));
-  BITSPLIT_RETURN_IF_ERROR(RejectUnsupportedFeatures(meta));
+  BITSPLIT_RETURN_IF_ERROR(RejectUnsupportedFeatures(meta, *family));
+  if (family->experts) BITSPLIT_RETURN_IF_ERROR(ReadExperts(meta, config));
 
   config.attention_scale = AttentionScale(config);
   config.embedding_scale =

@@ -3,8 +3,9 @@
 // what each supported family does differently (a FamilyTraits entry per general.architecture:
 // the forward pass reads flags from the config, never the architecture name).
 //
-// Families: llama (SmolLM2, Llama 2/3, Mistral, TinyLlama), gemma3, qwen2, qwen3. Their rules
-// follow llama.cpp's loaders (src/models/<arch>.cpp of the pinned llama.cpp).
+// Families: llama (SmolLM2, Llama 2/3, Mistral, TinyLlama), gemma3, qwen2, qwen3, and the
+// mixture-of-experts qwen3moe (Qwen3-30B-A3B, 235B-A22B). Their rules follow llama.cpp's loaders
+// and graphs (src/models/<arch>.cpp of the pinned llama.cpp).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -24,7 +25,7 @@ enum class FfnActivation {
 };
 
 struct ModelConfig {
-  std::string architecture;  // general.architecture: "llama", "gemma3", "qwen2" or "qwen3"
+  std::string architecture;  // general.architecture: one of SupportedArchitectures()
   int64_t num_layers = 0;
   int64_t d_model = 0;       // embedding width
   int64_t d_ff = 0;          // feed-forward hidden width
@@ -53,6 +54,18 @@ struct ModelConfig {
   std::vector<uint8_t> layer_is_local;    // [num_layers]; empty when sliding_window == 0
   float rope_freq_base_local = 10000.0f;  // RoPE of the local layers (no scaling there)
 
+  // Mixture of experts (0 experts: every layer has the dense gate/up/down FFN). A router matrix
+  // [num_experts, d_model] scores the experts on the FFN-normed hidden state; softmax over all
+  // experts, the num_experts_used most probable are run (ties: the lower index first), their
+  // probabilities renormalized to sum 1 (the sum clamped below at 2^-14, as llama.cpp) and
+  // multiplied by expert_weights_scale; the FFN output is the weighted sum of the chosen experts'
+  // gated FFNs (each d_ff_expert wide), added in the order of the choice.
+  int64_t num_experts = 0;
+  int64_t num_experts_used = 0;
+  int64_t d_ff_expert = 0;
+  float expert_weights_scale = 1.0f;
+
+  bool has_experts() const { return num_experts > 0; }
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
   bool IsLocalLayer(int64_t layer) const {
@@ -73,8 +86,9 @@ inline constexpr int64_t kMaxLayers = 1024;
 
 // Reads and validates the config. Rejects architectures other than the supported families
 // (naming the one found and the supported ones), missing or non-positive hyperparameters,
-// inconsistent head shapes, and features this implementation does not have (mixture of experts,
-// non-linear RoPE scaling, logit soft-capping). block_count and embedding_length are checked
+// inconsistent head shapes, and features this implementation does not have (experts in a family
+// without them, shared experts, a gating function other than softmax, non-linear RoPE scaling,
+// logit soft-capping). block_count and embedding_length are checked
 // against the tensor table: the blk.N tensors must cover exactly layers [0, block_count), and
 // token_embd.weight must be embedding_length wide.
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const gguf::File& file);
@@ -91,7 +105,7 @@ absl::Status CheckLayerTensors(const gguf::File& file, const ModelConfig& config
 absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
                                                         int64_t embedding_rows);
 
-// "llama, gemma3, qwen2, qwen3": the architectures ModelConfigFromGguf accepts.
+// "llama, gemma3, qwen2, qwen3, qwen3moe": the architectures ModelConfigFromGguf accepts.
 std::string SupportedArchitectures();
 
 // Llama-3-8B's shape: 32 layers, d 4096, d_ff 14336, 32 heads over 8 KV heads of 128, vocab

@@ -1,6 +1,7 @@
 #include "common/model/linear_backend.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/ops/matmul.h"
 #include "common/util/status_macros.h"
 
@@ -159,6 +160,49 @@ absl::Status GgufLinearBackend::Apply(LinearGroupId id, const float* x, int64_t 
   const GgufGroupMatrices group = GroupMatricesOf(weights_, id);
   BITSPLIT_CHECK(outputs.size() == group.count);
   ops::MatMulMany(x, num_tokens, group.span(), outputs, pool);
+  return absl::OkStatus();
+}
+
+std::string_view ExpertGroupName(ExpertGroup group) {
+  return group == ExpertGroup::kGateUp ? "expert_gate_up" : "expert_down";
+}
+
+int64_t ExpertGroupInputDim(const ModelConfig& config, ExpertGroup group) {
+  return group == ExpertGroup::kGateUp ? config.d_model : config.d_ff_expert;
+}
+
+std::vector<int64_t> ExpertGroupOutputDims(const ModelConfig& config, ExpertGroup group) {
+  if (group == ExpertGroup::kGateUp) return {config.d_ff_expert, config.d_ff_expert};
+  return {config.d_model};
+}
+
+absl::Status GgufLinearBackend::ApplyExperts(int32_t layer, ExpertGroup group, const float* x,
+                                             int64_t num_rows, std::span<const ExpertRows> segments,
+                                             std::span<float* const> outputs, ThreadPool& pool) {
+  BITSPLIT_CHECK(layer >= 0 && static_cast<size_t>(layer) < weights_.layers.size());
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
+  const int64_t experts = static_cast<int64_t>(w.expert_down.size());
+  BITSPLIT_CHECK(outputs.size() == (group == ExpertGroup::kGateUp ? 2u : 1u));
+  for (const ExpertRows& segment : segments) {
+    if (segment.expert < 0 || segment.expert >= experts || segment.first_row < 0 ||
+        segment.count < 0 || segment.first_row + segment.count > num_rows) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "blk.%d: expert segment (expert %d, rows %d+%d) is outside %d experts x %d rows", layer,
+          segment.expert, segment.first_row, segment.count, experts, num_rows));
+    }
+    const auto e = static_cast<size_t>(segment.expert);
+    const ops::WeightMatrix* gate_up[] = {&w.expert_gate[e], &w.expert_up[e]};
+    const ops::WeightMatrix* down[] = {&w.expert_down[e]};
+    const std::span<const ops::WeightMatrix* const> matrices =
+        group == ExpertGroup::kGateUp ? std::span<const ops::WeightMatrix* const>(gate_up)
+                                      : std::span<const ops::WeightMatrix* const>(down);
+    std::array<float*, 2> rows{};
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      rows[i] = outputs[i] + segment.first_row * matrices[i]->rows;
+    }
+    ops::MatMulMany(x + segment.first_row * matrices[0]->cols, segment.count, matrices,
+                    std::span<float* const>(rows.data(), outputs.size()), pool);
+  }
   return absl::OkStatus();
 }
 

@@ -76,6 +76,22 @@ struct GgufGroupMatrices {
 };
 GgufGroupMatrices GroupMatricesOf(const ModelWeights& weights, LinearGroupId id);
 
+// The expert matrices of a mixture-of-experts layer, applied to the rows routed to each expert.
+enum class ExpertGroup : int32_t {
+  kGateUp = 0,  // ffn_gate_exps | ffn_up_exps of one expert; input: ffn-normed x [d_model]
+  kDown = 1,    // ffn_down_exps;                           input: act(gate) * up [d_ff_expert]
+};
+std::string_view ExpertGroupName(ExpertGroup group);  // "expert_gate_up", "expert_down"
+int64_t ExpertGroupInputDim(const ModelConfig& config, ExpertGroup group);
+std::vector<int64_t> ExpertGroupOutputDims(const ModelConfig& config, ExpertGroup group);
+
+// The rows [first_row, first_row + count) of an ApplyExperts input that go to `expert`.
+struct ExpertRows {
+  int32_t expert = 0;
+  int64_t first_row = 0;
+  int64_t count = 0;
+};
+
 // Computes the linear layers of a forward pass.
 //
 // Thread safety: Apply is called by one forward at a time (it may keep scratch state); the pool
@@ -91,6 +107,15 @@ class LinearBackend {
   // forward; outputs are then unspecified.
   virtual absl::Status Apply(LinearGroupId id, const float* x, int64_t num_tokens,
                              std::span<float* const> outputs, ThreadPool& pool) = 0;
+
+  // One expert group of mixture-of-experts layer `layer` for all experts a forward routed to, in
+  // one call (so that a backend can read each expert's weights once for all its rows): for every
+  // segment s, outputs[i] rows [s.first_row, s.first_row + s.count) = the same rows of x · W_iᵀ,
+  // W_i the s.expert's i-th matrix of `group`. x is [num_rows, input dim]; the segments do not
+  // overlap. Rows outside every segment are left as they are.
+  virtual absl::Status ApplyExperts(int32_t layer, ExpertGroup group, const float* x,
+                                    int64_t num_rows, std::span<const ExpertRows> segments,
+                                    std::span<float* const> outputs, ThreadPool& pool) = 0;
 };
 
 // The reference backend: the source GGUF's weights, dequantized to f32 tile by tile
@@ -102,6 +127,9 @@ class GgufLinearBackend final : public LinearBackend {
 
   absl::Status Apply(LinearGroupId id, const float* x, int64_t num_tokens,
                      std::span<float* const> outputs, ThreadPool& pool) override;
+  absl::Status ApplyExperts(int32_t layer, ExpertGroup group, const float* x, int64_t num_rows,
+                            std::span<const ExpertRows> segments, std::span<float* const> outputs,
+                            ThreadPool& pool) override;
 
  private:
   const ModelWeights& weights_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -10,6 +11,7 @@
 #include "common/ops/matmul.h"
 #include "common/ops/rmsnorm.h"
 #include "common/ops/rope.h"
+#include "common/ops/softmax.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::model {
@@ -281,8 +283,19 @@ struct LlamaModel::ForwardPass {
     keys = Buffer(rows, c.kv_dim());
     values = Buffer(rows, c.kv_dim());
     attention = Buffer(rows, c.q_dim());
-    gate = Buffer(rows, c.d_ff);
-    up = Buffer(rows, c.d_ff);
+    if (c.has_experts()) {
+      const int64_t routed = rows * c.num_experts_used;
+      router_logits = Buffer(rows, c.num_experts);
+      expert_weights = Buffer(rows, c.num_experts_used);
+      expert_of.resize(static_cast<size_t>(routed));
+      expert_input = Buffer(routed, c.d_model);
+      gate = Buffer(routed, c.d_ff_expert);
+      up = Buffer(routed, c.d_ff_expert);
+      expert_output = Buffer(routed, c.d_model);
+    } else {
+      gate = Buffer(rows, c.d_ff);
+      up = Buffer(rows, c.d_ff);
+    }
     projected = Buffer(rows, c.d_model);
   }
 
@@ -300,6 +313,12 @@ struct LlamaModel::ForwardPass {
   std::vector<float> gate;
   std::vector<float> up;
   std::vector<float> projected;  // wo / w_down output
+  // Mixture of experts: each row's num_experts_used choices, in the order they are added.
+  std::vector<float> router_logits;   // [rows, num_experts]
+  std::vector<float> expert_weights;  // [rows, num_experts_used]
+  std::vector<int32_t> expert_of;     // [rows * num_experts_used]
+  std::vector<float> expert_input;    // [rows * num_experts_used, d_model], grouped by expert
+  std::vector<float> expert_output;   // [rows * num_experts_used, d_model], grouped by expert
 };
 
 absl::Status LlamaModel::ForwardSequencesWith(LinearBackend& linear,
@@ -427,14 +446,27 @@ absl::Status LlamaModel::FeedForwardBlock(int32_t layer, ForwardPass& pass) {
   const LayerNorms& vectors = embedding_and_norms_.layers[static_cast<size_t>(layer)];
   const int64_t n = pass.rows;
   ops::RmsNorm(pass.x.data(), n, c.d_model, vectors.ffn_norm, c.rms_norm_eps, pass.normed.data());
-  float* const gate_up[] = {pass.gate.data(), pass.up.data()};
-  BITSPLIT_RETURN_IF_ERROR(
-      pass.linear.Apply({layer, LinearGroup::kGateUp}, pass.normed.data(), n, gate_up, *pool_));
-  pool_->ParallelFor(n, [&](int64_t begin, int64_t end, int) {
-    float* g = pass.gate.data() + begin * c.d_ff;
-    const float* u = pass.up.data() + begin * c.d_ff;
-    const int64_t count = (end - begin) * c.d_ff;
-    switch (c.ffn_activation) {
+  if (c.has_experts()) {
+    BITSPLIT_RETURN_IF_ERROR(ExpertsBlock(layer, pass));
+  } else {
+    float* const gate_up[] = {pass.gate.data(), pass.up.data()};
+    BITSPLIT_RETURN_IF_ERROR(
+        pass.linear.Apply({layer, LinearGroup::kGateUp}, pass.normed.data(), n, gate_up, *pool_));
+    GatedActivation(n, c.d_ff, pass);
+    float* const projected[] = {pass.projected.data()};
+    BITSPLIT_RETURN_IF_ERROR(
+        pass.linear.Apply({layer, LinearGroup::kDown}, pass.gate.data(), n, projected, *pool_));
+  }
+  AddToHiddenState(vectors.ffn_post_norm, pass);
+  return absl::OkStatus();
+}
+
+void LlamaModel::GatedActivation(int64_t rows, int64_t width, ForwardPass& pass) const {
+  pool_->ParallelFor(rows, [&](int64_t begin, int64_t end, int) {
+    float* g = pass.gate.data() + begin * width;
+    const float* u = pass.up.data() + begin * width;
+    const int64_t count = (end - begin) * width;
+    switch (config_.ffn_activation) {
       case FfnActivation::kSilu:
         ops::SiluMul(g, u, count, g);
         break;
@@ -443,10 +475,79 @@ absl::Status LlamaModel::FeedForwardBlock(int32_t layer, ForwardPass& pass) {
         break;
     }
   });
-  float* const projected[] = {pass.projected.data()};
-  BITSPLIT_RETURN_IF_ERROR(
-      pass.linear.Apply({layer, LinearGroup::kDown}, pass.gate.data(), n, projected, *pool_));
-  AddToHiddenState(vectors.ffn_post_norm, pass);
+}
+
+void LlamaModel::RouteToExperts(int32_t layer, ForwardPass& pass) {
+  const ModelConfig& c = config_;
+  const int64_t k = c.num_experts_used;
+  const ops::WeightMatrix& router = embedding_and_norms_.layers[static_cast<size_t>(layer)].router;
+  ops::MatMul(pass.normed.data(), pass.rows, router, pass.router_logits.data(), *pool_);
+  std::vector<float> probabilities(static_cast<size_t>(c.num_experts));
+  std::vector<int32_t> order(static_cast<size_t>(c.num_experts));
+  for (int64_t t = 0; t < pass.rows; ++t) {
+    const float* logits = pass.router_logits.data() + t * c.num_experts;
+    ops::Softmax(logits, c.num_experts, probabilities.data());
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      const float pa = probabilities[static_cast<size_t>(a)];
+      const float pb = probabilities[static_cast<size_t>(b)];
+      return pa != pb ? pa > pb : a < b;
+    });
+    float sum = 0.0f;
+    for (int64_t i = 0; i < k; ++i) sum += probabilities[static_cast<size_t>(order[i])];
+    sum = std::max(sum, 0x1p-14f);  // as llama.cpp: the smallest normal fp16
+    for (int64_t i = 0; i < k; ++i) {
+      pass.expert_of[static_cast<size_t>(t * k + i)] = order[static_cast<size_t>(i)];
+      pass.expert_weights[static_cast<size_t>(t * k + i)] =
+          probabilities[static_cast<size_t>(order[i])] / sum * c.expert_weights_scale;
+    }
+  }
+}
+
+absl::Status LlamaModel::ExpertsBlock(int32_t layer, ForwardPass& pass) {
+  const ModelConfig& c = config_;
+  const int64_t k = c.num_experts_used;
+  RouteToExperts(layer, pass);
+  // The (row, choice) pairs grouped by expert, so that each expert runs once on all its rows.
+  const int64_t routed = pass.rows * k;
+  std::vector<int64_t> slot_of(static_cast<size_t>(routed));  // (row, choice) -> grouped row
+  std::vector<ExpertRows> segments;
+  std::vector<int64_t> count(static_cast<size_t>(c.num_experts), 0);
+  for (const int32_t expert : pass.expert_of) ++count[static_cast<size_t>(expert)];
+  int64_t next = 0;
+  std::vector<int64_t> first(static_cast<size_t>(c.num_experts), 0);
+  for (int32_t e = 0; e < c.num_experts; ++e) {
+    first[static_cast<size_t>(e)] = next;
+    if (count[static_cast<size_t>(e)] > 0) {
+      segments.push_back({.expert = e, .first_row = next, .count = count[static_cast<size_t>(e)]});
+    }
+    next += count[static_cast<size_t>(e)];
+  }
+  for (int64_t pair = 0; pair < routed; ++pair) {
+    const int64_t slot = first[static_cast<size_t>(pass.expert_of[static_cast<size_t>(pair)])]++;
+    slot_of[static_cast<size_t>(pair)] = slot;
+    std::copy_n(pass.normed.data() + (pair / k) * c.d_model, c.d_model,
+                pass.expert_input.data() + slot * c.d_model);
+  }
+  float* const gate_up[] = {pass.gate.data(), pass.up.data()};
+  BITSPLIT_RETURN_IF_ERROR(pass.linear.ApplyExperts(
+      layer, ExpertGroup::kGateUp, pass.expert_input.data(), routed, segments, gate_up, *pool_));
+  GatedActivation(routed, c.d_ff_expert, pass);
+  float* const down[] = {pass.expert_output.data()};
+  BITSPLIT_RETURN_IF_ERROR(pass.linear.ApplyExperts(layer, ExpertGroup::kDown, pass.gate.data(),
+                                                    routed, segments, down, *pool_));
+  // Each row's experts weighted and added in the order they were chosen (batch-invariant).
+  for (int64_t t = 0; t < pass.rows; ++t) {
+    float* out = pass.projected.data() + t * c.d_model;
+    for (int64_t i = 0; i < k; ++i) {
+      const float weight = pass.expert_weights[static_cast<size_t>(t * k + i)];
+      const float* expert =
+          pass.expert_output.data() + slot_of[static_cast<size_t>(t * k + i)] * c.d_model;
+      for (int64_t j = 0; j < c.d_model; ++j) {
+        out[j] = i == 0 ? expert[j] * weight : out[j] + expert[j] * weight;
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 // CPU forward pass of the supported decoder families (config.h: llama — SmolLM2, Llama 2/3,
-// Mistral, TinyLlama — gemma3, qwen2, qwen3), reading the weights in place from memory-mapped
-// files: a GGUF file (the reference), or a split model written by `bitsplit quantize` (base
-// file, optionally with its residual file).
+// Mistral, TinyLlama — gemma3, qwen2, qwen3, qwen3moe), reading the weights in place from
+// memory-mapped files: a GGUF file (the reference), or a split model written by `bitsplit quantize`
+// (base file, optionally with its residual file).
 //
 // One Forward call runs a batch of T tokens through every layer. The batch carries its own RoPE
 // positions and an explicit T×T attention mask, so the same call serves prefill and decode
@@ -13,9 +13,12 @@
 //
 // The linear layers go through a LinearBackend (linear_backend.h), chosen per call by the
 // ForwardMode; everything else (embedding, norms, biases, RoPE, attention with its sliding
-// window, the gated activation) is the same code for every mode, steered by the config's family
-// flags. Draft and verify forwards of a split model use the same KV cache layout, so a
-// verifier's cache can serve the draft (docs/design.md §1, §3).
+// window, the gated activation, a mixture-of-experts layer's routing) is the same code for every
+// mode, steered by the config's family flags. A mixture-of-experts layer routes each row on its
+// own (the router is read at source precision), then hands the backend every chosen (row,
+// expert) pair grouped by expert in one ApplyExperts call per expert group. Draft and verify
+// forwards of a split model use the same KV cache layout, so a verifier's cache can serve the draft
+// (docs/design.md §1, §3).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -184,6 +187,11 @@ class LlamaModel {
   absl::Status AttentionBlock(int32_t layer, ForwardPass& pass);
   void StoreKvAndAttend(int32_t layer, ForwardPass& pass);
   absl::Status FeedForwardBlock(int32_t layer, ForwardPass& pass);
+  // pass.gate = act(pass.gate) * pass.up over `rows` rows of `width`.
+  void GatedActivation(int64_t rows, int64_t width, ForwardPass& pass) const;
+  // Mixture of experts: the FFN-normed rows' chosen experts and weights, then their FFNs.
+  void RouteToExperts(int32_t layer, ForwardPass& pass);
+  absl::Status ExpertsBlock(int32_t layer, ForwardPass& pass);
   // x += projected, RMS-normalized first with `post_norm` where the config has post-norms.
   void AddToHiddenState(const float* post_norm, ForwardPass& pass) const;
   absl::Status OutputHead(ForwardPass& pass);

@@ -163,4 +163,15 @@ absl::Status SplitLinearBackend::Apply(LinearGroupId id, const float* x, int64_t
   return absl::OkStatus();
 }
 
+absl::Status SplitLinearBackend::ApplyExperts(int32_t layer, ExpertGroup group, const float* /*x*/,
+                                              int64_t /*num_rows*/,
+                                              std::span<const ExpertRows> /*segments*/,
+                                              std::span<float* const> /*outputs*/,
+                                              ThreadPool& /*pool*/) {
+  const std::string_view name = ExpertGroupName(group);
+  return absl::FailedPreconditionError(absl::StrCat("blk.", layer, " ",
+                                                    absl::string_view(name.data(), name.size()),
+                                                    ": a split model has no expert matrices"));
+}
+
 }  // namespace bitsplit::model

@@ -197,6 +197,11 @@ class SplitLinearBackend final : public LinearBackend {
 
   absl::Status Apply(LinearGroupId id, const float* x, int64_t num_tokens,
                      std::span<float* const> outputs, ThreadPool& pool) override;
+  // FAILED_PRECONDITION: split models of mixture-of-experts families are refused when opened
+  // (SplitModelFiles::Open), so a split model has no expert matrices.
+  absl::Status ApplyExperts(int32_t layer, ExpertGroup group, const float* x, int64_t num_rows,
+                            std::span<const ExpertRows> segments, std::span<float* const> outputs,
+                            ThreadPool& pool) override;
 
  private:
   const SplitLinearWeights& base_;

@@ -462,6 +462,7 @@ absl::StatusOr<std::unique_ptr<SplitModelFiles>> SplitModelFiles::Open(
   BITSPLIT_ASSIGN_OR_RETURN(
       files->config_, ModelConfigFromGgufMetadata(*files->gguf_metadata_, embedding->dims[1]));
   const ModelConfig& config = files->config_;
+  BITSPLIT_RETURN_IF_ERROR(CheckSplittable(config));
   if (q.rotation.enabled()) {
     for (LinearGroup group : {LinearGroup::kQkv, LinearGroup::kAttnOutput, LinearGroup::kDown}) {
       if (absl::Status status =
@@ -515,6 +516,14 @@ absl::StatusOr<std::unique_ptr<SplitModelFiles>> SplitModelFiles::Open(
             [&](const std::string& name) { return *q.ResidualFormatOf(name); }, q.residual_group));
   }
   return files;
+}
+
+absl::Status CheckSplittable(const ModelConfig& config) {
+  if (!config.has_experts()) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      config.architecture, " has ", config.num_experts,
+      " experts per layer; splitting mixture-of-experts models is not implemented (the GGUF runs "
+      "in reference mode: bitsplit generate --model FILE.gguf)"));
 }
 
 std::string SplitBasePath(const std::string& prefix) { return prefix + ".base.bsplit"; }

@@ -47,6 +47,29 @@ absl::StatusOr<ops::WeightMatrix> Matrix(const gguf::File& file, const std::stri
   return matrix;
 }
 
+// The `experts` [rows, cols] matrices of a 3-D GGUF tensor {cols, rows, experts}, one view each.
+absl::StatusOr<std::vector<ops::WeightMatrix>> ExpertMatrices(const gguf::File& file,
+                                                              const std::string& name,
+                                                              int64_t experts, int64_t rows,
+                                                              int64_t cols) {
+  BITSPLIT_ASSIGN_OR_RETURN(const gguf::TensorInfo* tensor,
+                            FindWithDims(file, name, {cols, rows, experts}));
+  BITSPLIT_ASSIGN_OR_RETURN(ops::WeightMatrix first,
+                            ops::MakeWeightMatrix(tensor->type, tensor->data, rows, cols,
+                                                  absl::StrCat(file.name(), ": tensor ", name)));
+  const int64_t expert_bytes = first.rows * first.row_bytes;
+  if (static_cast<uint64_t>(experts * expert_bytes) != tensor->num_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: tensor %s holds %d bytes, expected %d",
+                                                      file.name(), name, tensor->num_bytes,
+                                                      experts * expert_bytes));
+  }
+  std::vector<ops::WeightMatrix> matrices(static_cast<size_t>(experts), first);
+  for (int64_t e = 0; e < experts; ++e) {
+    matrices[static_cast<size_t>(e)].data = first.data + e * expert_bytes;
+  }
+  return matrices;
+}
+
 // An f32 vector of n elements, read in place.
 absl::StatusOr<const float*> Vector(const gguf::File& file, const std::string& name, int64_t n) {
   BITSPLIT_ASSIGN_OR_RETURN(const gguf::TensorInfo* tensor, FindWithDims(file, name, {n}));
@@ -111,10 +134,14 @@ absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
     for (const LayerVectorSpec& spec : vector_specs) {
       expected.insert(absl::StrCat("blk.", i, ".", spec.tensor));
     }
-    for (const char* matrix :
-         {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) {
+    for (const char* matrix : {"attn_q", "attn_k", "attn_v", "attn_output"}) {
       expected.insert(LayerTensor(i, matrix));
     }
+    const auto ffn = config.has_experts()
+                         ? std::vector<const char*>{"ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
+                                                    "ffn_down_exps"}
+                         : std::vector<const char*>{"ffn_gate", "ffn_up", "ffn_down"};
+    for (const char* matrix : ffn) expected.insert(LayerTensor(i, matrix));
   }
   const int64_t d_model = config.d_model;
   ModelWeights weights;
@@ -149,6 +176,21 @@ absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
                               Matrix(file, LayerTensor(i, "attn_v"), config.kv_dim(), d_model));
     BITSPLIT_ASSIGN_OR_RETURN(layer.wo,
                               Matrix(file, LayerTensor(i, "attn_output"), d_model, config.q_dim()));
+    if (config.has_experts()) {
+      const int64_t experts = config.num_experts;
+      const int64_t width = config.d_ff_expert;
+      BITSPLIT_ASSIGN_OR_RETURN(layer.vectors.router,
+                                Matrix(file, LayerTensor(i, "ffn_gate_inp"), experts, d_model));
+      BITSPLIT_ASSIGN_OR_RETURN(
+          layer.expert_gate,
+          ExpertMatrices(file, LayerTensor(i, "ffn_gate_exps"), experts, width, d_model));
+      BITSPLIT_ASSIGN_OR_RETURN(layer.expert_up, ExpertMatrices(file, LayerTensor(i, "ffn_up_exps"),
+                                                                experts, width, d_model));
+      BITSPLIT_ASSIGN_OR_RETURN(
+          layer.expert_down,
+          ExpertMatrices(file, LayerTensor(i, "ffn_down_exps"), experts, d_model, width));
+      continue;
+    }
     BITSPLIT_ASSIGN_OR_RETURN(layer.w_gate,
                               Matrix(file, LayerTensor(i, "ffn_gate"), config.d_ff, d_model));
     BITSPLIT_ASSIGN_OR_RETURN(layer.w_up,

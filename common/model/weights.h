@@ -15,8 +15,9 @@
 
 namespace bitsplit::model {
 
-// The per-layer vectors the forward pass reads itself (f32, at source precision). Null when the
-// family has none (see LayerVectorSpecs).
+// The per-layer tensors the forward pass reads itself, at source precision: f32 vectors (null when
+// the family has none, see LayerVectorSpecs) and a mixture-of-experts layer's router, which stays
+// exact so that every forward mode routes a hidden state to the same experts.
 struct LayerNorms {
   const float* attn_norm = nullptr;       // [d_model]
   const float* ffn_norm = nullptr;        // [d_model]
@@ -27,6 +28,7 @@ struct LayerNorms {
   const float* q_bias = nullptr;          // [q_dim], qkv_bias
   const float* k_bias = nullptr;          // [kv_dim], qkv_bias
   const float* v_bias = nullptr;          // [kv_dim], qkv_bias
+  ops::WeightMatrix router;               // [num_experts, d_model], has_experts (ffn_gate_inp)
 };
 
 // One per-layer vector of a family: its GGUF tensor name after "blk.N.", its length and the
@@ -44,9 +46,14 @@ struct LayerWeights {
   ops::WeightMatrix wk;      // [kv_dim, d_model]
   ops::WeightMatrix wv;      // [kv_dim, d_model]
   ops::WeightMatrix wo;      // [d_model, q_dim]
-  ops::WeightMatrix w_gate;  // [d_ff, d_model]
+  ops::WeightMatrix w_gate;  // [d_ff, d_model]; empty in a mixture-of-experts layer
   ops::WeightMatrix w_up;    // [d_ff, d_model]
   ops::WeightMatrix w_down;  // [d_model, d_ff]
+  // A mixture-of-experts layer's experts, each a view of one slice of the 3-D GGUF tensors
+  // ffn_{gate,up,down}_exps ({cols, rows, num_experts}).
+  std::vector<ops::WeightMatrix> expert_gate;  // [num_experts] of [d_ff_expert, d_model]
+  std::vector<ops::WeightMatrix> expert_up;    // [num_experts] of [d_ff_expert, d_model]
+  std::vector<ops::WeightMatrix> expert_down;  // [num_experts] of [d_model, d_ff_expert]
 };
 
 struct ModelWeights {

@@ -495,6 +495,11 @@ class OutputNoise final : public model::LinearBackend {
     }
     return absl::OkStatus();
   }
+  absl::Status ApplyExperts(int32_t layer, model::ExpertGroup group, const float* x,
+                            int64_t num_rows, std::span<const model::ExpertRows> segments,
+                            std::span<float* const> outputs, ThreadPool& pool) override {
+    return inner_.ApplyExperts(layer, group, x, num_rows, segments, outputs, pool);
+  }
 
  private:
   model::LinearBackend& inner_;

@@ -67,6 +67,12 @@ class ActivationRecorder final : public model::LinearBackend {
     rows_[index] += num_tokens;
     return inner_.Apply(id, x, num_tokens, outputs, pool);
   }
+  // Split models of mixture-of-experts families are refused before calibration runs.
+  absl::Status ApplyExperts(int32_t layer, model::ExpertGroup group, const float* x,
+                            int64_t num_rows, std::span<const model::ExpertRows> segments,
+                            std::span<float* const> outputs, ThreadPool& pool) override {
+    return inner_.ApplyExperts(layer, group, x, num_rows, segments, outputs, pool);
+  }
 
   // Mean squared activation per group and column, in the rotated basis (source = false) or the
   // source's.
@@ -426,6 +432,7 @@ absl::StatusOr<Calibration> CollectCalibration(model::LlamaModel& model,
 
 absl::Status ValidateSplitQuantization(const model::SplitQuantization& q,
                                        const model::ModelConfig& config) {
+  BITSPLIT_RETURN_IF_ERROR(model::CheckSplittable(config));
   const quant::SplitFormatInfo& base = quant::GetSplitFormatInfo(q.base_format);
   if (!base.is_base && q.base_format != quant::SplitFormat::kQ8_0) {
     return absl::InvalidArgumentError(

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Generates the llama.cpp logits fixtures of small random-weight qwen2 and qwen3 models.
+"""Generates the llama.cpp logits fixtures of small random-weight qwen2, qwen3 and qwen3moe models.
 
-No small trained Qwen model is available here, so these fixtures prove the arithmetic of the two
-families' forward passes (q/k/v biases; QK-norm; NEOX RoPE; GQA; tied head), not the quality of
-any model: the weights are random.
+No small trained Qwen model is available here, so these fixtures prove the arithmetic of the
+families' forward passes (q/k/v biases; QK-norm; NEOX RoPE; GQA; tied head; qwen3moe's softmax
+routing to the top-k of 16 experts with renormalized weights), not the quality of any model: the
+weights are random.
 
 Each model is written with the `gguf` package's writer: the architecture's metadata, the real
 qwen2 tokenizer metadata (every tokenizer.* key of models/DeepSeek-R1-Distill-Qwen-7B.vocab.gguf,
@@ -23,8 +24,9 @@ texts of tests/oracle/logit_prompts.json, BOS first as the GGUF asks). Per promp
 llama.cpp's 16-token greedy continuation, and at every position the top-K logits, the
 log-sum-exp and TAIL_SAMPLES tail samples (gen_logits_fixtures.top_k_record).
 
-Rerun (needs the oracle environment, see scripts/oracle-env.sh):
-    $(scripts/oracle-env.sh) tests/oracle/gen_qwen_logits_fixtures.py
+Rerun (needs the oracle environment, see scripts/oracle-env.sh); architectures may be named to
+regenerate only their fixtures:
+    $(scripts/oracle-env.sh) tests/oracle/gen_qwen_logits_fixtures.py [qwen2 qwen3 qwen3moe]
 """
 import hashlib
 import json
@@ -49,6 +51,10 @@ D_MODEL, D_FF, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 4, 2, 64
 MODELS = {
     "qwen2": {"layers": 2, "bias": True, "qk_norm": False, "rope_base": 1e6},
     "qwen3": {"layers": 3, "bias": False, "qk_norm": True, "rope_base": 1e6},
+    # Every layer a mixture of 16 experts of width 128, 4 used per token (Qwen3-30B-A3B: 128
+    # experts of 768, 8 used).
+    "qwen3moe": {"layers": 3, "bias": False, "qk_norm": True, "rope_base": 1e6,
+                 "experts": 16, "experts_used": 4, "d_ff_expert": 128},
 }
 
 M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -94,10 +100,17 @@ def tensor_specs(arch: str, vocab: int):
                   (b + "attn_k.weight", [D_MODEL, kv_dim], (3 / D_MODEL) ** 0.5, 0.0),
                   (b + "attn_v.weight", [D_MODEL, kv_dim], (3 / D_MODEL) ** 0.5, 0.0),
                   (b + "attn_output.weight", [q_dim, D_MODEL], (3 / q_dim) ** 0.5, 0.0),
-                  (b + "ffn_norm.weight", [D_MODEL], *norm),
-                  (b + "ffn_gate.weight", [D_MODEL, D_FF], (3 / D_MODEL) ** 0.5, 0.0),
-                  (b + "ffn_up.weight", [D_MODEL, D_FF], (3 / D_MODEL) ** 0.5, 0.0),
-                  (b + "ffn_down.weight", [D_FF, D_MODEL], (3 / D_FF) ** 0.5, 0.0)]
+                  (b + "ffn_norm.weight", [D_MODEL], *norm)]
+        if "experts" in cfg:
+            e, w = cfg["experts"], cfg["d_ff_expert"]
+            specs += [(b + "ffn_gate_inp.weight", [D_MODEL, e], (3 / D_MODEL) ** 0.5, 0.0),
+                      (b + "ffn_gate_exps.weight", [D_MODEL, w, e], (3 / D_MODEL) ** 0.5, 0.0),
+                      (b + "ffn_up_exps.weight", [D_MODEL, w, e], (3 / D_MODEL) ** 0.5, 0.0),
+                      (b + "ffn_down_exps.weight", [w, D_MODEL, e], (3 / w) ** 0.5, 0.0)]
+        else:
+            specs += [(b + "ffn_gate.weight", [D_MODEL, D_FF], (3 / D_MODEL) ** 0.5, 0.0),
+                      (b + "ffn_up.weight", [D_MODEL, D_FF], (3 / D_MODEL) ** 0.5, 0.0),
+                      (b + "ffn_down.weight", [D_FF, D_MODEL], (3 / D_FF) ** 0.5, 0.0)]
         if cfg["bias"]:
             specs += [(b + "attn_q.bias", [q_dim], 0.5, 0.0),
                       (b + "attn_k.bias", [kv_dim], 0.5, 0.0),
@@ -123,6 +136,10 @@ def arch_metadata(arch: str):
     if cfg["qk_norm"]:
         md += [(f"{arch}.attention.key_length", "UINT32", HEAD_DIM),
                (f"{arch}.attention.value_length", "UINT32", HEAD_DIM)]
+    if "experts" in cfg:
+        md += [(f"{arch}.expert_count", "UINT32", cfg["experts"]),
+               (f"{arch}.expert_used_count", "UINT32", cfg["experts_used"]),
+               (f"{arch}.expert_feed_forward_length", "UINT32", cfg["d_ff_expert"])]
     return md
 
 
@@ -160,7 +177,8 @@ def prompt_text(prompt) -> str:
 def main() -> int:
     prompts = {p["name"]: p for p in json.loads((ROOT / "tests/oracle/logit_prompts.json")
                                                 .read_text())}
-    for arch in MODELS:
+    archs = sys.argv[1:] or list(MODELS)
+    for arch in archs:
         path = CACHE / "oracle" / f"{arch}-synthetic.F32.gguf"
         path.parent.mkdir(parents=True, exist_ok=True)
         vocab, tensors = write_model(arch, path)
