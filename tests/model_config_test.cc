@@ -559,13 +559,14 @@ TEST(ModelConfigTest, Qwen3MoeReadsItsExpertsAndRefusesOtherRouting) {
   EXPECT_EQ(config->expert_weights_scale, 1.0f);
   EXPECT_TRUE(config->qk_norm);
   EXPECT_EQ(config->rope_style, RopeStyle::kHalves);
+  // The keys may restate llama.cpp's rules.
   config = config_with([](GgufBuilder& b) {
     b.AddBool("qwen3moe.expert_weights_norm", true);
-    b.AddFloat32("qwen3moe.expert_weights_scale", 2.5f);
+    b.AddFloat32("qwen3moe.expert_weights_scale", 1.0f);
     b.AddUint32("qwen3moe.expert_gating_func", 1);
   });
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->expert_weights_scale, 2.5f);
+  EXPECT_EQ(config->expert_weights_scale, 1.0f);
   // Dense families have no experts.
   GgufBuilder dense;
   TinyLlama::AddMetadata(dense, "qwen3");
@@ -593,6 +594,8 @@ TEST(ModelConfigTest, Qwen3MoeReadsItsExpertsAndRefusesOtherRouting) {
        "qwen3moe: expert gating function 2 is not supported (softmax only)"},
       {[](GgufBuilder& b) { b.AddBool("qwen3moe.expert_weights_norm", false); },
        absl::StatusCode::kUnimplemented, "qwen3moe: expert_weights_norm must be true"},
+      {[](GgufBuilder& b) { b.AddFloat32("qwen3moe.expert_weights_scale", 2.5f); },
+       absl::StatusCode::kUnimplemented, "qwen3moe: expert_weights_scale 2.5 is not supported"},
   };
   for (const auto& c : cases) {
     const absl::Status status = config_with(c.edit).status();

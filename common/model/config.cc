@@ -196,11 +196,15 @@ absl::Status ReadExperts(const Metadata& meta, ModelConfig& config) {
                        "experts' weights)",
                        config.architecture);
   }
-  BITSPLIT_ASSIGN_OR_RETURN(config.expert_weights_scale, meta.Float("expert_weights_scale", 1.0f));
-  if (config.expert_weights_scale == 0.0f) config.expert_weights_scale = 1.0f;  // llama.cpp: unset
-  if (!std::isfinite(config.expert_weights_scale)) {
-    return Invalid(meta.file, "%s is not finite", meta.Key("expert_weights_scale"));
+  // llama.cpp's qwen3moe graph never scales the weights (its scale stays 0: none).
+  BITSPLIT_ASSIGN_OR_RETURN(const float scale, meta.Float("expert_weights_scale", 0.0f));
+  if (scale != 0.0f && scale != 1.0f) {
+    return Unsupported(meta.file,
+                       "%s: expert_weights_scale %g is not supported (the family adds the "
+                       "renormalized weights unscaled)",
+                       config.architecture, scale);
   }
+  config.expert_weights_scale = 1.0f;
   return absl::OkStatus();
 }
 

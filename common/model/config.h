@@ -58,8 +58,9 @@ struct ModelConfig {
   // [num_experts, d_model] scores the experts on the FFN-normed hidden state; softmax over all
   // experts, the num_experts_used most probable are run (ties: the lower index first), their
   // probabilities renormalized to sum 1 (the sum clamped below at 2^-14, as llama.cpp) and
-  // multiplied by expert_weights_scale; the FFN output is the weighted sum of the chosen experts'
-  // gated FFNs (each d_ff_expert wide), added in the order of the choice.
+  // multiplied by expert_weights_scale (1 for qwen3moe: its llama.cpp graph reads no scale); the
+  // FFN output is the weighted sum of the chosen experts' gated FFNs (each d_ff_expert wide),
+  // added in the order of the choice.
   int64_t num_experts = 0;
   int64_t num_experts_used = 0;
   int64_t d_ff_expert = 0;
