@@ -33,9 +33,12 @@ void CheckWeights(const model::ModelWeights& weights, const model::ModelConfig& 
   const auto specs = model::LayerVectorSpecs(config);
   for (const model::LayerWeights& layer : weights.layers) {
     for (const auto& spec : specs) TouchVector(layer.vectors.*spec.field, spec.length);
-    for (const ops::WeightMatrix* m :
-         {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up, &layer.w_down}) {
+    for (const ops::WeightMatrix* m : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate,
+                                       &layer.w_up, &layer.w_down, &layer.vectors.router}) {
       TouchMatrix(*m);
+    }
+    for (const auto* experts : {&layer.expert_gate, &layer.expert_up, &layer.expert_down}) {
+      for (const ops::WeightMatrix& m : *experts) TouchMatrix(m);
     }
   }
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {

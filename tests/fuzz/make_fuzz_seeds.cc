@@ -60,6 +60,12 @@ std::vector<uint8_t> TinyModel(const std::string& architecture, bool spm) {
     b.AddUint32(p + "attention.sliding_window", 8);
     b.AddUint32(p + "attention.sliding_window_pattern", 2);
   }
+  const bool experts = architecture == "qwen3moe";  // 4 experts of width 32, 2 used
+  if (experts) {
+    b.AddUint32(p + "expert_count", 4);
+    b.AddUint32(p + "expert_used_count", 2);
+    b.AddUint32(p + "expert_feed_forward_length", 32);
+  }
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"};
   while (tokens.size() < 40)
     tokens.push_back(std::string(1, static_cast<char>('a' + tokens.size() - 5)));
@@ -108,14 +114,21 @@ std::vector<uint8_t> TinyModel(const std::string& architecture, bool spm) {
     b.AddTensor(l + "attn_v.weight", GgmlType::kQ4_1, {kD, 32});
     b.AddTensor(l + "attn_output.weight", GgmlType::kF16, {kD, kD});
     b.AddF32Tensor(l + "ffn_norm.weight", {kD}, d_ones);
-    b.AddTensor(l + "ffn_gate.weight", GgmlType::kQ8_0, {kD, kFf});
-    b.AddTensor(l + "ffn_up.weight", GgmlType::kQ8_0, {kD, kFf});
-    b.AddTensor(l + "ffn_down.weight", GgmlType::kQ8_0, {kFf, kD});
+    if (experts) {
+      b.AddTensor(l + "ffn_gate_inp.weight", GgmlType::kF32, {kD, 4});
+      b.AddTensor(l + "ffn_gate_exps.weight", GgmlType::kQ8_0, {kD, 32, 4});
+      b.AddTensor(l + "ffn_up_exps.weight", GgmlType::kQ8_0, {kD, 32, 4});
+      b.AddTensor(l + "ffn_down_exps.weight", GgmlType::kQ8_0, {32, kD, 4});
+    } else {
+      b.AddTensor(l + "ffn_gate.weight", GgmlType::kQ8_0, {kD, kFf});
+      b.AddTensor(l + "ffn_up.weight", GgmlType::kQ8_0, {kD, kFf});
+      b.AddTensor(l + "ffn_down.weight", GgmlType::kQ8_0, {kFf, kD});
+    }
     if (architecture == "gemma3") {
       b.AddF32Tensor(l + "post_attention_norm.weight", {kD}, d_ones);
       b.AddF32Tensor(l + "post_ffw_norm.weight", {kD}, d_ones);
     }
-    if (architecture == "gemma3" || architecture == "qwen3") {
+    if (architecture == "gemma3" || architecture == "qwen3" || experts) {
       b.AddF32Tensor(l + "attn_q_norm.weight", {16}, d_ones);
       b.AddF32Tensor(l + "attn_k_norm.weight", {16}, d_ones);
     }
@@ -247,6 +260,7 @@ int main(int argc, char** argv) {
   Write(gguf_dir / "tiny_gemma3_spm.gguf", TinyModel("gemma3", true));
   Write(gguf_dir / "tiny_qwen2.gguf", TinyModel("qwen2", false));
   Write(gguf_dir / "tiny_qwen3.gguf", TinyModel("qwen3", false));
+  Write(gguf_dir / "tiny_qwen3moe.gguf", TinyModel("qwen3moe", false));
   auto source = gguf::File::Open(real);
   if (source.ok()) {
     Write(gguf_dir / "smollm2_metadata_64.gguf", RealMetadata(**source, 64));
