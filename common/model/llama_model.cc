@@ -488,9 +488,13 @@ void LlamaModel::RouteToExperts(int32_t layer, ForwardPass& pass) {
     const float* logits = pass.router_logits.data() + t * c.num_experts;
     ops::Softmax(logits, c.num_experts, probabilities.data());
     std::iota(order.begin(), order.end(), 0);
+    // A NaN probability (from NaN weights) ranks last, so the order stays a strict weak one.
+    const auto rank = [&](int32_t e) {
+      const float p = probabilities[static_cast<size_t>(e)];
+      return std::isnan(p) ? -1.0f : p;
+    };
     std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      const float pa = probabilities[static_cast<size_t>(a)];
-      const float pb = probabilities[static_cast<size_t>(b)];
+      const float pa = rank(a), pb = rank(b);
       return pa != pb ? pa > pb : a < b;
     });
     float sum = 0.0f;
