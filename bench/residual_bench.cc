@@ -244,7 +244,7 @@ Residual LoadResidual(const std::string& path) {
   for (const LinearGroupId id : r.ids) {
     std::vector<quant::MatrixView> views;
     model::ResidualGroupShape shape;
-    for (const std::string& name : model::LinearGroupTensorNames(id)) {
+    for (const std::string& name : model::LinearGroupTensorNames(model::ModelConfig(), id)) {
       const SplitTensor* t = r.file->FindTensor(name);
       if (t == nullptr) Die("missing " + name);
       const auto format = static_cast<quant::SplitFormat>(SplitFormatIdOf(t->format));

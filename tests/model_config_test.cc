@@ -14,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/model/config.h"
 #include "common/model/llama_model.h"
-#include "common/model/split_model.h"
 #include "common/model/weights.h"
 #include "gtest/gtest.h"
 #include "tests/testing/gguf_builder.h"
@@ -652,11 +651,15 @@ TEST(TinyLlamaTest, Qwen3MoeExpertsAreViewsOfTheThreeDimensionalTensors) {
   EXPECT_EQ(layer.vectors.router.cols, 64);
   ASSERT_EQ(layer.expert_gate.size(), 4u);
   ASSERT_EQ(layer.expert_down.size(), 4u);
-  EXPECT_EQ(layer.w_gate.data, nullptr);  // no dense FFN
+  // The dense FFN's places hold the experts as tall matrices.
   const gguf::TensorInfo* gate = tiny.file->FindTensor("blk.1.ffn_gate_exps.weight");
   const gguf::TensorInfo* down = tiny.file->FindTensor("blk.1.ffn_down_exps.weight");
   ASSERT_NE(gate, nullptr);
   ASSERT_NE(down, nullptr);
+  EXPECT_EQ(layer.w_gate.data, gate->data);
+  EXPECT_EQ(layer.w_gate.rows, 4 * 32);
+  EXPECT_EQ(layer.w_down.rows, 4 * 64);
+  EXPECT_EQ(layer.w_down.cols, 32);
   for (size_t e = 0; e < 4; ++e) {
     // Expert e's rows follow the e earlier experts' d_ff_expert (gate) or d_model (down) rows.
     EXPECT_EQ(layer.expert_gate[e].data, gate->data + e * gate->num_bytes / 4);
@@ -666,11 +669,6 @@ TEST(TinyLlamaTest, Qwen3MoeExpertsAreViewsOfTheThreeDimensionalTensors) {
     EXPECT_EQ(layer.expert_down[e].rows, 64);
     EXPECT_EQ(layer.expert_down[e].row_bytes, 32 * 2);  // F16
   }
-  // A split cannot hold experts yet: quantizing and opening one are refused by name.
-  const absl::Status splittable = CheckSplittable(*tiny.Config());
-  EXPECT_EQ(splittable.code(), absl::StatusCode::kUnimplemented);
-  ExpectErrorMentions(splittable, "qwen3moe has 4 experts per layer");
-  EXPECT_TRUE(CheckSplittable(*TinyLlama().Config()).ok());
 }
 
 TEST(TinyLlamaTest, Qwen3MoeTensorErrorsNameTheTensor) {

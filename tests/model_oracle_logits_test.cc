@@ -7,8 +7,6 @@
 // two engines see identical weights and differ by f32 rounding only. We run the quantized file
 // itself: our kernels dequantize weights to f32 and never quantize activations, so they compute the
 // same function.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -236,41 +234,12 @@ TEST(OracleLogitsTest, MatchesLlamaCppOnF32Gemma3) {
                          /*min_positions=*/1000);
 }
 
-// The random-weight GGUF of a synthetic fixture, rebuilt from its recipe and checked tensor by
-// tensor against the sha256 of what llama.cpp ran (tests/testing/synthetic_weights.h), in a
-// temporary file that goes with the object.
-class SyntheticModelFile {
- public:
-  explicit SyntheticModelFile(const std::string& fixture_file)
-      : fixture_(ReadFixture(fixture_file)),
-        path_(std::filesystem::temp_directory_path() /
-              absl::StrCat("bitsplit-", std::filesystem::path(fixture_file).stem().string(), "-",
-                           getpid(), ".gguf")) {
-    if (fixture_.is_null()) return;
-    absl::StatusOr<std::vector<uint8_t>> image = testing::BuildSyntheticGguf(fixture_);
-    EXPECT_TRUE(image.ok()) << image.status();
-    written_ = image.ok() && testing::WriteFileBytes(path_.string(), *image);
-  }
-  ~SyntheticModelFile() {
-    std::error_code ignored;
-    std::filesystem::remove(path_, ignored);
-  }
-  bool ok() const { return written_; }
-  const nlohmann::json& fixture() const { return fixture_; }
-  std::string path() const { return path_.string(); }
-
- private:
-  nlohmann::json fixture_;
-  std::filesystem::path path_;
-  bool written_ = false;
-};
-
 // qwen2 (q/k/v biases), qwen3 (QK-norm, explicit head width) and qwen3moe (qwen3's attention, a
 // mixture of 16 experts with 4 used in every layer): small random-weight models (d 256, 4 query /
 // 2 KV heads of 64, 2 or 3 layers, tied head over the real 152,064-token qwen2 vocabulary).
 // Random weights prove the arithmetic of the families, not any model's quality.
 void ExpectMatchesSyntheticOracle(const std::string& fixture_file) {
-  const SyntheticModelFile model(fixture_file);
+  const testing::SyntheticModelFile model(fixture_file);
   ASSERT_TRUE(model.ok());
   ExpectMatchesF32Oracle(model.fixture(), model.path(), /*near_tie_margin=*/1e-4,
                          /*min_positions=*/500);
@@ -292,7 +261,7 @@ TEST(OracleLogitsTest, MatchesLlamaCppOnSyntheticQwen3Moe) {
 // chosen, so its logits are bit-identical whether it runs alone, in a causal batch, as a node of
 // a tree beside other branches, or on another thread count.
 TEST(OracleLogitsTest, Qwen3MoeRowsAreBatchInvariant) {
-  const SyntheticModelFile file("tests/fixtures/oracle/qwen3moe_synthetic_logits.json");
+  const testing::SyntheticModelFile file("tests/fixtures/oracle/qwen3moe_synthetic_logits.json");
   ASSERT_TRUE(file.ok());
   auto two_threads = LlamaModel::Load(file.path(), 2);
   auto one_thread = LlamaModel::Load(file.path(), 1);

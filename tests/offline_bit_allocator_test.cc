@@ -119,7 +119,7 @@ model::SplitQuantization RotatedQuantization() {
 // Every linear tensor of a group gets `formats`.
 void PlanGroup(const model::LinearGroupId id, model::TensorSplitFormats formats,
                model::SplitQuantization* q) {
-  for (const std::string& name : model::LinearGroupTensorNames(id))
+  for (const std::string& name : model::LinearGroupTensorNames(TinyModel().config, id))
     q->tensor_formats[name] = formats;
 }
 
@@ -214,7 +214,7 @@ TEST(BitPlanFilesTest, PlannedModelLoadsWithItsFormatsAndSpeculatesLosslessly) {
   const model::ModelConfig& config = (*files)->config();
   std::map<std::string, SplitFormat, std::less<>> base_formats;
   for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
-    const std::vector<std::string> names = model::LinearGroupTensorNames(id);
+    const std::vector<std::string> names = model::LinearGroupTensorNames(config, id);
     for (size_t i = 0; i < names.size(); ++i) {
       EXPECT_EQ((*files)->base_linear().group(id)[i].format, q.BaseFormatOf(names[i])) << names[i];
       EXPECT_EQ((*files)->residual_linear()->group(id)[i].format, *q.ResidualFormatOf(names[i]))
@@ -229,7 +229,7 @@ TEST(BitPlanFilesTest, PlannedModelLoadsWithItsFormatsAndSpeculatesLosslessly) {
   // The device plan counts every matrix at its own format: the sum of its rows' device strides.
   uint64_t expected = 0, expected_residual = 0;
   for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
-    const std::vector<std::string> names = model::LinearGroupTensorNames(id);
+    const std::vector<std::string> names = model::LinearGroupTensorNames(config, id);
     const std::vector<int64_t> rows = model::LinearGroupOutputDims(config, id.group);
     const int64_t cols = model::LinearGroupInputDim(config, id.group);
     for (size_t i = 0; i < names.size(); ++i) {
@@ -446,7 +446,7 @@ std::vector<GroupSensitivity> SyntheticSensitivities(const model::ModelConfig& c
   for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
     GroupSensitivity g;
     g.id = id;
-    g.tensors = model::LinearGroupTensorNames(id);
+    g.tensors = model::LinearGroupTensorNames(config, id);
     const int64_t cols = model::LinearGroupInputDim(config, id.group);
     g.signal = 1;
     g.kl_per_error = g.draft_kl_per_error = 1;

@@ -292,8 +292,8 @@ TEST(SplitModelFilesTest, BasePlusResidualReconstructsEveryWeightWithinHalfAResi
             const double error = std::fabs(static_cast<double>(rotated[j]) - sum[j]);
             const double slack = 4e-7 * std::max(std::fabs(rotated[j]), std::fabs(b[j])) + 1e-12;
             if (error > half_steps[j] * (1 + 1e-5) + slack && failures++ < 3) {
-              ADD_FAILURE() << model::LinearGroupTensorNames(id)[i] << " row " << row << " col "
-                            << j << ": |W' - (B + R)| = " << error
+              ADD_FAILURE() << model::LinearGroupTensorNames(source.config, id)[i] << " row " << row
+                            << " col " << j << ": |W' - (B + R)| = " << error
                             << " > step / 2 = " << half_steps[j];
             }
             if (half_steps[j] > 0) local_worst = std::max(local_worst, error / half_steps[j]);
@@ -309,9 +309,9 @@ TEST(SplitModelFilesTest, BasePlusResidualReconstructsEveryWeightWithinHalfAResi
             }
             if (std::sqrt(error2) > std::sqrt(bound2) * (1 + 1e-4) + 1e-6 * std::sqrt(norm2) &&
                 failures++ < 3) {
-              ADD_FAILURE() << model::LinearGroupTensorNames(id)[i] << " row " << row << " block "
-                            << block << ": un-rotated L2 error " << std::sqrt(error2) << " > bound "
-                            << std::sqrt(bound2);
+              ADD_FAILURE() << model::LinearGroupTensorNames(source.config, id)[i] << " row " << row
+                            << " block " << block << ": un-rotated L2 error " << std::sqrt(error2)
+                            << " > bound " << std::sqrt(bound2);
             }
           }
         }
@@ -478,7 +478,8 @@ TEST(QuantizeSplitModelTest, Q8_0BaseOnlyIsDeterministicAndWithinHalfAStep) {
           const float d =
               quant::SplitGroupScale(base[i].format, 32, w.cols, base[i].row(row), j / 32);
           ASSERT_LE(std::fabs(original[j] - b[j]), d * (0.5f + 127.0f / 2048.0f) + 1e-9f)
-              << model::LinearGroupTensorNames(id)[i] << " row " << row << " col " << j;
+              << model::LinearGroupTensorNames(source.config, id)[i] << " row " << row << " col "
+              << j;
         }
       }
     }

@@ -97,7 +97,7 @@ void WriteTinyResidual(const std::string& path, const SplitFingerprint& fingerpr
   };
   std::vector<Matrix> matrices;
   for (const LinearGroupId id : model::AllLinearGroups(config)) {
-    const auto names = model::LinearGroupTensorNames(id);
+    const auto names = model::LinearGroupTensorNames(config, id);
     const auto rows = model::LinearGroupOutputDims(config, id.group);
     for (size_t i = 0; i < names.size(); ++i) {
       matrices.push_back({names[i], rows[i], model::LinearGroupInputDim(config, id.group)});
@@ -158,7 +158,7 @@ struct LocalResidual {
     local.file = *std::move(file);
     local.weights = model::SplitLinearWeights(config);
     for (const LinearGroupId id : model::AllLinearGroups(config)) {
-      for (const std::string& name : model::LinearGroupTensorNames(id)) {
+      for (const std::string& name : model::LinearGroupTensorNames(config, id)) {
         const SplitTensor* t = local.file->FindTensor(name);
         EXPECT_NE(t, nullptr) << name;
         const auto format = static_cast<quant::SplitFormat>(SplitFormatIdOf(t->format));

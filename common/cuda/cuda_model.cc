@@ -51,6 +51,9 @@ absl::Status CheckImplemented(const model::ModelConfig& config) {
                                                  " of this \"", config.architecture,
                                                  "\" model (use --backend cpu)"));
   };
+  if (config.has_experts()) {
+    return refuse(absl::StrCat("the mixture-of-experts layers (", config.num_experts, " experts)"));
+  }
   switch (config.rope_style) {
     case model::RopeStyle::kAdjacentPairs:
     case model::RopeStyle::kHalves:
@@ -277,7 +280,7 @@ absl::Status CudaModel::UploadBaseWeights(const model::SplitLinearWeights& base)
     }
     group.cols = views[0].cols;
     group.matmul.count = static_cast<int32_t>(views.size());
-    const std::vector<std::string> names = model::LinearGroupTensorNames(id);
+    const std::vector<std::string> names = model::LinearGroupTensorNames(config_, id);
     for (size_t i = 0; i < views.size(); ++i) {
       const quant::MatrixView& view = views[i];
       // One kernel runs a group, so its matrices share the format (ValidateTensorFormats).

@@ -9,15 +9,17 @@ namespace bitsplit::model {
 namespace {
 
 // Tensor name suffixes of a group's matrices, in output order.
-std::vector<std::string_view> GroupTensorSuffixes(LinearGroup group) {
+std::vector<std::string_view> GroupTensorSuffixes(const ModelConfig& config, LinearGroup group) {
   switch (group) {
     case LinearGroup::kQkv:
       return {"attn_q", "attn_k", "attn_v"};
     case LinearGroup::kAttnOutput:
       return {"attn_output"};
     case LinearGroup::kGateUp:
+      if (config.has_experts()) return {"ffn_gate_exps", "ffn_up_exps"};
       return {"ffn_gate", "ffn_up"};
     case LinearGroup::kDown:
+      if (config.has_experts()) return {"ffn_down_exps"};
       return {"ffn_down"};
     case LinearGroup::kOutputHead:
       return {"output"};
@@ -82,9 +84,9 @@ int64_t LinearGroupIndex(const ModelConfig& config, LinearGroupId id) {
   return index;
 }
 
-std::vector<std::string> LinearGroupTensorNames(LinearGroupId id) {
+std::vector<std::string> LinearGroupTensorNames(const ModelConfig& config, LinearGroupId id) {
   std::vector<std::string> names;
-  for (std::string_view suffix : GroupTensorSuffixes(id.group)) {
+  for (std::string_view suffix : GroupTensorSuffixes(config, id.group)) {
     const absl::string_view s(suffix.data(), suffix.size());
     names.push_back(id.group == LinearGroup::kOutputHead
                         ? absl::StrCat(s, ".weight")
@@ -102,7 +104,7 @@ int64_t LinearGroupInputDim(const ModelConfig& config, LinearGroup group) {
     case LinearGroup::kAttnOutput:
       return config.q_dim();
     case LinearGroup::kDown:
-      return config.d_ff;
+      return config.has_experts() ? config.d_ff_expert : config.d_ff;
   }
   BITSPLIT_CHECK(false);
   return 0;
@@ -113,9 +115,14 @@ std::vector<int64_t> LinearGroupOutputDims(const ModelConfig& config, LinearGrou
     case LinearGroup::kQkv:
       return {config.q_dim(), config.kv_dim(), config.kv_dim()};
     case LinearGroup::kAttnOutput:
+      return {config.d_model};
     case LinearGroup::kDown:
+      if (config.has_experts()) return {config.num_experts * config.d_model};
       return {config.d_model};
     case LinearGroup::kGateUp:
+      if (config.has_experts()) {
+        return {config.num_experts * config.d_ff_expert, config.num_experts * config.d_ff_expert};
+      }
       return {config.d_ff, config.d_ff};
     case LinearGroup::kOutputHead:
       return {config.vocab_size};
@@ -176,6 +183,19 @@ std::vector<int64_t> ExpertGroupOutputDims(const ModelConfig& config, ExpertGrou
   return {config.d_model};
 }
 
+absl::Status ValidateExpertSegments(int32_t layer, int64_t num_experts, int64_t num_rows,
+                                    std::span<const ExpertRows> segments) {
+  for (const ExpertRows& segment : segments) {
+    if (segment.expert < 0 || segment.expert >= num_experts || segment.first_row < 0 ||
+        segment.count < 0 || segment.first_row + segment.count > num_rows) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "blk.%d: expert segment (expert %d, rows %d+%d) is outside %d experts x %d rows", layer,
+          segment.expert, segment.first_row, segment.count, num_experts, num_rows));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GgufLinearBackend::ApplyExperts(int32_t layer, ExpertGroup group, const float* x,
                                              int64_t num_rows, std::span<const ExpertRows> segments,
                                              std::span<float* const> outputs, ThreadPool& pool) {
@@ -183,13 +203,8 @@ absl::Status GgufLinearBackend::ApplyExperts(int32_t layer, ExpertGroup group, c
   const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
   const int64_t experts = static_cast<int64_t>(w.expert_down.size());
   BITSPLIT_CHECK(outputs.size() == (group == ExpertGroup::kGateUp ? 2u : 1u));
+  BITSPLIT_RETURN_IF_ERROR(ValidateExpertSegments(layer, experts, num_rows, segments));
   for (const ExpertRows& segment : segments) {
-    if (segment.expert < 0 || segment.expert >= experts || segment.first_row < 0 ||
-        segment.count < 0 || segment.first_row + segment.count > num_rows) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "blk.%d: expert segment (expert %d, rows %d+%d) is outside %d experts x %d rows", layer,
-          segment.expert, segment.first_row, segment.count, experts, num_rows));
-    }
     const auto e = static_cast<size_t>(segment.expert);
     const ops::WeightMatrix* gate_up[] = {&w.expert_gate[e], &w.expert_up[e]};
     const ops::WeightMatrix* down[] = {&w.expert_down[e]};

@@ -59,9 +59,14 @@ int64_t LinearGroupIndex(const ModelConfig& config, LinearGroupId id);
 
 // GGUF-style names of a group's weight tensors, in output order: {"blk.3.attn_q.weight",
 // "blk.3.attn_k.weight", "blk.3.attn_v.weight"}; the head is "output.weight" (split models store
-// the head under this name even when the source ties it to token_embd.weight).
-std::vector<std::string> LinearGroupTensorNames(LinearGroupId id);
-// Input width of a group's matrices and the output width of each, in output order.
+// the head under this name even when the source ties it to token_embd.weight). In a
+// mixture-of-experts model the gate|up and down groups are the expert tensors
+// ("blk.3.ffn_gate_exps.weight", ...), each held as one tall matrix: expert e's rows are
+// [e * rows, (e + 1) * rows) of it (every split format is row-wise, so splitting the tall matrix
+// splits each expert).
+std::vector<std::string> LinearGroupTensorNames(const ModelConfig& config, LinearGroupId id);
+// Input width of a group's matrices and the output width of each (the tall expert matrices'
+// rows in a mixture-of-experts model), in output order.
 int64_t LinearGroupInputDim(const ModelConfig& config, LinearGroup group);
 std::vector<int64_t> LinearGroupOutputDims(const ModelConfig& config, LinearGroup group);
 
@@ -91,6 +96,11 @@ struct ExpertRows {
   int64_t first_row = 0;
   int64_t count = 0;
 };
+
+// OK when every segment names an expert in [0, num_experts) and rows inside [0, num_rows);
+// INVALID_ARGUMENT naming the first that does not.
+absl::Status ValidateExpertSegments(int32_t layer, int64_t num_experts, int64_t num_rows,
+                                    std::span<const ExpertRows> segments);
 
 // Computes the linear layers of a forward pass.
 //

@@ -31,6 +31,16 @@ absl::Status ResidualFile::LoadGroups() {
   quantization_ = *q;
   quantization_string_ = SplitQuantizationString(*q);
 
+  // The service computes dense groups only: a mixture-of-experts residual would need requests
+  // that carry each row's experts.
+  if (file.FindTensor("blk.0.ffn_gate_exps.weight") != nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        file.name(),
+        ": a mixture-of-experts residual (blk.0.ffn_gate_exps.weight) is not served; verify it in "
+        "process (bitsplit generate --model PREFIX.base.bsplit --residual "
+        "PREFIX.residual.bsplit)"));
+  }
+  const ModelConfig dense;  // group names and shapes of a model without experts
   while (file.FindTensor(absl::StrCat("blk.", num_layers_, ".attn_q.weight")) != nullptr) {
     ++num_layers_;
   }
@@ -40,7 +50,7 @@ absl::Status ResidualFile::LoadGroups() {
   for (const LinearGroupId id : AllLinearGroups(num_layers_)) {
     ResidualGroup group;
     group.id = id;
-    for (const std::string& name : LinearGroupTensorNames(id)) {
+    for (const std::string& name : LinearGroupTensorNames(dense, id)) {
       BITSPLIT_ASSIGN_OR_RETURN(const SplitTensor* tensor, file.GetTensor(name));
       const quant::SplitFormat format = *q->ResidualFormatOf(name);
       if (tensor->format != SplitTensorFormat(static_cast<uint32_t>(format)) ||

@@ -34,6 +34,44 @@ void MatMulGroupRows(std::span<const quant::MatrixView> matrices, const GroupRow
   }
 }
 
+std::array<quant::MatrixView, 2> SplitLinearWeights::ExpertMatrices(int32_t layer,
+                                                                    ExpertGroup group,
+                                                                    int32_t expert) const {
+  BITSPLIT_CHECK(config_.has_experts() && expert >= 0 && expert < config_.num_experts);
+  const std::span<const quant::MatrixView> tall = this->group(
+      {layer, group == ExpertGroup::kGateUp ? LinearGroup::kGateUp : LinearGroup::kDown});
+  BITSPLIT_CHECK(tall.size() <= 2);
+  std::array<quant::MatrixView, 2> views{};
+  for (size_t i = 0; i < tall.size(); ++i) {
+    views[i] = tall[i];
+    views[i].rows = tall[i].rows / config_.num_experts;
+    views[i].data = tall[i].data + expert * views[i].rows * tall[i].row_stride;
+  }
+  return views;
+}
+
+void SliceActivations(const QuantizedActivations& x, int64_t first, int64_t count,
+                      QuantizedActivations* out) {
+  CopyActivations(count, x.cols, x.block_stride, x.row_codes(first), x.row_scales(first),
+                  x.row_sums(first), out);
+}
+
+void SplitMatMulExperts(const SplitLinearWeights& weights, int32_t layer, ExpertGroup group,
+                        std::span<const ExpertRows> segments, const QuantizedActivations& x,
+                        std::span<float* const> outputs, bool accumulate,
+                        QuantizedActivations* scratch, ThreadPool& pool) {
+  const size_t count = outputs.size();
+  for (const ExpertRows& segment : segments) {
+    const std::array<quant::MatrixView, 2> matrices =
+        weights.ExpertMatrices(layer, group, segment.expert);
+    SliceActivations(x, segment.first_row, segment.count, scratch);
+    std::array<float*, 2> rows{};
+    for (size_t i = 0; i < count; ++i) rows[i] = outputs[i] + segment.first_row * matrices[i].rows;
+    SplitMatMulGroup(std::span(matrices.data(), count), *scratch,
+                     std::span<float* const>(rows.data(), count), accumulate, pool);
+  }
+}
+
 void CopyActivations(int64_t rows, int64_t cols, int64_t block_stride, const void* codes,
                      const void* scales, const void* sums, QuantizedActivations* x) {
   x->rows = rows;
@@ -84,6 +122,20 @@ void SplitMatMulGroupPacked(std::span<const quant::MatrixView> matrices,
 absl::Status InProcessResidual::Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,
                                            std::span<float* const> outputs, ThreadPool& pool) {
   SplitMatMulGroup(residual_.group(id), x, outputs, /*accumulate=*/true, pool);
+  return absl::OkStatus();
+}
+
+absl::Status InProcessResidual::AccumulateExperts(int32_t layer, ExpertGroup group,
+                                                  std::span<const ExpertRows> segments,
+                                                  const quant::QuantizedActivations& x,
+                                                  std::span<float* const> outputs,
+                                                  ThreadPool& pool) {
+  const ModelConfig& config = residual_.config();
+  const size_t count = ExpertGroupOutputDims(config, group).size();
+  BITSPLIT_CHECK(config.has_experts() && outputs.size() == count);
+  BITSPLIT_RETURN_IF_ERROR(ValidateExpertSegments(layer, config.num_experts, x.rows, segments));
+  SplitMatMulExperts(residual_, layer, group, segments, x, outputs, /*accumulate=*/true, &segment_,
+                     pool);
   return absl::OkStatus();
 }
 
@@ -142,19 +194,22 @@ absl::Status InProcessResidual::WaitStaged(LinearGroupId id, ThreadPool& pool) {
   return absl::OkStatus();
 }
 
+void SplitLinearBackend::QuantizeInput(const float* x, int64_t rows, int64_t cols) {
+  const float* input = x;
+  if (rotation_.enabled()) {
+    rotated_.resize(static_cast<size_t>(rows * cols));
+    std::memcpy(rotated_.data(), x, rotated_.size() * sizeof(float));
+    RotateRows(rotation_, rotated_.data(), rows, cols);
+    input = rotated_.data();
+  }
+  quant::QuantizeActivations(input, rows, cols, &activations_);
+}
+
 absl::Status SplitLinearBackend::Apply(LinearGroupId id, const float* x, int64_t num_tokens,
                                        std::span<float* const> outputs, ThreadPool& pool) {
   const std::span<const quant::MatrixView> matrices = base_.group(id);
   BITSPLIT_CHECK(!matrices.empty() && outputs.size() == matrices.size());
-  const int64_t cols = matrices[0].cols;
-  const float* input = x;
-  if (rotation_.enabled()) {
-    rotated_.resize(static_cast<size_t>(num_tokens * cols));
-    std::memcpy(rotated_.data(), x, rotated_.size() * sizeof(float));
-    RotateRows(rotation_, rotated_.data(), num_tokens, cols);
-    input = rotated_.data();
-  }
-  quant::QuantizeActivations(input, num_tokens, cols, &activations_);
+  QuantizeInput(x, num_tokens, matrices[0].cols);
   if (residual_ != nullptr) BITSPLIT_RETURN_IF_ERROR(residual_->Submit(id, activations_));
   SplitMatMulGroup(matrices, activations_, outputs, /*accumulate=*/false, pool);
   if (residual_ != nullptr) {
@@ -163,15 +218,20 @@ absl::Status SplitLinearBackend::Apply(LinearGroupId id, const float* x, int64_t
   return absl::OkStatus();
 }
 
-absl::Status SplitLinearBackend::ApplyExperts(int32_t layer, ExpertGroup group, const float* /*x*/,
-                                              int64_t /*num_rows*/,
-                                              std::span<const ExpertRows> /*segments*/,
-                                              std::span<float* const> /*outputs*/,
-                                              ThreadPool& /*pool*/) {
-  const std::string_view name = ExpertGroupName(group);
-  return absl::FailedPreconditionError(absl::StrCat("blk.", layer, " ",
-                                                    absl::string_view(name.data(), name.size()),
-                                                    ": a split model has no expert matrices"));
+absl::Status SplitLinearBackend::ApplyExperts(int32_t layer, ExpertGroup group, const float* x,
+                                              int64_t num_rows,
+                                              std::span<const ExpertRows> segments,
+                                              std::span<float* const> outputs, ThreadPool& pool) {
+  const ModelConfig& config = base_.config();
+  BITSPLIT_CHECK(config.has_experts() && layer >= 0 && layer < config.num_layers);
+  const size_t count = ExpertGroupOutputDims(config, group).size();
+  BITSPLIT_CHECK(outputs.size() == count);
+  BITSPLIT_RETURN_IF_ERROR(ValidateExpertSegments(layer, config.num_experts, num_rows, segments));
+  QuantizeInput(x, num_rows, ExpertGroupInputDim(config, group));
+  SplitMatMulExperts(base_, layer, group, segments, activations_, outputs, /*accumulate=*/false,
+                     &segment_, pool);
+  if (residual_ == nullptr) return absl::OkStatus();
+  return residual_->AccumulateExperts(layer, group, segments, activations_, outputs, pool);
 }
 
 }  // namespace bitsplit::model

@@ -17,6 +17,7 @@
 // Batch invariance: rotation and activation quantization are per row, and split_matmul's
 // kernels give each output element one fixed arithmetic sequence; the residual is added to the
 // base result in one fixed order. So a row's logits do not depend on the batch or threads.
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -44,6 +45,10 @@ using QuantizedActivations = quant::QuantizedActivations;
 // an RPC, a source's staging memory) hands its bytes to the kernels through this one copy.
 void CopyActivations(int64_t rows, int64_t cols, int64_t block_stride, const void* codes,
                      const void* scales, const void* sums, QuantizedActivations* x);
+
+// Rows [first, first + count) of `x` into `out` (reusing its buffers).
+void SliceActivations(const QuantizedActivations& x, int64_t first, int64_t count,
+                      QuantizedActivations* out);
 
 // The instruction set the split kernels of this process use ("avx512", "avx2", "scalar").
 const char* SplitKernelIsaName();
@@ -76,6 +81,10 @@ class SplitLinearWeights {
   std::vector<quant::MatrixView>& mutable_group(LinearGroupId id) {
     return groups_[static_cast<size_t>(LinearGroupIndex(config_, id))];
   }
+  // Expert `expert`'s matrices of a mixture-of-experts layer's expert group: its row slice of
+  // each tall matrix of the gate|up or down group (LinearGroupTensorNames).
+  std::array<quant::MatrixView, 2> ExpertMatrices(int32_t layer, ExpertGroup group,
+                                                  int32_t expert) const;
   const ModelConfig& config() const { return config_; }
 
  private:
@@ -104,6 +113,15 @@ void MatMulGroupRows(std::span<const quant::MatrixView> matrices, const GroupRow
 void SplitMatMulGroup(std::span<const quant::MatrixView> matrices,
                       const quant::QuantizedActivations& x, std::span<float* const> outputs,
                       bool accumulate, ThreadPool& pool);
+// For every segment, its rows of outputs[i] (=|+=) those rows of x · W_iᵀ, W_i the segment's
+// expert's slice of matrix i of mixture-of-experts group `group` in `layer` (the base or the
+// residual `weights`); outputs.size() is the group's matrix count. `scratch` holds one segment's
+// rows of x.
+void SplitMatMulExperts(const SplitLinearWeights& weights, int32_t layer, ExpertGroup group,
+                        std::span<const ExpertRows> segments, const QuantizedActivations& x,
+                        std::span<float* const> outputs, bool accumulate,
+                        QuantizedActivations* scratch, ThreadPool& pool);
+
 // Waking the pool's workers costs more than the work below this many weights (a residual
 // service's per-request groups of the small test models); how rows are split never changes
 // results.
@@ -156,6 +174,17 @@ class ResidualSource {
   virtual absl::Status Submit(LinearGroupId id, const quant::QuantizedActivations& x) {
     return absl::OkStatus();
   }
+  // outputs[i] rows of each segment += those rows of x · R_iᵀ, R_i the segment's expert's i-th
+  // residual matrix of `group` in mixture-of-experts layer `layer` (LinearBackend::ApplyExperts
+  // for the layout; x quantized as the base saw it). Each routed expert's residual is read once
+  // for all its rows. Sources that do not compute experts: UNIMPLEMENTED.
+  virtual absl::Status AccumulateExperts(int32_t layer, ExpertGroup group,
+                                         std::span<const ExpertRows> segments,
+                                         const quant::QuantizedActivations& x,
+                                         std::span<float* const> outputs, ThreadPool& pool) {
+    return absl::UnimplementedError(
+        "this residual source does not compute mixture-of-experts layers");
+  }
 };
 
 // The residual file mapped in this process. Thread safety: Accumulate is stateless apart from
@@ -167,6 +196,10 @@ class InProcessResidual final : public ResidualSource {
   explicit InProcessResidual(const SplitLinearWeights& residual) : residual_(residual) {}
   absl::Status Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,
                           std::span<float* const> outputs, ThreadPool& pool) override;
+  absl::Status AccumulateExperts(int32_t layer, ExpertGroup group,
+                                 std::span<const ExpertRows> segments,
+                                 const quant::QuantizedActivations& x,
+                                 std::span<float* const> outputs, ThreadPool& pool) override;
 
   // Page-aligned buffers of its own; WaitStaged computes y = x · Rᵀ into them (the activations
   // are read through a copy, as Accumulate's x).
@@ -184,6 +217,7 @@ class InProcessResidual final : public ResidualSource {
   ResidualStaging staging_;
   std::optional<LinearGroupId> submitted_;
   quant::QuantizedActivations staged_x_;
+  quant::QuantizedActivations segment_;  // one expert's rows (AccumulateExperts)
 };
 
 // Draft (residual == nullptr) or verify backend of a split model.
@@ -197,18 +231,23 @@ class SplitLinearBackend final : public LinearBackend {
 
   absl::Status Apply(LinearGroupId id, const float* x, int64_t num_tokens,
                      std::span<float* const> outputs, ThreadPool& pool) override;
-  // FAILED_PRECONDITION: split models of mixture-of-experts families are refused when opened
-  // (SplitModelFiles::Open), so a split model has no expert matrices.
+  // Per segment, the rows' base products through the segment's expert, then (verify) the
+  // residual of every segment in one AccumulateExperts call. Rows are rotated and quantized to
+  // int8 once, each on its own, as in Apply.
   absl::Status ApplyExperts(int32_t layer, ExpertGroup group, const float* x, int64_t num_rows,
                             std::span<const ExpertRows> segments, std::span<float* const> outputs,
                             ThreadPool& pool) override;
 
  private:
+  // activations_ = the int8 rows of x [rows, cols], rotated first when the model is.
+  void QuantizeInput(const float* x, int64_t rows, int64_t cols);
+
   const SplitLinearWeights& base_;
   const HadamardRotation rotation_;
   ResidualSource* const residual_;
   std::vector<float> rotated_;               // [num_tokens, input dim] scratch
   quant::QuantizedActivations activations_;  // the group input as int8, reused across calls
+  quant::QuantizedActivations segment_;      // one expert's rows of activations_
 };
 
 }  // namespace bitsplit::model

@@ -129,7 +129,7 @@ absl::StatusOr<SplitLinearWeights> LinearWeights(const SplitFile& file, const Mo
                                                  FormatOf format_of, int group) {
   SplitLinearWeights weights(config);
   for (const LinearGroupId id : AllLinearGroups(config)) {
-    const std::vector<std::string> names = LinearGroupTensorNames(id);
+    const std::vector<std::string> names = LinearGroupTensorNames(config, id);
     const std::vector<int64_t> rows = LinearGroupOutputDims(config, id.group);
     const int64_t cols = LinearGroupInputDim(config, id.group);
     std::vector<quant::MatrixView>& views = weights.mutable_group(id);
@@ -164,7 +164,7 @@ absl::StatusOr<SplitQuantization> QuantizationOf(const SplitFile& file) {
 absl::Status ValidateTensorFormats(const SplitQuantization& q, const ModelConfig& config) {
   size_t planned = 0;
   for (const LinearGroupId id : AllLinearGroups(config)) {
-    const std::vector<std::string> names = LinearGroupTensorNames(id);
+    const std::vector<std::string> names = LinearGroupTensorNames(config, id);
     for (const std::string& name : names) {
       if (q.tensor_formats.contains(name)) ++planned;
       if (q.BaseFormatOf(name) != q.BaseFormatOf(names[0]) ||
@@ -178,7 +178,7 @@ absl::Status ValidateTensorFormats(const SplitQuantization& q, const ModelConfig
   if (planned == q.tensor_formats.size()) return absl::OkStatus();
   std::set<std::string, std::less<>> linear;
   for (const LinearGroupId id : AllLinearGroups(config)) {
-    for (std::string& name : LinearGroupTensorNames(id)) linear.insert(std::move(name));
+    for (std::string& name : LinearGroupTensorNames(config, id)) linear.insert(std::move(name));
   }
   for (const auto& [name, formats] : q.tensor_formats) {
     if (!linear.contains(name)) {
@@ -462,7 +462,6 @@ absl::StatusOr<std::unique_ptr<SplitModelFiles>> SplitModelFiles::Open(
   BITSPLIT_ASSIGN_OR_RETURN(
       files->config_, ModelConfigFromGgufMetadata(*files->gguf_metadata_, embedding->dims[1]));
   const ModelConfig& config = files->config_;
-  BITSPLIT_RETURN_IF_ERROR(CheckSplittable(config));
   if (q.rotation.enabled()) {
     for (LinearGroup group : {LinearGroup::kQkv, LinearGroup::kAttnOutput, LinearGroup::kDown}) {
       if (absl::Status status =
@@ -499,6 +498,15 @@ absl::StatusOr<std::unique_ptr<SplitModelFiles>> SplitModelFiles::Open(
           vectors.*spec.field,
           F32Vector(base, absl::StrCat("blk.", layer, ".", spec.tensor), spec.length));
     }
+    if (config.has_experts()) {
+      const std::string name = absl::StrCat("blk.", layer, ".ffn_gate_inp.weight");
+      BITSPLIT_ASSIGN_OR_RETURN(const SplitTensor* router,
+                                GgmlTensor(base, name, {config.d_model, config.num_experts}));
+      BITSPLIT_ASSIGN_OR_RETURN(
+          vectors.router, ops::MakeWeightMatrix(static_cast<GgmlType>(router->format), router->data,
+                                                config.num_experts, config.d_model,
+                                                absl::StrCat(base_path, ": tensor ", name)));
+    }
   }
 
   // Linear weights.
@@ -516,14 +524,6 @@ absl::StatusOr<std::unique_ptr<SplitModelFiles>> SplitModelFiles::Open(
             [&](const std::string& name) { return *q.ResidualFormatOf(name); }, q.residual_group));
   }
   return files;
-}
-
-absl::Status CheckSplittable(const ModelConfig& config) {
-  if (!config.has_experts()) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      config.architecture, " has ", config.num_experts,
-      " experts per layer; splitting mixture-of-experts models is not implemented (the GGUF runs "
-      "in reference mode: bitsplit generate --model FILE.gguf)"));
 }
 
 std::string SplitBasePath(const std::string& prefix) { return prefix + ".base.bsplit"; }

@@ -98,10 +98,6 @@ std::string SplitResidualString(const SplitQuantization& quantization);
 std::string SplitFormatName(quant::SplitFormat format);
 
 // The files of a split model with prefix P.
-// UNIMPLEMENTED for a model whose layers a split cannot hold yet (mixture-of-experts families run
-// in reference mode only); OK otherwise. Quantizing and opening a split model both check it.
-absl::Status CheckSplittable(const ModelConfig& config);
-
 std::string SplitBasePath(const std::string& prefix);      // P.base.bsplit
 std::string SplitResidualPath(const std::string& prefix);  // P.residual.bsplit
 

@@ -145,7 +145,7 @@ absl::StatusOr<uint64_t> SplitLinearBytes(
   uint64_t total = 0;
   for (const LinearGroupId id : AllLinearGroups(config)) {
     const int64_t cols = LinearGroupInputDim(config, id.group);
-    const std::vector<std::string> names = LinearGroupTensorNames(id);
+    const std::vector<std::string> names = LinearGroupTensorNames(config, id);
     const std::vector<int64_t> rows = LinearGroupOutputDims(config, id.group);
     for (size_t i = 0; i < names.size(); ++i) {
       quant::SplitFormat matrix_format = format;

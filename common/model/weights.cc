@@ -47,27 +47,20 @@ absl::StatusOr<ops::WeightMatrix> Matrix(const gguf::File& file, const std::stri
   return matrix;
 }
 
-// The `experts` [rows, cols] matrices of a 3-D GGUF tensor {cols, rows, experts}, one view each.
-absl::StatusOr<std::vector<ops::WeightMatrix>> ExpertMatrices(const gguf::File& file,
-                                                              const std::string& name,
-                                                              int64_t experts, int64_t rows,
-                                                              int64_t cols) {
+// A 3-D GGUF tensor {cols, rows, experts} as one tall [experts * rows, cols] matrix.
+absl::StatusOr<ops::WeightMatrix> TallExpertMatrix(const gguf::File& file, const std::string& name,
+                                                   int64_t experts, int64_t rows, int64_t cols) {
   BITSPLIT_ASSIGN_OR_RETURN(const gguf::TensorInfo* tensor,
                             FindWithDims(file, name, {cols, rows, experts}));
-  BITSPLIT_ASSIGN_OR_RETURN(ops::WeightMatrix first,
-                            ops::MakeWeightMatrix(tensor->type, tensor->data, rows, cols,
+  BITSPLIT_ASSIGN_OR_RETURN(ops::WeightMatrix tall,
+                            ops::MakeWeightMatrix(tensor->type, tensor->data, experts * rows, cols,
                                                   absl::StrCat(file.name(), ": tensor ", name)));
-  const int64_t expert_bytes = first.rows * first.row_bytes;
-  if (static_cast<uint64_t>(experts * expert_bytes) != tensor->num_bytes) {
+  if (static_cast<uint64_t>(tall.rows * tall.row_bytes) != tensor->num_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: tensor %s holds %d bytes, expected %d",
                                                       file.name(), name, tensor->num_bytes,
-                                                      experts * expert_bytes));
+                                                      tall.rows * tall.row_bytes));
   }
-  std::vector<ops::WeightMatrix> matrices(static_cast<size_t>(experts), first);
-  for (int64_t e = 0; e < experts; ++e) {
-    matrices[static_cast<size_t>(e)].data = first.data + e * expert_bytes;
-  }
-  return matrices;
+  return tall;
 }
 
 // An f32 vector of n elements, read in place.
@@ -108,6 +101,18 @@ std::vector<LayerVectorSpec> LayerVectorSpecs(const ModelConfig& config) {
     specs.push_back({"attn_v.bias", config.kv_dim(), &LayerNorms::v_bias});
   }
   return specs;
+}
+
+std::vector<ops::WeightMatrix> ExpertSlices(const ops::WeightMatrix& tall, int64_t experts) {
+  BITSPLIT_CHECK(experts > 0 && tall.rows % experts == 0);
+  const int64_t rows = tall.rows / experts;
+  std::vector<ops::WeightMatrix> slices(static_cast<size_t>(experts), tall);
+  for (int64_t e = 0; e < experts; ++e) {
+    ops::WeightMatrix& slice = slices[static_cast<size_t>(e)];
+    slice.rows = rows;
+    slice.data = tall.data + e * rows * tall.row_bytes;
+  }
+  return slices;
 }
 
 EmbeddingAndNorms EmbeddingAndNormsOf(const ModelWeights& weights) {
@@ -182,13 +187,16 @@ absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
       BITSPLIT_ASSIGN_OR_RETURN(layer.vectors.router,
                                 Matrix(file, LayerTensor(i, "ffn_gate_inp"), experts, d_model));
       BITSPLIT_ASSIGN_OR_RETURN(
-          layer.expert_gate,
-          ExpertMatrices(file, LayerTensor(i, "ffn_gate_exps"), experts, width, d_model));
-      BITSPLIT_ASSIGN_OR_RETURN(layer.expert_up, ExpertMatrices(file, LayerTensor(i, "ffn_up_exps"),
-                                                                experts, width, d_model));
+          layer.w_gate,
+          TallExpertMatrix(file, LayerTensor(i, "ffn_gate_exps"), experts, width, d_model));
+      BITSPLIT_ASSIGN_OR_RETURN(layer.w_up, TallExpertMatrix(file, LayerTensor(i, "ffn_up_exps"),
+                                                             experts, width, d_model));
       BITSPLIT_ASSIGN_OR_RETURN(
-          layer.expert_down,
-          ExpertMatrices(file, LayerTensor(i, "ffn_down_exps"), experts, d_model, width));
+          layer.w_down,
+          TallExpertMatrix(file, LayerTensor(i, "ffn_down_exps"), experts, d_model, width));
+      layer.expert_gate = ExpertSlices(layer.w_gate, experts);
+      layer.expert_up = ExpertSlices(layer.w_up, experts);
+      layer.expert_down = ExpertSlices(layer.w_down, experts);
       continue;
     }
     BITSPLIT_ASSIGN_OR_RETURN(layer.w_gate,

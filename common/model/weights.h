@@ -42,15 +42,18 @@ std::vector<LayerVectorSpec> LayerVectorSpecs(const ModelConfig& config);
 
 struct LayerWeights {
   LayerNorms vectors;
-  ops::WeightMatrix wq;      // [q_dim, d_model]
-  ops::WeightMatrix wk;      // [kv_dim, d_model]
-  ops::WeightMatrix wv;      // [kv_dim, d_model]
-  ops::WeightMatrix wo;      // [d_model, q_dim]
-  ops::WeightMatrix w_gate;  // [d_ff, d_model]; empty in a mixture-of-experts layer
-  ops::WeightMatrix w_up;    // [d_ff, d_model]
-  ops::WeightMatrix w_down;  // [d_model, d_ff]
-  // A mixture-of-experts layer's experts, each a view of one slice of the 3-D GGUF tensors
-  // ffn_{gate,up,down}_exps ({cols, rows, num_experts}).
+  ops::WeightMatrix wq;  // [q_dim, d_model]
+  ops::WeightMatrix wk;  // [kv_dim, d_model]
+  ops::WeightMatrix wv;  // [kv_dim, d_model]
+  ops::WeightMatrix wo;  // [d_model, q_dim]
+  // [d_ff, d_model], [d_ff, d_model], [d_model, d_ff]. In a mixture-of-experts layer: the 3-D
+  // GGUF tensors ffn_{gate,up,down}_exps ({cols, rows, num_experts}) as tall matrices
+  // [num_experts * rows, cols] (LinearGroupTensorNames).
+  ops::WeightMatrix w_gate;
+  ops::WeightMatrix w_up;
+  ops::WeightMatrix w_down;
+  // A mixture-of-experts layer's experts: expert e is rows [e * rows, (e + 1) * rows) of the tall
+  // matrices above (ExpertSlices).
   std::vector<ops::WeightMatrix> expert_gate;  // [num_experts] of [d_ff_expert, d_model]
   std::vector<ops::WeightMatrix> expert_up;    // [num_experts] of [d_ff_expert, d_model]
   std::vector<ops::WeightMatrix> expert_down;  // [num_experts] of [d_model, d_ff_expert]
@@ -75,6 +78,9 @@ struct EmbeddingAndNorms {
   std::vector<LayerNorms> layers;            // [num_layers]
 };
 EmbeddingAndNorms EmbeddingAndNormsOf(const ModelWeights& weights);
+
+// The `experts` equal row slices of a tall expert matrix, one view each.
+std::vector<ops::WeightMatrix> ExpertSlices(const ops::WeightMatrix& tall, int64_t experts);
 
 // Finds and validates every tensor the llama forward pass reads: presence, dims, a type this
 // build can dequantize (norms and biases must be F32), and row lengths that are whole blocks.

@@ -72,11 +72,19 @@ struct RowErrors {
 
 }  // namespace
 
+absl::Status CheckBitsByBudgetSupported(const model::ModelConfig& config) {
+  if (!config.has_experts()) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "bits by budget (--vram-budget) is not implemented for mixture-of-experts models (",
+      config.architecture, "); quantize with uniform --base-bits / --residual-bits"));
+}
+
 absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
     const model::ModelWeights& weights, const model::ModelConfig& config,
     const model::SplitQuantization& q, const BitCandidates& candidates,
     const Calibration* calibration, int num_threads,
     const std::function<void(int64_t, int64_t)>& progress) {
+  BITSPLIT_RETURN_IF_ERROR(CheckBitsByBudgetSupported(config));
   BITSPLIT_RETURN_IF_ERROR(ValidateCandidates(candidates, q, config));
   const std::vector<model::LinearGroupId> ids = model::AllLinearGroups(config);
   if (calibration != nullptr && calibration->importance.size() != ids.size()) {
@@ -103,7 +111,7 @@ absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
     }
     GroupSensitivity group;
     group.id = id;
-    group.tensors = model::LinearGroupTensorNames(id);
+    group.tensors = model::LinearGroupTensorNames(config, id);
     group.residual_bytes.assign(num_residuals, 0);
     group.bases.resize(num_bases);
     for (size_t b = 0; b < num_bases; ++b) {

@@ -92,6 +92,11 @@ struct GroupSensitivity {
 // errors and the fit; without it every column weighs 1. `progress(done, total)` is called after
 // every group on the calling thread. INVALID_ARGUMENT for candidates that are not base/residual
 // formats or do not fit the model.
+// UNIMPLEMENTED for a mixture-of-experts model: the sensitivity measure injects noise through
+// LinearBackend::Apply, which a routed expert row never passes. MeasureSensitivities checks it;
+// callers may check it before slower work.
+absl::Status CheckBitsByBudgetSupported(const model::ModelConfig& config);
+
 absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
     const model::ModelWeights& weights, const model::ModelConfig& config,
     const model::SplitQuantization& quantization, const BitCandidates& candidates,

@@ -50,27 +50,17 @@ class ActivationRecorder final : public model::LinearBackend {
 
   absl::Status Apply(model::LinearGroupId id, const float* x, int64_t num_tokens,
                      std::span<float* const> outputs, ThreadPool& pool) override {
-    const size_t index = static_cast<size_t>(model::LinearGroupIndex(config_, id));
-    const int64_t cols = model::LinearGroupInputDim(config_, id.group);
-    rotated_.assign(x, x + num_tokens * cols);
-    model::RotateRows(rotation_, rotated_.data(), num_tokens, cols);
-    std::vector<double>& sums = sums_[index];
-    std::vector<double>& source_sums = source_sums_[index];
-    for (int64_t t = 0; t < num_tokens; ++t) {
-      const float* row = rotated_.data() + t * cols;
-      const float* source_row = x + t * cols;
-      for (int64_t j = 0; j < cols; ++j) {
-        sums[j] += static_cast<double>(row[j]) * row[j];
-        source_sums[j] += static_cast<double>(source_row[j]) * source_row[j];
-      }
-    }
-    rows_[index] += num_tokens;
+    Record(id, x, num_tokens);
     return inner_.Apply(id, x, num_tokens, outputs, pool);
   }
-  // Split models of mixture-of-experts families are refused before calibration runs.
+  // Every routed row of an expert group counts toward the group (the tall matrices of all its
+  // experts share one input importance).
   absl::Status ApplyExperts(int32_t layer, model::ExpertGroup group, const float* x,
                             int64_t num_rows, std::span<const model::ExpertRows> segments,
                             std::span<float* const> outputs, ThreadPool& pool) override {
+    Record({layer, group == model::ExpertGroup::kGateUp ? model::LinearGroup::kGateUp
+                                                        : model::LinearGroup::kDown},
+           x, num_rows);
     return inner_.ApplyExperts(layer, group, x, num_rows, segments, outputs, pool);
   }
 
@@ -90,6 +80,24 @@ class ActivationRecorder final : public model::LinearBackend {
   }
 
  private:
+  void Record(model::LinearGroupId id, const float* x, int64_t num_tokens) {
+    const size_t index = static_cast<size_t>(model::LinearGroupIndex(config_, id));
+    const int64_t cols = model::LinearGroupInputDim(config_, id.group);
+    rotated_.assign(x, x + num_tokens * cols);
+    model::RotateRows(rotation_, rotated_.data(), num_tokens, cols);
+    std::vector<double>& sums = sums_[index];
+    std::vector<double>& source_sums = source_sums_[index];
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      const float* row = rotated_.data() + t * cols;
+      const float* source_row = x + t * cols;
+      for (int64_t j = 0; j < cols; ++j) {
+        sums[j] += static_cast<double>(row[j]) * row[j];
+        source_sums[j] += static_cast<double>(source_row[j]) * source_row[j];
+      }
+    }
+    rows_[index] += num_tokens;
+  }
+
   model::LinearBackend& inner_;
   const model::ModelConfig config_;
   const model::HadamardRotation rotation_;
@@ -116,7 +124,7 @@ std::vector<InputDim> DistinctInputDims(const model::ModelConfig& config) {
   for (const model::LinearGroupId id : ids) {
     const int64_t cols = model::LinearGroupInputDim(config, id.group);
     if (std::none_of(dims.begin(), dims.end(), [&](const InputDim& d) { return d.cols == cols; })) {
-      dims.push_back({model::LinearGroupTensorNames(id)[0], cols});
+      dims.push_back({model::LinearGroupTensorNames(config, id)[0], cols});
     }
   }
   return dims;
@@ -251,8 +259,14 @@ absl::StatusOr<FilePlan> PlanFiles(const gguf::File& source, const model::ModelC
             SourceTensor(source, absl::StrCat("blk.", id.layer, ".", spec.tensor)));
         step.norms.push_back(tensor);
       }
+      if (config.has_experts()) {  // the router, at source precision (every mode routes alike)
+        BITSPLIT_ASSIGN_OR_RETURN(
+            const gguf::TensorInfo* router,
+            SourceTensor(source, absl::StrCat("blk.", id.layer, ".ffn_gate_inp.weight")));
+        step.norms.push_back(router);
+      }
     }
-    const std::vector<std::string> names = model::LinearGroupTensorNames(id);
+    const std::vector<std::string> names = model::LinearGroupTensorNames(config, id);
     const model::GgufGroupMatrices matrices = model::GroupMatricesOf(weights, id);
     for (size_t i = 0; i < names.size(); ++i) {
       const ops::WeightMatrix& matrix = matrices[i];
@@ -432,7 +446,6 @@ absl::StatusOr<Calibration> CollectCalibration(model::LlamaModel& model,
 
 absl::Status ValidateSplitQuantization(const model::SplitQuantization& q,
                                        const model::ModelConfig& config) {
-  BITSPLIT_RETURN_IF_ERROR(model::CheckSplittable(config));
   const quant::SplitFormatInfo& base = quant::GetSplitFormatInfo(q.base_format);
   if (!base.is_base && q.base_format != quant::SplitFormat::kQ8_0) {
     return absl::InvalidArgumentError(

@@ -9,15 +9,22 @@
 //
 // The fixture also records the sha256 of every tensor's bytes; BuildSyntheticGguf checks them,
 // so a test knows it runs exactly the tensors llama.cpp ran.
+#include <unistd.h>
+
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/util/sha256.h"
+#include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/gguf_builder.h"
+#include "tests/testing/paths.h"
 
 namespace bitsplit::testing {
 
@@ -83,5 +90,39 @@ inline absl::StatusOr<std::vector<uint8_t>> BuildSyntheticGguf(const nlohmann::j
   }
   return builder.Build();
 }
+
+// The random-weight GGUF of a synthetic fixture (a path under the source tree), rebuilt from its
+// recipe and checked tensor by tensor against the sha256 of what llama.cpp ran, in a temporary
+// file that goes with the object.
+class SyntheticModelFile {
+ public:
+  explicit SyntheticModelFile(const std::string& fixture_file)
+      : path_(std::filesystem::temp_directory_path() /
+              absl::StrCat("bitsplit-", std::filesystem::path(fixture_file).stem().string(), "-",
+                           getpid(), ".gguf")) {
+    std::ifstream in(SourcePath(fixture_file));
+    EXPECT_TRUE(in.good()) << "missing fixture " << fixture_file;
+    if (!in.good()) return;
+    fixture_ = nlohmann::json::parse(in);
+    absl::StatusOr<std::vector<uint8_t>> image = BuildSyntheticGguf(fixture_);
+    EXPECT_TRUE(image.ok()) << image.status();
+    written_ = image.ok() && WriteFileBytes(path_.string(), *image);
+  }
+  ~SyntheticModelFile() {
+    std::error_code ignored;
+    std::filesystem::remove(path_, ignored);
+  }
+  SyntheticModelFile(const SyntheticModelFile&) = delete;
+  SyntheticModelFile& operator=(const SyntheticModelFile&) = delete;
+
+  bool ok() const { return written_; }
+  const nlohmann::json& fixture() const { return fixture_; }
+  std::string path() const { return path_.string(); }
+
+ private:
+  nlohmann::json fixture_;
+  std::filesystem::path path_;
+  bool written_ = false;
+};
 
 }  // namespace bitsplit::testing
