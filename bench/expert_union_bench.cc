@@ -20,7 +20,6 @@
 // The text is bench/prompts/prompts.jsonl's prompts, joined, tokenized with the model's own
 // tokenizer. Random-weight models route without locality; a trained model's routing decides
 // how far below `uniform` the measured union falls.
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>

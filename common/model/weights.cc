@@ -32,10 +32,11 @@ absl::StatusOr<const gguf::TensorInfo*> FindWithDims(const gguf::File& file,
   return tensor;
 }
 
-// A [rows, cols] linear weight (GGUF dims {cols, rows}).
-absl::StatusOr<ops::WeightMatrix> Matrix(const gguf::File& file, const std::string& name,
-                                         int64_t rows, int64_t cols) {
-  BITSPLIT_ASSIGN_OR_RETURN(const gguf::TensorInfo* tensor, FindWithDims(file, name, {cols, rows}));
+// Tensor `name` with GGUF dims `dims` as a [rows, cols] matrix of back-to-back rows.
+absl::StatusOr<ops::WeightMatrix> MatrixWithDims(const gguf::File& file, const std::string& name,
+                                                 const std::vector<int64_t>& dims, int64_t rows,
+                                                 int64_t cols) {
+  BITSPLIT_ASSIGN_OR_RETURN(const gguf::TensorInfo* tensor, FindWithDims(file, name, dims));
   BITSPLIT_ASSIGN_OR_RETURN(ops::WeightMatrix matrix,
                             ops::MakeWeightMatrix(tensor->type, tensor->data, rows, cols,
                                                   absl::StrCat(file.name(), ": tensor ", name)));
@@ -47,20 +48,16 @@ absl::StatusOr<ops::WeightMatrix> Matrix(const gguf::File& file, const std::stri
   return matrix;
 }
 
+// A [rows, cols] linear weight (GGUF dims {cols, rows}).
+absl::StatusOr<ops::WeightMatrix> Matrix(const gguf::File& file, const std::string& name,
+                                         int64_t rows, int64_t cols) {
+  return MatrixWithDims(file, name, {cols, rows}, rows, cols);
+}
+
 // A 3-D GGUF tensor {cols, rows, experts} as one tall [experts * rows, cols] matrix.
 absl::StatusOr<ops::WeightMatrix> TallExpertMatrix(const gguf::File& file, const std::string& name,
                                                    int64_t experts, int64_t rows, int64_t cols) {
-  BITSPLIT_ASSIGN_OR_RETURN(const gguf::TensorInfo* tensor,
-                            FindWithDims(file, name, {cols, rows, experts}));
-  BITSPLIT_ASSIGN_OR_RETURN(ops::WeightMatrix tall,
-                            ops::MakeWeightMatrix(tensor->type, tensor->data, experts * rows, cols,
-                                                  absl::StrCat(file.name(), ": tensor ", name)));
-  if (static_cast<uint64_t>(tall.rows * tall.row_bytes) != tensor->num_bytes) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: tensor %s holds %d bytes, expected %d",
-                                                      file.name(), name, tensor->num_bytes,
-                                                      tall.rows * tall.row_bytes));
-  }
-  return tall;
+  return MatrixWithDims(file, name, {cols, rows, experts}, experts * rows, cols);
 }
 
 // An f32 vector of n elements, read in place.
