@@ -179,7 +179,8 @@ int Run(int argc, char** argv) {
         static_cast<double>(after->scheduler_iterations() - before->scheduler_iterations());
     const double batch =
         static_cast<double>(after->scheduler_steps() - before->scheduler_steps()) / iterations;
-    const double groups = static_cast<double>(model::AllLinearGroups(after->layers()).size());
+    const double groups = static_cast<double>(
+        model::AllLinearGroups(model::LinearGroupLayout{.num_layers = after->layers()}).size());
     const double residual_mb_per_token =
         static_cast<double>(after->residual_bytes()) * iterations / total_tokens / 1e6;
     std::printf("| %s | %s | %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f |\n", label.c_str(),

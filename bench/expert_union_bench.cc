@@ -47,10 +47,10 @@ class ExpertCounter final : public model::LinearBackend {
                      std::span<float* const> outputs, ThreadPool& pool) override {
     return inner_.Apply(id, x, num_tokens, outputs, pool);
   }
-  absl::Status ApplyExperts(int32_t layer, model::ExpertGroup group, const float* x,
+  absl::Status ApplyExperts(int32_t layer, model::LinearGroup group, const float* x,
                             int64_t num_rows, std::span<const model::ExpertRows> segments,
                             std::span<float* const> outputs, ThreadPool& pool) override {
-    if (group == model::ExpertGroup::kGateUp) {
+    if (group == model::LinearGroup::kExpertGateUp) {
       distinct_sum_ += static_cast<double>(segments.size());
       ++layer_calls_;
     }

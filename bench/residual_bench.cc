@@ -233,14 +233,8 @@ Residual LoadResidual(const std::string& path) {
   while (r.file->FindTensor("blk." + std::to_string(layers) + ".attn_q.weight") != nullptr) {
     ++layers;
   }
-  r.shapes.num_layers = layers;
-  for (int32_t l = 0; l < layers; ++l) {
-    for (LinearGroup g :
-         {LinearGroup::kQkv, LinearGroup::kAttnOutput, LinearGroup::kGateUp, LinearGroup::kDown}) {
-      r.ids.push_back({l, g});
-    }
-  }
-  r.ids.push_back(LinearGroupId::Head());
+  r.shapes.layout = {.num_layers = layers};
+  r.ids = model::AllLinearGroups(r.shapes.layout);
   for (const LinearGroupId id : r.ids) {
     std::vector<quant::MatrixView> views;
     model::ResidualGroupShape shape;
@@ -404,8 +398,8 @@ void FullPass(const std::string& path, const std::string& label, const std::stri
       "%zu groups (%d layers x 4 + head), %.1f MiB of weights, %d threads; P %.1f G "
       "multiply-adds/s (in-process kernels at T = 64); BW per T: probed before, between and after "
       "its in-process and shm passes (or the faster pass's read rate where higher).\n\n",
-      r.ids.size(), r.shapes.num_layers, static_cast<double>(r.weight_bytes) / (1 << 20), threads,
-      rate / 1e9);
+      r.ids.size(), r.shapes.layout.num_layers, static_cast<double>(r.weight_bytes) / (1 << 20),
+      threads, rate / 1e9);
   std::printf(
       "| T | BW GB/s | floor ms | in-process ms | in-process / floor | shm ms | shm / floor | "
       "shm / in-process | gRPC ms | gRPC / shm |\n|---|---|---|---|---|---|---|---|---|---|\n");

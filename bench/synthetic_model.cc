@@ -87,9 +87,9 @@ absl::StatusOr<std::unique_ptr<SyntheticSplitModel>> MakeSyntheticSplitModel(
   m->residual = model::SplitLinearWeights(config);
   uint64_t matrix_seed = Mix(seed);
   for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
-    const int64_t cols = model::LinearGroupInputDim(config, id.group);
+    const int64_t cols = model::LinearGroupInputDim(config, id);
     const float scale = 1.0f / std::sqrt(static_cast<float>(cols));
-    for (const int64_t rows : model::LinearGroupOutputDims(config, id.group)) {
+    for (const int64_t rows : model::LinearGroupOutputDims(config, id)) {
       struct Half {
         quant::SplitFormat format;
         int group;

@@ -249,7 +249,7 @@ TEST(CudaModelFixtureTest, TinyRandomModelLoadsAndRunsOnTheCpu) {
   auto cpu = model::LlamaModel::LoadSplit(TinySplitModel().base, TinySplitModel().residual, 2);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ((*cpu)->config().vocab_size, kVocab);
-  EXPECT_EQ((*cpu)->config().kv_dim(), kKvHeads * 32);
+  EXPECT_EQ((*cpu)->config().KvDim(0), kKvHeads * 32);
   auto cache = (*cpu)->NewKvCache(kContext);
   ASSERT_TRUE(cache.ok());
   std::vector<float> logits(kVocab);

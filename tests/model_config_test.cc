@@ -13,6 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/config.h"
+#include "common/model/kv_cache.h"
+#include "common/model/linear_backend.h"
 #include "common/model/llama_model.h"
 #include "common/model/weights.h"
 #include "gtest/gtest.h"
@@ -39,8 +41,8 @@ TEST(ModelConfigTest, ReadsSmolLm2) {
   EXPECT_EQ(config->num_kv_heads, 3);
   EXPECT_EQ(config->head_dim, 64);
   EXPECT_EQ(config->rope_dims, 64);
-  EXPECT_EQ(config->q_dim(), 576);
-  EXPECT_EQ(config->kv_dim(), 192);
+  EXPECT_EQ(config->QDim(0), 576);
+  EXPECT_EQ(config->KvDim(0), 192);
   EXPECT_EQ(config->vocab_size, 49152);
   EXPECT_EQ(config->context_length, 8192);
   EXPECT_EQ(config->rope_freq_base, 100000.0f);
@@ -63,7 +65,7 @@ TEST(ModelConfigTest, ReadsGemma3) {
   EXPECT_EQ(config->num_heads, 4);
   EXPECT_EQ(config->num_kv_heads, 1);
   EXPECT_EQ(config->head_dim, 256);
-  EXPECT_EQ(config->q_dim(), 1024);
+  EXPECT_EQ(config->QDim(0), 1024);
   EXPECT_EQ(config->vocab_size, 262144);
   EXPECT_EQ(config->rope_style, RopeStyle::kHalves);
   EXPECT_EQ(config->ffn_activation, FfnActivation::kGeluTanh);
@@ -217,7 +219,7 @@ TEST(TinyLlamaTest, ValidFileLoads) {
   ASSERT_TRUE(weights.ok()) << weights.status();
   const ModelConfig config = *tiny.Config();
   EXPECT_EQ(config.head_dim, 16);
-  EXPECT_EQ(config.kv_dim(), 32);
+  EXPECT_EQ(config.KvDim(0), 32);
   EXPECT_EQ(config.vocab_size, 40);
   EXPECT_TRUE(weights->output_tied_to_embedding);
   EXPECT_EQ(weights->layers[1].wo.type, GgmlType::kF16);
@@ -238,7 +240,7 @@ TEST(TinyLlamaTest, RejectsOtherArchitectureNamingTheSupportedOnes) {
   const absl::Status status = tiny.Config().status();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
   ExpectErrorMentions(status, "\"mamba\"");
-  ExpectErrorMentions(status, "llama, gemma3, qwen2, qwen3, qwen3moe");
+  ExpectErrorMentions(status, "llama, gemma3, gemma4, qwen2, qwen3, qwen3moe");
 }
 
 // qwen2 reads the same tensors plus q/k/v biases; without them the file is incomplete.
@@ -454,7 +456,7 @@ TEST(TinyLlamaTest, ReadsTheOptionalKeys) {
   auto config = tiny.Config();
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->head_dim, 32);
-  EXPECT_EQ(config->q_dim(), 128);
+  EXPECT_EQ(config->QDim(0), 128);
   EXPECT_FLOAT_EQ(config->attention_scale, 1.0f / std::sqrt(32.0f));
   EXPECT_EQ(config->rope_dims, 8);
   EXPECT_EQ(config->rope_freq_scale, 0.25f);
@@ -512,8 +514,8 @@ TEST(TinyLlamaTest, RejectsEachKeyOutOfRange) {
       {[](GgufBuilder& b) { b.AddString("llama.rope.scaling.type", "yarn"); }, kUnimplemented,
        "rope scaling type \"yarn\" is not supported"},
       {set_uint("llama.expert_count", 8), kUnimplemented,
-       "llama with experts (8) is not supported; the mixture-of-experts architecture supported is "
-       "qwen3moe"},
+       "llama with experts (8) is not supported; the mixture-of-experts architectures supported "
+       "are qwen3moe and gemma4"},
       {set_float("llama.final_logit_softcapping", 30.0f), kUnimplemented,
        "final logit soft-capping (30) is not supported"},
       {set_uint("llama.vocab_size", 41), kInvalid,
@@ -535,6 +537,173 @@ TEST(TinyLlamaTest, RejectsEachKeyOutOfRange) {
   GgufBuilder metadata;
   TinyLlama::AddMetadata(metadata);
   ExpectErrorMentions(MetadataConfig(metadata, 0).status(), "embedding table has 0 rows");
+}
+
+// gemma4 metadata of the tiny shape: layer 0 local (4 heads of 16 over 2 KV heads, RoPE over all
+// 16 dims), layer 1 global (4 heads of 32 over 1 KV head, RoPE over 32), window 8, soft-cap 30.
+void AddGemma4Metadata(GgufBuilder& b) {
+  TinyLlama::AddMetadata(b, "gemma4");
+  Drop(b, "gemma4.attention.head_count_kv");
+  b.AddUint32Array("gemma4.attention.head_count_kv", {2, 1});
+  b.AddUint32("gemma4.attention.key_length", 32);
+  b.AddUint32("gemma4.attention.value_length", 32);
+  b.AddUint32("gemma4.attention.key_length_swa", 16);
+  b.AddUint32("gemma4.attention.value_length_swa", 16);
+  b.AddUint32("gemma4.rope.dimension_count", 32);
+  b.AddUint32("gemma4.rope.dimension_count_swa", 16);
+  b.AddFloat32("gemma4.rope.freq_base_swa", 10000.0f);
+  b.AddUint32("gemma4.attention.sliding_window", 8);
+  b.AddArray("gemma4.attention.sliding_window_pattern", gguf::ValueType::kBool,
+             std::vector<uint8_t>{1, 0});
+  b.AddFloat32("gemma4.final_logit_softcapping", 30.0f);
+  b.AddUint32("gemma4.embedding_length_per_layer_input", 0);
+  b.AddUint32("gemma4.attention.shared_kv_layers", 0);
+}
+
+// gemma4: each layer kind's head width, RoPE dims and KV heads, attention scale 1, the soft-cap,
+// the value norm and layer output scale; a layer without attn_v takes v from k.
+TEST(ModelConfigTest, Gemma4ReadsPerLayerAttentionShapes) {
+  GgufBuilder b;
+  AddGemma4Metadata(b);
+  auto config = MetadataConfig(b, 40);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->IsLocalLayer(0));
+  EXPECT_FALSE(config->IsLocalLayer(1));
+  EXPECT_EQ(config->HeadDim(0), 16);
+  EXPECT_EQ(config->HeadDim(1), 32);
+  EXPECT_EQ(config->RopeDims(0), 16);
+  EXPECT_EQ(config->RopeDims(1), 32);
+  EXPECT_EQ(config->NumKvHeads(0), 2);
+  EXPECT_EQ(config->NumKvHeads(1), 1);
+  EXPECT_EQ(config->QDim(0), 4 * 16);
+  EXPECT_EQ(config->QDim(1), 4 * 32);
+  EXPECT_EQ(config->KvDim(0), 2 * 16);
+  EXPECT_EQ(config->KvDim(1), 1 * 32);
+  EXPECT_EQ(config->MaxQDim(), 128);
+  EXPECT_EQ(config->MaxKvDim(), 32);
+  EXPECT_EQ(config->RopeFreqBase(0), 10000.0f);
+  EXPECT_EQ(config->attention_scale, 1.0f);
+  EXPECT_EQ(config->final_logit_softcap, 30.0f);
+  EXPECT_EQ(config->embedding_scale, 8.0f);
+  EXPECT_TRUE(config->value_norm && config->layer_output_scale && config->qk_norm &&
+              config->post_norms);
+  EXPECT_EQ(config->ffn_activation, FfnActivation::kGeluTanh);
+  EXPECT_FALSE(config->ValueIsKey(1));
+  EXPECT_FALSE(config->UniformAttention());
+
+  ReadTensorLayout([](const std::string& name) { return name != "blk.1.attn_v.weight"; }, *config);
+  EXPECT_FALSE(config->ValueIsKey(0));
+  EXPECT_TRUE(config->ValueIsKey(1));
+  const LinearGroupId global_qkv{1, LinearGroup::kQkv};
+  EXPECT_EQ(LinearGroupTensorNames(*config, global_qkv),
+            (std::vector<std::string>{"blk.1.attn_q.weight", "blk.1.attn_k.weight"}));
+  EXPECT_EQ(LinearGroupOutputDims(*config, global_qkv), (std::vector<int64_t>{128, 32}));
+  EXPECT_EQ(LinearGroupOutputDims(*config, {0, LinearGroup::kQkv}),
+            (std::vector<int64_t>{64, 32, 32}));
+  EXPECT_EQ(LinearGroupInputDim(*config, {1, LinearGroup::kAttnOutput}), 128);
+  EXPECT_EQ(KvCache::LayerKvDims(*config), (std::vector<int64_t>{32, 32}));
+  const std::vector<LayerVectorSpec> specs = LayerVectorSpecs(*config, 1);
+  const auto q_norm = std::find_if(specs.begin(), specs.end(), [](const LayerVectorSpec& spec) {
+    return std::string(spec.tensor) == "attn_q_norm.weight";
+  });
+  ASSERT_NE(q_norm, specs.end());
+  EXPECT_EQ(q_norm->length, 32);
+  EXPECT_TRUE(std::any_of(specs.begin(), specs.end(), [](const LayerVectorSpec& spec) {
+    return std::string(spec.tensor) == "layer_output_scale.weight" && spec.length == 1;
+  }));
+}
+
+// Each layout's groups per layer, and FindLinearGroupIndex as the inverse of AllLinearGroups:
+// group i of the list has index i; a group the layers do not have, a layer out of range and a
+// head with a layer have none.
+TEST(LinearGroupLayoutTest, IndexInvertsTheGroupList) {
+  using G = LinearGroup;
+  const struct {
+    LinearGroupLayout layout;
+    std::vector<LinearGroup> per_layer;
+  } cases[] = {
+      {{.num_layers = 3}, {G::kQkv, G::kAttnOutput, G::kGateUp, G::kDown}},
+      {{.num_layers = 2, .dense_ffn = false, .experts = true},
+       {G::kQkv, G::kAttnOutput, G::kExpertGateUp, G::kExpertDown}},
+      {{.num_layers = 2, .dense_ffn = true, .experts = true},
+       {G::kQkv, G::kAttnOutput, G::kGateUp, G::kDown, G::kExpertGateUp, G::kExpertDown}},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(c.layout.LayerGroups(), c.per_layer);
+    const std::vector<LinearGroupId> all = AllLinearGroups(c.layout);
+    ASSERT_EQ(all.size(), c.layout.num_layers * c.per_layer.size() + 1);
+    EXPECT_EQ(all.back(), LinearGroupId::Head());
+    for (size_t i = 0; i < all.size(); ++i) {
+      EXPECT_EQ(FindLinearGroupIndex(c.layout, all[i]), static_cast<int64_t>(i));
+    }
+    for (int g = 0; g < kNumLinearGroups; ++g) {
+      const auto group = static_cast<LinearGroup>(g);
+      if (group == G::kOutputHead) continue;
+      const bool has =
+          std::find(c.per_layer.begin(), c.per_layer.end(), group) != c.per_layer.end();
+      EXPECT_EQ(FindLinearGroupIndex(c.layout, {0, group}) >= 0, has) << LinearGroupName(group);
+      EXPECT_EQ(FindLinearGroupIndex(c.layout, {c.layout.num_layers, group}), -1);
+      EXPECT_EQ(FindLinearGroupIndex(c.layout, {-1, group}), -1);
+    }
+    EXPECT_EQ(FindLinearGroupIndex(c.layout, {0, G::kOutputHead}), -1);
+  }
+}
+
+// The E2B/E4B features and malformed per-layer keys are refused by name.
+TEST(ModelConfigTest, Gemma4RefusesWhatItDoesNotRun) {
+  using Edit = std::function<void(GgufBuilder&)>;
+  const auto set_uint = [](const std::string& key, uint32_t value) {
+    return [key, value](GgufBuilder& b) { Drop(b, key).AddUint32(key, value); };
+  };
+  constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+  constexpr auto kUnimplemented = absl::StatusCode::kUnimplemented;
+  const struct {
+    Edit edit;
+    absl::StatusCode code;
+    std::string message;
+  } cases[] = {
+      {set_uint("gemma4.attention.shared_kv_layers", 4), kUnimplemented, "shared-KV layers (4)"},
+      {set_uint("gemma4.embedding_length_per_layer_input", 256), kUnimplemented,
+       "per-layer embeddings (256 wide)"},
+      {[](GgufBuilder& b) {
+         Drop(b, "gemma4.feed_forward_length")
+             .AddUint32Array("gemma4.feed_forward_length", {96, 96});
+       },
+       kUnimplemented, "per-layer feed_forward_length"},
+      {set_uint("gemma4.attention.sliding_window_pattern", 2), kInvalid,
+       "must be a per-layer bool array"},
+      {[](GgufBuilder& b) { Drop(b, "gemma4.attention.sliding_window"); }, kInvalid,
+       "gemma4.attention.sliding_window is missing"},
+      {[](GgufBuilder& b) {
+         Drop(b, "gemma4.attention.head_count_kv")
+             .AddUint32Array("gemma4.attention.head_count_kv", {2});
+       },
+       kInvalid, "has 1 entries for 2 layers"},
+      {[](GgufBuilder& b) {
+         Drop(b, "gemma4.attention.head_count_kv")
+             .AddUint32Array("gemma4.attention.head_count_kv", {2, 3});
+       },
+       kInvalid, "is not a multiple of attention.head_count_kv 3"},
+      {set_uint("gemma4.attention.value_length_swa", 8), kInvalid,
+       "attention.key_length_swa 16 != attention.value_length_swa 8"},
+      {set_uint("gemma4.rope.dimension_count_swa", 18), kInvalid,
+       "rope.dimension_count_swa 18 must be even and at most the head width 16"},
+      {set_uint("gemma4.expert_count", 8), absl::StatusCode::kNotFound, "gemma4.expert_used_count"},
+  };
+  for (const auto& c : cases) {
+    GgufBuilder b;
+    AddGemma4Metadata(b);
+    c.edit(b);
+    const absl::Status status = MetadataConfig(b, 40).status();
+    EXPECT_EQ(status.code(), c.code) << c.message << ": " << status;
+    ExpectErrorMentions(status, c.message);
+  }
+  // Soft-capping is the gemma families' only.
+  GgufBuilder qwen;
+  TinyLlama::AddMetadata(qwen, "qwen3");
+  qwen.AddFloat32("qwen3.final_logit_softcapping", 30.0f);
+  ExpectErrorMentions(MetadataConfig(qwen, 40).status(),
+                      "qwen3: final logit soft-capping (30) is not supported");
 }
 
 // qwen3moe: the expert keys, llama.cpp's routing rules, and a clear error for every other rule.
@@ -649,25 +818,33 @@ TEST(TinyLlamaTest, Qwen3MoeExpertsAreViewsOfTheThreeDimensionalTensors) {
   const LayerWeights& layer = weights->layers[1];
   EXPECT_EQ(layer.vectors.router.rows, 4);
   EXPECT_EQ(layer.vectors.router.cols, 64);
-  ASSERT_EQ(layer.expert_gate.size(), 4u);
+  ASSERT_EQ(layer.expert_gate_up.size(), 4u);
   ASSERT_EQ(layer.expert_down.size(), 4u);
-  // The dense FFN's places hold the experts as tall matrices.
+  // The expert groups hold the 3-D tensors as tall matrices; qwen3moe has no dense FFN.
   const gguf::TensorInfo* gate = tiny.file->FindTensor("blk.1.ffn_gate_exps.weight");
+  const gguf::TensorInfo* up = tiny.file->FindTensor("blk.1.ffn_up_exps.weight");
   const gguf::TensorInfo* down = tiny.file->FindTensor("blk.1.ffn_down_exps.weight");
   ASSERT_NE(gate, nullptr);
+  ASSERT_NE(up, nullptr);
   ASSERT_NE(down, nullptr);
-  EXPECT_EQ(layer.w_gate.data, gate->data);
-  EXPECT_EQ(layer.w_gate.rows, 4 * 32);
-  EXPECT_EQ(layer.w_down.rows, 4 * 64);
-  EXPECT_EQ(layer.w_down.cols, 32);
+  EXPECT_EQ(layer.w_gate.data, nullptr);
+  ASSERT_EQ(layer.experts_gate_up.size(), 2u);
+  EXPECT_EQ(layer.experts_gate_up[0].data, gate->data);
+  EXPECT_EQ(layer.experts_gate_up[1].data, up->data);
+  EXPECT_EQ(layer.experts_gate_up[0].rows, 4 * 32);
+  EXPECT_EQ(layer.experts_down.rows, 4 * 64);
+  EXPECT_EQ(layer.experts_down.cols, 32);
   for (size_t e = 0; e < 4; ++e) {
     // Expert e's rows follow the e earlier experts' d_ff_expert (gate) or d_model (down) rows.
-    EXPECT_EQ(layer.expert_gate[e].data, gate->data + e * gate->num_bytes / 4);
-    EXPECT_EQ(layer.expert_gate[e].rows, 32);
-    EXPECT_EQ(layer.expert_gate[e].cols, 64);
-    EXPECT_EQ(layer.expert_down[e].data, down->data + e * down->num_bytes / 4);
-    EXPECT_EQ(layer.expert_down[e].rows, 64);
-    EXPECT_EQ(layer.expert_down[e].row_bytes, 32 * 2);  // F16
+    ASSERT_EQ(layer.expert_gate_up[e].size(), 2u);
+    EXPECT_EQ(layer.expert_gate_up[e][0].data, gate->data + e * gate->num_bytes / 4);
+    EXPECT_EQ(layer.expert_gate_up[e][1].data, up->data + e * up->num_bytes / 4);
+    EXPECT_EQ(layer.expert_gate_up[e][0].rows, 32);
+    EXPECT_EQ(layer.expert_gate_up[e][0].cols, 64);
+    ASSERT_EQ(layer.expert_down[e].size(), 1u);
+    EXPECT_EQ(layer.expert_down[e][0].data, down->data + e * down->num_bytes / 4);
+    EXPECT_EQ(layer.expert_down[e][0].rows, 64);
+    EXPECT_EQ(layer.expert_down[e][0].row_bytes, 32 * 2);  // F16
   }
 }
 

@@ -48,13 +48,43 @@ KvCache MakeCache() {
 
 // What a cache allocates: f32 keys and values per layer and slot, an i32 position per slot.
 TEST(KvCacheTest, BytesAreWhatTheCacheHolds) {
-  EXPECT_EQ(KvCacheBytes(30, 192, 2048), 2u * 30 * 2048 * 192 * 4 + 2048 * 4);  // 94,380,032
+  EXPECT_EQ(KvCacheBytes(std::vector<int64_t>(30, 192), 2048),
+            2u * 30 * 2048 * 192 * 4 + 2048 * 4);  // 94,380,032
   auto cache = KvCache::Create(3, 5, 7);
   ASSERT_TRUE(cache.ok());
   const uint64_t held =
       2 * static_cast<uint64_t>(cache->keys(1) - cache->keys(0)) * 3 * sizeof(float) +
       7 * sizeof(int32_t);
-  EXPECT_EQ(KvCacheBytes(3, 5, 7), held);
+  EXPECT_EQ(KvCacheBytes({5, 5, 5}, 7), held);
+}
+
+// Layers of different widths (gemma4's global and local layers): each layer's storage is
+// capacity x its own width, back to back, and a commit moves every layer's slot by its width.
+TEST(KvCacheTest, LayersOfDifferentWidths) {
+  auto cache = KvCache::Create(std::vector<int64_t>{4, 2, 6}, 5);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  EXPECT_EQ(cache->kv_dim(1), 2);
+  EXPECT_EQ(cache->keys(1) - cache->keys(0), 5 * 4);
+  EXPECT_EQ(cache->keys(2) - cache->keys(1), 5 * 2);
+  EXPECT_EQ(KvCacheBytes({4, 2, 6}, 5), 2u * 5 * (4 + 2 + 6) * 4 + 5 * 4);
+  ASSERT_TRUE(cache->BeginPending(3).ok());
+  for (int64_t layer = 0; layer < 3; ++layer) {
+    const int64_t width = cache->kv_dim(layer);
+    for (int64_t i = 0; i < 3 * width; ++i) {
+      cache->keys(layer)[i] = static_cast<float>(100 * layer + i);
+      cache->values(layer)[i] = static_cast<float>(-100 * layer - i);
+    }
+  }
+  const int32_t keep[] = {2};  // pending slot 2 becomes slot 0
+  ASSERT_TRUE(cache->CommitSlots(keep).ok());
+  for (int64_t layer = 0; layer < 3; ++layer) {
+    const int64_t width = cache->kv_dim(layer);
+    for (int64_t i = 0; i < width; ++i) {
+      EXPECT_EQ(cache->keys(layer)[i], static_cast<float>(100 * layer + 2 * width + i));
+      EXPECT_EQ(cache->values(layer)[i], static_cast<float>(-100 * layer - 2 * width - i));
+    }
+  }
+  EXPECT_FALSE(KvCache::Create(std::vector<int64_t>{4, 0}, 5).ok());
 }
 
 TEST(KvCacheTest, SessionsThatFitABudget) {

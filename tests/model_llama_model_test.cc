@@ -60,8 +60,8 @@ bool SameBits(const float* a, const float* b, size_t n) {
 // Committed slots of both caches hold identical bits in every layer.
 void ExpectSameCommittedCache(const KvCache& a, const KvCache& b) {
   ASSERT_EQ(a.committed_length(), b.committed_length());
-  const size_t n = static_cast<size_t>(a.committed_length() * a.kv_dim());
   for (int64_t layer = 0; layer < a.num_layers(); ++layer) {
+    const size_t n = static_cast<size_t>(a.committed_length() * a.kv_dim(layer));
     EXPECT_TRUE(SameBits(a.keys(layer), b.keys(layer), n)) << "keys of layer " << layer;
     EXPECT_TRUE(SameBits(a.values(layer), b.values(layer), n)) << "values of layer " << layer;
   }
@@ -102,7 +102,7 @@ TEST(LlamaModelTest, Fp16RoundingCacheHoldsTheRoundedFirstLayer) {
   std::vector<float> exact_logits(kTokens.size() * vocab), rounded_logits(kTokens.size() * vocab);
   ASSERT_TRUE(model->Forward(Batch::Causal(kTokens, 0), *exact, exact_logits).ok());
   ASSERT_TRUE(model->Forward(Batch::Causal(kTokens, 0), *rounded, rounded_logits).ok());
-  const int64_t n = static_cast<int64_t>(kTokens.size()) * model->config().kv_dim();
+  const int64_t n = static_cast<int64_t>(kTokens.size()) * model->config().KvDim(0);
   int changed = 0;
   for (int64_t i = 0; i < n; ++i) {
     for (const auto& [e, r] : {std::pair(exact->keys(0)[i], rounded->keys(0)[i]),

@@ -257,6 +257,23 @@ TEST(OracleLogitsTest, MatchesLlamaCppOnSyntheticQwen3Moe) {
   ExpectMatchesSyntheticOracle("tests/fixtures/oracle/qwen3moe_synthetic_logits.json");
 }
 
+// gemma4 (the 31B's layer kinds at d 256): local layers of 4 heads over 2 KV heads of 64 with a
+// 32-token window, global layers of 4 heads over 1 KV head of 128 with proportional RoPE (a
+// quarter of the pairs turn; the rest have frequency factor 1e30), one global layer without
+// attn_v (its values are its keys' projection), the weightless value norm, layer output scales,
+// attention scale 1 and the final soft-cap at 30. Against the exact-GELU llama.cpp, as gemma3.
+TEST(OracleLogitsTest, MatchesLlamaCppOnSyntheticGemma4) {
+  ExpectMatchesSyntheticOracle("tests/fixtures/oracle/gemma4_synthetic_logits.json");
+}
+
+// gemma4's MoE layers (26B-A4B's at d 256): the dense FFN (width 256) beside 16 experts of width
+// 64 with 4 used, their gate and up fused in one tensor as the converter writes them, the router
+// on RMSNorm(h) / sqrt(d) * its input scale, per-expert output scales and the three extra norms;
+// the attention as above.
+TEST(OracleLogitsTest, MatchesLlamaCppOnSyntheticGemma4Moe) {
+  ExpectMatchesSyntheticOracle("tests/fixtures/oracle/gemma4moe_synthetic_logits.json");
+}
+
 // A mixture-of-experts row routes on its own hidden state and its experts are added in the order
 // chosen, so its logits are bit-identical whether it runs alone, in a causal batch, as a node of
 // a tree beside other branches, or on another thread count.

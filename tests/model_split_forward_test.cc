@@ -228,8 +228,9 @@ TEST(SplitForwardTest, DraftAndVerifyAreBatchAndThreadInvariant) {
             SameBits(batched.logits.data() + t * vocab, alone.logits.data() + t * vocab, vocab))
             << "logits of token " << t;
       }
-      const size_t n = static_cast<size_t>(alone.cache.committed_length() * alone.cache.kv_dim());
       for (int64_t layer = 0; layer < alone.cache.num_layers(); ++layer) {
+        const size_t n =
+            static_cast<size_t>(alone.cache.committed_length() * alone.cache.kv_dim(layer));
         EXPECT_TRUE(SameBits(batched.cache.keys(layer), alone.cache.keys(layer), n));
         EXPECT_TRUE(SameBits(batched.cache.values(layer), alone.cache.values(layer), n));
       }

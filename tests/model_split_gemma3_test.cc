@@ -68,7 +68,7 @@ TEST_F(Gemma3SplitTest, FilesCarryTheFamilyConfigAndVectors) {
   for (int64_t layer : {0, 5, 17}) {
     const LayerNorms& ours = split.layers[static_cast<size_t>(layer)];
     const LayerNorms& theirs = weights->layers[static_cast<size_t>(layer)].vectors;
-    for (const LayerVectorSpec& spec : LayerVectorSpecs(config)) {
+    for (const LayerVectorSpec& spec : LayerVectorSpecs(config, layer)) {
       ASSERT_NE(ours.*spec.field, nullptr) << spec.tensor;
       EXPECT_EQ(std::vector<float>(ours.*spec.field, ours.*spec.field + spec.length),
                 std::vector<float>(theirs.*spec.field, theirs.*spec.field + spec.length))

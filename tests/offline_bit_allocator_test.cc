@@ -230,8 +230,8 @@ TEST(BitPlanFilesTest, PlannedModelLoadsWithItsFormatsAndSpeculatesLosslessly) {
   uint64_t expected = 0, expected_residual = 0;
   for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
     const std::vector<std::string> names = model::LinearGroupTensorNames(config, id);
-    const std::vector<int64_t> rows = model::LinearGroupOutputDims(config, id.group);
-    const int64_t cols = model::LinearGroupInputDim(config, id.group);
+    const std::vector<int64_t> rows = model::LinearGroupOutputDims(config, id);
+    const int64_t cols = model::LinearGroupInputDim(config, id);
     for (size_t i = 0; i < names.size(); ++i) {
       expected +=
           model::AlignVram(static_cast<uint64_t>(rows[i]) *
@@ -447,14 +447,14 @@ std::vector<GroupSensitivity> SyntheticSensitivities(const model::ModelConfig& c
     GroupSensitivity g;
     g.id = id;
     g.tensors = model::LinearGroupTensorNames(config, id);
-    const int64_t cols = model::LinearGroupInputDim(config, id.group);
+    const int64_t cols = model::LinearGroupInputDim(config, id);
     g.signal = 1;
     g.kl_per_error = g.draft_kl_per_error = 1;
     state = testing::SplitMix64(state);
     const double variation = 0.5 + static_cast<double>(state >> 11) * 0x1p-53;
     g.q8_0_error = 1e-5 * variation;
     g.residual_bytes.assign(candidates.residuals.size(), 0);
-    for (const int64_t rows : model::LinearGroupOutputDims(config, id.group)) {
+    for (const int64_t rows : model::LinearGroupOutputDims(config, id)) {
       g.weights += rows * cols;
       g.q8_0_bytes +=
           static_cast<uint64_t>(rows) * quant::SplitRowBytes(SplitFormat::kQ8_0, 32, cols);
@@ -466,7 +466,7 @@ std::vector<GroupSensitivity> SyntheticSensitivities(const model::ModelConfig& c
     for (const SplitFormat base : candidates.bases) {
       BaseOption option;
       option.base = base;
-      for (const int64_t rows : model::LinearGroupOutputDims(config, id.group)) {
+      for (const int64_t rows : model::LinearGroupOutputDims(config, id)) {
         option.device_bytes +=
             model::AlignVram(static_cast<uint64_t>(rows) * model::DeviceRowStride(base, 64, cols));
       }

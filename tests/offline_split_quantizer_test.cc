@@ -512,7 +512,7 @@ TEST(CollectCalibrationTest, MeanSquaredInputsPerGroupInTheRotatedSpace) {
   for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
     const auto& p = plain->importance[static_cast<size_t>(model::LinearGroupIndex(config, id))];
     const auto& r = rotated->importance[static_cast<size_t>(model::LinearGroupIndex(config, id))];
-    ASSERT_EQ(static_cast<int64_t>(p.size()), model::LinearGroupInputDim(config, id.group));
+    ASSERT_EQ(static_cast<int64_t>(p.size()), model::LinearGroupInputDim(config, id));
     // The rotation is orthonormal per block: it moves energy between a block's columns but
     // keeps the block's total.
     for (size_t block = 0; block < p.size(); block += 64) {

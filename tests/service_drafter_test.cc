@@ -719,7 +719,7 @@ TEST_F(DrafterServiceTest, AutoSessionsFollowTheRamBudget) {
   ASSERT_TRUE(model.ok()) << model.status();
   const model::ModelConfig& config = (*model)->config();
   const uint64_t session_bytes =
-      2ull * config.num_layers * config.kv_dim() * kMaxContext * 4 + 4ull * kMaxContext;
+      2ull * config.num_layers * config.KvDim(0) * kMaxContext * 4 + 4ull * kMaxContext;
   auto args_with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), {"--max-sessions", "auto"});
     return DrafterArgs(std::move(extra));

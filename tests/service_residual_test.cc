@@ -98,9 +98,9 @@ void WriteTinyResidual(const std::string& path, const SplitFingerprint& fingerpr
   std::vector<Matrix> matrices;
   for (const LinearGroupId id : model::AllLinearGroups(config)) {
     const auto names = model::LinearGroupTensorNames(config, id);
-    const auto rows = model::LinearGroupOutputDims(config, id.group);
+    const auto rows = model::LinearGroupOutputDims(config, id);
     for (size_t i = 0; i < names.size(); ++i) {
-      matrices.push_back({names[i], rows[i], model::LinearGroupInputDim(config, id.group)});
+      matrices.push_back({names[i], rows[i], model::LinearGroupInputDim(config, id)});
     }
   }
   for (const Matrix& m : matrices) {
@@ -472,10 +472,25 @@ TEST_F(ResidualServiceTest, BadRequestsAreRejectedAndTheServiceKeepsServing) {
     uint32_t group, rows, cols;
   };
   const Bad cases[] = {
-      {2, 0, 2, 128},  {-2, 0, 2, 128}, {INT32_MAX, 0, 2, 128},  {INT32_MIN, 1, 2, 128},
-      {-1, 0, 2, 128}, {0, 4, 2, 128},  {0, 5, 2, 128},          {0, UINT32_MAX, 2, 128},
-      {0, 0, 0, 128},  {0, 0, 33, 128}, {0, 0, UINT32_MAX, 128}, {0, 0, 2, 0},
-      {0, 0, 2, 96},   {0, 0, 2, 256},  {0, 3, 2, 128},          {0, 0, 2, UINT32_MAX},
+      {2, 0, 2, 128},
+      {-2, 0, 2, 128},
+      {INT32_MAX, 0, 2, 128},
+      {INT32_MIN, 1, 2, 128},
+      {-1, 0, 2, 128},
+      {0, 4, 2, 128},
+      {0, 5, 2, 128},
+      {0, UINT32_MAX, 2, 128},
+      {0, 0, 0, 128},
+      {0, 0, 33, 128},
+      {0, 0, UINT32_MAX, 128},
+      {0, 0, 2, 0},
+      {0, 0, 2, 96},
+      {0, 0, 2, 256},
+      {0, 3, 2, 128},
+      {0, 0, 2, UINT32_MAX},
+      // The expert groups (5, 6) are not groups of this dense residual; 7 is none at all.
+      {0, 6, 2, 128},
+      {0, 7, 2, 128},
   };
   for (const Bad& bad : cases) {
     shm::ShmCallInfo info;

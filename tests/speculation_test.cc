@@ -361,7 +361,7 @@ TEST_F(SpeculationTest, SequencesForwardedTogetherEqualEachForwardedAlone) {
     forwards.push_back({.batch = &batches[s], .cache = &together[s], .logits = logits_together[s]});
   }
   ASSERT_TRUE(model_->ForwardSequences(forwards, model::ForwardMode::kVerify).ok());
-  const int64_t kv = model_->config().kv_dim();
+  const int64_t kv = model_->config().KvDim(0);
   for (int s = 0; s < kSequences; ++s) {
     ASSERT_TRUE(
         model_->Forward(batches[s], alone[s], logits_alone[s], model::ForwardMode::kVerify).ok());

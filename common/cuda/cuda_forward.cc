@@ -364,11 +364,11 @@ absl::Status CudaModel::AttentionBlock(int32_t layer, const ForwardPass& pass) {
   BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kQkv}, d_.normed, n, qkv, pass.verify));
   if (c.qkv_bias) {
     BITSPLIT_CUDA_RETURN_IF_ERROR(
-        kernels::AddRowVector(d_.q, vectors.q_bias, n, c.q_dim(), stream_));
+        kernels::AddRowVector(d_.q, vectors.q_bias, n, c.MaxQDim(), stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(
-        kernels::AddRowVector(d_.k_new, vectors.k_bias, n, c.kv_dim(), stream_));
+        kernels::AddRowVector(d_.k_new, vectors.k_bias, n, c.MaxKvDim(), stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(
-        kernels::AddRowVector(d_.v_new, vectors.v_bias, n, c.kv_dim(), stream_));
+        kernels::AddRowVector(d_.v_new, vectors.v_bias, n, c.MaxKvDim(), stream_));
   }
   if (c.qk_norm) {  // each head normalized on its own, in place
     BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.q, nullptr, n * c.num_heads, c.head_dim,
@@ -402,18 +402,18 @@ absl::Status CudaModel::StoreKvAndAttend(int32_t layer, const ForwardPass& pass)
   for (size_t s = 0; s < pass.slices.size(); ++s) {
     const SequenceSlice& slice = pass.slices[s];
     const int64_t r0 = slice.first_row;
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.k_new + r0 * c.kv_dim(), slice.rows,
-                                                     c.kv_dim(), slice.cache->keys(layer),
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.k_new + r0 * c.MaxKvDim(), slice.rows,
+                                                     c.MaxKvDim(), slice.cache->keys(layer),
                                                      FirstSlotOnDevice(s), stream_));
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.v_new + r0 * c.kv_dim(), slice.rows,
-                                                     c.kv_dim(), slice.cache->values(layer),
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.v_new + r0 * c.MaxKvDim(), slice.rows,
+                                                     c.MaxKvDim(), slice.cache->values(layer),
                                                      FirstSlotOnDevice(s), stream_));
     kernels::AttentionArgs attention;
-    attention.q = d_.q + r0 * c.q_dim();
+    attention.q = d_.q + r0 * c.MaxQDim();
     attention.keys = slice.cache->keys(layer);
     attention.values = slice.cache->values(layer);
     attention.mask = d_.mask + slice.mask_offset;
-    attention.out = d_.attention + r0 * c.q_dim();
+    attention.out = d_.attention + r0 * c.MaxQDim();
     attention.scores = d_.scores + r0 * c.num_heads * options_.context;
     attention.rows = slice.rows;
     attention.prefix_length_on_device = PrefixLengthOnDevice(s);

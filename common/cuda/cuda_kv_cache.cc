@@ -81,12 +81,12 @@ absl::StatusOr<std::unique_ptr<DeviceKvCache>> CudaModel::NewKvCache() {
   cache->model_ = this;  // from here on the destructor returns the count
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMalloc(&cache->slab_, plan_.kv_bytes_per_session));
   cache->num_layers_ = config_.num_layers;
-  cache->kv_dim_ = config_.kv_dim();
+  cache->kv_dim_ = config_.MaxKvDim();
   cache->capacity_ = options_.context;
   cache->slots_ = model::KvSlotLedger(options_.context);
   cache->keys_ = static_cast<uint16_t*>(cache->slab_);
   const uint64_t one_side = AlignVram(
-      static_cast<uint64_t>(config_.num_layers * options_.context * config_.kv_dim() * 2));
+      static_cast<uint64_t>(config_.num_layers * options_.context * config_.MaxKvDim() * 2));
   cache->values_ = cache->keys_ + one_side / 2;
   if (plan_.kv_positions_bytes > 0) {
     cache->positions_ =

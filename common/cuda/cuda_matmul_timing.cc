@@ -35,6 +35,7 @@ absl::StatusOr<CudaModel::MatMulPassTiming> CudaModel::TimeBaseMatMuls(int64_t r
         outputs = {d_.q, d_.k_new, d_.v_new};
         break;
       case LinearGroup::kGateUp:
+      case LinearGroup::kExpertGateUp:
         outputs = {d_.gate, d_.up};
         break;
       case LinearGroup::kOutputHead:

@@ -54,6 +54,14 @@ absl::Status CheckImplemented(const model::ModelConfig& config) {
   if (config.has_experts()) {
     return refuse(absl::StrCat("the mixture-of-experts layers (", config.num_experts, " experts)"));
   }
+  if (!config.UniformAttention()) {
+    return refuse(
+        "layers of different attention shapes (per-layer head widths or KV heads, or "
+        "values taken from the keys)");
+  }
+  if (config.value_norm || config.layer_output_scale || config.final_logit_softcap != 0.0f) {
+    return refuse("the value norm, layer output scale or final logit soft-cap");
+  }
   switch (config.rope_style) {
     case model::RopeStyle::kAdjacentPairs:
     case model::RopeStyle::kHalves:
@@ -315,7 +323,7 @@ absl::Status CudaModel::UploadConstants(const model::EmbeddingAndNorms& embeddin
   const ops::WeightMatrix& embedding = embedding_and_norms.token_embd;
   // Embedding, norms, RoPE table, Hadamard signs.
   const int64_t d = config.d_model;
-  const int64_t widest_input = std::max({config.d_model, config.q_dim(), config.d_ff});
+  const int64_t widest_input = std::max({config.d_model, config.MaxQDim(), config.d_ff});
   const int64_t pairs = config.rope_dims / 2;
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMalloc(&constants_slab_, plan_.constants_slab_bytes));
   Carver constants(constants_slab_);
@@ -329,7 +337,6 @@ absl::Status CudaModel::UploadConstants(const model::EmbeddingAndNorms& embeddin
   // biases), one after another per layer, then the output norm.
   norms_ = constants.Take<float>(plan_.norms_bytes);
   {
-    const std::vector<model::LayerVectorSpec> specs = model::LayerVectorSpecs(config);
     if (static_cast<int64_t>(embedding_and_norms.layers.size()) != config.num_layers ||
         embedding_and_norms.output_norm == nullptr) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -343,7 +350,7 @@ absl::Status CudaModel::UploadConstants(const model::EmbeddingAndNorms& embeddin
     for (int64_t layer = 0; layer < config.num_layers; ++layer) {
       const model::LayerNorms& host = embedding_and_norms.layers[static_cast<size_t>(layer)];
       model::LayerNorms& device = layer_vectors_[static_cast<size_t>(layer)];
-      for (const model::LayerVectorSpec& spec : specs) {
+      for (const model::LayerVectorSpec& spec : model::LayerVectorSpecs(config, layer)) {
         const float* source = host.*spec.field;
         if (source == nullptr) {
           return absl::InvalidArgumentError(
@@ -401,7 +408,7 @@ absl::Status CudaModel::UploadConstants(const model::EmbeddingAndNorms& embeddin
 absl::Status CudaModel::CarveScratch() {
   const model::ModelConfig& config = config_;
   const CudaModelOptions& options = options_;
-  const int64_t widest_input = std::max({config.d_model, config.q_dim(), config.d_ff});
+  const int64_t widest_input = std::max({config.d_model, config.MaxQDim(), config.d_ff});
   // Scratch, in ForwardScratchLayout's order.
   const model::ForwardScratchLayout& s = plan_.scratch;
   const uint64_t t = static_cast<uint64_t>(options.max_batch_rows);
@@ -449,7 +456,7 @@ absl::Status CudaModel::AllocatePinnedStaging() {
   const uint64_t t = static_cast<uint64_t>(options_.max_batch_rows);
   const uint64_t bs = static_cast<uint64_t>(block_stride_max_);
   const int64_t d = config_.d_model;
-  const int64_t widest_input = std::max({config_.d_model, config_.q_dim(), config_.d_ff});
+  const int64_t widest_input = std::max({config_.d_model, config_.MaxQDim(), config_.d_ff});
   const model::ForwardScratchLayout& s = plan_.scratch;
   // Pinned host staging, carved like the scratch.
   const uint64_t pinned_bytes = AlignVram(BatchStagingBytes()) +

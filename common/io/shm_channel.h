@@ -79,7 +79,8 @@ struct alignas(64) ShmRequest {
   uint32_t seq;             // futex word: the client increments it to submit
   uint32_t client_waiting;  // 1 while the client sleeps (or is about to) on response.seq
   int32_t layer;            // -1: the output head
-  uint32_t group;           // LinearGroup (0 qkv, 1 attn_output, 2 gate_up, 3 down, 4 head)
+  uint32_t group;           // LinearGroup (0 qkv, 1 attn_output, 2 gate_up, 3 down, 4 head;
+                            // the service refuses the expert groups 5 and 6)
   uint32_t rows;            // T, 1..max_rows
   uint32_t cols;            // the group's input width, a multiple of 32, <= max_cols
   uint32_t reserved[10];

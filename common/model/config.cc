@@ -16,29 +16,64 @@
 namespace bitsplit::model {
 namespace {
 
+// Where a family's experts go (ModelConfig: dense_ffn, parallel_experts).
+enum class ExpertLayout {
+  kNone,            // no experts
+  kEveryFfn,        // every layer's FFN is the experts (expert_count required)
+  kBesideDenseFfn,  // with expert_count, every layer's experts run beside its dense FFN
+};
+
 // What a family does differently, as llama.cpp's loader and graph for that architecture.
 struct FamilyTraits {
   const char* architecture;
-  RopeStyle rope_style;
-  FfnActivation ffn_activation;
-  bool scale_embedding;  // by sqrt(d_model)
-  bool qk_norm;
-  bool post_norms;
-  bool qkv_bias;
+  RopeStyle rope_style = RopeStyle::kHalves;
+  FfnActivation ffn_activation = FfnActivation::kSilu;
+  bool scale_embedding = false;  // by sqrt(d_model)
+  bool qk_norm = false;
+  bool post_norms = false;
+  bool qkv_bias = false;
   // Local/global layer pattern when the file names a sliding window but no pattern: every
-  // `swa_pattern`-th layer is global, the others local (0: no sliding window in this family).
-  int swa_pattern;
-  bool experts;  // every layer's FFN is a mixture of experts (expert_count is required)
+  // `swa_pattern`-th layer is global, the others local (0: no sliding window in this family;
+  // kPatternArrayRequired: the file must give the window and the per-layer bool array).
+  int swa_pattern = 0;
+  ExpertLayout experts = ExpertLayout::kNone;
+  bool softcap = false;  // the graph applies final_logit_softcapping
+  // gemma4: local layers with their own head width and RoPE dims, per-layer KV head counts,
+  // layers without attn_v, the weightless v norm, layer_output_scale, attention scale 1.
+  bool per_layer_attention = false;
 };
 
+constexpr int kPatternArrayRequired = -1;
+
 constexpr FamilyTraits kFamilies[] = {
-    {"llama", RopeStyle::kAdjacentPairs, FfnActivation::kSilu, false, false, false, false, 0,
-     false},
-    {"gemma3", RopeStyle::kHalves, FfnActivation::kGeluTanh, true, true, true, false, 6, false},
-    {"qwen2", RopeStyle::kHalves, FfnActivation::kSilu, false, false, false, true, 0, false},
-    {"qwen3", RopeStyle::kHalves, FfnActivation::kSilu, false, true, false, false, 0, false},
-    {"qwen3moe", RopeStyle::kHalves, FfnActivation::kSilu, false, true, false, false, 0, true},
+    {.architecture = "llama", .rope_style = RopeStyle::kAdjacentPairs},
+    {.architecture = "gemma3",
+     .ffn_activation = FfnActivation::kGeluTanh,
+     .scale_embedding = true,
+     .qk_norm = true,
+     .post_norms = true,
+     .swa_pattern = 6,
+     .softcap = true},
+    {.architecture = "gemma4",
+     .ffn_activation = FfnActivation::kGeluTanh,
+     .scale_embedding = true,
+     .qk_norm = true,
+     .post_norms = true,
+     .swa_pattern = kPatternArrayRequired,
+     .experts = ExpertLayout::kBesideDenseFfn,
+     .softcap = true,
+     .per_layer_attention = true},
+    {.architecture = "qwen2", .qkv_bias = true},
+    {.architecture = "qwen3", .qk_norm = true},
+    {.architecture = "qwen3moe", .qk_norm = true, .experts = ExpertLayout::kEveryFfn},
 };
+
+const FamilyTraits* FamilyOf(std::string_view architecture) {
+  for (const FamilyTraits& family : kFamilies) {
+    if (architecture == family.architecture) return &family;
+  }
+  return nullptr;
+}
 
 // Most experts a layer may declare (the largest published MoE models have 512).
 constexpr int64_t kMaxExperts = 4096;
@@ -65,7 +100,6 @@ constexpr CountKey kCountKeys[] = {
     {"embedding_length", &ModelConfig::d_model},
     {"feed_forward_length", &ModelConfig::d_ff},
     {"attention.head_count", &ModelConfig::num_heads},
-    {"attention.head_count_kv", &ModelConfig::num_kv_heads, kMaxCount, &ModelConfig::num_heads},
     {"context_length", &ModelConfig::context_length},
 };
 constexpr FloatKey kFloatKeys[] = {
@@ -89,9 +123,7 @@ absl::Status Unsupported(const gguf::File& file, const absl::FormatSpec<Args...>
 
 absl::StatusOr<const FamilyTraits*> FindFamily(const gguf::File& file) {
   BITSPLIT_ASSIGN_OR_RETURN(const std::string architecture, file.GetString("general.architecture"));
-  for (const FamilyTraits& family : kFamilies) {
-    if (architecture == family.architecture) return &family;
-  }
+  if (const FamilyTraits* family = FamilyOf(architecture); family != nullptr) return family;
   return Unsupported(file, "architecture \"%s\" is not supported (supported: %s)", architecture,
                      SupportedArchitectures());
 }
@@ -125,31 +157,95 @@ struct Metadata {
   }
 };
 
-// KV heads that group the query heads evenly; the head width from attention.key_length, else
-// d_model split over the heads; values as wide as keys; RoPE over an even part of the head.
-absl::Status ReadHeadShape(const Metadata& meta, ModelConfig& config) {
-  if (config.num_heads % config.num_kv_heads != 0) {
-    return Invalid(meta.file,
-                   "attention.head_count %d is not a multiple of attention.head_count_kv %d",
-                   config.num_heads, config.num_kv_heads);
+// An element of an integer array, or nullopt for another type.
+std::optional<int64_t> IntegerElement(const gguf::Value& element) {
+  if (const auto* u = std::get_if<uint64_t>(&element.data); u != nullptr) {
+    return *u > static_cast<uint64_t>(kMaxCount) ? kMaxCount + 1 : static_cast<int64_t>(*u);
   }
+  if (const auto* i = std::get_if<int64_t>(&element.data); i != nullptr) return *i;
+  return std::nullopt;
+}
+
+// attention.head_count_kv: absent (as many as the query heads), one count, or (per-layer
+// families) one count per layer, each dividing the query heads. num_kv_heads is the largest.
+absl::Status ReadKvHeads(const Metadata& meta, bool per_layer, ModelConfig& config) {
+  const std::string key = meta.Key("attention.head_count_kv");
+  const gguf::Value* value = meta.file.Find(key);
+  const auto* array = value == nullptr ? nullptr : std::get_if<gguf::Array>(&value->data);
+  std::vector<int64_t> counts;
+  if (array != nullptr && per_layer) {
+    if (static_cast<int64_t>(array->elements.size()) != config.num_layers) {
+      return Invalid(meta.file, "%s has %d entries for %d layers", key, array->elements.size(),
+                     config.num_layers);
+    }
+    for (const gguf::Value& element : array->elements) {
+      const std::optional<int64_t> count = IntegerElement(element);
+      if (!count.has_value()) return Invalid(meta.file, "%s is not an integer array", key);
+      counts.push_back(*count);
+    }
+  } else {
+    BITSPLIT_ASSIGN_OR_RETURN(const int64_t count,
+                              meta.Count("attention.head_count_kv", config.num_heads));
+    counts.push_back(count);
+  }
+  for (const int64_t count : counts) {
+    if (count < 1 || count > config.num_heads || config.num_heads % count != 0) {
+      return Invalid(meta.file, "attention.head_count %d is not a multiple of %s %d",
+                     config.num_heads, "attention.head_count_kv", count);
+    }
+  }
+  config.num_kv_heads = *std::max_element(counts.begin(), counts.end());
+  const bool uniform =
+      std::all_of(counts.begin(), counts.end(), [&](int64_t count) { return count == counts[0]; });
+  if (counts.size() > 1 && !uniform) config.layer_kv_heads = counts;
+  return absl::OkStatus();
+}
+
+// A head width (`<prefix>key_length`, `fallback` when absent) with values as wide as keys, and
+// the RoPE dims of such a head (`rope.dimension_count<suffix>`, `rope_fallback` when absent).
+absl::Status ReadHeadWidth(const Metadata& meta, const std::string& suffix, int64_t fallback,
+                           int64_t rope_fallback, int64_t& head_dim, int64_t& rope_dims) {
+  const std::string key_length = "attention.key_length" + suffix;
+  const std::string value_length = "attention.value_length" + suffix;
+  const std::string rope_count = "rope.dimension_count" + suffix;
+  BITSPLIT_ASSIGN_OR_RETURN(head_dim, meta.Count(key_length, fallback));
+  BITSPLIT_ASSIGN_OR_RETURN(const int64_t values, meta.Count(value_length, head_dim));
+  if (values != head_dim) {
+    return Invalid(meta.file, "%s %d != %s %d is not supported", key_length, head_dim, value_length,
+                   values);
+  }
+  BITSPLIT_ASSIGN_OR_RETURN(rope_dims,
+                            meta.Count(rope_count, rope_fallback > 0 ? rope_fallback : head_dim));
+  if (rope_dims % 2 != 0 || rope_dims > head_dim) {
+    return Invalid(meta.file, "%s %d must be even and at most the head width %d", rope_count,
+                   rope_dims, head_dim);
+  }
+  return absl::OkStatus();
+}
+
+// KV heads that group the query heads evenly; the head width from attention.key_length, else
+// d_model split over the heads; values as wide as keys; RoPE over an even part of the head. A
+// per-layer family's local layers may have their own width and RoPE dims (the *_swa keys).
+absl::Status ReadHeadShape(const Metadata& meta, bool per_layer, ModelConfig& config) {
+  BITSPLIT_RETURN_IF_ERROR(ReadKvHeads(meta, per_layer, config));
   if (!meta.Has("attention.key_length") && config.d_model % config.num_heads != 0) {
     return Invalid(meta.file, "embedding_length %d is not a multiple of attention.head_count %d",
                    config.d_model, config.num_heads);
   }
-  BITSPLIT_ASSIGN_OR_RETURN(config.head_dim,
-                            meta.Count("attention.key_length", config.d_model / config.num_heads));
-  BITSPLIT_ASSIGN_OR_RETURN(const int64_t value_length,
-                            meta.Count("attention.value_length", config.head_dim));
-  if (value_length != config.head_dim) {
-    return Invalid(meta.file,
-                   "attention.key_length %d != attention.value_length %d is not supported",
-                   config.head_dim, value_length);
+  BITSPLIT_RETURN_IF_ERROR(ReadHeadWidth(meta, "", config.d_model / config.num_heads, 0,
+                                         config.head_dim, config.rope_dims));
+  if (!per_layer) return absl::OkStatus();
+  int64_t local_head_dim = 0;
+  int64_t local_rope_dims = 0;
+  BITSPLIT_RETURN_IF_ERROR(ReadHeadWidth(meta, "_swa", config.head_dim, config.rope_dims,
+                                         local_head_dim, local_rope_dims));
+  if (local_rope_dims > local_head_dim) {
+    return Invalid(meta.file, "rope.dimension_count_swa %d exceeds the local head width %d",
+                   local_rope_dims, local_head_dim);
   }
-  BITSPLIT_ASSIGN_OR_RETURN(config.rope_dims, meta.Count("rope.dimension_count", config.head_dim));
-  if (config.rope_dims % 2 != 0 || config.rope_dims > config.head_dim) {
-    return Invalid(meta.file, "rope.dimension_count %d must be even and at most the head width %d",
-                   config.rope_dims, config.head_dim);
+  if (local_head_dim != config.head_dim || local_rope_dims != config.rope_dims) {
+    config.head_dim_local = local_head_dim;
+    config.rope_dims_local = local_rope_dims;
   }
   return absl::OkStatus();
 }
@@ -196,7 +292,8 @@ absl::Status ReadExperts(const Metadata& meta, ModelConfig& config) {
                        "experts' weights)",
                        config.architecture);
   }
-  // llama.cpp's qwen3moe graph never scales the weights (its scale stays 0: none).
+  // llama.cpp's qwen3moe graph never scales the weights (its scale stays 0: none); gemma4's
+  // passes 1.
   BITSPLIT_ASSIGN_OR_RETURN(const float scale, meta.Float("expert_weights_scale", 0.0f));
   if (scale != 0.0f && scale != 1.0f) {
     return Unsupported(meta.file,
@@ -210,22 +307,52 @@ absl::Status ReadExperts(const Metadata& meta, ModelConfig& config) {
 
 absl::Status RejectUnsupportedFeatures(const Metadata& meta, const FamilyTraits& family) {
   BITSPLIT_ASSIGN_OR_RETURN(const uint64_t experts, meta.Uint("expert_count", 0));
-  if (experts > 0 && !family.experts) {
+  if (experts > 0 && family.experts == ExpertLayout::kNone) {
     return Unsupported(meta.file,
                        "%s with experts (%d) is not supported; the mixture-of-experts "
-                       "architecture supported is qwen3moe",
+                       "architectures supported are qwen3moe and gemma4",
                        family.architecture, experts);
   }
-  BITSPLIT_ASSIGN_OR_RETURN(const float softcap, meta.Float("final_logit_softcapping", 0.0f));
-  if (softcap != 0.0f) {
-    return Unsupported(meta.file, "final logit soft-capping (%g) is not supported", softcap);
+  if (!family.per_layer_attention) return absl::OkStatus();
+  // The small gemma4 models (E2B, E4B) add per-layer token embeddings, layers that reuse an
+  // earlier layer's KV cache and double-wide FFNs on those layers; the larger ones have none.
+  BITSPLIT_ASSIGN_OR_RETURN(const uint64_t per_layer_embedding,
+                            meta.Uint("embedding_length_per_layer_input", 0));
+  BITSPLIT_ASSIGN_OR_RETURN(const uint64_t shared_kv, meta.Uint("attention.shared_kv_layers", 0));
+  if (per_layer_embedding != 0 || shared_kv != 0) {
+    return Unsupported(meta.file,
+                       "%s with per-layer embeddings (%d wide) or shared-KV layers (%d) is not "
+                       "supported (the E2B/E4B models); supported: gemma4 without them (31B, "
+                       "26B-A4B)",
+                       family.architecture, per_layer_embedding, shared_kv);
+  }
+  const gguf::Value* ffn = meta.file.Find(meta.Key("feed_forward_length"));
+  if (ffn != nullptr && std::holds_alternative<gguf::Array>(ffn->data)) {
+    return Unsupported(meta.file, "%s: per-layer feed_forward_length (E2B/E4B) is not supported",
+                       family.architecture);
   }
   return absl::OkStatus();
 }
 
+// final_logit_softcapping where the family's graph applies it; refused elsewhere.
+absl::StatusOr<float> ReadSoftcap(const Metadata& meta, const FamilyTraits& family) {
+  BITSPLIT_ASSIGN_OR_RETURN(const float softcap, meta.Float("final_logit_softcapping", 0.0f));
+  if (softcap != 0.0f && !family.softcap) {
+    return Unsupported(meta.file, "%s: final logit soft-capping (%g) is not supported",
+                       family.architecture, softcap);
+  }
+  if (softcap < 0.0f || !std::isfinite(softcap)) {
+    return Invalid(meta.file, "final_logit_softcapping %g must be a finite non-negative number",
+                   softcap);
+  }
+  return softcap;
+}
+
 // 1/sqrt(head width), except gemma3 27B (62 layers), whose queries are scaled by
-// 1/sqrt(d_model / heads) (gemma_pytorch's query_pre_attn_scalar, as llama.cpp).
+// 1/sqrt(d_model / heads) (gemma_pytorch's query_pre_attn_scalar, as llama.cpp), and gemma4,
+// whose normalized queries are not scaled.
 float AttentionScale(const ModelConfig& config) {
+  if (config.architecture == "gemma4") return 1.0f;
   const bool gemma3_27b = config.architecture == "gemma3" && config.num_layers == 62;
   const int64_t width = gemma3_27b ? config.d_model / config.num_heads : config.head_dim;
   return 1.0f / std::sqrt(static_cast<float>(width));
@@ -238,6 +365,10 @@ absl::Status ReadLayerPattern(const Metadata& meta, int default_period, ModelCon
   const std::string key = meta.Key("attention.sliding_window_pattern");
   const gguf::Value* pattern = meta.file.Find(key);
   const auto* flags = pattern == nullptr ? nullptr : std::get_if<gguf::Array>(&pattern->data);
+  if (flags == nullptr && default_period == kPatternArrayRequired) {
+    return Invalid(meta.file, "%s must be a per-layer bool array in a %s model", key,
+                   config.architecture);
+  }
   std::vector<uint8_t>& local = config.layer_is_local;
   local.assign(static_cast<size_t>(config.num_layers), 0);
   if (flags != nullptr) {
@@ -264,6 +395,9 @@ absl::Status ReadLayerPattern(const Metadata& meta, int default_period, ModelCon
 // The window of a sliding-window family (the file may name none, or 0), its layer pattern and
 // the local layers' RoPE base.
 absl::Status ReadSlidingWindow(const Metadata& meta, int default_period, ModelConfig& config) {
+  if (default_period == kPatternArrayRequired && !meta.Has("attention.sliding_window")) {
+    return Invalid(meta.file, "%s is missing", meta.Key("attention.sliding_window"));
+  }
   BITSPLIT_ASSIGN_OR_RETURN(const uint64_t window, meta.Uint("attention.sliding_window", 0));
   if (window > static_cast<uint64_t>(kMaxCount)) {
     return Invalid(meta.file, "attention.sliding_window = %d is out of range", window);
@@ -374,7 +508,42 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const gguf::File& file) {
                    config.architecture, config.d_model, embedding->dims[0]);
   }
   BITSPLIT_RETURN_IF_ERROR(CheckLayerTensors(file, config));
+  ReadTensorLayout([&](const std::string& name) { return file.FindTensor(name) != nullptr; },
+                   config);
   return config;
+}
+
+void ReadTensorLayout(absl::FunctionRef<bool(const std::string&)> has_tensor, ModelConfig& config) {
+  config.layer_value_is_key.clear();
+  const FamilyTraits* family = FamilyOf(config.architecture);
+  // Elsewhere a missing attn_v or expert tensor is the weight loader's error.
+  if (family == nullptr || !family->per_layer_attention) return;
+  config.fused_expert_gate_up = config.has_experts() && has_tensor("blk.0.ffn_gate_up_exps.weight");
+  std::vector<uint8_t> without(static_cast<size_t>(config.num_layers), 0);
+  bool any = false;
+  for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+    if (has_tensor(absl::StrCat("blk.", layer, ".attn_v.weight"))) continue;
+    without[static_cast<size_t>(layer)] = 1;
+    any = true;
+  }
+  if (any) config.layer_value_is_key = std::move(without);
+}
+
+int64_t ModelConfig::MaxQDim() const {
+  int64_t widest = 0;
+  for (int64_t layer = 0; layer < num_layers; ++layer) widest = std::max(widest, QDim(layer));
+  return widest;
+}
+
+int64_t ModelConfig::MaxKvDim() const {
+  int64_t widest = 0;
+  for (int64_t layer = 0; layer < num_layers; ++layer) widest = std::max(widest, KvDim(layer));
+  return widest;
+}
+
+bool ModelConfig::UniformAttention() const {
+  return head_dim_local == 0 && rope_dims_local == 0 && layer_kv_heads.empty() &&
+         layer_value_is_key.empty();
 }
 
 absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
@@ -387,14 +556,17 @@ absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
   config.qk_norm = family->qk_norm;
   config.post_norms = family->post_norms;
   config.qkv_bias = family->qkv_bias;
+  config.value_norm = family->per_layer_attention;
+  config.layer_output_scale = family->per_layer_attention;
 
   const Metadata meta{file, config.architecture + "."};
+  BITSPLIT_RETURN_IF_ERROR(RejectUnsupportedFeatures(meta, *family));
   for (const CountKey& key : kCountKeys) {
     std::optional<int64_t> fallback;
     if (key.same_as != nullptr) fallback = config.*key.same_as;
     BITSPLIT_ASSIGN_OR_RETURN(config.*key.field, meta.Count(key.suffix, fallback, key.max));
   }
-  BITSPLIT_RETURN_IF_ERROR(ReadHeadShape(meta, config));
+  BITSPLIT_RETURN_IF_ERROR(ReadHeadShape(meta, family->per_layer_attention, config));
   for (const FloatKey& key : kFloatKeys) {
     BITSPLIT_ASSIGN_OR_RETURN(config.*key.field, meta.Float(key.suffix, key.fallback));
   }
@@ -403,13 +575,18 @@ absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
                    config.rope_freq_base, config.rms_norm_eps);
   }
   BITSPLIT_ASSIGN_OR_RETURN(config.rope_freq_scale, ReadRopeFreqScale(meta));
-  BITSPLIT_RETURN_IF_ERROR(RejectUnsupportedFeatures(meta, *family));
-  if (family->experts) BITSPLIT_RETURN_IF_ERROR(ReadExperts(meta, config));
+  BITSPLIT_ASSIGN_OR_RETURN(config.final_logit_softcap, ReadSoftcap(meta, *family));
+  BITSPLIT_ASSIGN_OR_RETURN(const uint64_t experts, meta.Uint("expert_count", 0));
+  if (family->experts == ExpertLayout::kEveryFfn || experts > 0) {
+    BITSPLIT_RETURN_IF_ERROR(ReadExperts(meta, config));
+    config.dense_ffn = family->experts == ExpertLayout::kBesideDenseFfn;
+    config.parallel_experts = config.dense_ffn;
+  }
 
   config.attention_scale = AttentionScale(config);
   config.embedding_scale =
       family->scale_embedding ? std::sqrt(static_cast<float>(config.d_model)) : 1.0f;
-  if (family->swa_pattern > 0) {
+  if (family->swa_pattern != 0) {
     BITSPLIT_RETURN_IF_ERROR(ReadSlidingWindow(meta, family->swa_pattern, config));
   }
   BITSPLIT_RETURN_IF_ERROR(SetVocabulary(meta, embedding_rows, config));

@@ -3,13 +3,15 @@
 // what each supported family does differently (a FamilyTraits entry per general.architecture:
 // the forward pass reads flags from the config, never the architecture name).
 //
-// Families: llama (SmolLM2, Llama 2/3, Mistral, TinyLlama), gemma3, qwen2, qwen3, and the
+// Families: llama (SmolLM2, Llama 2/3, Mistral, TinyLlama), gemma3, gemma4 (31B and the other
+// models without per-layer embeddings or shared-KV layers), qwen2, qwen3, and the
 // mixture-of-experts qwen3moe (Qwen3-30B-A3B, 235B-A22B). Their rules follow llama.cpp's loaders
 // and graphs (src/models/<arch>.cpp of the pinned llama.cpp).
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "common/io/gguf.h"
 #include "common/ops/rope.h"
@@ -21,7 +23,7 @@ using ops::RopeStyle;  // which dimensions of a head RoPE rotates together
 // The gated feed-forward activation: act(gate) * up.
 enum class FfnActivation {
   kSilu,      // SwiGLU: llama, qwen2, qwen3
-  kGeluTanh,  // GeGLU with the tanh-approximated GELU: gemma3
+  kGeluTanh,  // GeGLU with the tanh-approximated GELU: gemma3, gemma4
 };
 
 struct ModelConfig {
@@ -31,8 +33,8 @@ struct ModelConfig {
   int64_t d_ff = 0;          // feed-forward hidden width
   int64_t num_heads = 0;     // query heads
   int64_t num_kv_heads = 0;  // key/value heads (grouped-query attention when < num_heads)
-  int64_t head_dim = 0;
-  int64_t rope_dims = 0;  // leading dims of each head that RoPE rotates
+  int64_t head_dim = 0;      // of the global (full-attention) layers; see HeadDim(layer)
+  int64_t rope_dims = 0;     // leading dims of a global layer's head that RoPE rotates
   float rope_freq_base = 10000.0f;
   float rope_freq_scale = 1.0f;  // 1 / linear scaling factor
   float rms_norm_eps = 1e-5f;
@@ -47,31 +49,76 @@ struct ModelConfig {
   bool qk_norm = false;          // per-head RMSNorm of q and k before RoPE (gemma3, qwen3)
   bool post_norms =
       false;  // RMSNorm of the attention and FFN outputs before they join the hidden state
-  bool qkv_bias = false;  // q, k and v projections carry biases (qwen2)
+  bool qkv_bias = false;    // q, k and v projections carry biases (qwen2)
+  bool value_norm = false;  // weightless per-head RMSNorm of v (gemma4)
+  // Each layer's output (its hidden state after the FFN joined it) is multiplied by the layer's
+  // blk.N.layer_output_scale scalar (gemma4).
+  bool layer_output_scale = false;
+  // logits = cap * tanh(logits / cap) after the output head; 0: none (gemma3, gemma4).
+  float final_logit_softcap = 0.0f;
   // Sliding-window attention: a query at position p of a local layer sees the keys at positions
   // (p - sliding_window, p]. 0: every layer attends to the whole context.
   int64_t sliding_window = 0;
   std::vector<uint8_t> layer_is_local;    // [num_layers]; empty when sliding_window == 0
   float rope_freq_base_local = 10000.0f;  // RoPE of the local layers (no scaling there)
+  // Local layers of another head shape than the global ones (gemma4: attention.key_length_swa,
+  // rope.dimension_count_swa); 0 when they share head_dim / rope_dims.
+  int64_t head_dim_local = 0;
+  int64_t rope_dims_local = 0;
+  // Per-layer KV head counts when attention.head_count_kv is an array (gemma4: fewer on the
+  // global layers); empty when every layer has num_kv_heads.
+  std::vector<int64_t> layer_kv_heads;
+  // [num_layers] 1 where the layer has no attn_v matrix and its values are its keys' projection
+  // (gemma4's global layers: v = RMSNorm(k) before k's own norm and RoPE); empty: all have v.
+  // Read from the tensor table (a split model's base file has the same names).
+  std::vector<uint8_t> layer_value_is_key;
 
   // Mixture of experts (0 experts: every layer has the dense gate/up/down FFN). A router matrix
-  // [num_experts, d_model] scores the experts on the FFN-normed hidden state; softmax over all
-  // experts, the num_experts_used most probable are run (ties: the lower index first), their
-  // probabilities renormalized to sum 1 (the sum clamped below at 2^-14, as llama.cpp) and
-  // multiplied by expert_weights_scale (1 for qwen3moe: its llama.cpp graph reads no scale); the
-  // FFN output is the weighted sum of the chosen experts' gated FFNs (each d_ff_expert wide),
-  // added in the order of the choice.
+  // [num_experts, d_model] scores the experts; softmax over all experts, the num_experts_used
+  // most probable are run (ties: the lower index first), their probabilities renormalized to sum
+  // 1 (the sum clamped below at 2^-14, as llama.cpp) and multiplied by expert_weights_scale (1:
+  // the llama.cpp graphs of both families read no scale); the experts' output is the weighted sum
+  // of the chosen experts' gated FFNs (each d_ff_expert wide), added in the order of the choice.
+  //   qwen3moe: every FFN is the experts alone (dense_ffn false); the router reads the FFN-normed
+  //             hidden state h', which the experts read too.
+  //   gemma4:   the experts run beside the dense FFN (parallel_experts): the router reads
+  //             RMSNorm(h) / sqrt(d_model) * ffn_gate_inp.scale, the experts read
+  //             pre_ffw_norm_2(h) and expert e's output is multiplied by ffn_down_exps.scale[e];
+  //             the FFN's output is post_ffw_norm_1(dense) + post_ffw_norm_2(experts).
   int64_t num_experts = 0;
   int64_t num_experts_used = 0;
   int64_t d_ff_expert = 0;
   float expert_weights_scale = 1.0f;
+  bool dense_ffn = true;
+  bool parallel_experts = false;
+  // The file holds each expert's gate and up in one tensor (ffn_gate_up_exps: the expert's gate
+  // rows, then its up rows), as the gemma4 converter writes them. Read from the tensor table.
+  bool fused_expert_gate_up = false;
 
   bool has_experts() const { return num_experts > 0; }
-  int64_t q_dim() const { return num_heads * head_dim; }
-  int64_t kv_dim() const { return num_kv_heads * head_dim; }
   bool IsLocalLayer(int64_t layer) const {
     return sliding_window > 0 && layer_is_local[static_cast<size_t>(layer)] != 0;
   }
+  // The attention shape of `layer`.
+  int64_t HeadDim(int64_t layer) const {
+    return IsLocalLayer(layer) && head_dim_local > 0 ? head_dim_local : head_dim;
+  }
+  int64_t RopeDims(int64_t layer) const {
+    return IsLocalLayer(layer) && rope_dims_local > 0 ? rope_dims_local : rope_dims;
+  }
+  int64_t NumKvHeads(int64_t layer) const {
+    return layer_kv_heads.empty() ? num_kv_heads : layer_kv_heads[static_cast<size_t>(layer)];
+  }
+  int64_t QDim(int64_t layer) const { return num_heads * HeadDim(layer); }
+  int64_t KvDim(int64_t layer) const { return NumKvHeads(layer) * HeadDim(layer); }
+  bool ValueIsKey(int64_t layer) const {
+    return !layer_value_is_key.empty() && layer_value_is_key[static_cast<size_t>(layer)] != 0;
+  }
+  // The widest layer's q and k/v (buffers shared by all layers).
+  int64_t MaxQDim() const;
+  int64_t MaxKvDim() const;
+  // Every layer has the same attention shape and a v projection (what the CUDA backend runs).
+  bool UniformAttention() const;
   // The attention window of `layer`: sliding_window for a local layer, 0 (none) otherwise.
   int64_t AttentionWindow(int64_t layer) const { return IsLocalLayer(layer) ? sliding_window : 0; }
   float RopeFreqBase(int64_t layer) const {
@@ -89,7 +136,8 @@ inline constexpr int64_t kMaxLayers = 1024;
 // (naming the one found and the supported ones), missing or non-positive hyperparameters,
 // inconsistent head shapes, and features this implementation does not have (experts in a family
 // without them, shared experts, a gating function other than softmax, non-linear RoPE scaling,
-// logit soft-capping). block_count and embedding_length are checked
+// logit soft-capping outside the gemma families, gemma4's per-layer embeddings and shared-KV
+// layers). block_count and embedding_length are checked
 // against the tensor table: the blk.N tensors must cover exactly layers [0, block_count), and
 // token_embd.weight must be embedding_length wide.
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const gguf::File& file);
@@ -100,13 +148,20 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const gguf::File& file);
 // forged block_count costs nothing.
 absl::Status CheckLayerTensors(const gguf::File& file, const ModelConfig& config);
 
+// Fills what the tensor table (`has_tensor` of a name, names as the source GGUF has them: the
+// source itself, or a split model's base file) says about a gemma4 model: layer_value_is_key (a
+// layer without blk.N.attn_v.weight takes its values from its keys) and fused_expert_gate_up
+// (blk.0.ffn_gate_up_exps.weight). In other families the flags stay unset and the weight loader
+// reports a missing tensor by name.
+void ReadTensorLayout(absl::FunctionRef<bool(const std::string&)> has_tensor, ModelConfig& config);
+
 // The same checks for metadata whose embedding table is stored elsewhere (a split model's base
 // file embeds the source GGUF's metadata without tensors): `embedding_rows` is the row count of
 // that table, i.e. the vocabulary size.
 absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
                                                         int64_t embedding_rows);
 
-// "llama, gemma3, qwen2, qwen3, qwen3moe": the architectures ModelConfigFromGguf accepts.
+// "llama, gemma3, gemma4, qwen2, qwen3, qwen3moe": the architectures ModelConfigFromGguf accepts.
 std::string SupportedArchitectures();
 
 // Llama-3-8B's shape: 32 layers, d 4096, d_ff 14336, 32 heads over 8 KV heads of 128, vocab

@@ -9,43 +9,71 @@
 
 namespace bitsplit::model {
 
-absl::StatusOr<KvCache> KvCache::Create(int64_t num_layers, int64_t kv_dim, int64_t capacity,
-                                        KvRounding rounding) {
-  if (num_layers <= 0 || kv_dim <= 0 || capacity <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("KV cache sizes must be positive (layers %d, kv_dim %d, capacity %d)",
-                        num_layers, kv_dim, capacity));
+std::vector<int64_t> KvCache::LayerKvDims(const ModelConfig& config) {
+  std::vector<int64_t> dims(static_cast<size_t>(config.num_layers));
+  for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+    dims[static_cast<size_t>(layer)] = config.KvDim(layer);
   }
-  // Guard the size arithmetic; 2^40 floats (4 TiB) is far beyond any real cache.
-  if (num_layers > (int64_t{1} << 20) || kv_dim > (int64_t{1} << 20) ||
-      capacity > (int64_t{1} << 40) / (num_layers * kv_dim)) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "KV cache of %d layers x %d slots x %d floats is too large", num_layers, capacity, kv_dim));
-  }
-  return KvCache(num_layers, kv_dim, capacity, rounding);
+  return dims;
 }
 
-KvCache::KvCache(int64_t num_layers, int64_t kv_dim, int64_t capacity, KvRounding rounding)
-    : num_layers_(num_layers),
-      kv_dim_(kv_dim),
+absl::StatusOr<KvCache> KvCache::Create(int64_t num_layers, int64_t kv_dim, int64_t capacity,
+                                        KvRounding rounding) {
+  if (num_layers <= 0 || num_layers > (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KV cache sizes must be positive (layers %d)", num_layers));
+  }
+  return Create(std::vector<int64_t>(static_cast<size_t>(num_layers), kv_dim), capacity, rounding);
+}
+
+absl::StatusOr<KvCache> KvCache::Create(std::vector<int64_t> layer_kv_dims, int64_t capacity,
+                                        KvRounding rounding) {
+  const int64_t num_layers = static_cast<int64_t>(layer_kv_dims.size());
+  int64_t widest = 0;
+  for (const int64_t kv_dim : layer_kv_dims) {
+    if (kv_dim <= 0) widest = -1;
+    if (widest >= 0) widest = std::max(widest, kv_dim);
+  }
+  if (num_layers <= 0 || widest <= 0 || capacity <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KV cache sizes must be positive (layers %d, kv_dim %d, capacity %d)",
+                        num_layers, widest, capacity));
+  }
+  // Guard the size arithmetic; 2^40 floats (4 TiB) is far beyond any real cache.
+  if (num_layers > (int64_t{1} << 20) || widest > (int64_t{1} << 20) ||
+      capacity > (int64_t{1} << 40) / (num_layers * widest)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "KV cache of %d layers x %d slots x %d floats is too large", num_layers, capacity, widest));
+  }
+  return KvCache(std::move(layer_kv_dims), capacity, rounding);
+}
+
+KvCache::KvCache(std::vector<int64_t> layer_kv_dims, int64_t capacity, KvRounding rounding)
+    : layer_kv_dims_(std::move(layer_kv_dims)),
       rounding_(rounding),
       slots_(capacity),
-      keys_(static_cast<size_t>(num_layers * capacity * kv_dim)),
-      values_(static_cast<size_t>(num_layers * capacity * kv_dim)),
-      positions_(static_cast<size_t>(capacity), 0) {}
+      positions_(static_cast<size_t>(capacity), 0) {
+  layer_offsets_.push_back(0);
+  for (const int64_t kv_dim : layer_kv_dims_) {
+    layer_offsets_.push_back(layer_offsets_.back() + static_cast<size_t>(capacity * kv_dim));
+  }
+  keys_.resize(layer_offsets_.back());
+  values_.resize(layer_offsets_.back());
+}
 
 void KvCache::RoundStored(int64_t layer, int64_t first_slot, int64_t count) {
   if (rounding_ == KvRounding::kNone) return;
   BITSPLIT_CHECK(first_slot >= 0 && count >= 0 && first_slot + count <= slots_.capacity());
+  const int64_t width = kv_dim(layer);
   for (float* storage : {keys(layer), values(layer)}) {
-    float* begin = storage + first_slot * kv_dim_;
-    for (float* p = begin; p < begin + count * kv_dim_; ++p) *p = Fp16ToFp32(Fp32ToFp16(*p));
+    float* begin = storage + first_slot * width;
+    for (float* p = begin; p < begin + count * width; ++p) *p = Fp16ToFp32(Fp32ToFp16(*p));
   }
 }
 
 size_t KvCache::LayerOffset(int64_t layer) const {
-  BITSPLIT_CHECK(layer >= 0 && layer < num_layers_);
-  return static_cast<size_t>(layer * slots_.capacity() * kv_dim_);
+  BITSPLIT_CHECK(layer >= 0 && layer < num_layers());
+  return layer_offsets_[static_cast<size_t>(layer)];
 }
 
 absl::Status KvSlotLedger::BeginPending(int64_t count) {
@@ -108,21 +136,22 @@ absl::Status KvCache::CommitSlots(std::span<const int32_t> pending_indices) {
 }
 
 void KvCache::MoveSlot(int64_t from, int64_t to) {
-  for (int64_t layer = 0; layer < num_layers_; ++layer) {
+  for (int64_t layer = 0; layer < num_layers(); ++layer) {
+    const int64_t width = kv_dim(layer);
     const size_t base = LayerOffset(layer);
-    const size_t source = base + static_cast<size_t>(from * kv_dim_);
-    const size_t target = base + static_cast<size_t>(to * kv_dim_);
-    std::copy_n(keys_.begin() + source, kv_dim_, keys_.begin() + target);
-    std::copy_n(values_.begin() + source, kv_dim_, values_.begin() + target);
+    const size_t source = base + static_cast<size_t>(from * width);
+    const size_t target = base + static_cast<size_t>(to * width);
+    std::copy_n(keys_.begin() + source, width, keys_.begin() + target);
+    std::copy_n(values_.begin() + source, width, values_.begin() + target);
   }
   positions_[static_cast<size_t>(to)] = positions_[static_cast<size_t>(from)];
 }
 
-uint64_t KvCacheBytes(int64_t num_layers, int64_t kv_dim, int64_t capacity) {
+uint64_t KvCacheBytes(const std::vector<int64_t>& layer_kv_dims, int64_t capacity) {
   const uint64_t slots = static_cast<uint64_t>(capacity);
-  return 2 * static_cast<uint64_t>(num_layers) * slots * static_cast<uint64_t>(kv_dim) *
-             sizeof(float) +
-         slots * sizeof(int32_t);
+  uint64_t floats_per_slot = 0;
+  for (const int64_t kv_dim : layer_kv_dims) floats_per_slot += static_cast<uint64_t>(kv_dim);
+  return 2 * slots * floats_per_slot * sizeof(float) + slots * sizeof(int32_t);
 }
 
 uint64_t DefaultKvRamBudget(uint64_t available_bytes) { return available_bytes / 2; }

@@ -1,8 +1,9 @@
 #pragma once
 // Per-session key/value cache of a llama model (f32).
 //
-// Layout: for each layer, keys and values are [capacity, kv_dim] (slot-major), so a batch's
-// rows go to consecutive slots with one copy. Keys are stored after RoPE.
+// Layout: for each layer, keys and values are [capacity, kv_dim(layer)] (slot-major), so a batch's
+// rows go to consecutive slots with one copy. Keys are stored after RoPE. Layers may differ in
+// width (gemma4's global layers have other head counts and widths than its local ones).
 //
 // Slots [0, committed_length) hold the committed sequence: slot p is position p. A forward pass
 // writes its T tokens to the "pending" slots [committed_length, committed_length + T); the caller
@@ -60,16 +61,22 @@ enum class KvRounding { kNone, kFp16 };
 
 class KvCache {
  public:
-  // INVALID_ARGUMENT unless every size is positive.
+  // INVALID_ARGUMENT unless every size is positive. `layer_kv_dims` has one width per layer.
+  static absl::StatusOr<KvCache> Create(std::vector<int64_t> layer_kv_dims, int64_t capacity,
+                                        KvRounding rounding = KvRounding::kNone);
+  // Every layer kv_dim wide.
   static absl::StatusOr<KvCache> Create(int64_t num_layers, int64_t kv_dim, int64_t capacity,
                                         KvRounding rounding = KvRounding::kNone);
   static absl::StatusOr<KvCache> Create(const ModelConfig& config, int64_t capacity,
                                         KvRounding rounding = KvRounding::kNone) {
-    return Create(config.num_layers, config.kv_dim(), capacity, rounding);
+    return Create(LayerKvDims(config), capacity, rounding);
   }
+  // The width of every layer's keys (and values) in a model of `config`.
+  static std::vector<int64_t> LayerKvDims(const ModelConfig& config);
 
-  int64_t num_layers() const { return num_layers_; }
-  int64_t kv_dim() const { return kv_dim_; }
+  int64_t num_layers() const { return static_cast<int64_t>(layer_kv_dims_.size()); }
+  int64_t kv_dim(int64_t layer) const { return layer_kv_dims_[static_cast<size_t>(layer)]; }
+  const std::vector<int64_t>& layer_kv_dims() const { return layer_kv_dims_; }
   int64_t capacity() const { return slots_.capacity(); }
   int64_t committed_length() const { return slots_.committed_length(); }
   int64_t pending_length() const { return slots_.pending_length(); }
@@ -79,7 +86,7 @@ class KvCache {
   // of one layer: what a forward pass calls once it has written them.
   void RoundStored(int64_t layer, int64_t first_slot, int64_t count);
 
-  // One layer's storage, [capacity, kv_dim].
+  // One layer's storage, [capacity, kv_dim(layer)].
   float* keys(int64_t layer) { return keys_.data() + LayerOffset(layer); }
   float* values(int64_t layer) { return values_.data() + LayerOffset(layer); }
   const float* keys(int64_t layer) const { return keys_.data() + LayerOffset(layer); }
@@ -111,24 +118,24 @@ class KvCache {
   void Clear() { slots_.Clear(); }
 
  private:
-  KvCache(int64_t num_layers, int64_t kv_dim, int64_t capacity, KvRounding rounding);
+  KvCache(std::vector<int64_t> layer_kv_dims, int64_t capacity, KvRounding rounding);
   size_t LayerOffset(int64_t layer) const;
   // Copies slot `from` to slot `to` in every layer, keys and values.
   void MoveSlot(int64_t from, int64_t to);
 
-  int64_t num_layers_;
-  int64_t kv_dim_;
+  std::vector<int64_t> layer_kv_dims_;
+  std::vector<size_t> layer_offsets_;  // [num_layers + 1], prefix sums of capacity * kv_dim
   KvRounding rounding_;
   KvSlotLedger slots_;
-  std::vector<float> keys_;         // [num_layers, capacity, kv_dim]
-  std::vector<float> values_;       // [num_layers, capacity, kv_dim]
+  std::vector<float> keys_;         // per layer [capacity, kv_dim(layer)], back to back
+  std::vector<float> values_;       // the same
   std::vector<int32_t> positions_;  // [capacity]
 };
 
 // Host memory a KvCache of `capacity` tokens holds (keys, values and positions).
-uint64_t KvCacheBytes(int64_t num_layers, int64_t kv_dim, int64_t capacity);
+uint64_t KvCacheBytes(const std::vector<int64_t>& layer_kv_dims, int64_t capacity);
 inline uint64_t KvCacheBytes(const ModelConfig& config, int64_t capacity) {
-  return KvCacheBytes(config.num_layers, config.kv_dim(), capacity);
+  return KvCacheBytes(KvCache::LayerKvDims(config), capacity);
 }
 
 // The host memory the CPU backend's KV caches may take when no budget is given: half of what

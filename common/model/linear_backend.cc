@@ -1,5 +1,7 @@
 #include "common/model/linear_backend.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/ops/matmul.h"
@@ -9,20 +11,24 @@ namespace bitsplit::model {
 namespace {
 
 // Tensor name suffixes of a group's matrices, in output order.
-std::vector<std::string_view> GroupTensorSuffixes(const ModelConfig& config, LinearGroup group) {
-  switch (group) {
+std::vector<std::string_view> GroupTensorSuffixes(const ModelConfig& config, LinearGroupId id) {
+  switch (id.group) {
     case LinearGroup::kQkv:
+      if (config.ValueIsKey(id.layer)) return {"attn_q", "attn_k"};
       return {"attn_q", "attn_k", "attn_v"};
     case LinearGroup::kAttnOutput:
       return {"attn_output"};
     case LinearGroup::kGateUp:
-      if (config.has_experts()) return {"ffn_gate_exps", "ffn_up_exps"};
       return {"ffn_gate", "ffn_up"};
     case LinearGroup::kDown:
-      if (config.has_experts()) return {"ffn_down_exps"};
       return {"ffn_down"};
     case LinearGroup::kOutputHead:
       return {"output"};
+    case LinearGroup::kExpertGateUp:
+      if (config.fused_expert_gate_up) return {"ffn_gate_up_exps"};
+      return {"ffn_gate_exps", "ffn_up_exps"};
+    case LinearGroup::kExpertDown:
+      return {"ffn_down_exps"};
   }
   BITSPLIT_CHECK(false);
   return {};
@@ -42,8 +48,16 @@ std::string_view LinearGroupName(LinearGroup group) {
       return "down";
     case LinearGroup::kOutputHead:
       return "output_head";
+    case LinearGroup::kExpertGateUp:
+      return "expert_gate_up";
+    case LinearGroup::kExpertDown:
+      return "expert_down";
   }
   return "unknown";
+}
+
+bool IsExpertGroup(LinearGroup group) {
+  return group == LinearGroup::kExpertGateUp || group == LinearGroup::kExpertDown;
 }
 
 std::string LinearGroupIdString(LinearGroupId id) {
@@ -52,41 +66,55 @@ std::string LinearGroupIdString(LinearGroupId id) {
   return absl::StrCat("blk.", id.layer, " ", absl::string_view(name.data(), name.size()));
 }
 
-std::vector<LinearGroupId> AllLinearGroups(int32_t num_layers) {
+LinearGroupLayout LinearGroupLayout::Of(const ModelConfig& config) {
+  return {.num_layers = static_cast<int32_t>(config.num_layers),
+          .dense_ffn = config.dense_ffn,
+          .experts = config.has_experts()};
+}
+
+std::vector<LinearGroup> LinearGroupLayout::LayerGroups() const {
+  std::vector<LinearGroup> groups = {LinearGroup::kQkv, LinearGroup::kAttnOutput};
+  if (dense_ffn) groups.insert(groups.end(), {LinearGroup::kGateUp, LinearGroup::kDown});
+  if (experts) groups.insert(groups.end(), {LinearGroup::kExpertGateUp, LinearGroup::kExpertDown});
+  return groups;
+}
+
+std::vector<LinearGroupId> AllLinearGroups(const LinearGroupLayout& layout) {
+  const std::vector<LinearGroup> layer_groups = layout.LayerGroups();
   std::vector<LinearGroupId> groups;
-  groups.reserve(static_cast<size_t>(num_layers) * 4 + 1);
-  for (int32_t layer = 0; layer < num_layers; ++layer) {
-    for (LinearGroup group :
-         {LinearGroup::kQkv, LinearGroup::kAttnOutput, LinearGroup::kGateUp, LinearGroup::kDown}) {
-      groups.push_back({layer, group});
-    }
+  groups.reserve(static_cast<size_t>(layout.num_layers) * layer_groups.size() + 1);
+  for (int32_t layer = 0; layer < layout.num_layers; ++layer) {
+    for (const LinearGroup group : layer_groups) groups.push_back({layer, group});
   }
   groups.push_back(LinearGroupId::Head());
   return groups;
 }
 
 std::vector<LinearGroupId> AllLinearGroups(const ModelConfig& config) {
-  return AllLinearGroups(static_cast<int32_t>(config.num_layers));
+  return AllLinearGroups(LinearGroupLayout::Of(config));
 }
 
-int64_t FindLinearGroupIndex(int32_t num_layers, LinearGroupId id) {
+int64_t FindLinearGroupIndex(const LinearGroupLayout& layout, LinearGroupId id) {
+  const std::vector<LinearGroup> layer_groups = layout.LayerGroups();
+  const auto per_layer = static_cast<int64_t>(layer_groups.size());
   if (id.group == LinearGroup::kOutputHead) {
-    return id.layer == LinearGroupId::kHeadLayer ? int64_t{num_layers} * 4 : -1;
+    return id.layer == LinearGroupId::kHeadLayer ? int64_t{layout.num_layers} * per_layer : -1;
   }
-  const auto group = static_cast<int32_t>(id.group);
-  if (id.layer < 0 || id.layer >= num_layers || group < 0 || group >= 4) return -1;
-  return int64_t{id.layer} * 4 + group;
+  if (id.layer < 0 || id.layer >= layout.num_layers) return -1;
+  const auto found = std::find(layer_groups.begin(), layer_groups.end(), id.group);
+  if (found == layer_groups.end()) return -1;
+  return int64_t{id.layer} * per_layer + (found - layer_groups.begin());
 }
 
 int64_t LinearGroupIndex(const ModelConfig& config, LinearGroupId id) {
-  const int64_t index = FindLinearGroupIndex(static_cast<int32_t>(config.num_layers), id);
+  const int64_t index = FindLinearGroupIndex(LinearGroupLayout::Of(config), id);
   BITSPLIT_CHECK(index >= 0);
   return index;
 }
 
 std::vector<std::string> LinearGroupTensorNames(const ModelConfig& config, LinearGroupId id) {
   std::vector<std::string> names;
-  for (std::string_view suffix : GroupTensorSuffixes(config, id.group)) {
+  for (std::string_view suffix : GroupTensorSuffixes(config, id)) {
     const absl::string_view s(suffix.data(), suffix.size());
     names.push_back(id.group == LinearGroup::kOutputHead
                         ? absl::StrCat(s, ".weight")
@@ -95,37 +123,43 @@ std::vector<std::string> LinearGroupTensorNames(const ModelConfig& config, Linea
   return names;
 }
 
-int64_t LinearGroupInputDim(const ModelConfig& config, LinearGroup group) {
-  switch (group) {
+int64_t LinearGroupInputDim(const ModelConfig& config, LinearGroupId id) {
+  switch (id.group) {
     case LinearGroup::kQkv:
     case LinearGroup::kGateUp:
     case LinearGroup::kOutputHead:
+    case LinearGroup::kExpertGateUp:
       return config.d_model;
     case LinearGroup::kAttnOutput:
-      return config.q_dim();
+      return config.QDim(id.layer);
     case LinearGroup::kDown:
-      return config.has_experts() ? config.d_ff_expert : config.d_ff;
+      return config.d_ff;
+    case LinearGroup::kExpertDown:
+      return config.d_ff_expert;
   }
   BITSPLIT_CHECK(false);
   return 0;
 }
 
-std::vector<int64_t> LinearGroupOutputDims(const ModelConfig& config, LinearGroup group) {
-  switch (group) {
+std::vector<int64_t> LinearGroupOutputDims(const ModelConfig& config, LinearGroupId id) {
+  switch (id.group) {
     case LinearGroup::kQkv:
-      return {config.q_dim(), config.kv_dim(), config.kv_dim()};
+      if (config.ValueIsKey(id.layer)) return {config.QDim(id.layer), config.KvDim(id.layer)};
+      return {config.QDim(id.layer), config.KvDim(id.layer), config.KvDim(id.layer)};
     case LinearGroup::kAttnOutput:
       return {config.d_model};
     case LinearGroup::kDown:
-      if (config.has_experts()) return {config.num_experts * config.d_model};
       return {config.d_model};
     case LinearGroup::kGateUp:
-      if (config.has_experts()) {
-        return {config.num_experts * config.d_ff_expert, config.num_experts * config.d_ff_expert};
-      }
       return {config.d_ff, config.d_ff};
     case LinearGroup::kOutputHead:
       return {config.vocab_size};
+    case LinearGroup::kExpertGateUp:
+    case LinearGroup::kExpertDown: {
+      std::vector<int64_t> rows = ExpertOutputDims(config, id.group);
+      for (int64_t& r : rows) r *= config.num_experts;
+      return rows;
+    }
   }
   BITSPLIT_CHECK(false);
   return {};
@@ -144,7 +178,7 @@ GgufGroupMatrices GroupMatricesOf(const ModelWeights& weights, LinearGroupId id)
     case LinearGroup::kQkv:
       add(w.wq);
       add(w.wk);
-      add(w.wv);
+      if (w.wv.data != nullptr) add(w.wv);  // none where the values are the keys
       break;
     case LinearGroup::kAttnOutput:
       add(w.wo);
@@ -155,6 +189,12 @@ GgufGroupMatrices GroupMatricesOf(const ModelWeights& weights, LinearGroupId id)
       break;
     case LinearGroup::kDown:
       add(w.w_down);
+      break;
+    case LinearGroup::kExpertGateUp:
+      for (const ops::WeightMatrix& tall : w.experts_gate_up) add(tall);
+      break;
+    case LinearGroup::kExpertDown:
+      add(w.experts_down);
       break;
     case LinearGroup::kOutputHead:
       break;  // handled above
@@ -170,17 +210,16 @@ absl::Status GgufLinearBackend::Apply(LinearGroupId id, const float* x, int64_t 
   return absl::OkStatus();
 }
 
-std::string_view ExpertGroupName(ExpertGroup group) {
-  return group == ExpertGroup::kGateUp ? "expert_gate_up" : "expert_down";
+int64_t ExpertInputDim(const ModelConfig& config, LinearGroup group) {
+  BITSPLIT_CHECK(IsExpertGroup(group));
+  return group == LinearGroup::kExpertGateUp ? config.d_model : config.d_ff_expert;
 }
 
-int64_t ExpertGroupInputDim(const ModelConfig& config, ExpertGroup group) {
-  return group == ExpertGroup::kGateUp ? config.d_model : config.d_ff_expert;
-}
-
-std::vector<int64_t> ExpertGroupOutputDims(const ModelConfig& config, ExpertGroup group) {
-  if (group == ExpertGroup::kGateUp) return {config.d_ff_expert, config.d_ff_expert};
-  return {config.d_model};
+std::vector<int64_t> ExpertOutputDims(const ModelConfig& config, LinearGroup group) {
+  BITSPLIT_CHECK(IsExpertGroup(group));
+  if (group == LinearGroup::kExpertDown) return {config.d_model};
+  if (config.fused_expert_gate_up) return {2 * config.d_ff_expert};
+  return {config.d_ff_expert, config.d_ff_expert};
 }
 
 absl::Status ValidateExpertSegments(int32_t layer, int64_t num_experts, int64_t num_rows,
@@ -196,27 +235,28 @@ absl::Status ValidateExpertSegments(int32_t layer, int64_t num_experts, int64_t 
   return absl::OkStatus();
 }
 
-absl::Status GgufLinearBackend::ApplyExperts(int32_t layer, ExpertGroup group, const float* x,
+absl::Status GgufLinearBackend::ApplyExperts(int32_t layer, LinearGroup group, const float* x,
                                              int64_t num_rows, std::span<const ExpertRows> segments,
                                              std::span<float* const> outputs, ThreadPool& pool) {
-  BITSPLIT_CHECK(layer >= 0 && static_cast<size_t>(layer) < weights_.layers.size());
+  BITSPLIT_CHECK(layer >= 0 && static_cast<size_t>(layer) < weights_.layers.size() &&
+                 IsExpertGroup(group));
   const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
-  const int64_t experts = static_cast<int64_t>(w.expert_down.size());
-  BITSPLIT_CHECK(outputs.size() == (group == ExpertGroup::kGateUp ? 2u : 1u));
-  BITSPLIT_RETURN_IF_ERROR(ValidateExpertSegments(layer, experts, num_rows, segments));
+  const std::vector<std::vector<ops::WeightMatrix>>& experts =
+      group == LinearGroup::kExpertGateUp ? w.expert_gate_up : w.expert_down;
+  BITSPLIT_RETURN_IF_ERROR(
+      ValidateExpertSegments(layer, static_cast<int64_t>(experts.size()), num_rows, segments));
   for (const ExpertRows& segment : segments) {
-    const auto e = static_cast<size_t>(segment.expert);
-    const ops::WeightMatrix* gate_up[] = {&w.expert_gate[e], &w.expert_up[e]};
-    const ops::WeightMatrix* down[] = {&w.expert_down[e]};
-    const std::span<const ops::WeightMatrix* const> matrices =
-        group == ExpertGroup::kGateUp ? std::span<const ops::WeightMatrix* const>(gate_up)
-                                      : std::span<const ops::WeightMatrix* const>(down);
-    std::array<float*, 2> rows{};
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      rows[i] = outputs[i] + segment.first_row * matrices[i]->rows;
+    const std::vector<ops::WeightMatrix>& matrices = experts[static_cast<size_t>(segment.expert)];
+    BITSPLIT_CHECK(outputs.size() == matrices.size());
+    std::array<const ops::WeightMatrix*, kMaxMatricesPerGroup> views{};
+    std::array<float*, kMaxMatricesPerGroup> rows{};
+    for (size_t i = 0; i < matrices.size(); ++i) {
+      views[i] = &matrices[i];
+      rows[i] = outputs[i] + segment.first_row * matrices[i].rows;
     }
-    ops::MatMulMany(x + segment.first_row * matrices[0]->cols, segment.count, matrices,
-                    std::span<float* const>(rows.data(), outputs.size()), pool);
+    ops::MatMulMany(x + segment.first_row * matrices[0].cols, segment.count,
+                    std::span<const ops::WeightMatrix* const>(views.data(), matrices.size()),
+                    std::span<float* const>(rows.data(), matrices.size()), pool);
   }
   return absl::OkStatus();
 }

@@ -26,14 +26,22 @@ namespace bitsplit::model {
 
 enum class LinearGroup : int32_t {
   kQkv = 0,         // attn_q | attn_k | attn_v; input: attention-normed x [d_model]
-  kAttnOutput = 1,  // attn_output;              input: attention output [q_dim]
+                    // (attn_q | attn_k where the layer's values are its keys)
+  kAttnOutput = 1,  // attn_output;              input: attention output [QDim(layer)]
   kGateUp = 2,      // ffn_gate | ffn_up;        input: ffn-normed x [d_model]
-  kDown = 3,        // ffn_down;                 input: silu(gate) * up [d_ff]
+  kDown = 3,        // ffn_down;                 input: act(gate) * up [d_ff]
   kOutputHead = 4,  // output (token_embd's matrix when tied); input: final-normed x [d_model]
+  // A mixture-of-experts layer's experts, each tensor held as one tall matrix: expert e's rows
+  // are [e * rows, (e + 1) * rows) of it (every split format is row-wise, so splitting the tall
+  // matrix splits each expert). Computed per expert through LinearBackend::ApplyExperts.
+  kExpertGateUp = 5,  // ffn_gate_exps | ffn_up_exps, or the fused ffn_gate_up_exps (each
+                      // expert's gate rows, then its up rows); input: the experts' x [d_model]
+  kExpertDown = 6,    // ffn_down_exps;              input: act(gate) * up [d_ff_expert]
 };
-inline constexpr int kNumLinearGroups = 5;
+inline constexpr int kNumLinearGroups = 7;
 inline constexpr int kMaxMatricesPerGroup = 3;
 std::string_view LinearGroupName(LinearGroup group);  // "qkv", "attn_output", ...
+bool IsExpertGroup(LinearGroup group);
 
 // One group of one layer.
 struct LinearGroupId {
@@ -47,28 +55,38 @@ struct LinearGroupId {
 };
 std::string LinearGroupIdString(LinearGroupId id);  // "blk.3 qkv", "output head"
 
-// Every group of a model of `num_layers` layers in forward order: per layer qkv, attn_output,
-// gate_up, down; then the head.
-std::vector<LinearGroupId> AllLinearGroups(int32_t num_layers);
+// Which groups every layer of a model has: the attention groups; the dense FFN's unless every
+// FFN is a mixture of experts (qwen3moe); the experts' where there are experts (gemma4's MoE
+// layers have both).
+struct LinearGroupLayout {
+  int32_t num_layers = 0;
+  bool dense_ffn = true;
+  bool experts = false;
+
+  static LinearGroupLayout Of(const ModelConfig& config);
+  std::vector<LinearGroup> LayerGroups() const;  // in forward order
+  bool operator==(const LinearGroupLayout&) const = default;
+};
+
+// Every group of a model in forward order: per layer its LayerGroups(); then the head.
+std::vector<LinearGroupId> AllLinearGroups(const LinearGroupLayout& layout);
 std::vector<LinearGroupId> AllLinearGroups(const ModelConfig& config);
 // Dense index of a group in AllLinearGroups order (for tables indexed by group), or -1 when `id`
-// names no group of such a model (a layer out of range, the head with a layer, an unknown group).
-int64_t FindLinearGroupIndex(int32_t num_layers, LinearGroupId id);
+// names no group of such a model (a layer out of range, the head with a layer, a group the
+// layers do not have).
+int64_t FindLinearGroupIndex(const LinearGroupLayout& layout, LinearGroupId id);
 // FindLinearGroupIndex of a group the caller knows is valid (checked: a bad id aborts).
 int64_t LinearGroupIndex(const ModelConfig& config, LinearGroupId id);
 
 // GGUF-style names of a group's weight tensors, in output order: {"blk.3.attn_q.weight",
 // "blk.3.attn_k.weight", "blk.3.attn_v.weight"}; the head is "output.weight" (split models store
-// the head under this name even when the source ties it to token_embd.weight). In a
-// mixture-of-experts model the gate|up and down groups are the expert tensors
-// ("blk.3.ffn_gate_exps.weight", ...), each held as one tall matrix: expert e's rows are
-// [e * rows, (e + 1) * rows) of it (every split format is row-wise, so splitting the tall matrix
-// splits each expert).
+// the head under this name even when the source ties it to token_embd.weight); the expert groups
+// name the 3-D expert tensors ("blk.3.ffn_gate_exps.weight", ...).
 std::vector<std::string> LinearGroupTensorNames(const ModelConfig& config, LinearGroupId id);
 // Input width of a group's matrices and the output width of each (the tall expert matrices'
-// rows in a mixture-of-experts model), in output order.
-int64_t LinearGroupInputDim(const ModelConfig& config, LinearGroup group);
-std::vector<int64_t> LinearGroupOutputDims(const ModelConfig& config, LinearGroup group);
+// rows for the expert groups), in output order.
+int64_t LinearGroupInputDim(const ModelConfig& config, LinearGroupId id);
+std::vector<int64_t> LinearGroupOutputDims(const ModelConfig& config, LinearGroupId id);
 
 // The GGUF weights of group `id`, in output order (the head of a tied model is token_embd's
 // matrix). Views into `weights`.
@@ -81,14 +99,9 @@ struct GgufGroupMatrices {
 };
 GgufGroupMatrices GroupMatricesOf(const ModelWeights& weights, LinearGroupId id);
 
-// The expert matrices of a mixture-of-experts layer, applied to the rows routed to each expert.
-enum class ExpertGroup : int32_t {
-  kGateUp = 0,  // ffn_gate_exps | ffn_up_exps of one expert; input: ffn-normed x [d_model]
-  kDown = 1,    // ffn_down_exps;                           input: act(gate) * up [d_ff_expert]
-};
-std::string_view ExpertGroupName(ExpertGroup group);  // "expert_gate_up", "expert_down"
-int64_t ExpertGroupInputDim(const ModelConfig& config, ExpertGroup group);
-std::vector<int64_t> ExpertGroupOutputDims(const ModelConfig& config, ExpertGroup group);
+// One expert's share of an expert group: the input width and each matrix's rows.
+int64_t ExpertInputDim(const ModelConfig& config, LinearGroup group);
+std::vector<int64_t> ExpertOutputDims(const ModelConfig& config, LinearGroup group);
 
 // The rows [first_row, first_row + count) of an ApplyExperts input that go to `expert`.
 struct ExpertRows {
@@ -118,12 +131,12 @@ class LinearBackend {
   virtual absl::Status Apply(LinearGroupId id, const float* x, int64_t num_tokens,
                              std::span<float* const> outputs, ThreadPool& pool) = 0;
 
-  // One expert group of mixture-of-experts layer `layer` for all experts a forward routed to, in
-  // one call (so that a backend can read each expert's weights once for all its rows): for every
-  // segment s, outputs[i] rows [s.first_row, s.first_row + s.count) = the same rows of x · W_iᵀ,
-  // W_i the s.expert's i-th matrix of `group`. x is [num_rows, input dim]; the segments do not
-  // overlap. Rows outside every segment are left as they are.
-  virtual absl::Status ApplyExperts(int32_t layer, ExpertGroup group, const float* x,
+  // One expert group (kExpertGateUp, kExpertDown) of mixture-of-experts layer `layer` for all
+  // experts a forward routed to, in one call (so that a backend can read each expert's weights once
+  // for all its rows): for every segment s, outputs[i] rows [s.first_row, s.first_row + s.count) =
+  // the same rows of x · W_iᵀ, W_i the s.expert's i-th matrix of `group`. x is [num_rows, input
+  // dim]; the segments do not overlap. Rows outside every segment are left as they are.
+  virtual absl::Status ApplyExperts(int32_t layer, LinearGroup group, const float* x,
                                     int64_t num_rows, std::span<const ExpertRows> segments,
                                     std::span<float* const> outputs, ThreadPool& pool) = 0;
 };
@@ -137,7 +150,7 @@ class GgufLinearBackend final : public LinearBackend {
 
   absl::Status Apply(LinearGroupId id, const float* x, int64_t num_tokens,
                      std::span<float* const> outputs, ThreadPool& pool) override;
-  absl::Status ApplyExperts(int32_t layer, ExpertGroup group, const float* x, int64_t num_rows,
+  absl::Status ApplyExperts(int32_t layer, LinearGroup group, const float* x, int64_t num_rows,
                             std::span<const ExpertRows> segments, std::span<float* const> outputs,
                             ThreadPool& pool) override;
 

@@ -202,10 +202,10 @@ absl::Status LlamaModel::ValidateBatch(const Batch& batch, const KvCache& cache,
                                        size_t logits_size) const {
   BITSPLIT_RETURN_IF_ERROR(model::ValidateBatch(batch, config_.vocab_size, cache.pending_length()));
   const int64_t width = batch.mask_width();
-  if (cache.num_layers() != config_.num_layers || cache.kv_dim() != config_.kv_dim()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("KV cache shaped for %d layers x %d kv dims, the model has %d x %d",
-                        cache.num_layers(), cache.kv_dim(), config_.num_layers, config_.kv_dim()));
+  if (cache.layer_kv_dims() != KvCache::LayerKvDims(config_)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "KV cache shaped for %d layers x %d kv dims (layer 0), the model has %d x %d",
+        cache.num_layers(), cache.kv_dim(0), config_.num_layers, config_.KvDim(0)));
   }
   if (width > cache.capacity() - cache.committed_length()) {
     return absl::ResourceExhaustedError(
@@ -279,22 +279,29 @@ struct LlamaModel::ForwardPass {
     }
     x = Buffer(rows, c.d_model);
     normed = Buffer(rows, c.d_model);
-    q = Buffer(rows, c.q_dim());
-    keys = Buffer(rows, c.kv_dim());
-    values = Buffer(rows, c.kv_dim());
-    attention = Buffer(rows, c.q_dim());
+    q = Buffer(rows, c.MaxQDim());
+    keys = Buffer(rows, c.MaxKvDim());
+    values = Buffer(rows, c.MaxKvDim());
+    attention = Buffer(rows, c.MaxQDim());
+    if (c.dense_ffn) {
+      gate = Buffer(rows, c.d_ff);
+      up = Buffer(rows, c.d_ff);
+    }
     if (c.has_experts()) {
       const int64_t routed = rows * c.num_experts_used;
       router_logits = Buffer(rows, c.num_experts);
       expert_weights = Buffer(rows, c.num_experts_used);
       expert_of.resize(static_cast<size_t>(routed));
       expert_input = Buffer(routed, c.d_model);
-      gate = Buffer(routed, c.d_ff_expert);
-      up = Buffer(routed, c.d_ff_expert);
+      expert_gate = Buffer(routed, c.d_ff_expert);
+      expert_up = Buffer(routed, c.d_ff_expert);
+      if (c.fused_expert_gate_up) expert_gate_up = Buffer(routed, 2 * c.d_ff_expert);
       expert_output = Buffer(routed, c.d_model);
-    } else {
-      gate = Buffer(rows, c.d_ff);
-      up = Buffer(rows, c.d_ff);
+      experts_sum = Buffer(rows, c.d_model);
+      if (c.parallel_experts) {
+        experts_normed = Buffer(rows, c.d_model);
+        router_input = Buffer(rows, c.d_model);
+      }
     }
     projected = Buffer(rows, c.d_model);
   }
@@ -306,19 +313,28 @@ struct LlamaModel::ForwardPass {
   std::vector<int32_t> positions;  // [rows]
   std::vector<float> x;            // the hidden state
   std::vector<float> normed;       // RMS-normalized x
+  // Attention activations, each row as wide as the current layer's shape.
   std::vector<float> q;
   std::vector<float> keys;  // then copied to each sequence's cache
   std::vector<float> values;
   std::vector<float> attention;
-  std::vector<float> gate;
+  std::vector<float> gate;  // the dense FFN's
   std::vector<float> up;
-  std::vector<float> projected;  // wo / w_down output
+  std::vector<float> projected;  // wo / the FFN's output
   // Mixture of experts: each row's num_experts_used choices, in the order they are added.
   std::vector<float> router_logits;   // [rows, num_experts]
   std::vector<float> expert_weights;  // [rows, num_experts_used]
   std::vector<int32_t> expert_of;     // [rows * num_experts_used]
-  std::vector<float> expert_input;    // [rows * num_experts_used, d_model], grouped by expert
-  std::vector<float> expert_output;   // [rows * num_experts_used, d_model], grouped by expert
+  // [rows * num_experts_used, width], grouped by expert:
+  std::vector<float> expert_input;    // d_model
+  std::vector<float> expert_gate;     // d_ff_expert
+  std::vector<float> expert_up;       // d_ff_expert
+  std::vector<float> expert_gate_up;  // 2 * d_ff_expert, the fused tensor's output
+  std::vector<float> expert_output;   // d_model
+  std::vector<float> experts_sum;     // [rows, d_model]: the weighted sum of each row's experts
+  // parallel_experts: the experts' input pre_ffw_norm_2(x) and the router's input.
+  std::vector<float> experts_normed;  // [rows, d_model]
+  std::vector<float> router_input;    // [rows, d_model]
 };
 
 absl::Status LlamaModel::ForwardSequencesWith(LinearBackend& linear,
@@ -384,29 +400,42 @@ absl::Status LlamaModel::AttentionBlock(int32_t layer, ForwardPass& pass) {
   const ModelConfig& c = config_;
   const LayerNorms& vectors = embedding_and_norms_.layers[static_cast<size_t>(layer)];
   const int64_t n = pass.rows;
+  const int64_t head_dim = c.HeadDim(layer);
+  const int64_t kv_heads = c.NumKvHeads(layer);
   ops::RmsNorm(pass.x.data(), n, c.d_model, vectors.attn_norm, c.rms_norm_eps, pass.normed.data());
   float* const qkv[] = {pass.q.data(), pass.keys.data(), pass.values.data()};
-  BITSPLIT_RETURN_IF_ERROR(
-      pass.linear.Apply({layer, LinearGroup::kQkv}, pass.normed.data(), n, qkv, *pool_));
+  const size_t matrices = c.ValueIsKey(layer) ? 2 : 3;
+  BITSPLIT_RETURN_IF_ERROR(pass.linear.Apply({layer, LinearGroup::kQkv}, pass.normed.data(), n,
+                                             std::span<float* const>(qkv, matrices), *pool_));
+  if (c.ValueIsKey(layer)) {  // v is k's projection, before k's norm and RoPE
+    std::copy_n(pass.keys.data(), n * c.KvDim(layer), pass.values.data());
+  }
   if (c.qkv_bias) {
-    AddBias(pass.q.data(), vectors.q_bias, n, c.q_dim());
-    AddBias(pass.keys.data(), vectors.k_bias, n, c.kv_dim());
-    AddBias(pass.values.data(), vectors.v_bias, n, c.kv_dim());
+    AddBias(pass.q.data(), vectors.q_bias, n, c.QDim(layer));
+    AddBias(pass.keys.data(), vectors.k_bias, n, c.KvDim(layer));
+    AddBias(pass.values.data(), vectors.v_bias, n, c.KvDim(layer));
   }
   if (c.qk_norm) {  // each head normalized on its own
-    ops::RmsNorm(pass.q.data(), n * c.num_heads, c.head_dim, vectors.attn_q_norm, c.rms_norm_eps,
+    ops::RmsNorm(pass.q.data(), n * c.num_heads, head_dim, vectors.attn_q_norm, c.rms_norm_eps,
                  pass.q.data());
-    ops::RmsNorm(pass.keys.data(), n * c.num_kv_heads, c.head_dim, vectors.attn_k_norm,
-                 c.rms_norm_eps, pass.keys.data());
+    ops::RmsNorm(pass.keys.data(), n * kv_heads, head_dim, vectors.attn_k_norm, c.rms_norm_eps,
+                 pass.keys.data());
   }
-  const ops::RopeConfig rope{.head_dim = c.head_dim,
-                             .rotary_dims = c.rope_dims,
-                             .freq_base = c.RopeFreqBase(layer),
-                             .freq_scale = c.RopeFreqScale(layer),
-                             .freq_factors = embedding_and_norms_.rope_freq_factors,
-                             .style = c.rope_style};
+  if (c.value_norm) {
+    ops::RmsNorm(pass.values.data(), n * kv_heads, head_dim, nullptr, c.rms_norm_eps,
+                 pass.values.data());
+  }
+  // The frequency factors (llama 3's scaling, gemma4's proportional RoPE) belong to the global
+  // layers.
+  const ops::RopeConfig rope{
+      .head_dim = head_dim,
+      .rotary_dims = c.RopeDims(layer),
+      .freq_base = c.RopeFreqBase(layer),
+      .freq_scale = c.RopeFreqScale(layer),
+      .freq_factors = c.IsLocalLayer(layer) ? nullptr : embedding_and_norms_.rope_freq_factors,
+      .style = c.rope_style};
   ops::ApplyRope(pass.q.data(), n, c.num_heads, pass.positions.data(), rope);
-  ops::ApplyRope(pass.keys.data(), n, c.num_kv_heads, pass.positions.data(), rope);
+  ops::ApplyRope(pass.keys.data(), n, kv_heads, pass.positions.data(), rope);
   StoreKvAndAttend(layer, pass);
   float* const projected[] = {pass.projected.data()};
   BITSPLIT_RETURN_IF_ERROR(pass.linear.Apply({layer, LinearGroup::kAttnOutput},
@@ -417,27 +446,28 @@ absl::Status LlamaModel::AttentionBlock(int32_t layer, ForwardPass& pass) {
 
 void LlamaModel::StoreKvAndAttend(int32_t layer, ForwardPass& pass) {
   const ModelConfig& c = config_;
+  const int64_t kv_dim = c.KvDim(layer);
+  const int64_t q_dim = c.QDim(layer);
   const ops::AttentionShape shape{.num_heads = c.num_heads,
-                                  .num_kv_heads = c.num_kv_heads,
-                                  .head_dim = c.head_dim,
+                                  .num_kv_heads = c.NumKvHeads(layer),
+                                  .head_dim = c.HeadDim(layer),
                                   .scale = c.attention_scale};
   // Each sequence's keys and values go to its own cache, and its rows attend over it.
   for (const SequenceSlice& slice : pass.slices) {
     const Batch& batch = *slice.batch;
     KvCache& cache = *slice.cache;
-    const size_t from = static_cast<size_t>(slice.first_row * c.kv_dim());
-    const size_t count = static_cast<size_t>(slice.rows * c.kv_dim());
-    std::copy_n(pass.keys.data() + from, count, cache.keys(layer) + slice.first_slot * c.kv_dim());
-    std::copy_n(pass.values.data() + from, count,
-                cache.values(layer) + slice.first_slot * c.kv_dim());
+    const size_t from = static_cast<size_t>(slice.first_row * kv_dim);
+    const size_t count = static_cast<size_t>(slice.rows * kv_dim);
+    std::copy_n(pass.keys.data() + from, count, cache.keys(layer) + slice.first_slot * kv_dim);
+    std::copy_n(pass.values.data() + from, count, cache.values(layer) + slice.first_slot * kv_dim);
     cache.RoundStored(layer, slice.first_slot, slice.rows);
     const ops::SlidingWindow window{.size = c.AttentionWindow(layer),
                                     .query_positions = batch.positions.data(),
                                     .slot_positions = cache.positions()};
-    ops::AttentionWithContext(pass.q.data() + slice.first_row * c.q_dim(), slice.rows,
+    ops::AttentionWithContext(pass.q.data() + slice.first_row * q_dim, slice.rows,
                               cache.keys(layer), cache.values(layer), cache.committed_length(),
                               batch.pending_prefix, batch.attention_mask.data(), shape,
-                              pass.attention.data() + slice.first_row * c.q_dim(), *pool_, window);
+                              pass.attention.data() + slice.first_row * q_dim, *pool_, window);
   }
 }
 
@@ -446,25 +476,57 @@ absl::Status LlamaModel::FeedForwardBlock(int32_t layer, ForwardPass& pass) {
   const LayerNorms& vectors = embedding_and_norms_.layers[static_cast<size_t>(layer)];
   const int64_t n = pass.rows;
   ops::RmsNorm(pass.x.data(), n, c.d_model, vectors.ffn_norm, c.rms_norm_eps, pass.normed.data());
-  if (c.has_experts()) {
-    BITSPLIT_RETURN_IF_ERROR(ExpertsBlock(layer, pass));
-  } else {
+  if (c.dense_ffn) {
     float* const gate_up[] = {pass.gate.data(), pass.up.data()};
     BITSPLIT_RETURN_IF_ERROR(
         pass.linear.Apply({layer, LinearGroup::kGateUp}, pass.normed.data(), n, gate_up, *pool_));
-    GatedActivation(n, c.d_ff, pass);
+    GatedActivation(n, c.d_ff, pass.gate.data(), pass.up.data());
     float* const projected[] = {pass.projected.data()};
     BITSPLIT_RETURN_IF_ERROR(
         pass.linear.Apply({layer, LinearGroup::kDown}, pass.gate.data(), n, projected, *pool_));
   }
+  if (c.has_experts()) {
+    const float* experts_input = pass.normed.data();
+    const float* router_input = pass.normed.data();
+    if (c.parallel_experts) {
+      // As llama.cpp's gemma4 graph: the experts read pre_ffw_norm_2(x), the router
+      // RMSNorm(x) / sqrt(d_model) * ffn_gate_inp.scale (three roundings, in that order).
+      ops::RmsNorm(pass.x.data(), n, c.d_model, vectors.experts_pre_norm, c.rms_norm_eps,
+                   pass.experts_normed.data());
+      ops::RmsNorm(pass.x.data(), n, c.d_model, nullptr, c.rms_norm_eps, pass.router_input.data());
+      const float inverse_sqrt_d = 1.0f / std::sqrt(static_cast<float>(c.d_model));
+      for (int64_t t = 0; t < n; ++t) {
+        float* row = pass.router_input.data() + t * c.d_model;
+        for (int64_t i = 0; i < c.d_model; ++i) {
+          row[i] = row[i] * inverse_sqrt_d * vectors.router_input_scale[i];
+        }
+      }
+      experts_input = pass.experts_normed.data();
+      router_input = pass.router_input.data();
+    }
+    BITSPLIT_RETURN_IF_ERROR(ExpertsBlock(layer, experts_input, router_input, pass));
+    if (c.parallel_experts) {  // post_ffw_norm_1(dense) + post_ffw_norm_2(experts)
+      ops::RmsNorm(pass.projected.data(), n, c.d_model, vectors.dense_post_norm, c.rms_norm_eps,
+                   pass.projected.data());
+      ops::RmsNorm(pass.experts_sum.data(), n, c.d_model, vectors.experts_post_norm, c.rms_norm_eps,
+                   pass.experts_sum.data());
+      AddInPlace(pass.projected.data(), pass.experts_sum.data(), n * c.d_model);
+    } else {
+      pass.projected.swap(pass.experts_sum);
+    }
+  }
   AddToHiddenState(vectors.ffn_post_norm, pass);
+  if (c.layer_output_scale) {
+    const float scale = *vectors.output_scale;
+    for (float& value : pass.x) value *= scale;
+  }
   return absl::OkStatus();
 }
 
-void LlamaModel::GatedActivation(int64_t rows, int64_t width, ForwardPass& pass) const {
+void LlamaModel::GatedActivation(int64_t rows, int64_t width, float* gate, const float* up) const {
   pool_->ParallelFor(rows, [&](int64_t begin, int64_t end, int) {
-    float* g = pass.gate.data() + begin * width;
-    const float* u = pass.up.data() + begin * width;
+    float* g = gate + begin * width;
+    const float* u = up + begin * width;
     const int64_t count = (end - begin) * width;
     switch (config_.ffn_activation) {
       case FfnActivation::kSilu:
@@ -477,11 +539,11 @@ void LlamaModel::GatedActivation(int64_t rows, int64_t width, ForwardPass& pass)
   });
 }
 
-void LlamaModel::RouteToExperts(int32_t layer, ForwardPass& pass) {
+void LlamaModel::RouteToExperts(int32_t layer, const float* router_input, ForwardPass& pass) {
   const ModelConfig& c = config_;
   const int64_t k = c.num_experts_used;
   const ops::WeightMatrix& router = embedding_and_norms_.layers[static_cast<size_t>(layer)].router;
-  ops::MatMul(pass.normed.data(), pass.rows, router, pass.router_logits.data(), *pool_);
+  ops::MatMul(router_input, pass.rows, router, pass.router_logits.data(), *pool_);
   std::vector<float> probabilities(static_cast<size_t>(c.num_experts));
   std::vector<int32_t> order(static_cast<size_t>(c.num_experts));
   for (int64_t t = 0; t < pass.rows; ++t) {
@@ -508,10 +570,13 @@ void LlamaModel::RouteToExperts(int32_t layer, ForwardPass& pass) {
   }
 }
 
-absl::Status LlamaModel::ExpertsBlock(int32_t layer, ForwardPass& pass) {
+absl::Status LlamaModel::ExpertsBlock(int32_t layer, const float* input, const float* router_input,
+                                      ForwardPass& pass) {
   const ModelConfig& c = config_;
+  const LayerNorms& vectors = embedding_and_norms_.layers[static_cast<size_t>(layer)];
   const int64_t k = c.num_experts_used;
-  RouteToExperts(layer, pass);
+  const int64_t width = c.d_ff_expert;
+  RouteToExperts(layer, router_input, pass);
   // The (row, choice) pairs grouped by expert, so that each expert runs once on all its rows.
   const int64_t routed = pass.rows * k;
   std::vector<int64_t> slot_of(static_cast<size_t>(routed));  // (row, choice) -> grouped row
@@ -530,25 +595,44 @@ absl::Status LlamaModel::ExpertsBlock(int32_t layer, ForwardPass& pass) {
   for (int64_t pair = 0; pair < routed; ++pair) {
     const int64_t slot = first[static_cast<size_t>(pass.expert_of[static_cast<size_t>(pair)])]++;
     slot_of[static_cast<size_t>(pair)] = slot;
-    std::copy_n(pass.normed.data() + (pair / k) * c.d_model, c.d_model,
+    std::copy_n(input + (pair / k) * c.d_model, c.d_model,
                 pass.expert_input.data() + slot * c.d_model);
   }
-  float* const gate_up[] = {pass.gate.data(), pass.up.data()};
-  BITSPLIT_RETURN_IF_ERROR(pass.linear.ApplyExperts(
-      layer, ExpertGroup::kGateUp, pass.expert_input.data(), routed, segments, gate_up, *pool_));
-  GatedActivation(routed, c.d_ff_expert, pass);
+  if (c.fused_expert_gate_up) {  // each row: the expert's gate outputs, then its up outputs
+    float* const gate_up[] = {pass.expert_gate_up.data()};
+    BITSPLIT_RETURN_IF_ERROR(pass.linear.ApplyExperts(layer, LinearGroup::kExpertGateUp,
+                                                      pass.expert_input.data(), routed, segments,
+                                                      gate_up, *pool_));
+    for (int64_t r = 0; r < routed; ++r) {
+      const float* row = pass.expert_gate_up.data() + r * 2 * width;
+      std::copy_n(row, width, pass.expert_gate.data() + r * width);
+      std::copy_n(row + width, width, pass.expert_up.data() + r * width);
+    }
+  } else {
+    float* const gate_up[] = {pass.expert_gate.data(), pass.expert_up.data()};
+    BITSPLIT_RETURN_IF_ERROR(pass.linear.ApplyExperts(layer, LinearGroup::kExpertGateUp,
+                                                      pass.expert_input.data(), routed, segments,
+                                                      gate_up, *pool_));
+  }
+  GatedActivation(routed, width, pass.expert_gate.data(), pass.expert_up.data());
   float* const down[] = {pass.expert_output.data()};
-  BITSPLIT_RETURN_IF_ERROR(pass.linear.ApplyExperts(layer, ExpertGroup::kDown, pass.gate.data(),
-                                                    routed, segments, down, *pool_));
-  // Each row's experts weighted and added in the order they were chosen (batch-invariant).
+  BITSPLIT_RETURN_IF_ERROR(pass.linear.ApplyExperts(
+      layer, LinearGroup::kExpertDown, pass.expert_gate.data(), routed, segments, down, *pool_));
+  // Each row's experts scaled (gemma4's per-expert scale), weighted and added in the order they
+  // were chosen (batch-invariant).
   for (int64_t t = 0; t < pass.rows; ++t) {
-    float* out = pass.projected.data() + t * c.d_model;
+    float* out = pass.experts_sum.data() + t * c.d_model;
     for (int64_t i = 0; i < k; ++i) {
-      const float weight = pass.expert_weights[static_cast<size_t>(t * k + i)];
-      const float* expert =
-          pass.expert_output.data() + slot_of[static_cast<size_t>(t * k + i)] * c.d_model;
+      const size_t pair = static_cast<size_t>(t * k + i);
+      const float weight = pass.expert_weights[pair];
+      const float* expert = pass.expert_output.data() + slot_of[pair] * c.d_model;
+      const float scale = vectors.expert_output_scale != nullptr
+                              ? vectors.expert_output_scale[pass.expert_of[pair]]
+                              : 1.0f;
       for (int64_t j = 0; j < c.d_model; ++j) {
-        out[j] = i == 0 ? expert[j] * weight : out[j] + expert[j] * weight;
+        const float value =
+            (vectors.expert_output_scale != nullptr ? expert[j] * scale : expert[j]) * weight;
+        out[j] = i == 0 ? value : out[j] + value;
       }
     }
   }
@@ -578,17 +662,23 @@ absl::Status LlamaModel::OutputHead(ForwardPass& pass) {
                    head_input.data() + (slice.first_logit_row + r) * c.d_model);
     }
   }
-  if (pass.slices.size() == 1) {  // straight into the caller's buffer
-    float* const head[] = {pass.slices[0].logits.data()};
-    return pass.linear.Apply(LinearGroupId::Head(), head_input.data(), pass.logit_rows, head,
-                             *pool_);
-  }
-  std::vector<float> logits = Buffer(pass.logit_rows, c.vocab_size);
-  float* const head[] = {logits.data()};
+  // Straight into the caller's buffer when there is one sequence.
+  std::vector<float> joined;
+  if (pass.slices.size() > 1) joined = Buffer(pass.logit_rows, c.vocab_size);
+  float* const logits = pass.slices.size() == 1 ? pass.slices[0].logits.data() : joined.data();
+  float* const head[] = {logits};
   BITSPLIT_RETURN_IF_ERROR(
       pass.linear.Apply(LinearGroupId::Head(), head_input.data(), pass.logit_rows, head, *pool_));
+  if (c.final_logit_softcap > 0.0f) {
+    const float cap = c.final_logit_softcap;
+    // As llama.cpp: scaled by 1/cap (a multiply), tanh, scaled by cap.
+    for (int64_t i = 0; i < pass.logit_rows * c.vocab_size; ++i) {
+      logits[i] = std::tanh(logits[i] * (1.0f / cap)) * cap;
+    }
+  }
+  if (pass.slices.size() == 1) return absl::OkStatus();
   for (const SequenceSlice& slice : pass.slices) {
-    std::copy_n(logits.data() + slice.first_logit_row * c.vocab_size,
+    std::copy_n(joined.data() + slice.first_logit_row * c.vocab_size,
                 slice.batch->num_logit_rows() * c.vocab_size, slice.logits.data());
   }
   return absl::OkStatus();

@@ -1,6 +1,6 @@
 #pragma once
 // CPU forward pass of the supported decoder families (config.h: llama — SmolLM2, Llama 2/3,
-// Mistral, TinyLlama — gemma3, qwen2, qwen3, qwen3moe), reading the weights in place from
+// Mistral, TinyLlama — gemma3, gemma4, qwen2, qwen3, qwen3moe), reading the weights in place from
 // memory-mapped files: a GGUF file (the reference), or a split model written by `bitsplit quantize`
 // (base file, optionally with its residual file).
 //
@@ -187,11 +187,13 @@ class LlamaModel {
   absl::Status AttentionBlock(int32_t layer, ForwardPass& pass);
   void StoreKvAndAttend(int32_t layer, ForwardPass& pass);
   absl::Status FeedForwardBlock(int32_t layer, ForwardPass& pass);
-  // pass.gate = act(pass.gate) * pass.up over `rows` rows of `width`.
-  void GatedActivation(int64_t rows, int64_t width, ForwardPass& pass) const;
-  // Mixture of experts: the FFN-normed rows' chosen experts and weights, then their FFNs.
-  void RouteToExperts(int32_t layer, ForwardPass& pass);
-  absl::Status ExpertsBlock(int32_t layer, ForwardPass& pass);
+  // gate = act(gate) * up over `rows` rows of `width`.
+  void GatedActivation(int64_t rows, int64_t width, float* gate, const float* up) const;
+  // Mixture of experts: each row's chosen experts and weights from the router's input, then the
+  // experts' FFNs on `input`, their weighted sum in pass.experts_sum.
+  void RouteToExperts(int32_t layer, const float* router_input, ForwardPass& pass);
+  absl::Status ExpertsBlock(int32_t layer, const float* input, const float* router_input,
+                            ForwardPass& pass);
   // x += projected, RMS-normalized first with `post_norm` where the config has post-norms.
   void AddToHiddenState(const float* post_norm, ForwardPass& pass) const;
   absl::Status OutputHead(ForwardPass& pass);

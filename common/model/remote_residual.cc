@@ -9,7 +9,7 @@
 namespace bitsplit::model {
 
 const ResidualGroupShape* ResidualShapes::Find(LinearGroupId id) const {
-  const int64_t index = FindLinearGroupIndex(num_layers, id);
+  const int64_t index = FindLinearGroupIndex(layout, id);
   if (index < 0 || index >= static_cast<int64_t>(groups.size())) return nullptr;
   return &groups[static_cast<size_t>(index)];
 }
@@ -32,10 +32,9 @@ int64_t ResidualShapes::max_outputs() const {
 
 ResidualShapes ResidualShapes::FromConfig(const ModelConfig& config) {
   ResidualShapes shapes;
-  shapes.num_layers = static_cast<int32_t>(config.num_layers);
+  shapes.layout = LinearGroupLayout::Of(config);
   for (const LinearGroupId id : AllLinearGroups(config)) {
-    shapes.groups.push_back(
-        {LinearGroupInputDim(config, id.group), LinearGroupOutputDims(config, id.group)});
+    shapes.groups.push_back({LinearGroupInputDim(config, id), LinearGroupOutputDims(config, id)});
   }
   return shapes;
 }

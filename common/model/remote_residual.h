@@ -29,7 +29,7 @@ struct ResidualGroupShape {
   bool operator==(const ResidualGroupShape&) const = default;
 };
 struct ResidualShapes {
-  int32_t num_layers = 0;
+  LinearGroupLayout layout;
   // In AllLinearGroups order (FindLinearGroupIndex).
   std::vector<ResidualGroupShape> groups;
 

@@ -2,10 +2,16 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::model {
+namespace {
+
+absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ResidualFile>> ResidualFile::Open(const std::string& path) {
   std::unique_ptr<ResidualFile> residual(new ResidualFile());
@@ -33,10 +39,10 @@ absl::Status ResidualFile::LoadGroups() {
 
   // The service computes dense groups only: a mixture-of-experts residual would need requests
   // that carry each row's experts.
-  if (file.FindTensor("blk.0.ffn_gate_exps.weight") != nullptr) {
+  if (file.FindTensor("blk.0.ffn_down_exps.weight") != nullptr) {
     return absl::UnimplementedError(absl::StrCat(
         file.name(),
-        ": a mixture-of-experts residual (blk.0.ffn_gate_exps.weight) is not served; verify it in "
+        ": a mixture-of-experts residual (blk.0.ffn_down_exps.weight) is not served; verify it in "
         "process (bitsplit generate --model PREFIX.base.bsplit --residual "
         "PREFIX.residual.bsplit)"));
   }
@@ -46,11 +52,13 @@ absl::Status ResidualFile::LoadGroups() {
   }
   if (num_layers_ == 0) return bad("no layers (tensor blk.0.attn_q.weight is missing)");
   size_t matrices = 0;
-  shapes_.num_layers = num_layers_;
-  for (const LinearGroupId id : AllLinearGroups(num_layers_)) {
+  shapes_.layout = {.num_layers = num_layers_};
+  for (const LinearGroupId id : AllLinearGroups(shapes_.layout)) {
     ResidualGroup group;
     group.id = id;
     for (const std::string& name : LinearGroupTensorNames(dense, id)) {
+      // A layer whose values are its keys (gemma4's global layers) has no attn_v.
+      if (absl::EndsWith(name, ".attn_v.weight") && file.FindTensor(name) == nullptr) continue;
       BITSPLIT_ASSIGN_OR_RETURN(const SplitTensor* tensor, file.GetTensor(name));
       const quant::SplitFormat format = *q->ResidualFormatOf(name);
       if (tensor->format != SplitTensorFormat(static_cast<uint32_t>(format)) ||
@@ -110,8 +118,12 @@ absl::StatusOr<const ResidualGroup*> ResidualFile::FindGroup(int64_t layer, int6
     return absl::InvalidArgumentError(
         absl::StrCat("layer ", layer, " is out of range [0, ", num_layers_, ")"));
   }
-  const int64_t index = FindLinearGroupIndex(num_layers_, {static_cast<int32_t>(layer), g});
-  BITSPLIT_CHECK(index >= 0 && index < static_cast<int64_t>(groups_.size()));
+  const int64_t index = FindLinearGroupIndex(shapes_.layout, {static_cast<int32_t>(layer), g});
+  if (index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("group ", group, " (", Absl(LinearGroupName(g)),
+                                                   ") is not a group of this residual"));
+  }
+  BITSPLIT_CHECK(index < static_cast<int64_t>(groups_.size()));
   const ResidualGroup& found = groups_[static_cast<size_t>(index)];
   if (rows < 1 || rows > max_rows) {
     return absl::InvalidArgumentError(

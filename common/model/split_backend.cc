@@ -34,18 +34,17 @@ void MatMulGroupRows(std::span<const quant::MatrixView> matrices, const GroupRow
   }
 }
 
-std::array<quant::MatrixView, 2> SplitLinearWeights::ExpertMatrices(int32_t layer,
-                                                                    ExpertGroup group,
-                                                                    int32_t expert) const {
-  BITSPLIT_CHECK(config_.has_experts() && expert >= 0 && expert < config_.num_experts);
-  const std::span<const quant::MatrixView> tall = this->group(
-      {layer, group == ExpertGroup::kGateUp ? LinearGroup::kGateUp : LinearGroup::kDown});
-  BITSPLIT_CHECK(tall.size() <= 2);
-  std::array<quant::MatrixView, 2> views{};
+SplitLinearWeights::ExpertViews SplitLinearWeights::ExpertMatrices(int32_t layer, LinearGroup group,
+                                                                   int32_t expert) const {
+  BITSPLIT_CHECK(IsExpertGroup(group) && expert >= 0 && expert < config_.num_experts);
+  const std::span<const quant::MatrixView> tall = this->group({layer, group});
+  BITSPLIT_CHECK(tall.size() <= kMaxMatricesPerGroup);
+  ExpertViews views;
+  views.count = tall.size();
   for (size_t i = 0; i < tall.size(); ++i) {
-    views[i] = tall[i];
-    views[i].rows = tall[i].rows / config_.num_experts;
-    views[i].data = tall[i].data + expert * views[i].rows * tall[i].row_stride;
+    views.matrices[i] = tall[i];
+    views.matrices[i].rows = tall[i].rows / config_.num_experts;
+    views.matrices[i].data = tall[i].data + expert * views.matrices[i].rows * tall[i].row_stride;
   }
   return views;
 }
@@ -56,18 +55,21 @@ void SliceActivations(const QuantizedActivations& x, int64_t first, int64_t coun
                   x.row_sums(first), out);
 }
 
-void SplitMatMulExperts(const SplitLinearWeights& weights, int32_t layer, ExpertGroup group,
+void SplitMatMulExperts(const SplitLinearWeights& weights, int32_t layer, LinearGroup group,
                         std::span<const ExpertRows> segments, const QuantizedActivations& x,
                         std::span<float* const> outputs, bool accumulate,
                         QuantizedActivations* scratch, ThreadPool& pool) {
   const size_t count = outputs.size();
   for (const ExpertRows& segment : segments) {
-    const std::array<quant::MatrixView, 2> matrices =
+    const SplitLinearWeights::ExpertViews matrices =
         weights.ExpertMatrices(layer, group, segment.expert);
+    BITSPLIT_CHECK(matrices.count == count);
     SliceActivations(x, segment.first_row, segment.count, scratch);
-    std::array<float*, 2> rows{};
-    for (size_t i = 0; i < count; ++i) rows[i] = outputs[i] + segment.first_row * matrices[i].rows;
-    SplitMatMulGroup(std::span(matrices.data(), count), *scratch,
+    std::array<float*, kMaxMatricesPerGroup> rows{};
+    for (size_t i = 0; i < count; ++i) {
+      rows[i] = outputs[i] + segment.first_row * matrices.matrices[i].rows;
+    }
+    SplitMatMulGroup(std::span(matrices.matrices.data(), count), *scratch,
                      std::span<float* const>(rows.data(), count), accumulate, pool);
   }
 }
@@ -125,13 +127,13 @@ absl::Status InProcessResidual::Accumulate(LinearGroupId id, const quant::Quanti
   return absl::OkStatus();
 }
 
-absl::Status InProcessResidual::AccumulateExperts(int32_t layer, ExpertGroup group,
+absl::Status InProcessResidual::AccumulateExperts(int32_t layer, LinearGroup group,
                                                   std::span<const ExpertRows> segments,
                                                   const quant::QuantizedActivations& x,
                                                   std::span<float* const> outputs,
                                                   ThreadPool& pool) {
   const ModelConfig& config = residual_.config();
-  const size_t count = ExpertGroupOutputDims(config, group).size();
+  const size_t count = ExpertOutputDims(config, group).size();
   BITSPLIT_CHECK(config.has_experts() && outputs.size() == count);
   BITSPLIT_RETURN_IF_ERROR(ValidateExpertSegments(layer, config.num_experts, x.rows, segments));
   SplitMatMulExperts(residual_, layer, group, segments, x, outputs, /*accumulate=*/true, &segment_,
@@ -218,16 +220,16 @@ absl::Status SplitLinearBackend::Apply(LinearGroupId id, const float* x, int64_t
   return absl::OkStatus();
 }
 
-absl::Status SplitLinearBackend::ApplyExperts(int32_t layer, ExpertGroup group, const float* x,
+absl::Status SplitLinearBackend::ApplyExperts(int32_t layer, LinearGroup group, const float* x,
                                               int64_t num_rows,
                                               std::span<const ExpertRows> segments,
                                               std::span<float* const> outputs, ThreadPool& pool) {
   const ModelConfig& config = base_.config();
   BITSPLIT_CHECK(config.has_experts() && layer >= 0 && layer < config.num_layers);
-  const size_t count = ExpertGroupOutputDims(config, group).size();
+  const size_t count = ExpertOutputDims(config, group).size();
   BITSPLIT_CHECK(outputs.size() == count);
   BITSPLIT_RETURN_IF_ERROR(ValidateExpertSegments(layer, config.num_experts, num_rows, segments));
-  QuantizeInput(x, num_rows, ExpertGroupInputDim(config, group));
+  QuantizeInput(x, num_rows, ExpertInputDim(config, group));
   SplitMatMulExperts(base_, layer, group, segments, activations_, outputs, /*accumulate=*/false,
                      &segment_, pool);
   if (residual_ == nullptr) return absl::OkStatus();

@@ -81,10 +81,13 @@ class SplitLinearWeights {
   std::vector<quant::MatrixView>& mutable_group(LinearGroupId id) {
     return groups_[static_cast<size_t>(LinearGroupIndex(config_, id))];
   }
-  // Expert `expert`'s matrices of a mixture-of-experts layer's expert group: its row slice of
-  // each tall matrix of the gate|up or down group (LinearGroupTensorNames).
-  std::array<quant::MatrixView, 2> ExpertMatrices(int32_t layer, ExpertGroup group,
-                                                  int32_t expert) const;
+  // Expert `expert`'s matrices of an expert group (kExpertGateUp, kExpertDown) of `layer`: its
+  // row slice of each tall matrix of the group (LinearGroupTensorNames).
+  struct ExpertViews {
+    std::array<quant::MatrixView, kMaxMatricesPerGroup> matrices{};
+    size_t count = 0;
+  };
+  ExpertViews ExpertMatrices(int32_t layer, LinearGroup group, int32_t expert) const;
   const ModelConfig& config() const { return config_; }
 
  private:
@@ -117,7 +120,7 @@ void SplitMatMulGroup(std::span<const quant::MatrixView> matrices,
 // expert's slice of matrix i of mixture-of-experts group `group` in `layer` (the base or the
 // residual `weights`); outputs.size() is the group's matrix count. `scratch` holds one segment's
 // rows of x.
-void SplitMatMulExperts(const SplitLinearWeights& weights, int32_t layer, ExpertGroup group,
+void SplitMatMulExperts(const SplitLinearWeights& weights, int32_t layer, LinearGroup group,
                         std::span<const ExpertRows> segments, const QuantizedActivations& x,
                         std::span<float* const> outputs, bool accumulate,
                         QuantizedActivations* scratch, ThreadPool& pool);
@@ -178,7 +181,7 @@ class ResidualSource {
   // residual matrix of `group` in mixture-of-experts layer `layer` (LinearBackend::ApplyExperts
   // for the layout; x quantized as the base saw it). Each routed expert's residual is read once
   // for all its rows. Sources that do not compute experts: UNIMPLEMENTED.
-  virtual absl::Status AccumulateExperts(int32_t layer, ExpertGroup group,
+  virtual absl::Status AccumulateExperts(int32_t layer, LinearGroup group,
                                          std::span<const ExpertRows> segments,
                                          const quant::QuantizedActivations& x,
                                          std::span<float* const> outputs, ThreadPool& pool) {
@@ -196,7 +199,7 @@ class InProcessResidual final : public ResidualSource {
   explicit InProcessResidual(const SplitLinearWeights& residual) : residual_(residual) {}
   absl::Status Accumulate(LinearGroupId id, const quant::QuantizedActivations& x,
                           std::span<float* const> outputs, ThreadPool& pool) override;
-  absl::Status AccumulateExperts(int32_t layer, ExpertGroup group,
+  absl::Status AccumulateExperts(int32_t layer, LinearGroup group,
                                  std::span<const ExpertRows> segments,
                                  const quant::QuantizedActivations& x,
                                  std::span<float* const> outputs, ThreadPool& pool) override;
@@ -234,7 +237,7 @@ class SplitLinearBackend final : public LinearBackend {
   // Per segment, the rows' base products through the segment's expert, then (verify) the
   // residual of every segment in one AccumulateExperts call. Rows are rotated and quantized to
   // int8 once, each on its own, as in Apply.
-  absl::Status ApplyExperts(int32_t layer, ExpertGroup group, const float* x, int64_t num_rows,
+  absl::Status ApplyExperts(int32_t layer, LinearGroup group, const float* x, int64_t num_rows,
                             std::span<const ExpertRows> segments, std::span<float* const> outputs,
                             ThreadPool& pool) override;
 

@@ -130,8 +130,8 @@ absl::StatusOr<SplitLinearWeights> LinearWeights(const SplitFile& file, const Mo
   SplitLinearWeights weights(config);
   for (const LinearGroupId id : AllLinearGroups(config)) {
     const std::vector<std::string> names = LinearGroupTensorNames(config, id);
-    const std::vector<int64_t> rows = LinearGroupOutputDims(config, id.group);
-    const int64_t cols = LinearGroupInputDim(config, id.group);
+    const std::vector<int64_t> rows = LinearGroupOutputDims(config, id);
+    const int64_t cols = LinearGroupInputDim(config, id);
     std::vector<quant::MatrixView>& views = weights.mutable_group(id);
     for (size_t i = 0; i < names.size(); ++i) {
       BITSPLIT_ASSIGN_OR_RETURN(
@@ -461,14 +461,17 @@ absl::StatusOr<std::unique_ptr<SplitModelFiles>> SplitModelFiles::Open(
   }
   BITSPLIT_ASSIGN_OR_RETURN(
       files->config_, ModelConfigFromGgufMetadata(*files->gguf_metadata_, embedding->dims[1]));
+  // The base file names the linear weights as the source did.
+  ReadTensorLayout([&](const std::string& name) { return base.FindTensor(name) != nullptr; },
+                   files->config_);
   const ModelConfig& config = files->config_;
   if (q.rotation.enabled()) {
-    for (LinearGroup group : {LinearGroup::kQkv, LinearGroup::kAttnOutput, LinearGroup::kDown}) {
+    for (const LinearGroupId id : AllLinearGroups(config)) {
       if (absl::Status status =
-              quant::ValidateHadamard(q.rotation.block, LinearGroupInputDim(config, group));
+              quant::ValidateHadamard(q.rotation.block, LinearGroupInputDim(config, id));
           !status.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(base_path, ": rotation of the ",
-                                                       Absl(LinearGroupName(group)),
+                                                       LinearGroupIdString(id),
                                                        " input: ", status.message()));
       }
     }
@@ -490,10 +493,9 @@ absl::StatusOr<std::unique_ptr<SplitModelFiles>> SplitModelFiles::Open(
                               F32Vector(base, "rope_freqs.weight", config.rope_dims / 2));
   }
   direct.layers.resize(static_cast<size_t>(config.num_layers));
-  const std::vector<LayerVectorSpec> vector_specs = LayerVectorSpecs(config);
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
     LayerNorms& vectors = direct.layers[static_cast<size_t>(layer)];
-    for (const LayerVectorSpec& spec : vector_specs) {
+    for (const LayerVectorSpec& spec : LayerVectorSpecs(config, layer)) {
       BITSPLIT_ASSIGN_OR_RETURN(
           vectors.*spec.field,
           F32Vector(base, absl::StrCat("blk.", layer, ".", spec.tensor), spec.length));

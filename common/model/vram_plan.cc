@@ -22,11 +22,11 @@ uint64_t RoundUp(uint64_t n, uint64_t multiple) { return (n + multiple - 1) / mu
 uint64_t U(int64_t n) { return static_cast<uint64_t>(n); }
 
 // The widest input of any linear group (the rotation and quantization scratch).
-int64_t WidestInput(const ModelConfig& c) { return std::max({c.d_model, c.q_dim(), c.d_ff}); }
+int64_t WidestInput(const ModelConfig& c) { return std::max({c.d_model, c.MaxQDim(), c.d_ff}); }
 
 // The widest output of any group (the residual's result for one group, all its matrices).
 int64_t WidestOutput(const ModelConfig& c) {
-  return std::max({c.q_dim() + 2 * c.kv_dim(), c.d_model, 2 * c.d_ff, c.vocab_size});
+  return std::max({c.MaxQDim() + 2 * c.MaxKvDim(), c.d_model, 2 * c.d_ff, c.vocab_size});
 }
 
 absl::Status ValidateConfig(const ModelConfig& c) {
@@ -84,18 +84,21 @@ VramPlan Compute(const VramRequest& r, uint64_t base_bytes) {
   plan.max_batch_rows = r.max_batch_rows;
   plan.base_weights_bytes = RoundVramSlab(base_bytes);
   plan.embedding_bytes = AlignVram(r.embedding_bytes);
-  uint64_t layer_vector_floats = 0;  // norms and biases of one layer (LayerVectorSpecs)
-  for (const LayerVectorSpec& spec : LayerVectorSpecs(c)) layer_vector_floats += U(spec.length);
-  plan.norms_bytes = AlignVram(4 * (layer_vector_floats * U(c.num_layers) + U(c.d_model)));
+  uint64_t vector_floats = U(c.d_model);  // output norm, every layer's norms and biases
+  uint64_t kv_floats_per_token = 0;       // keys of every layer (values as many)
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    for (const LayerVectorSpec& spec : LayerVectorSpecs(c, layer)) vector_floats += U(spec.length);
+    kv_floats_per_token += U(c.KvDim(layer));
+  }
+  plan.norms_bytes = AlignVram(4 * vector_floats);
   // One cos/sin table per RoPE base: the global layers', and the local layers' when windowed.
   const uint64_t rope_tables = c.sliding_window > 0 ? 2 : 1;
   plan.rope_table_bytes = rope_tables * AlignVram(U(r.context) * U(c.rope_dims / 2) * 2 * 4);
   plan.hadamard_bytes = AlignVram(4 * U(WidestInput(c)));
   plan.constants_slab_bytes = RoundVramSlab(plan.embedding_bytes + plan.norms_bytes +
                                             plan.rope_table_bytes + plan.hadamard_bytes);
-  plan.kv_bytes_per_token = 2 * U(c.num_layers) * U(c.kv_dim()) * U(r.kv_element_bytes);
-  const uint64_t one_side =
-      AlignVram(U(c.num_layers) * U(r.context) * U(c.kv_dim()) * U(r.kv_element_bytes));
+  plan.kv_bytes_per_token = 2 * kv_floats_per_token * U(r.kv_element_bytes);
+  const uint64_t one_side = AlignVram(U(r.context) * kv_floats_per_token * U(r.kv_element_bytes));
   if (c.sliding_window > 0) plan.kv_positions_bytes = AlignVram(4 * U(r.context));
   plan.kv_bytes_per_session = RoundVramSlab(2 * one_side + plan.kv_positions_bytes);
   plan.kv_cache_bytes = plan.kv_bytes_per_session * U(r.sessions);
@@ -144,9 +147,9 @@ absl::StatusOr<uint64_t> SplitLinearBytes(
   BITSPLIT_RETURN_IF_ERROR(ValidateConfig(config));
   uint64_t total = 0;
   for (const LinearGroupId id : AllLinearGroups(config)) {
-    const int64_t cols = LinearGroupInputDim(config, id.group);
+    const int64_t cols = LinearGroupInputDim(config, id);
     const std::vector<std::string> names = LinearGroupTensorNames(config, id);
-    const std::vector<int64_t> rows = LinearGroupOutputDims(config, id.group);
+    const std::vector<int64_t> rows = LinearGroupOutputDims(config, id);
     for (size_t i = 0; i < names.size(); ++i) {
       quant::SplitFormat matrix_format = format;
       if (tensor_formats != nullptr) {
@@ -175,9 +178,9 @@ ForwardScratchLayout ForwardScratchLayout::For(const ModelConfig& c, int64_t max
   s.batch_bytes = 3 * AlignVram(4 * t) + AlignVram(2 * t * t);
   s.hidden_state_bytes = AlignVram(4 * t * U(c.d_model));
   s.normed_bytes = AlignVram(4 * t * U(c.d_model));
-  s.q_bytes = AlignVram(4 * t * U(c.q_dim()));
-  s.kv_new_bytes = 2 * AlignVram(4 * t * U(c.kv_dim()));
-  s.attention_bytes = AlignVram(4 * t * U(c.q_dim()));
+  s.q_bytes = AlignVram(4 * t * U(c.MaxQDim()));
+  s.kv_new_bytes = 2 * AlignVram(4 * t * U(c.MaxKvDim()));
+  s.attention_bytes = AlignVram(4 * t * U(c.MaxQDim()));
   s.gate_up_bytes = 2 * AlignVram(4 * t * U(c.d_ff));
   s.projected_bytes = AlignVram(4 * t * U(c.d_model));
   s.rotated_bytes = AlignVram(4 * t * widest_input);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/model/linear_backend.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::model {
@@ -80,7 +81,7 @@ std::string LayerTensor(int64_t layer, const std::string& what) {
 
 }  // namespace
 
-std::vector<LayerVectorSpec> LayerVectorSpecs(const ModelConfig& config) {
+std::vector<LayerVectorSpec> LayerVectorSpecs(const ModelConfig& config, int64_t layer) {
   std::vector<LayerVectorSpec> specs = {
       {"attn_norm.weight", config.d_model, &LayerNorms::attn_norm},
       {"ffn_norm.weight", config.d_model, &LayerNorms::ffn_norm}};
@@ -89,13 +90,23 @@ std::vector<LayerVectorSpec> LayerVectorSpecs(const ModelConfig& config) {
     specs.push_back({"post_ffw_norm.weight", config.d_model, &LayerNorms::ffn_post_norm});
   }
   if (config.qk_norm) {
-    specs.push_back({"attn_q_norm.weight", config.head_dim, &LayerNorms::attn_q_norm});
-    specs.push_back({"attn_k_norm.weight", config.head_dim, &LayerNorms::attn_k_norm});
+    specs.push_back({"attn_q_norm.weight", config.HeadDim(layer), &LayerNorms::attn_q_norm});
+    specs.push_back({"attn_k_norm.weight", config.HeadDim(layer), &LayerNorms::attn_k_norm});
   }
   if (config.qkv_bias) {
-    specs.push_back({"attn_q.bias", config.q_dim(), &LayerNorms::q_bias});
-    specs.push_back({"attn_k.bias", config.kv_dim(), &LayerNorms::k_bias});
-    specs.push_back({"attn_v.bias", config.kv_dim(), &LayerNorms::v_bias});
+    specs.push_back({"attn_q.bias", config.QDim(layer), &LayerNorms::q_bias});
+    specs.push_back({"attn_k.bias", config.KvDim(layer), &LayerNorms::k_bias});
+    specs.push_back({"attn_v.bias", config.KvDim(layer), &LayerNorms::v_bias});
+  }
+  if (config.layer_output_scale) {
+    specs.push_back({"layer_output_scale.weight", 1, &LayerNorms::output_scale});
+  }
+  if (config.parallel_experts) {
+    specs.push_back({"ffn_gate_inp.scale", config.d_model, &LayerNorms::router_input_scale});
+    specs.push_back({"ffn_down_exps.scale", config.num_experts, &LayerNorms::expert_output_scale});
+    specs.push_back({"pre_ffw_norm_2.weight", config.d_model, &LayerNorms::experts_pre_norm});
+    specs.push_back({"post_ffw_norm_1.weight", config.d_model, &LayerNorms::dense_post_norm});
+    specs.push_back({"post_ffw_norm_2.weight", config.d_model, &LayerNorms::experts_post_norm});
   }
   return specs;
 }
@@ -110,6 +121,18 @@ std::vector<ops::WeightMatrix> ExpertSlices(const ops::WeightMatrix& tall, int64
     slice.data = tall.data + e * rows * tall.row_bytes;
   }
   return slices;
+}
+
+std::vector<std::vector<ops::WeightMatrix>> ExpertMatrices(
+    const std::vector<ops::WeightMatrix>& tall, int64_t experts) {
+  std::vector<std::vector<ops::WeightMatrix>> result(static_cast<size_t>(experts));
+  for (const ops::WeightMatrix& matrix : tall) {
+    const std::vector<ops::WeightMatrix> slices = ExpertSlices(matrix, experts);
+    for (int64_t e = 0; e < experts; ++e) {
+      result[static_cast<size_t>(e)].push_back(slices[static_cast<size_t>(e)]);
+    }
+  }
+  return result;
 }
 
 EmbeddingAndNorms EmbeddingAndNormsOf(const ModelWeights& weights) {
@@ -131,19 +154,20 @@ absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
   // family would otherwise be ignored silently.
   std::set<std::string> expected = {"token_embd.weight", "output_norm.weight", "output.weight",
                                     "rope_freqs.weight"};
-  const std::vector<LayerVectorSpec> vector_specs = LayerVectorSpecs(config);
   for (int64_t i = 0; i < config.num_layers; ++i) {
-    for (const LayerVectorSpec& spec : vector_specs) {
+    for (const LayerVectorSpec& spec : LayerVectorSpecs(config, i)) {
       expected.insert(absl::StrCat("blk.", i, ".", spec.tensor));
     }
-    for (const char* matrix : {"attn_q", "attn_k", "attn_v", "attn_output"}) {
+    for (const char* matrix : {"attn_q", "attn_k", "attn_output"}) {
       expected.insert(LayerTensor(i, matrix));
     }
-    const auto ffn = config.has_experts()
-                         ? std::vector<const char*>{"ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
-                                                    "ffn_down_exps"}
-                         : std::vector<const char*>{"ffn_gate", "ffn_up", "ffn_down"};
-    for (const char* matrix : ffn) expected.insert(LayerTensor(i, matrix));
+    if (!config.ValueIsKey(i)) expected.insert(LayerTensor(i, "attn_v"));
+    for (const LinearGroup group : LinearGroupLayout::Of(config).LayerGroups()) {
+      for (std::string& name : LinearGroupTensorNames(config, {static_cast<int32_t>(i), group})) {
+        expected.insert(std::move(name));
+      }
+    }
+    if (config.has_experts()) expected.insert(LayerTensor(i, "ffn_gate_inp"));
   }
   const int64_t d_model = config.d_model;
   ModelWeights weights;
@@ -165,43 +189,46 @@ absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
   weights.layers.resize(static_cast<size_t>(config.num_layers));
   for (int64_t i = 0; i < config.num_layers; ++i) {
     LayerWeights& layer = weights.layers[static_cast<size_t>(i)];
-    for (const LayerVectorSpec& spec : vector_specs) {
+    for (const LayerVectorSpec& spec : LayerVectorSpecs(config, i)) {
       BITSPLIT_ASSIGN_OR_RETURN(
           layer.vectors.*spec.field,
           Vector(file, absl::StrCat("blk.", i, ".", spec.tensor), spec.length));
     }
-    BITSPLIT_ASSIGN_OR_RETURN(layer.wq,
-                              Matrix(file, LayerTensor(i, "attn_q"), config.q_dim(), d_model));
-    BITSPLIT_ASSIGN_OR_RETURN(layer.wk,
-                              Matrix(file, LayerTensor(i, "attn_k"), config.kv_dim(), d_model));
-    BITSPLIT_ASSIGN_OR_RETURN(layer.wv,
-                              Matrix(file, LayerTensor(i, "attn_v"), config.kv_dim(), d_model));
+    const int64_t q_dim = config.QDim(i);
+    const int64_t kv_dim = config.KvDim(i);
+    BITSPLIT_ASSIGN_OR_RETURN(layer.wq, Matrix(file, LayerTensor(i, "attn_q"), q_dim, d_model));
+    BITSPLIT_ASSIGN_OR_RETURN(layer.wk, Matrix(file, LayerTensor(i, "attn_k"), kv_dim, d_model));
+    if (!config.ValueIsKey(i)) {
+      BITSPLIT_ASSIGN_OR_RETURN(layer.wv, Matrix(file, LayerTensor(i, "attn_v"), kv_dim, d_model));
+    }
     BITSPLIT_ASSIGN_OR_RETURN(layer.wo,
-                              Matrix(file, LayerTensor(i, "attn_output"), d_model, config.q_dim()));
+                              Matrix(file, LayerTensor(i, "attn_output"), d_model, q_dim));
+    if (config.dense_ffn) {
+      BITSPLIT_ASSIGN_OR_RETURN(layer.w_gate,
+                                Matrix(file, LayerTensor(i, "ffn_gate"), config.d_ff, d_model));
+      BITSPLIT_ASSIGN_OR_RETURN(layer.w_up,
+                                Matrix(file, LayerTensor(i, "ffn_up"), config.d_ff, d_model));
+      BITSPLIT_ASSIGN_OR_RETURN(layer.w_down,
+                                Matrix(file, LayerTensor(i, "ffn_down"), d_model, config.d_ff));
+    }
     if (config.has_experts()) {
       const int64_t experts = config.num_experts;
-      const int64_t width = config.d_ff_expert;
       BITSPLIT_ASSIGN_OR_RETURN(layer.vectors.router,
                                 Matrix(file, LayerTensor(i, "ffn_gate_inp"), experts, d_model));
-      BITSPLIT_ASSIGN_OR_RETURN(
-          layer.w_gate,
-          TallExpertMatrix(file, LayerTensor(i, "ffn_gate_exps"), experts, width, d_model));
-      BITSPLIT_ASSIGN_OR_RETURN(layer.w_up, TallExpertMatrix(file, LayerTensor(i, "ffn_up_exps"),
-                                                             experts, width, d_model));
-      BITSPLIT_ASSIGN_OR_RETURN(
-          layer.w_down,
-          TallExpertMatrix(file, LayerTensor(i, "ffn_down_exps"), experts, d_model, width));
-      layer.expert_gate = ExpertSlices(layer.w_gate, experts);
-      layer.expert_up = ExpertSlices(layer.w_up, experts);
-      layer.expert_down = ExpertSlices(layer.w_down, experts);
-      continue;
+      const LinearGroupId gate_up{static_cast<int32_t>(i), LinearGroup::kExpertGateUp};
+      const std::vector<std::string> names = LinearGroupTensorNames(config, gate_up);
+      const std::vector<int64_t> rows = ExpertOutputDims(config, LinearGroup::kExpertGateUp);
+      for (size_t m = 0; m < names.size(); ++m) {
+        BITSPLIT_ASSIGN_OR_RETURN(ops::WeightMatrix tall,
+                                  TallExpertMatrix(file, names[m], experts, rows[m], d_model));
+        layer.experts_gate_up.push_back(tall);
+      }
+      BITSPLIT_ASSIGN_OR_RETURN(layer.experts_down,
+                                TallExpertMatrix(file, LayerTensor(i, "ffn_down_exps"), experts,
+                                                 d_model, config.d_ff_expert));
+      layer.expert_gate_up = ExpertMatrices(layer.experts_gate_up, experts);
+      layer.expert_down = ExpertMatrices({layer.experts_down}, experts);
     }
-    BITSPLIT_ASSIGN_OR_RETURN(layer.w_gate,
-                              Matrix(file, LayerTensor(i, "ffn_gate"), config.d_ff, d_model));
-    BITSPLIT_ASSIGN_OR_RETURN(layer.w_up,
-                              Matrix(file, LayerTensor(i, "ffn_up"), config.d_ff, d_model));
-    BITSPLIT_ASSIGN_OR_RETURN(layer.w_down,
-                              Matrix(file, LayerTensor(i, "ffn_down"), d_model, config.d_ff));
   }
   for (const gguf::TensorInfo& tensor : file.tensors()) {
     if (expected.count(tensor.name) == 0) {

@@ -23,12 +23,19 @@ struct LayerNorms {
   const float* ffn_norm = nullptr;        // [d_model]
   const float* attn_post_norm = nullptr;  // [d_model], post_norms
   const float* ffn_post_norm = nullptr;   // [d_model], post_norms
-  const float* attn_q_norm = nullptr;     // [head_dim], qk_norm
-  const float* attn_k_norm = nullptr;     // [head_dim], qk_norm
-  const float* q_bias = nullptr;          // [q_dim], qkv_bias
-  const float* k_bias = nullptr;          // [kv_dim], qkv_bias
-  const float* v_bias = nullptr;          // [kv_dim], qkv_bias
+  const float* attn_q_norm = nullptr;     // [HeadDim(layer)], qk_norm
+  const float* attn_k_norm = nullptr;     // [HeadDim(layer)], qk_norm
+  const float* q_bias = nullptr;          // [QDim(layer)], qkv_bias
+  const float* k_bias = nullptr;          // [KvDim(layer)], qkv_bias
+  const float* v_bias = nullptr;          // [KvDim(layer)], qkv_bias
+  const float* output_scale = nullptr;    // [1], layer_output_scale
   ops::WeightMatrix router;               // [num_experts, d_model], has_experts (ffn_gate_inp)
+  // parallel_experts (gemma4's MoE layers, see ModelConfig):
+  const float* router_input_scale = nullptr;   // [d_model], ffn_gate_inp.scale
+  const float* expert_output_scale = nullptr;  // [num_experts], ffn_down_exps.scale
+  const float* experts_pre_norm = nullptr;     // [d_model], pre_ffw_norm_2
+  const float* dense_post_norm = nullptr;      // [d_model], post_ffw_norm_1
+  const float* experts_post_norm = nullptr;    // [d_model], post_ffw_norm_2
 };
 
 // One per-layer vector of a family: its GGUF tensor name after "blk.N.", its length and the
@@ -38,34 +45,38 @@ struct LayerVectorSpec {
   int64_t length;
   const float* LayerNorms::*field;
 };
-std::vector<LayerVectorSpec> LayerVectorSpecs(const ModelConfig& config);
+std::vector<LayerVectorSpec> LayerVectorSpecs(const ModelConfig& config, int64_t layer);
 
 struct LayerWeights {
   LayerNorms vectors;
-  ops::WeightMatrix wq;  // [q_dim, d_model]
-  ops::WeightMatrix wk;  // [kv_dim, d_model]
-  ops::WeightMatrix wv;  // [kv_dim, d_model]
-  ops::WeightMatrix wo;  // [d_model, q_dim]
-  // [d_ff, d_model], [d_ff, d_model], [d_model, d_ff]. In a mixture-of-experts layer: the 3-D
-  // GGUF tensors ffn_{gate,up,down}_exps ({cols, rows, num_experts}) as tall matrices
-  // [num_experts * rows, cols] (LinearGroupTensorNames).
+  ops::WeightMatrix wq;  // [QDim(layer), d_model]
+  ops::WeightMatrix wk;  // [KvDim(layer), d_model]
+  ops::WeightMatrix wv;  // [KvDim(layer), d_model]; none (data null) where ValueIsKey(layer)
+  ops::WeightMatrix wo;  // [d_model, QDim(layer)]
+  // The dense FFN (dense_ffn): [d_ff, d_model], [d_ff, d_model], [d_model, d_ff].
   ops::WeightMatrix w_gate;
   ops::WeightMatrix w_up;
   ops::WeightMatrix w_down;
-  // A mixture-of-experts layer's experts: expert e is rows [e * rows, (e + 1) * rows) of the tall
-  // matrices above (ExpertSlices).
-  std::vector<ops::WeightMatrix> expert_gate;  // [num_experts] of [d_ff_expert, d_model]
-  std::vector<ops::WeightMatrix> expert_up;    // [num_experts] of [d_ff_expert, d_model]
-  std::vector<ops::WeightMatrix> expert_down;  // [num_experts] of [d_model, d_ff_expert]
+  // The experts (has_experts): the 3-D GGUF tensors ({cols, rows, num_experts}) as tall matrices
+  // [num_experts * rows, cols] (LinearGroupTensorNames): ffn_gate_exps and ffn_up_exps, or the
+  // fused ffn_gate_up_exps alone in experts_gate_up[0] (fused_expert_gate_up); ffn_down_exps.
+  std::vector<ops::WeightMatrix> experts_gate_up;
+  ops::WeightMatrix experts_down;
+  // Expert e's matrices of each group: rows [e * rows, (e + 1) * rows) of the tall matrices
+  // (ExpertSlices), [num_experts][matrix].
+  std::vector<std::vector<ops::WeightMatrix>> expert_gate_up;
+  std::vector<std::vector<ops::WeightMatrix>> expert_down;
 };
 
 struct ModelWeights {
-  ops::WeightMatrix token_embd;              // [vocab, d_model]
-  const float* output_norm = nullptr;        // [d_model]
-  ops::WeightMatrix output;                  // [vocab, d_model]; token_embd when tied
-  bool output_tied_to_embedding = false;     // the file has no output.weight (e.g. SmolLM2)
-  const float* rope_freq_factors = nullptr;  // [rope_dims / 2] or null (llama 3 "rope_freqs")
-  std::vector<LayerWeights> layers;          // [num_layers]
+  ops::WeightMatrix token_embd;           // [vocab, d_model]
+  const float* output_norm = nullptr;     // [d_model]
+  ops::WeightMatrix output;               // [vocab, d_model]; token_embd when tied
+  bool output_tied_to_embedding = false;  // the file has no output.weight (e.g. SmolLM2)
+  // [rope_dims / 2] or null: llama 3's "rope_freqs", gemma4's proportional RoPE; the global
+  // layers divide their RoPE frequencies by them.
+  const float* rope_freq_factors = nullptr;
+  std::vector<LayerWeights> layers;  // [num_layers]
 };
 
 // What the forward pass reads itself, whatever computes its linear layers (a LinearBackend owns
@@ -81,6 +92,9 @@ EmbeddingAndNorms EmbeddingAndNormsOf(const ModelWeights& weights);
 
 // The `experts` equal row slices of a tall expert matrix, one view each.
 std::vector<ops::WeightMatrix> ExpertSlices(const ops::WeightMatrix& tall, int64_t experts);
+// Each expert's slices of a group's tall matrices: [expert][matrix].
+std::vector<std::vector<ops::WeightMatrix>> ExpertMatrices(
+    const std::vector<ops::WeightMatrix>& tall, int64_t experts);
 
 // Finds and validates every tensor the llama forward pass reads: presence, dims, a type this
 // build can dequantize (norms and biases must be F32), and row lengths that are whole blocks.

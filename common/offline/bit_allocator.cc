@@ -97,7 +97,7 @@ absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
   groups.reserve(ids.size());
   for (size_t g = 0; g < ids.size(); ++g) {
     const model::LinearGroupId id = ids[g];
-    const int64_t cols = model::LinearGroupInputDim(config, id.group);
+    const int64_t cols = model::LinearGroupInputDim(config, id);
     const float* importance = nullptr;
     const float* source_importance = nullptr;
     if (calibration != nullptr) {
@@ -487,7 +487,7 @@ class OutputNoise final : public model::LinearBackend {
     BITSPLIT_RETURN_IF_ERROR(inner_.Apply(id, x, num_tokens, outputs, pool));
     if (id.group != kind_) return absl::OkStatus();
     const int64_t index = model::LinearGroupIndex(config_, id);
-    const std::vector<int64_t> rows = model::LinearGroupOutputDims(config_, id.group);
+    const std::vector<int64_t> rows = model::LinearGroupOutputDims(config_, id);
     int64_t total_rows = 0;
     for (const int64_t r : rows) total_rows += r;
     const double sigma = std::sqrt(energy_[static_cast<size_t>(index)] / total_rows);
@@ -503,7 +503,7 @@ class OutputNoise final : public model::LinearBackend {
     }
     return absl::OkStatus();
   }
-  absl::Status ApplyExperts(int32_t layer, model::ExpertGroup group, const float* x,
+  absl::Status ApplyExperts(int32_t layer, model::LinearGroup group, const float* x,
                             int64_t num_rows, std::span<const model::ExpertRows> segments,
                             std::span<float* const> outputs, ThreadPool& pool) override {
     return inner_.ApplyExperts(layer, group, x, num_rows, segments, outputs, pool);
@@ -562,7 +562,8 @@ absl::Status MeasureKlSensitivities(model::LlamaModel& model, const Calibration&
   };
   for (const model::LinearGroup kind :
        {model::LinearGroup::kQkv, model::LinearGroup::kAttnOutput, model::LinearGroup::kGateUp,
-        model::LinearGroup::kDown, model::LinearGroup::kOutputHead}) {
+        model::LinearGroup::kDown, model::LinearGroup::kOutputHead,
+        model::LinearGroup::kExpertGateUp, model::LinearGroup::kExpertDown}) {
     BITSPLIT_ASSIGN_OR_RETURN(const double verify, kl_per_unit(kind, verify_energy));
     BITSPLIT_ASSIGN_OR_RETURN(const double draft, kl_per_unit(kind, draft_energy));
     for (size_t g = 0; g < groups.size(); ++g) {

@@ -284,21 +284,8 @@ absl::StatusOr<std::vector<EvalConfigSpec>> ParseEvalConfigSpecs(std::string_vie
 
 std::vector<const ops::WeightMatrix*> GgufMatricesOf(const model::ModelWeights& weights,
                                                      model::LinearGroupId id) {
-  if (id.group == model::LinearGroup::kOutputHead) return {&weights.output};
-  const model::LayerWeights& w = weights.layers[static_cast<size_t>(id.layer)];
-  switch (id.group) {
-    case model::LinearGroup::kQkv:
-      return {&w.wq, &w.wk, &w.wv};
-    case model::LinearGroup::kAttnOutput:
-      return {&w.wo};
-    case model::LinearGroup::kGateUp:
-      return {&w.w_gate, &w.w_up};
-    case model::LinearGroup::kDown:
-      return {&w.w_down};
-    case model::LinearGroup::kOutputHead:
-      break;
-  }
-  return {};
+  const model::GgufGroupMatrices group = model::GroupMatricesOf(weights, id);
+  return {group.matrices.begin(), group.matrices.begin() + group.count};
 }
 
 WeightStats CombineLayersAndHead(const WeightStats& layers_from, const WeightStats& head_from) {

@@ -73,8 +73,8 @@ bool SameChoices(const BitPlan& a, const BitPlan& b) {
 uint64_t Q8_0LinearBytes(const model::ModelConfig& config) {
   uint64_t bytes = 0;
   for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
-    const int64_t cols = model::LinearGroupInputDim(config, id.group);
-    for (const int64_t rows : model::LinearGroupOutputDims(config, id.group)) {
+    const int64_t cols = model::LinearGroupInputDim(config, id);
+    for (const int64_t rows : model::LinearGroupOutputDims(config, id)) {
       bytes +=
           static_cast<uint64_t>(rows) * quant::SplitRowBytes(quant::SplitFormat::kQ8_0, 32, cols);
     }

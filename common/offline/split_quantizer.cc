@@ -42,7 +42,7 @@ class ActivationRecorder final : public model::LinearBackend {
                      model::HadamardRotation rotation)
       : inner_(inner), config_(config), rotation_(rotation) {
     for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
-      sums_.emplace_back(static_cast<size_t>(model::LinearGroupInputDim(config, id.group)), 0.0);
+      sums_.emplace_back(static_cast<size_t>(model::LinearGroupInputDim(config, id)), 0.0);
     }
     source_sums_ = sums_;
     rows_.assign(sums_.size(), 0);
@@ -55,12 +55,10 @@ class ActivationRecorder final : public model::LinearBackend {
   }
   // Every routed row of an expert group counts toward the group (the tall matrices of all its
   // experts share one input importance).
-  absl::Status ApplyExperts(int32_t layer, model::ExpertGroup group, const float* x,
+  absl::Status ApplyExperts(int32_t layer, model::LinearGroup group, const float* x,
                             int64_t num_rows, std::span<const model::ExpertRows> segments,
                             std::span<float* const> outputs, ThreadPool& pool) override {
-    Record({layer, group == model::ExpertGroup::kGateUp ? model::LinearGroup::kGateUp
-                                                        : model::LinearGroup::kDown},
-           x, num_rows);
+    Record({layer, group}, x, num_rows);
     return inner_.ApplyExperts(layer, group, x, num_rows, segments, outputs, pool);
   }
 
@@ -82,7 +80,7 @@ class ActivationRecorder final : public model::LinearBackend {
  private:
   void Record(model::LinearGroupId id, const float* x, int64_t num_tokens) {
     const size_t index = static_cast<size_t>(model::LinearGroupIndex(config_, id));
-    const int64_t cols = model::LinearGroupInputDim(config_, id.group);
+    const int64_t cols = model::LinearGroupInputDim(config_, id);
     rotated_.assign(x, x + num_tokens * cols);
     model::RotateRows(rotation_, rotated_.data(), num_tokens, cols);
     std::vector<double>& sums = sums_[index];
@@ -116,13 +114,8 @@ struct InputDim {
 };
 std::vector<InputDim> DistinctInputDims(const model::ModelConfig& config) {
   std::vector<InputDim> dims;
-  std::vector<model::LinearGroupId> ids = {{0, model::LinearGroup::kQkv},
-                                           {0, model::LinearGroup::kAttnOutput},
-                                           {0, model::LinearGroup::kGateUp},
-                                           {0, model::LinearGroup::kDown},
-                                           model::LinearGroupId::Head()};
-  for (const model::LinearGroupId id : ids) {
-    const int64_t cols = model::LinearGroupInputDim(config, id.group);
+  for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
+    const int64_t cols = model::LinearGroupInputDim(config, id);
     if (std::none_of(dims.begin(), dims.end(), [&](const InputDim& d) { return d.cols == cols; })) {
       dims.push_back({model::LinearGroupTensorNames(config, id)[0], cols});
     }
@@ -253,7 +246,7 @@ absl::StatusOr<FilePlan> PlanFiles(const gguf::File& source, const model::ModelC
   for (const model::LinearGroupId id : model::AllLinearGroups(config)) {
     PlanStep& step = plan.steps.emplace_back();
     if (id.group == model::LinearGroup::kQkv) {
-      for (const model::LayerVectorSpec& spec : model::LayerVectorSpecs(config)) {
+      for (const model::LayerVectorSpec& spec : model::LayerVectorSpecs(config, id.layer)) {
         BITSPLIT_ASSIGN_OR_RETURN(
             const gguf::TensorInfo* tensor,
             SourceTensor(source, absl::StrCat("blk.", id.layer, ".", spec.tensor)));
@@ -519,7 +512,7 @@ absl::StatusOr<QuantizeSummary> QuantizeSplitModel(const std::string& gguf_path,
     bool fits = calibration->importance.size() == groups.size();
     for (size_t g = 0; fits && g < groups.size(); ++g) {
       fits = static_cast<int64_t>(calibration->importance[g].size()) ==
-             model::LinearGroupInputDim(config, groups[g].group);
+             model::LinearGroupInputDim(config, groups[g]);
     }
     if (!fits) return absl::InvalidArgumentError("calibration was collected on a different model");
     q.calibration_sha256 = calibration->text_sha256;

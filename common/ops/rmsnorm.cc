@@ -13,7 +13,11 @@ void RmsNorm(const float* x, int64_t num_rows, int64_t n, const float* weight, f
     for (int64_t i = 0; i < n; ++i) sum_squares += static_cast<double>(in[i] * in[i]);
     const float mean = static_cast<float>(sum_squares / static_cast<double>(n));
     const float scale = 1.0f / std::sqrt(mean + eps);
-    for (int64_t i = 0; i < n; ++i) out[i] = in[i] * scale * weight[i];
+    if (weight == nullptr) {
+      for (int64_t i = 0; i < n; ++i) out[i] = in[i] * scale;
+    } else {
+      for (int64_t i = 0; i < n; ++i) out[i] = in[i] * scale * weight[i];
+    }
   }
 }
 

@@ -66,7 +66,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 
 absl::StatusOr<model::ResidualShapes> ShapesFromInfo(const v1::InfoResponse& info) {
   model::ResidualShapes shapes;
-  shapes.num_layers = info.num_layers();
+  shapes.layout = {.num_layers = info.num_layers()};
   auto bad = [](const std::string& detail) {
     return absl::InvalidArgumentError(absl::StrCat("residual service Info: ", detail));
   };
@@ -78,9 +78,12 @@ absl::StatusOr<model::ResidualShapes> ShapesFromInfo(const v1::InfoResponse& inf
     const bool head = i == info.num_layers() * 4;
     const int expected_group = head ? static_cast<int>(LinearGroup::kOutputHead) : i % 4;
     const int expected_layer = head ? LinearGroupId::kHeadLayer : i / 4;
+    // q|k|v, or q|k where a layer's values are its keys (gemma4)
     const int expected_matrices[] = {3, 1, 2, 1, 1};
+    const bool matrices_fit = g.matrices_size() == expected_matrices[expected_group] ||
+                              (expected_group == 0 && g.matrices_size() == 2);
     if (g.layer() != expected_layer || static_cast<int>(g.group()) != expected_group + 1 ||
-        g.matrices_size() != expected_matrices[expected_group]) {
+        !matrices_fit) {
       return bad(absl::StrCat("group ", i, " is layer ", g.layer(), " group ", g.group(), " with ",
                               g.matrices_size(), " matrices"));
     }
@@ -141,11 +144,11 @@ absl::StatusOr<std::unique_ptr<ResidualChannel>> ResidualClient::Attach(
   BITSPLIT_ASSIGN_OR_RETURN(v1::InfoResponse info, Info());
   BITSPLIT_ASSIGN_OR_RETURN(model::ResidualShapes shapes, ShapesFromInfo(info));
   if (expected != nullptr && !(shapes == *expected)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the residual service's shapes (", shapes.num_layers, " layers, widest input ",
-                     shapes.max_cols(), ", widest output ", shapes.max_outputs(),
-                     ") differ from the model's (", expected->num_layers, " layers, widest input ",
-                     expected->max_cols(), ", widest output ", expected->max_outputs(), ")"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the residual service's shapes (", shapes.layout.num_layers, " layers, widest input ",
+        shapes.max_cols(), ", widest output ", shapes.max_outputs(), ") differ from the model's (",
+        expected->layout.num_layers, " layers, widest input ", expected->max_cols(),
+        ", widest output ", expected->max_outputs(), ")"));
   }
   v1::AttachRequest request;
   request.set_fingerprint(fingerprint_hex);

@@ -50,10 +50,10 @@ absl::StatusOr<std::unique_ptr<CpuSpeculativeSession>> CpuSpeculativeSession::Cr
                         d.vocab_size, t.vocab_size));
   }
   if (options.draft_kv == DraftKv::kShared &&
-      (t.num_layers != d.num_layers || t.kv_dim() != d.kv_dim())) {
+      model::KvCache::LayerKvDims(t) != model::KvCache::LayerKvDims(d)) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "the draft model (%d layers x %d KV dims) cannot read the target's KV cache (%d x %d)",
-        d.num_layers, d.kv_dim(), t.num_layers, t.kv_dim()));
+        d.num_layers, d.KvDim(0), t.num_layers, t.KvDim(0)));
   }
   if (options.own_kv_chunk < 1) {
     return absl::InvalidArgumentError("the own KV's catch-up chunk must be at least 1 token");

@@ -30,9 +30,11 @@ void CheckWeights(const model::ModelWeights& weights, const model::ModelConfig& 
   TouchMatrix(weights.output);
   TouchVector(weights.output_norm, config.d_model);
   TouchVector(weights.rope_freq_factors, config.rope_dims / 2);
-  const auto specs = model::LayerVectorSpecs(config);
-  for (const model::LayerWeights& layer : weights.layers) {
-    for (const auto& spec : specs) TouchVector(layer.vectors.*spec.field, spec.length);
+  for (size_t i = 0; i < weights.layers.size(); ++i) {
+    const model::LayerWeights& layer = weights.layers[i];
+    for (const auto& spec : model::LayerVectorSpecs(config, static_cast<int64_t>(i))) {
+      TouchVector(layer.vectors.*spec.field, spec.length);
+    }
     for (const ops::WeightMatrix* m : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate,
                                        &layer.w_up, &layer.w_down, &layer.vectors.router}) {
       TouchMatrix(*m);

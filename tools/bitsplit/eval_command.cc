@@ -151,7 +151,7 @@ class HeadSwapBackend final : public model::LinearBackend {
     model::LinearBackend* backend = id.group == model::LinearGroup::kOutputHead ? head_ : body_;
     return backend->Apply(id, x, num_tokens, outputs, pool);
   }
-  absl::Status ApplyExperts(int32_t layer, model::ExpertGroup group, const float* x,
+  absl::Status ApplyExperts(int32_t layer, model::LinearGroup group, const float* x,
                             int64_t num_rows, std::span<const model::ExpertRows> segments,
                             std::span<float* const> outputs, ThreadPool& pool) override {
     return body_->ApplyExperts(layer, group, x, num_rows, segments, outputs, pool);

@@ -1,8 +1,10 @@
-// The expert-aware split of a mixture-of-experts model, in process: the random-weight qwen3moe of
-// the oracle fixtures (3 layers, 16 experts of width 128, 4 used) quantized by the quantizer into
-// a base and a residual file whose gate|up and down groups hold every expert as one tall matrix,
-// then run in draft mode (base only) and verify mode (base + residual, each routed expert read
-// once for all its rows). Random weights prove the arithmetic and the losslessness only.
+// The split of the random-weight models of the oracle fixtures, in process: qwen3moe (3 layers,
+// 16 experts of width 128, 4 used), gemma4 (local and global layers of different shapes, one
+// without attn_v) and gemma4's MoE shape (a dense FFN beside 16 fused-gate|up experts of width 64,
+// 4 used), each quantized by the quantizer into a base and a residual file (expert tensors held
+// as tall matrices), then run in draft mode (base only) and verify mode (base + residual, each
+// routed expert read once for all its rows). Random weights prove the arithmetic and the
+// losslessness only.
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,75 +33,94 @@
 namespace bitsplit {
 namespace {
 
-constexpr char kFixture[] = "tests/fixtures/oracle/qwen3moe_synthetic_logits.json";
+struct SplitCase {
+  const char* name;
+  const char* fixture;
+};
 
-// The fixture's model, its split (the SmolLM2 fixture's knobs: b2 asym / g64 + r8 / g32,
-// Hadamard-rotated in blocks of 64) and
-// its Q8_0 (base only, the reference configuration), made once for the suite.
-class MoeSplitTest : public ::testing::Test {
+// Each fixture's model, its split (the SmolLM2 fixture's knobs: b2 asym / g64 + r8 / g32,
+// Hadamard-rotated in blocks of 64) and its Q8_0 (base only, the reference configuration), made
+// once per fixture for the suite.
+class SyntheticSplitTest : public ::testing::TestWithParam<SplitCase> {
  protected:
-  static void SetUpTestSuite() {
-    source_ = new testing::SyntheticModelFile(kFixture);
-    ASSERT_TRUE(source_->ok());
-    prefix_ =
-        (std::filesystem::temp_directory_path() / absl::StrCat("bitsplit-moe-split-", getpid()))
-            .string();
+  struct Files {
+    std::unique_ptr<testing::SyntheticModelFile> source;
+    std::string prefix;
+  };
+
+  void SetUp() override {
+    Files& files = (*made_)[GetParam().name];
+    if (files.source != nullptr) return;
+    files.source = std::make_unique<testing::SyntheticModelFile>(GetParam().fixture);
+    ASSERT_TRUE(files.source->ok());
+    files.prefix = (std::filesystem::temp_directory_path() /
+                    absl::StrCat("bitsplit-split-", GetParam().name, "-", getpid()))
+                       .string();
     const model::SplitQuantization q = testing::SplitFixtureQuantization();
-    auto summary = offline::QuantizeSplitModel(source_->path(), model::SplitBasePath(prefix_),
-                                               model::SplitResidualPath(prefix_),
-                                               {.quantization = q, .num_threads = 2});
+    auto summary = offline::QuantizeSplitModel(
+        files.source->path(), model::SplitBasePath(files.prefix),
+        model::SplitResidualPath(files.prefix), {.quantization = q, .num_threads = 2});
     ASSERT_TRUE(summary.ok()) << summary.status();
     model::SplitQuantization q8_0;
     q8_0.base_format = quant::SplitFormat::kQ8_0;
     q8_0.base_group = 32;
     q8_0.residual_format.reset();
     q8_0.residual_group = 0;
-    summary = offline::QuantizeSplitModel(source_->path(), model::SplitBasePath(prefix_ + "-q8_0"),
-                                          "", {.quantization = q8_0, .num_threads = 2});
+    summary = offline::QuantizeSplitModel(files.source->path(),
+                                          model::SplitBasePath(files.prefix + "-q8_0"), "",
+                                          {.quantization = q8_0, .num_threads = 2});
     ASSERT_TRUE(summary.ok()) << summary.status();
   }
   static void TearDownTestSuite() {
-    std::error_code ignored;
-    std::filesystem::remove(model::SplitBasePath(prefix_), ignored);
-    std::filesystem::remove(model::SplitResidualPath(prefix_), ignored);
-    std::filesystem::remove(model::SplitBasePath(prefix_ + "-q8_0"), ignored);
-    delete source_;
+    for (auto& [name, files] : *made_) {
+      std::error_code ignored;
+      std::filesystem::remove(model::SplitBasePath(files.prefix), ignored);
+      std::filesystem::remove(model::SplitResidualPath(files.prefix), ignored);
+      std::filesystem::remove(model::SplitBasePath(files.prefix + "-q8_0"), ignored);
+    }
+    made_->clear();
   }
-  static std::unique_ptr<model::LlamaModel> Split(int threads = 2) {
-    auto loaded = model::LlamaModel::LoadSplit(model::SplitBasePath(prefix_),
-                                               model::SplitResidualPath(prefix_), threads);
+  const Files& files() const { return (*made_)[GetParam().name]; }
+  std::string prefix() const { return files().prefix; }
+  std::unique_ptr<model::LlamaModel> Split(int threads = 2) const {
+    auto loaded = model::LlamaModel::LoadSplit(model::SplitBasePath(prefix()),
+                                               model::SplitResidualPath(prefix()), threads);
     EXPECT_TRUE(loaded.ok()) << loaded.status();
     return loaded.ok() ? std::move(*loaded) : nullptr;
   }
-  static std::vector<int32_t> Prompt(size_t length) {
-    const std::vector<int32_t> all = source_->fixture()["cases"][0]["tokens"];
+  std::vector<int32_t> Prompt(size_t length) const {
+    const std::vector<int32_t> all = files().source->fixture()["cases"][0]["tokens"];
     return std::vector<int32_t>(all.begin(), all.begin() + static_cast<int64_t>(length));
   }
 
-  static testing::SyntheticModelFile* source_;
-  static std::string prefix_;
+  static std::map<std::string, Files>* made_;
 };
-testing::SyntheticModelFile* MoeSplitTest::source_ = nullptr;
-std::string MoeSplitTest::prefix_;
+std::map<std::string, SyntheticSplitTest::Files>* SyntheticSplitTest::made_ =
+    new std::map<std::string, SyntheticSplitTest::Files>();
 
 // The split holds every expert (tall matrices) and the router at source precision. Verify mode
 // (10.6 bits per weight) is as close to the GGUF as Q8_0 of the same weights (8.5), compared by
 // the median over positions: the mean of either is dominated by the few rows whose hidden state,
 // off by the quantization error, flips a top-k choice of the exact router. The 2-bit draft is far
 // off.
-TEST_F(MoeSplitTest, VerifyModeIsAsCloseAsQ8_0AndDraftModeFarOff) {
+TEST_P(SyntheticSplitTest, VerifyModeIsAsCloseAsQ8_0AndDraftModeFarOff) {
   auto split = Split();
   ASSERT_NE(split, nullptr);
   const model::SplitModelFiles& files = *split->split_files();
-  ASSERT_TRUE(files.config().has_experts());
-  const auto down = files.base_linear().group({1, model::LinearGroup::kDown});
-  ASSERT_EQ(down.size(), 1u);
-  EXPECT_EQ(down[0].rows, 16 * 256);  // 16 experts of d_model rows
-  EXPECT_EQ(down[0].cols, 128);
-  EXPECT_EQ(files.embedding_and_norms().layers[2].router.rows, 16);
-  EXPECT_EQ(files.embedding_and_norms().layers[2].router.type, GgmlType::kF32);
+  const model::ModelConfig& config = files.config();
+  if (config.has_experts()) {
+    const auto down = files.base_linear().group({1, model::LinearGroup::kExpertDown});
+    ASSERT_EQ(down.size(), 1u);
+    EXPECT_EQ(down[0].rows, config.num_experts * config.d_model);  // every expert's d_model rows
+    EXPECT_EQ(down[0].cols, config.d_ff_expert);
+    EXPECT_EQ(files.embedding_and_norms().layers[2].router.rows, config.num_experts);
+    EXPECT_EQ(files.embedding_and_norms().layers[2].router.type, GgmlType::kF32);
+  }
+  EXPECT_EQ(
+      config.layer_value_is_key,
+      (*model::LlamaModel::Load(this->files().source->path(), 1))->config().layer_value_is_key);
 
-  auto reference = model::LlamaModel::Load(source_->path(), 2);
+  auto reference = model::LlamaModel::Load(this->files().source->path(), 2);
   ASSERT_TRUE(reference.ok()) << reference.status();
   const std::vector<int32_t> prompt = Prompt(48);
   const int64_t n = static_cast<int64_t>(prompt.size());
@@ -114,7 +136,7 @@ TEST_F(MoeSplitTest, VerifyModeIsAsCloseAsQ8_0AndDraftModeFarOff) {
   const std::vector<float> exact = run(**reference, model::ForwardMode::kReference);
   const std::vector<float> verify = run(*split, model::ForwardMode::kVerify);
   const std::vector<float> draft = run(*split, model::ForwardMode::kDraft);
-  auto q8_0 = model::LlamaModel::LoadSplit(model::SplitBasePath(prefix_ + "-q8_0"), "", 2);
+  auto q8_0 = model::LlamaModel::LoadSplit(model::SplitBasePath(prefix() + "-q8_0"), "", 2);
   ASSERT_TRUE(q8_0.ok()) << q8_0.status();
   const std::vector<float> eight_bit = run(**q8_0, model::ForwardMode::kDraft);
   // Median KL(reference || mode) over the positions.
@@ -132,9 +154,8 @@ TEST_F(MoeSplitTest, VerifyModeIsAsCloseAsQ8_0AndDraftModeFarOff) {
   const double kl_verify = median_kl(verify), kl_draft = median_kl(draft);
   const double kl_q8_0 = median_kl(eight_bit);
   std::printf(
-      "qwen3moe, %lld positions: median KL(reference || ...) verify %.3e, Q8_0 %.3e, "
-      "draft %.3e\n",
-      static_cast<long long>(n), kl_verify, kl_q8_0, kl_draft);
+      "%s, %lld positions: median KL(reference || ...) verify %.3e, Q8_0 %.3e, draft %.3e\n",
+      GetParam().name, static_cast<long long>(n), kl_verify, kl_q8_0, kl_draft);
   EXPECT_LT(kl_verify, 2 * kl_q8_0);
   EXPECT_GT(kl_draft, 20 * kl_verify);  // the residual carries what the 2-bit base lacks
 }
@@ -142,7 +163,7 @@ TEST_F(MoeSplitTest, VerifyModeIsAsCloseAsQ8_0AndDraftModeFarOff) {
 // Draft and verify rows of the split are bit-identical alone, in a batch and on another thread
 // count: routing, the per-row activation quantization and the per-expert kernels depend on the
 // row alone.
-TEST_F(MoeSplitTest, SplitRowsAreBatchInvariant) {
+TEST_P(SyntheticSplitTest, SplitRowsAreBatchInvariant) {
   auto two = Split(2);
   auto one = Split(1);
   ASSERT_NE(two, nullptr);
@@ -172,7 +193,7 @@ TEST_F(MoeSplitTest, SplitRowsAreBatchInvariant) {
 
 // Speculation with the base drafting and base + residual verifying gives exactly the verifier's
 // own decoding: greedy and sampled, trees and chains.
-TEST_F(MoeSplitTest, SpeculationIsLossless) {
+TEST_P(SyntheticSplitTest, SpeculationIsLossless) {
   auto split = Split();
   ASSERT_NE(split, nullptr);
   const std::vector<int32_t> prompt = Prompt(20);
@@ -196,14 +217,37 @@ TEST_F(MoeSplitTest, SpeculationIsLossless) {
 }
 
 // The cpu-residual service computes dense groups only: it refuses the residual of an MoE split
-// by name (the drafter then needs the residual in process).
-TEST_F(MoeSplitTest, TheResidualServiceFileRefusesExperts) {
-  auto residual = model::ResidualFile::Open(model::SplitResidualPath(prefix_));
-  ASSERT_FALSE(residual.ok());
-  EXPECT_EQ(residual.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(residual.status().message().find("mixture-of-experts residual"), std::string::npos)
-      << residual.status();
+// by name (the drafter then needs the residual in process). A dense split opens with each
+// layer's q|k|v as the file has it (q|k where the values are the keys).
+TEST_P(SyntheticSplitTest, TheResidualServiceFileRefusesExpertsOnly) {
+  auto split = Split();
+  ASSERT_NE(split, nullptr);
+  const model::ModelConfig& config = split->config();
+  auto residual = model::ResidualFile::Open(model::SplitResidualPath(prefix()));
+  if (config.has_experts()) {
+    ASSERT_FALSE(residual.ok());
+    EXPECT_EQ(residual.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_NE(residual.status().message().find("mixture-of-experts residual"), std::string::npos)
+        << residual.status();
+    return;
+  }
+  ASSERT_TRUE(residual.ok()) << residual.status();
+  EXPECT_EQ((*residual)->shapes(), model::ResidualShapes::FromConfig(config));
+  for (int32_t layer = 0; layer < config.num_layers; ++layer) {
+    const model::ResidualGroupShape* qkv =
+        (*residual)->shapes().Find({layer, model::LinearGroup::kQkv});
+    ASSERT_NE(qkv, nullptr);
+    EXPECT_EQ(qkv->rows.size(), config.ValueIsKey(layer) ? 2u : 3u) << "layer " << layer;
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Families, SyntheticSplitTest,
+    ::testing::Values(SplitCase{"qwen3moe", "tests/fixtures/oracle/qwen3moe_synthetic_logits.json"},
+                      SplitCase{"gemma4", "tests/fixtures/oracle/gemma4_synthetic_logits.json"},
+                      SplitCase{"gemma4moe",
+                                "tests/fixtures/oracle/gemma4moe_synthetic_logits.json"}),
+    [](const ::testing::TestParamInfo<SplitCase>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace bitsplit

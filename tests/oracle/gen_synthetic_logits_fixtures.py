@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Generates the llama.cpp logits fixtures of small random-weight qwen2, qwen3 and qwen3moe models.
+"""Generates the llama.cpp logits fixtures of small random-weight qwen2, qwen3, qwen3moe and gemma4
+models.
 
-No small trained Qwen model is available here, so these fixtures prove the arithmetic of the
-families' forward passes (q/k/v biases; QK-norm; NEOX RoPE; GQA; tied head; qwen3moe's softmax
-routing to the top-k of 16 experts with renormalized weights), not the quality of any model: the
-weights are random.
+No small trained Qwen or Gemma 4 model is available here, so these fixtures prove the arithmetic
+of the families' forward passes (q/k/v biases; QK-norm; NEOX RoPE; GQA; tied head; qwen3moe's
+softmax routing to the top-k of 16 experts with renormalized weights; gemma4's mixed
+sliding/global layers with their own head widths and KV head counts, a global layer whose values
+are its keys, the weightless value norm, proportional RoPE through rope_freqs, layer output
+scales and the final logit soft-cap), not the quality of any model: the weights are random.
 
 Each model is written with the `gguf` package's writer: the architecture's metadata, the real
 qwen2 tokenizer metadata (every tokenizer.* key of models/DeepSeek-R1-Distill-Qwen-7B.vocab.gguf,
@@ -25,8 +28,10 @@ llama.cpp's 16-token greedy continuation, and at every position the top-K logits
 log-sum-exp and TAIL_SAMPLES tail samples (gen_logits_fixtures.top_k_record).
 
 Rerun (needs the oracle environment, see scripts/oracle-env.sh); architectures may be named to
-regenerate only their fixtures:
-    $(scripts/oracle-env.sh) tests/oracle/gen_qwen_logits_fixtures.py [qwen2 qwen3 qwen3moe]
+regenerate only their fixtures. gemma4 runs GELU, so its oracle is the exact-GELU build (as for
+gemma3, docs/design.md):
+    $(scripts/oracle-env.sh) tests/oracle/gen_synthetic_logits_fixtures.py qwen2 qwen3 qwen3moe
+    $(scripts/oracle-env.sh --exact-gelu) tests/oracle/gen_synthetic_logits_fixtures.py gemma4
 """
 import hashlib
 import json
@@ -55,7 +60,30 @@ MODELS = {
     # experts of 768, 8 used).
     "qwen3moe": {"layers": 3, "bias": False, "qk_norm": True, "rope_base": 1e6,
                  "experts": 16, "experts_used": 4, "d_ff_expert": 128},
+    # Gemma 4 31B's layer kinds at small size: local layers (window 32, RoPE base 1e4) of 4 heads
+    # over 2 KV heads of 64; global layers (RoPE base 1e6) of 4 heads over 1 KV head of 128 with
+    # proportional RoPE (a quarter of the pairs rotate); layer 2 has no attn_v (its values are
+    # its keys), layer 4 has one.
+    "gemma4": {"layers": 5, "bias": False, "qk_norm": True, "rope_base": 1e6,
+               "local": [True, True, False, True, False], "window": 32,
+               "head_dim_local": 64, "kv_heads_local": 2, "head_dim_global": 128,
+               "kv_heads_global": 1, "no_v": [2], "rope_base_local": 1e4,
+               "rotary_fraction_global": 0.25, "softcap": 30.0},
+    # Gemma 4 26B-A4B's layers at small size: the dense FFN (width 256) beside 16 experts of
+    # width 64 with 4 used; gate and up of the experts fused in one tensor as the converter
+    # writes them; the router on the scaled RMS-normed hidden state; per-expert output scales.
+    "gemma4moe": {"arch": "gemma4", "layers": 3, "bias": False, "qk_norm": True,
+                  "rope_base": 1e6, "local": [True, False, True], "window": 32,
+                  "head_dim_local": 64, "kv_heads_local": 2, "head_dim_global": 128,
+                  "kv_heads_global": 1, "no_v": [1], "rope_base_local": 1e4,
+                  "rotary_fraction_global": 0.25, "softcap": 30.0, "d_ff": 256,
+                  "experts": 16, "experts_used": 4, "d_ff_expert": 64},
 }
+
+
+def architecture(model: str) -> str:
+    """general.architecture of a model of MODELS (its key unless it names another)."""
+    return MODELS[model].get("arch", model)
 
 M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -86,8 +114,63 @@ def synthetic_values(arch: str, name: str, count: int, scale: float, offset: flo
     return values.astype(np.float32)
 
 
+def gemma4_rope_factors(cfg):
+    """The converter's rope_freqs of a global layer: 1 for the rotating pairs, 1e30 (no turn)
+    for the rest (convert_hf_to_gguf's Gemma4Model.generate_extra_tensors)."""
+    pairs = cfg["head_dim_global"] // 2
+    rotating = int(cfg["head_dim_global"] * cfg["rotary_fraction_global"] / 2)
+    return [1.0] * rotating + [1e30] * (pairs - rotating)
+
+
+def gemma4_tensor_specs(model: str, vocab: int):
+    cfg = MODELS[model]
+    d_ff = cfg.get("d_ff", D_FF)
+    norm = (1.0 / 4, 1.0)
+    specs = [("token_embd.weight", [D_MODEL, vocab], 0.5, 0.0),
+             ("output_norm.weight", [D_MODEL], *norm),
+             ("rope_freqs.weight", [cfg["head_dim_global"] // 2], None, gemma4_rope_factors(cfg))]
+    for layer in range(cfg["layers"]):
+        b = f"blk.{layer}."
+        local = cfg["local"][layer]
+        head_dim = cfg["head_dim_local"] if local else cfg["head_dim_global"]
+        kv_dim = head_dim * (cfg["kv_heads_local"] if local else cfg["kv_heads_global"])
+        q_dim = HEADS * head_dim
+        specs += [(b + "attn_norm.weight", [D_MODEL], *norm),
+                  (b + "attn_q.weight", [D_MODEL, q_dim], (3 / D_MODEL) ** 0.5, 0.0),
+                  (b + "attn_k.weight", [D_MODEL, kv_dim], (3 / D_MODEL) ** 0.5, 0.0)]
+        if layer not in cfg["no_v"]:
+            specs += [(b + "attn_v.weight", [D_MODEL, kv_dim], (3 / D_MODEL) ** 0.5, 0.0)]
+        specs += [(b + "attn_output.weight", [q_dim, D_MODEL], (3 / q_dim) ** 0.5, 0.0),
+                  (b + "attn_q_norm.weight", [head_dim], *norm),
+                  (b + "attn_k_norm.weight", [head_dim], *norm),
+                  (b + "post_attention_norm.weight", [D_MODEL], *norm),
+                  (b + "ffn_norm.weight", [D_MODEL], *norm),
+                  (b + "ffn_gate.weight", [D_MODEL, d_ff], (3 / D_MODEL) ** 0.5, 0.0),
+                  (b + "ffn_up.weight", [D_MODEL, d_ff], (3 / D_MODEL) ** 0.5, 0.0),
+                  (b + "ffn_down.weight", [d_ff, D_MODEL], (3 / d_ff) ** 0.5, 0.0),
+                  (b + "post_ffw_norm.weight", [D_MODEL], *norm),
+                  (b + "layer_output_scale.weight", [1], 0.5, 1.0)]
+        if "experts" in cfg:
+            e, w = cfg["experts"], cfg["d_ff_expert"]
+            # The router reads RMSNorm(h) / sqrt(d) * scale: weights of scale sqrt(3 d) / sqrt(d)
+            # give its logits unit variance, so the top-k choice is rarely a near-tie.
+            specs += [(b + "ffn_gate_inp.weight", [D_MODEL, e], 3 ** 0.5, 0.0),
+                      (b + "ffn_gate_inp.scale", [D_MODEL], *norm),
+                      (b + "ffn_gate_up_exps.weight", [D_MODEL, 2 * w, e],
+                       (3 / D_MODEL) ** 0.5, 0.0),
+                      (b + "ffn_down_exps.weight", [w, D_MODEL, e], (3 / w) ** 0.5, 0.0),
+                      (b + "ffn_down_exps.scale", [e], *norm),
+                      (b + "pre_ffw_norm_2.weight", [D_MODEL], *norm),
+                      (b + "post_ffw_norm_1.weight", [D_MODEL], *norm),
+                      (b + "post_ffw_norm_2.weight", [D_MODEL], *norm)]
+    return specs
+
+
 def tensor_specs(arch: str, vocab: int):
-    """(name, ggml dims, scale, offset) per tensor; dims[0] is the contiguous dimension."""
+    """(name, ggml dims, scale, offset) per tensor; dims[0] is the contiguous dimension. A
+    tensor of set values has scale None and the values in place of the offset."""
+    if architecture(arch) == "gemma4":
+        return gemma4_tensor_specs(arch, vocab)
     cfg = MODELS[arch]
     q_dim, kv_dim = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     norm = (1.0 / 4, 1.0)  # weights in [0.75, 1.25)
@@ -121,8 +204,46 @@ def tensor_specs(arch: str, vocab: int):
     return specs
 
 
+def gemma4_metadata(model: str):
+    cfg = MODELS[model]
+    arch = architecture(model)
+    kv_heads = [cfg["kv_heads_local"] if local else cfg["kv_heads_global"]
+                for local in cfg["local"]]
+    return [("general.architecture", "STRING", arch),
+            (f"{arch}.block_count", "UINT32", cfg["layers"]),
+            (f"{arch}.context_length", "UINT32", 4096),
+            (f"{arch}.embedding_length", "UINT32", D_MODEL),
+            (f"{arch}.feed_forward_length", "UINT32", cfg.get("d_ff", D_FF)),
+            (f"{arch}.attention.head_count", "UINT32", HEADS),
+            (f"{arch}.attention.head_count_kv", "ARRAY_UINT32", kv_heads),
+            (f"{arch}.attention.key_length", "UINT32", cfg["head_dim_global"]),
+            (f"{arch}.attention.value_length", "UINT32", cfg["head_dim_global"]),
+            (f"{arch}.attention.key_length_swa", "UINT32", cfg["head_dim_local"]),
+            (f"{arch}.attention.value_length_swa", "UINT32", cfg["head_dim_local"]),
+            (f"{arch}.rope.dimension_count", "UINT32", cfg["head_dim_global"]),
+            (f"{arch}.rope.dimension_count_swa", "UINT32", cfg["head_dim_local"]),
+            (f"{arch}.rope.freq_base", "FLOAT32", cfg["rope_base"]),
+            (f"{arch}.rope.freq_base_swa", "FLOAT32", cfg["rope_base_local"]),
+            (f"{arch}.attention.sliding_window", "UINT32", cfg["window"]),
+            (f"{arch}.attention.sliding_window_pattern", "ARRAY_BOOL", cfg["local"]),
+            (f"{arch}.attention.layer_norm_rms_epsilon", "FLOAT32", 1e-6),
+            (f"{arch}.final_logit_softcapping", "FLOAT32", cfg["softcap"]),
+            (f"{arch}.embedding_length_per_layer_input", "UINT32", 0),
+            (f"{arch}.attention.shared_kv_layers", "UINT32", 0)] + (
+        [(f"{arch}.expert_count", "UINT32", cfg["experts"]),
+         (f"{arch}.expert_used_count", "UINT32", cfg["experts_used"]),
+         (f"{arch}.expert_feed_forward_length", "UINT32", cfg["d_ff_expert"])]
+        if "experts" in cfg else [])
+
+
+GGUF_TYPES = {"ARRAY_UINT32": (gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.UINT32),
+              "ARRAY_BOOL": (gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.BOOL)}
+
+
 def arch_metadata(arch: str):
     """(key, gguf value type name, value): what the C++ test writes too."""
+    if architecture(arch) == "gemma4":
+        return gemma4_metadata(arch)
     cfg = MODELS[arch]
     md = [("general.architecture", "STRING", arch),
           (f"{arch}.block_count", "UINT32", cfg["layers"]),
@@ -146,9 +267,13 @@ def arch_metadata(arch: str):
 def write_model(arch: str, path: Path):
     reader = gguf.GGUFReader(str(VOCAB))
     vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
-    writer = gguf.GGUFWriter(str(path), arch)  # writes general.architecture itself
+    writer = gguf.GGUFWriter(str(path), architecture(arch))  # writes general.architecture
     for key, vtype, value in arch_metadata(arch)[1:]:
-        writer.add_key_value(key, value, gguf.GGUFValueType[vtype])
+        if vtype in GGUF_TYPES:
+            outer, sub = GGUF_TYPES[vtype]
+            writer.add_key_value(key, value, outer, sub_type=sub)
+        else:
+            writer.add_key_value(key, value, gguf.GGUFValueType[vtype])
     for key, field in reader.fields.items():
         if not key.startswith("tokenizer."):
             continue
@@ -157,10 +282,15 @@ def write_model(arch: str, path: Path):
         writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
     records = []
     for name, dims, scale, offset in tensor_specs(arch, vocab):
-        values = synthetic_values(arch, name, int(np.prod(dims)), scale, offset)
+        if scale is None:  # set values
+            values = np.array(offset, dtype=np.float32)
+            record = {"name": name, "dims": dims, "values": [float(v) for v in values]}
+        else:
+            values = synthetic_values(architecture(arch), name, int(np.prod(dims)), scale, offset)
+            record = {"name": name, "dims": dims, "scale": scale, "offset": offset}
         writer.add_tensor(name, values.reshape(list(reversed(dims))))
-        records.append({"name": name, "dims": dims, "scale": scale, "offset": offset,
-                        "sha256": hashlib.sha256(values.tobytes()).hexdigest()})
+        record["sha256"] = hashlib.sha256(values.tobytes()).hexdigest()
+        records.append(record)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -202,7 +332,7 @@ def main() -> int:
         metadata = [{"key": k, "type": t, "value": v} for k, t, v in arch_metadata(arch)]
         out = ROOT / f"tests/fixtures/oracle/{arch}_synthetic_logits.json"
         out.write_text(json.dumps({
-            "model": f"{arch} random weights (see tests/oracle/gen_qwen_logits_fixtures.py)",
+            "model": f"{arch} random weights (see tests/oracle/gen_synthetic_logits_fixtures.py)",
             "tokenizer": VOCAB.name, "vocab_size": vocab, "llama_cpp_python": "0.3.36",
             "kv_cache": "f32", "n_threads": 2, "top_k": TOP_K, "tail_samples": TAIL_SAMPLES,
             "metadata": metadata, "tensors": tensors, "cases": cases}))
