@@ -473,21 +473,26 @@ TEST(TinyLlamaTest, ReadsTheOptionalKeys) {
 
 // Each key is held to its range and to the keys it must agree with (tiny: 4 heads of 16 over 2
 // KV heads, 40 embedding rows).
+// A metadata edit and the error it must cause.
+using Edit = std::function<void(GgufBuilder&)>;
+struct RefusalCase {
+  Edit edit;
+  absl::StatusCode code;
+  std::string message;
+};
+constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+constexpr auto kUnimplemented = absl::StatusCode::kUnimplemented;
+Edit SetUint(const std::string& key, uint32_t value) {
+  return [=](GgufBuilder& b) { Drop(b, key).AddUint32(key, value); };
+}
+Edit SetFloat(const std::string& key, float value) {
+  return [=](GgufBuilder& b) { Drop(b, key).AddFloat32(key, value); };
+}
+
 TEST(TinyLlamaTest, RejectsEachKeyOutOfRange) {
-  using Edit = std::function<void(GgufBuilder&)>;
-  const auto set_uint = [](const std::string& key, uint32_t value) -> Edit {
-    return [=](GgufBuilder& b) { Drop(b, key).AddUint32(key, value); };
-  };
-  const auto set_float = [](const std::string& key, float value) -> Edit {
-    return [=](GgufBuilder& b) { Drop(b, key).AddFloat32(key, value); };
-  };
-  constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
-  constexpr auto kUnimplemented = absl::StatusCode::kUnimplemented;
-  const struct {
-    Edit edit;
-    absl::StatusCode code;
-    std::string message;
-  } cases[] = {
+  const auto set_uint = SetUint;
+  const auto set_float = SetFloat;
+  const RefusalCase cases[] = {
       {[](GgufBuilder& b) { Drop(b, "llama.feed_forward_length"); }, absl::StatusCode::kNotFound,
        "llama.feed_forward_length"},
       {set_uint("llama.context_length", 0), kInvalid,
@@ -651,17 +656,8 @@ TEST(LinearGroupLayoutTest, IndexInvertsTheGroupList) {
 
 // The E2B/E4B features and malformed per-layer keys are refused by name.
 TEST(ModelConfigTest, Gemma4RefusesWhatItDoesNotRun) {
-  using Edit = std::function<void(GgufBuilder&)>;
-  const auto set_uint = [](const std::string& key, uint32_t value) {
-    return [key, value](GgufBuilder& b) { Drop(b, key).AddUint32(key, value); };
-  };
-  constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
-  constexpr auto kUnimplemented = absl::StatusCode::kUnimplemented;
-  const struct {
-    Edit edit;
-    absl::StatusCode code;
-    std::string message;
-  } cases[] = {
+  const auto set_uint = SetUint;
+  const RefusalCase cases[] = {
       {set_uint("gemma4.attention.shared_kv_layers", 4), kUnimplemented, "shared-KV layers (4)"},
       {set_uint("gemma4.embedding_length_per_layer_input", 256), kUnimplemented,
        "per-layer embeddings (256 wide)"},
@@ -708,7 +704,6 @@ TEST(ModelConfigTest, Gemma4RefusesWhatItDoesNotRun) {
 
 // qwen3moe: the expert keys, llama.cpp's routing rules, and a clear error for every other rule.
 TEST(ModelConfigTest, Qwen3MoeReadsItsExpertsAndRefusesOtherRouting) {
-  using Edit = std::function<void(GgufBuilder&)>;
   auto config_with = [](const Edit& edit) {
     GgufBuilder b;
     TinyLlama::AddMetadata(b, "qwen3moe");

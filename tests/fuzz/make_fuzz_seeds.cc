@@ -42,6 +42,65 @@ void Write(const std::filesystem::path& path, const std::string& bytes) {
   Write(path, bytes.data(), bytes.size());
 }
 
+// A tiny gemma4 MoE: layer 0 local (4 heads of 16 over 2 KV heads), layer 1 global (4 heads of
+// 32 over 1 KV head, no attn_v), each a dense FFN beside 4 fused-gate|up experts of width 16, 2
+// used; no tokenizer (the config and weight parsers are what it seeds).
+std::vector<uint8_t> TinyGemma4Moe() {
+  constexpr int kD = 64, kFf = 96, kVocab = 48, kExperts = 4, kExpertWidth = 16;
+  GgufBuilder b;
+  const std::string p = "gemma4.";
+  b.AddString("general.architecture", "gemma4");
+  b.AddUint32(p + "block_count", 2);
+  b.AddUint32(p + "context_length", 256);
+  b.AddUint32(p + "embedding_length", kD);
+  b.AddUint32(p + "feed_forward_length", kFf);
+  b.AddUint32(p + "attention.head_count", 4);
+  b.AddUint32Array(p + "attention.head_count_kv", {2, 1});
+  b.AddUint32(p + "attention.key_length", 32);
+  b.AddUint32(p + "attention.value_length", 32);
+  b.AddUint32(p + "attention.key_length_swa", 16);
+  b.AddUint32(p + "attention.value_length_swa", 16);
+  b.AddUint32(p + "rope.dimension_count", 32);
+  b.AddUint32(p + "rope.dimension_count_swa", 16);
+  b.AddUint32(p + "attention.sliding_window", 8);
+  b.AddArray(p + "attention.sliding_window_pattern", gguf::ValueType::kBool,
+             std::vector<uint8_t>{1, 0});
+  b.AddFloat32(p + "attention.layer_norm_rms_epsilon", 1e-6f);
+  b.AddFloat32(p + "final_logit_softcapping", 30.0f);
+  b.AddUint32(p + "expert_count", kExperts);
+  b.AddUint32(p + "expert_used_count", 2);
+  b.AddUint32(p + "expert_feed_forward_length", kExpertWidth);
+  const std::vector<float> ones(kFf, 1.0f);
+  const std::vector<float> d_ones(ones.begin(), ones.begin() + kD);
+  b.AddTensor("token_embd.weight", GgmlType::kQ8_0, {kD, kVocab});
+  b.AddF32Tensor("output_norm.weight", {kD}, d_ones);
+  b.AddF32Tensor("rope_freqs.weight", {16}, std::vector<float>(16, 1.0f));
+  for (int i = 0; i < 2; ++i) {
+    const std::string l = "blk." + std::to_string(i) + ".";
+    const int64_t head = i == 0 ? 16 : 32, kv = i == 0 ? 32 : 32;
+    for (const char* norm : {"attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm",
+                             "pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"}) {
+      b.AddF32Tensor(l + norm + ".weight", {kD}, d_ones);
+    }
+    b.AddTensor(l + "attn_q.weight", GgmlType::kQ8_0, {kD, 4 * head});
+    b.AddTensor(l + "attn_k.weight", GgmlType::kQ8_0, {kD, kv});
+    if (i == 0) b.AddTensor(l + "attn_v.weight", GgmlType::kQ8_0, {kD, kv});
+    b.AddTensor(l + "attn_output.weight", GgmlType::kF16, {4 * head, kD});
+    b.AddF32Tensor(l + "attn_q_norm.weight", {static_cast<uint64_t>(head)}, d_ones);
+    b.AddF32Tensor(l + "attn_k_norm.weight", {static_cast<uint64_t>(head)}, d_ones);
+    b.AddF32Tensor(l + "layer_output_scale.weight", {1}, {0.5f});
+    b.AddTensor(l + "ffn_gate.weight", GgmlType::kQ8_0, {kD, kFf});
+    b.AddTensor(l + "ffn_up.weight", GgmlType::kQ8_0, {kD, kFf});
+    b.AddTensor(l + "ffn_down.weight", GgmlType::kF16, {kFf, kD});
+    b.AddTensor(l + "ffn_gate_inp.weight", GgmlType::kF32, {kD, kExperts});
+    b.AddF32Tensor(l + "ffn_gate_inp.scale", {kD}, d_ones);
+    b.AddTensor(l + "ffn_gate_up_exps.weight", GgmlType::kQ8_0, {kD, 2 * kExpertWidth, kExperts});
+    b.AddTensor(l + "ffn_down_exps.weight", GgmlType::kF16, {kExpertWidth, kD, kExperts});
+    b.AddF32Tensor(l + "ffn_down_exps.scale", {kExperts}, std::vector<float>(kExperts, 1.0f));
+  }
+  return b.Build();
+}
+
 // A tiny model of `architecture` with its family's tensors and a small tokenizer.
 std::vector<uint8_t> TinyModel(const std::string& architecture, bool spm) {
   constexpr int kLayers = 2, kD = 64, kFf = 128, kVocab = 48;
@@ -261,6 +320,7 @@ int main(int argc, char** argv) {
   Write(gguf_dir / "tiny_qwen2.gguf", TinyModel("qwen2", false));
   Write(gguf_dir / "tiny_qwen3.gguf", TinyModel("qwen3", false));
   Write(gguf_dir / "tiny_qwen3moe.gguf", TinyModel("qwen3moe", false));
+  Write(gguf_dir / "tiny_gemma4moe.gguf", TinyGemma4Moe());
   auto source = gguf::File::Open(real);
   if (source.ok()) {
     Write(gguf_dir / "smollm2_metadata_64.gguf", RealMetadata(**source, 64));
