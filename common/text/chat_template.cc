@@ -185,10 +185,11 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view jinja_sou
   // llama.cpp's detection of its built-in gemma format (llm_chat_detect_template); gemma's
   // templates are far from ChatML, so no ChatML shape above can contain this.
   if (jinja_source.find("<start_of_turn>") != std::string_view::npos) return Gemma();
+  if (jinja_source.find("<|turn>") != std::string_view::npos) return Gemma4();
   constexpr size_t kExcerpt = 120;
   return absl::UnimplementedError(
-      absl::StrFormat("unsupported chat template (only ChatML variants and gemma's turn format "
-                      "are implemented): \"%s%s\"",
+      absl::StrFormat("unsupported chat template (only ChatML variants and gemma's and gemma4's "
+                      "turn formats are implemented): \"%s%s\"",
                       absl::CHexEscape(std::string(jinja_source.substr(0, kExcerpt))),
                       jinja_source.size() > kExcerpt ? "..." : ""));
 }
@@ -203,15 +204,16 @@ absl::StatusOr<ChatTemplate::Choice> ChatTemplate::FromGgufOrArchitecture(const 
   if (file.Find("general.architecture") != nullptr) {
     BITSPLIT_ASSIGN_OR_RETURN(architecture, file.GetString("general.architecture"));
   }
-  static constexpr const char* kGemmaFamily[] = {"gemma", "gemma2", "gemma3", "gemma3n"};
+  static constexpr const char* kGemmaFamily[] = {"gemma", "gemma2", "gemma3", "gemma3n", "gemma4"};
   if (std::find(std::begin(kGemmaFamily), std::end(kGemmaFamily), architecture) !=
       std::end(kGemmaFamily)) {
+    const bool gemma4 = architecture == "gemma4";
     return Choice{
-        .chat_template = Gemma(),
+        .chat_template = gemma4 ? Gemma4() : Gemma(),
         .from_architecture = true,
         .note = absl::StrFormat(
-            "%s has no tokenizer.chat_template; using the gemma turn format of architecture '%s'",
-            file.name(), architecture)};
+            "%s has no tokenizer.chat_template; using the %s turn format of architecture '%s'",
+            file.name(), gemma4 ? "gemma4" : "gemma", architecture)};
   }
   return absl::NotFoundError(absl::StrFormat(
       "%s: no tokenizer.chat_template in the model file, and architecture '%s' has no default "
@@ -225,6 +227,8 @@ ChatTemplate ChatTemplate::ChatMl(std::optional<std::string> default_system_prom
 
 ChatTemplate ChatTemplate::Gemma() { return ChatTemplate(Kind::kGemma, std::nullopt); }
 
+ChatTemplate ChatTemplate::Gemma4() { return ChatTemplate(Kind::kGemma4, std::nullopt); }
+
 std::string ChatTemplate::Render(std::span<const ChatMessage> messages,
                                  bool add_generation_prompt) const {
   switch (kind_) {
@@ -232,6 +236,8 @@ std::string ChatTemplate::Render(std::span<const ChatMessage> messages,
       return RenderChatMl(messages, add_generation_prompt);
     case Kind::kGemma:
       return RenderGemma(messages, add_generation_prompt);
+    case Kind::kGemma4:
+      return RenderGemma4(messages, add_generation_prompt);
   }
   return RenderChatMl(messages, add_generation_prompt);
 }
@@ -248,7 +254,83 @@ std::string_view TrimAsciiSpace(std::string_view text) {
   return text;
 }
 
+// The length of the Python white-space character (str.isspace) at the start of `text`, or 0.
+size_t PythonSpaceAt(std::string_view text) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  if (text.empty()) return 0;
+  const unsigned char c = byte(0);
+  if ((c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20)) return 1;
+  if (c == 0xC2 && text.size() >= 2 && (byte(1) == 0x85 || byte(1) == 0xA0)) return 2;
+  if (text.size() < 3) return 0;
+  const uint32_t cp = ((c & 0x0Fu) << 12) | ((byte(1) & 0x3Fu) << 6) | (byte(2) & 0x3Fu);
+  if ((c & 0xF0) != 0xE0 || (byte(1) & 0xC0) != 0x80 || (byte(2) & 0xC0) != 0x80) return 0;
+  const bool space = cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
+                     cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+  return space ? 3 : 0;
+}
+
+// jinja's trim: Python's str.strip(), Unicode white space at both ends of UTF-8 text.
+std::string_view TrimPythonSpace(std::string_view text) {
+  while (size_t n = PythonSpaceAt(text)) text.remove_prefix(n);
+  for (bool trimmed = true; trimmed && !text.empty();) {
+    trimmed = false;
+    for (size_t n = 1; n <= 3 && n <= text.size(); ++n) {
+      if (PythonSpaceAt(text.substr(text.size() - n)) == n) {
+        text.remove_suffix(n);
+        trimmed = true;
+        break;
+      }
+    }
+  }
+  return text;
+}
+
+// The template's strip_thinking: every <|channel>...<channel|> span cut, then trimmed.
+std::string StripThinking(std::string_view text) {
+  constexpr std::string_view kOpen = "<|channel>", kClose = "<channel|>";
+  std::string result;
+  while (true) {
+    const size_t close = text.find(kClose);
+    const std::string_view part = text.substr(0, close);
+    result.append(part.substr(0, part.find(kOpen)));
+    if (close == std::string_view::npos) break;
+    text.remove_prefix(close + kClose.size());
+  }
+  return std::string(TrimPythonSpace(result));
+}
+
 }  // namespace
+
+std::string ChatTemplate::RenderGemma4(std::span<const ChatMessage> messages,
+                                       bool add_generation_prompt) const {
+  // Mirrors google-gemma-4-31B-it.jinja for chats of text without tools or thinking.
+  std::string prompt;
+  size_t first = 0;
+  if (!messages.empty() && (messages[0].role == "system" || messages[0].role == "developer")) {
+    prompt.append("<|turn>system\n")
+        .append(TrimPythonSpace(messages[0].content))
+        .append("<turn|>\n");
+    first = 1;
+  }
+  std::string_view previous_role;  // of the last message that was not a tool message
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& message = messages[i];
+    if (message.role == "tool") continue;
+    const bool model = message.role == "assistant";
+    if (!(model && previous_role == "assistant")) {
+      absl::StrAppend(&prompt, "<|turn>", model ? "model" : message.role, "\n");
+    }
+    if (model) {
+      prompt.append(StripThinking(message.content));
+    } else {
+      prompt.append(TrimPythonSpace(message.content));
+    }
+    prompt.append("<turn|>\n");
+    previous_role = message.role;
+  }
+  if (add_generation_prompt) prompt.append("<|turn>model\n<|channel>thought\n<channel|>");
+  return prompt;
+}
 
 std::string ChatTemplate::RenderGemma(std::span<const ChatMessage> messages,
                                       bool add_generation_prompt) const {

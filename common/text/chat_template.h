@@ -31,6 +31,14 @@ class ChatTemplate {
     // whitespace; system messages (trimmed, concatenated) go in front of the next non-model turn
     // followed by "\n\n". No BOS: the tokenizer adds it (gemma2/gemma3).
     kGemma,
+    // Gemma 4's template (google-gemma-4-31B-it.jinja) for text chats without tools or thinking:
+    // a first system (or developer) message as <|turn>system\n{content}<turn|>\n, then
+    // <|turn>{role}\n{content}<turn|>\n per message ("assistant" is "model"; a model message
+    // right after another continues its turn without a header; "tool" messages render nothing),
+    // contents trimmed of Unicode white space as Python's str.strip, thinking channels
+    // (<|channel>...<channel|>) cut from model messages; the generation prompt
+    // <|turn>model\n<|channel>thought\n<channel|> (thinking off). No BOS: the tokenizer adds it.
+    kGemma4,
   };
 
   // What FromGgufOrArchitecture chose.
@@ -40,15 +48,18 @@ class ChatTemplate {
   // the template is not one we can render exactly.
   static absl::StatusOr<ChatTemplate> FromGguf(const gguf::File& file);
   // From Jinja source text; errors as FromGguf. A template that is not one of the ChatML shapes
-  // but contains "<start_of_turn>" is kGemma, as llama.cpp decides for its built-in templates.
+  // but contains "<start_of_turn>" is kGemma, as llama.cpp decides for its built-in templates;
+  // one that contains "<|turn>" is kGemma4.
   static absl::StatusOr<ChatTemplate> FromSource(std::string_view jinja_source);
   // FromGguf, or, when the file has no tokenizer.chat_template, the format of its model family
-  // (general.architecture gemma, gemma2, gemma3, gemma3n: kGemma), with Choice::note saying so
+  // (general.architecture gemma, gemma2, gemma3, gemma3n: kGemma; gemma4: kGemma4), with
+  // Choice::note saying so
   // for the caller to show. NOT_FOUND when there is neither a template nor a known family.
   static absl::StatusOr<Choice> FromGgufOrArchitecture(const gguf::File& file);
   // Plain ChatML, with an optional default system prompt.
   static ChatTemplate ChatMl(std::optional<std::string> default_system_prompt = std::nullopt);
   static ChatTemplate Gemma();
+  static ChatTemplate Gemma4();
 
   Kind kind() const { return kind_; }
   const std::optional<std::string>& default_system_prompt() const { return default_system_prompt_; }
@@ -64,6 +75,7 @@ class ChatTemplate {
 
   std::string RenderChatMl(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
   std::string RenderGemma(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  std::string RenderGemma4(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
 
   Kind kind_;
   std::optional<std::string> default_system_prompt_;
