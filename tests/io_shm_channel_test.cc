@@ -19,7 +19,9 @@ TEST(ShmLayoutTest, SmolLm2ServiceLayout) {
   EXPECT_EQ(layout->scales_offset, 4096u + 64 * 1536);
   EXPECT_EQ(layout->sums_offset, layout->scales_offset + 64 * 48 * 4);
   EXPECT_EQ(layout->outputs_offset, layout->sums_offset + 64 * 48 * 4);
-  EXPECT_EQ(layout->segment_bytes, (layout->outputs_offset + 64 * 3072 * 4 + 4095) / 4096 * 4096);
+  // One expert segment per row at most, 16 bytes each.
+  EXPECT_EQ(layout->segments_offset, layout->outputs_offset + 64 * 3072 * 4);
+  EXPECT_EQ(layout->segment_bytes, (layout->segments_offset + 64 * 16 + 4095) / 4096 * 4096);
   EXPECT_TRUE(CheckShmHeader(HeaderForLayout(*layout), layout->segment_bytes).ok());
   EXPECT_FALSE(CheckShmHeader(HeaderForLayout(*layout), layout->segment_bytes + 4096).ok());
 }
@@ -76,6 +78,28 @@ TEST_F(DecodeRequestTest, ValidRequestGivesViewsAtTheLayoutsOffsets) {
   EXPECT_EQ(reinterpret_cast<const uint8_t*>(view->sums), segment_.data() + layout_.sums_offset);
   EXPECT_EQ(reinterpret_cast<uint8_t*>(view->outputs), segment_.data() + layout_.outputs_offset);
   EXPECT_EQ(view->output_capacity, 8u * 512);
+  EXPECT_EQ(view->num_segments, 0u);
+}
+
+// An expert group's request carries at most one segment per row, in the segment table.
+TEST_F(DecodeRequestTest, ExpertSegmentsAreCountedAgainstTheRows) {
+  ShmRequestCopy request{
+      .seq = 1, .layer = 0, .group = 5, .rows = 8, .cols = 256, .num_segments = 8};
+  auto view = DecodeRequest(header_, segment_.data(), segment_.size(), request, 8);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->num_segments, 8u);
+  EXPECT_EQ(reinterpret_cast<const uint8_t*>(view->segments),
+            segment_.data() + layout_.segments_offset);
+  request.rows = 3;
+  request.num_segments = 4;
+  EXPECT_EQ(DecodeRequest(header_, segment_.data(), segment_.size(), request, 8).status().message(),
+            "num_segments 4 exceeds the request's 3 rows");
+  // A segment shorter than its header claims refuses the segment table that does not fit.
+  request.num_segments = 3;
+  auto short_segment =
+      DecodeRequest(header_, segment_.data(), layout_.segments_offset + 16, request, 8);
+  EXPECT_NE(short_segment.status().message().find("segments area"), std::string::npos)
+      << short_segment.status();
 }
 
 TEST_F(DecodeRequestTest, RowsAndColsOutsideTheCapacitiesAreRefusedNamingTheBound) {

@@ -39,6 +39,8 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/testing/service_process.h"
+#include "tests/testing/split_fixture.h"
+#include "tests/testing/synthetic_weights.h"
 
 extern char** environ;
 
@@ -1079,6 +1081,38 @@ TEST_F(ResidualServiceTest, PinGivesEachKernelThreadItsOwnCpu) {
 
 // ---- The real model: LlamaModel's verify forward with the remote residual ----------------------
 
+// A prefill of `prompt`, then a tree of `tree` / `parents` after it: the verify logits of the
+// split model with its residual in process and of the same base with `remote_verify` (the
+// residual in cpu-residual) are identical bit for bit.
+void ExpectRemoteVerifyMatchesInProcess(model::LlamaModel& in_process,
+                                        model::LlamaModel& draft_only,
+                                        model::LinearBackend& remote_verify,
+                                        const std::vector<int32_t>& prompt,
+                                        const std::vector<int32_t>& tree,
+                                        const std::vector<int32_t>& parents) {
+  auto expected_cache = in_process.NewKvCache(64);
+  auto remote_cache = draft_only.NewKvCache(64);
+  ASSERT_TRUE(expected_cache.ok() && remote_cache.ok());
+  const size_t vocab = static_cast<size_t>(in_process.config().vocab_size);
+  const model::Batch prefill = model::Batch::Causal(prompt, 0);
+  auto verify = model::Batch::Tree(tree, parents, static_cast<int32_t>(prompt.size()));
+  ASSERT_TRUE(verify.ok()) << verify.status();
+  for (const model::Batch* batch : {&prefill, static_cast<const model::Batch*>(&*verify)}) {
+    std::vector<float> expected(batch->tokens.size() * vocab, 0.0f);
+    std::vector<float> got(batch->tokens.size() * vocab, 1.0f);
+    ASSERT_TRUE(in_process
+                    .Forward(*batch, *expected_cache, std::span<float>(expected),
+                             model::ForwardMode::kVerify)
+                    .ok());
+    const absl::Status status =
+        draft_only.ForwardWith(remote_verify, *batch, *remote_cache, std::span<float>(got));
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_EQ(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)), 0);
+    ASSERT_TRUE(expected_cache->Commit(static_cast<int64_t>(batch->tokens.size())).ok());
+    ASSERT_TRUE(remote_cache->Commit(static_cast<int64_t>(batch->tokens.size())).ok());
+  }
+}
+
 TEST(ResidualServiceModelTest, VerifyForwardWithRemoteResidualMatchesInProcess) {
   const std::string gguf =
       std::string(BITSPLIT_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -1114,42 +1148,109 @@ TEST(ResidualServiceModelTest, VerifyForwardWithRemoteResidualMatchesInProcess) 
   model::SplitLinearBackend remote_verify(files.base_linear(), files.quantization().rotation,
                                           &(*session)->residual());
 
-  // A prefill of 7 tokens, then a tree of 5 nodes: logits identical bit for bit.
-  const std::vector<int32_t> prompt = {1, 504, 3458, 282, 253, 1345, 30};
-  auto expected_cache = (*in_process)->NewKvCache(64);
-  auto remote_cache = (*draft_only)->NewKvCache(64);
-  ASSERT_TRUE(expected_cache.ok() && remote_cache.ok());
-  const model::Batch prefill = model::Batch::Causal(prompt, 0);
-  const size_t vocab = static_cast<size_t>(config.vocab_size);
-  std::vector<float> expected(prompt.size() * vocab), got(prompt.size() * vocab);
-  ASSERT_TRUE((*in_process)
-                  ->Forward(prefill, *expected_cache, std::span<float>(expected),
-                            model::ForwardMode::kVerify)
-                  .ok());
-  absl::Status status =
-      (*draft_only)->ForwardWith(remote_verify, prefill, *remote_cache, std::span<float>(got));
-  ASSERT_TRUE(status.ok()) << status;
-  EXPECT_EQ(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)), 0);
-  ASSERT_TRUE(expected_cache->Commit(static_cast<int64_t>(prompt.size())).ok());
-  ASSERT_TRUE(remote_cache->Commit(static_cast<int64_t>(prompt.size())).ok());
-  const std::vector<int32_t> tree = {42, 43, 44, 45, 46};
-  const std::vector<int32_t> parents = {-1, 0, 0, 1, 3};
-  auto verify = model::Batch::Tree(tree, parents, static_cast<int32_t>(prompt.size()));
-  ASSERT_TRUE(verify.ok()) << verify.status();
-  expected.assign(tree.size() * vocab, 0.0f);
-  got.assign(tree.size() * vocab, 1.0f);
-  ASSERT_TRUE((*in_process)
-                  ->Forward(*verify, *expected_cache, std::span<float>(expected),
-                            model::ForwardMode::kVerify)
-                  .ok());
-  status = (*draft_only)->ForwardWith(remote_verify, *verify, *remote_cache, std::span<float>(got));
-  ASSERT_TRUE(status.ok()) << status;
-  EXPECT_EQ(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)), 0);
+  ExpectRemoteVerifyMatchesInProcess(**in_process, **draft_only, remote_verify,
+                                     {1, 504, 3458, 282, 253, 1345, 30}, {42, 43, 44, 45, 46},
+                                     {-1, 0, 0, 1, 3});
   session->reset();
   service.Signal(SIGTERM);
   EXPECT_EQ(service.Wait(std::chrono::seconds(15)), 0) << service.Stderr();
   std::filesystem::remove_all(dir);
 }
+
+// A mixture-of-experts model (the random qwen3moe and gemma4 MoE of the oracle fixtures): each
+// verify sends cpu-residual the routed rows of every expert group with their experts (the
+// segment table), and the service computes each segment through its expert's residual slice.
+// Logits equal the in-process verify bit for bit; the service's counters show each routed
+// expert read once per request; requests with bad segments are refused and the service keeps
+// serving.
+class ResidualServiceMoeTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ResidualServiceMoeTest, VerifyForwardWithRemoteExpertsMatchesInProcess) {
+  const testing::SyntheticModelFile source(GetParam());
+  ASSERT_TRUE(source.ok());
+  char pattern[] = "/tmp/bitsplit-residual-moe-XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  auto summary = offline::QuantizeSplitModel(
+      source.path(), dir + "/moe.base.bsplit", dir + "/moe.residual.bsplit",
+      {.quantization = testing::SplitFixtureQuantization(), .num_threads = 2});
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  auto in_process = model::LlamaModel::LoadSplit(summary->base_path, summary->residual_path, 2);
+  auto draft_only = model::LlamaModel::LoadSplit(summary->base_path, "", 2);
+  ASSERT_TRUE(in_process.ok() && draft_only.ok());
+  const model::ModelConfig& config = (*draft_only)->config();
+  ASSERT_TRUE(config.has_experts());
+
+  ServiceProcess service(kServiceBinary);
+  const std::string socket = dir + "/residual.sock";
+  ASSERT_TRUE(service.Start(
+      {summary->residual_path, "--socket", socket, "--threads", "2", "--max-rows", "64"}));
+  ASSERT_TRUE(WaitServing("unix:" + socket, service)) << service.Stderr();
+  auto client = rpc::ResidualClient::Connect("unix:" + socket, {});
+  ASSERT_TRUE(client.ok()) << client.status();
+  const model::ResidualShapes shapes = model::ResidualShapes::FromConfig(config);
+  auto session = (*client)->Attach(SplitFingerprintToHex(summary->fingerprint), 64, &shapes);
+  ASSERT_TRUE(session.ok()) << session.status();
+  const model::SplitModelFiles& files = *(*draft_only)->split_files();
+  model::SplitLinearBackend remote_verify(files.base_linear(), files.quantization().rotation,
+                                          &(*session)->residual());
+
+  // A prefill of 12 tokens, then a tree of 5 nodes, each one request per group of the forward
+  // (the expert groups included: the layers' groups and the head).
+  const std::vector<int32_t> all = source.fixture()["cases"][0]["tokens"];
+  const auto info_before = (*client)->Info();
+  ASSERT_TRUE(info_before.ok());
+  ExpectRemoteVerifyMatchesInProcess(**in_process, **draft_only, remote_verify,
+                                     std::vector<int32_t>(all.begin(), all.begin() + 12),
+                                     std::vector<int32_t>(all.begin() + 12, all.begin() + 17),
+                                     {-1, 0, 0, 1, 3});
+  const auto info_after = (*client)->Info();
+  ASSERT_TRUE(info_after.ok());
+  EXPECT_EQ(info_after->requests_served() - info_before->requests_served(),
+            2 * model::AllLinearGroups(config).size());
+
+  // Bad segments, through the raw channel: each refused with INVALID_ARGUMENT, then a valid
+  // request still works.
+  shm::ShmChannelClient& raw = (*session)->residual().channel();
+  const int64_t cols = config.d_model;
+  const quant::QuantizedActivations x = RandomActivations(4, cols, 9);
+  std::memcpy(raw.codes(), x.codes.data(), x.codes.size());
+  std::memcpy(raw.scales(), x.scales.data(), x.scales.size() * sizeof(float));
+  std::memcpy(raw.sums(), x.sums.data(), x.sums.size() * sizeof(float));
+  const auto gate_up = static_cast<uint32_t>(LinearGroup::kExpertGateUp);
+  const auto call = [&](uint32_t group, std::vector<shm::ShmExpertSegment> segments) {
+    std::copy(segments.begin(), segments.end(), raw.segments());
+    shm::ShmCallInfo info;
+    return raw.Call(0, group, 4, static_cast<uint32_t>(cols), &info,
+                    static_cast<uint32_t>(segments.size()));
+  };
+  const int32_t experts = static_cast<int32_t>(config.num_experts);
+  const struct {
+    uint32_t group;
+    std::vector<shm::ShmExpertSegment> segments;
+  } bad[] = {
+      {gate_up, {}},                       // an expert group without segments
+      {0, {{0, 0, 4, 0}}},                 // a dense group with segments
+      {gate_up, {{experts, 0, 4, 0}}},     // no such expert
+      {gate_up, {{-1, 0, 4, 0}}},          // no such expert
+      {gate_up, {{1, 2, 3, 0}}},           // rows beyond the request's 4
+      {gate_up, {{1, UINT32_MAX, 2, 0}}},  // rows beyond, by wrap-around
+  };
+  for (const auto& b : bad) {
+    const absl::Status refused = call(b.group, b.segments);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_TRUE(call(gate_up, {{1, 0, 2, 0}, {experts - 1, 2, 2, 0}}).ok());
+  }
+  session->reset();
+  service.Signal(SIGTERM);
+  EXPECT_EQ(service.Wait(std::chrono::seconds(15)), 0) << service.Stderr();
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, ResidualServiceMoeTest,
+    ::testing::Values("tests/fixtures/oracle/qwen3moe_synthetic_logits.json",
+                      "tests/fixtures/oracle/gemma4moe_synthetic_logits.json"));
 
 }  // namespace
 }  // namespace bitsplit

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/llama_model.h"
+#include "common/model/remote_residual.h"
 #include "common/model/residual_file.h"
 #include "common/model/split_model.h"
 #include "common/offline/calibration.h"
@@ -216,28 +217,26 @@ TEST_P(SyntheticSplitTest, SpeculationIsLossless) {
   }
 }
 
-// The cpu-residual service computes dense groups only: it refuses the residual of an MoE split
-// by name (the drafter then needs the residual in process). A dense split opens with each
-// layer's q|k|v as the file has it (q|k where the values are the keys).
-TEST_P(SyntheticSplitTest, TheResidualServiceFileRefusesExpertsOnly) {
+// The residual file on its own, as cpu-residual opens it, has the model's groups and shapes:
+// each layer's q|k|v as the file has it (q|k where the values are the keys), and for an MoE
+// model the expert groups with the expert count taken from the tall down matrix.
+TEST_P(SyntheticSplitTest, TheResidualServiceFileHasTheModelsGroups) {
   auto split = Split();
   ASSERT_NE(split, nullptr);
   const model::ModelConfig& config = split->config();
   auto residual = model::ResidualFile::Open(model::SplitResidualPath(prefix()));
-  if (config.has_experts()) {
-    ASSERT_FALSE(residual.ok());
-    EXPECT_EQ(residual.status().code(), absl::StatusCode::kUnimplemented);
-    EXPECT_NE(residual.status().message().find("mixture-of-experts residual"), std::string::npos)
-        << residual.status();
-    return;
-  }
   ASSERT_TRUE(residual.ok()) << residual.status();
   EXPECT_EQ((*residual)->shapes(), model::ResidualShapes::FromConfig(config));
+  EXPECT_EQ((*residual)->shapes().num_experts, config.num_experts);
   for (int32_t layer = 0; layer < config.num_layers; ++layer) {
     const model::ResidualGroupShape* qkv =
         (*residual)->shapes().Find({layer, model::LinearGroup::kQkv});
     ASSERT_NE(qkv, nullptr);
     EXPECT_EQ(qkv->rows.size(), config.ValueIsKey(layer) ? 2u : 3u) << "layer " << layer;
+    if (config.has_experts()) {
+      EXPECT_EQ((*residual)->shapes().OutputRows({layer, model::LinearGroup::kExpertDown}),
+                std::vector<int64_t>{config.d_model});
+    }
   }
 }
 

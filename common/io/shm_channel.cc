@@ -52,6 +52,7 @@ ShmHeader HeaderForLayout(const ShmLayout& layout) {
   header.scales_offset = layout.scales_offset;
   header.sums_offset = layout.sums_offset;
   header.outputs_offset = layout.outputs_offset;
+  header.segments_offset = layout.segments_offset;
   return header;
 }
 
@@ -78,7 +79,8 @@ absl::StatusOr<ShmLayout> ComputeShmLayout(uint32_t max_rows, uint32_t max_cols,
   const unsigned __int128 scales = align_up(codes + rows * max_cols, kAlign);
   const unsigned __int128 sums = align_up(scales + stride_bytes, kAlign);
   const unsigned __int128 outputs = align_up(sums + stride_bytes, kAlign);
-  const unsigned __int128 segment = align_up(outputs + rows * max_outputs * sizeof(float), kPage);
+  const unsigned __int128 segments = align_up(outputs + rows * max_outputs * sizeof(float), kAlign);
+  const unsigned __int128 segment = align_up(segments + rows * sizeof(ShmExpertSegment), kPage);
   if (segment > (uint64_t{4} << 30)) {
     return absl::InvalidArgumentError(
         absl::StrCat("shared-memory segment of more than 4 GiB is too large (max_rows ", max_rows,
@@ -88,6 +90,7 @@ absl::StatusOr<ShmLayout> ComputeShmLayout(uint32_t max_rows, uint32_t max_cols,
   layout.scales_offset = static_cast<uint64_t>(scales);
   layout.sums_offset = static_cast<uint64_t>(sums);
   layout.outputs_offset = static_cast<uint64_t>(outputs);
+  layout.segments_offset = static_cast<uint64_t>(segments);
   layout.segment_bytes = static_cast<uint64_t>(segment);
   if (layout.segment_bytes > (uint64_t{4} << 30)) {
     return absl::InvalidArgumentError(
@@ -207,7 +210,7 @@ absl::Status CheckShmHeader(const ShmHeader& h, uint64_t segment_bytes) {
       h.header_bytes != kShmHeaderBytes || h.segment_bytes != segment_bytes || !layout.ok() ||
       layout->segment_bytes != segment_bytes || layout->codes_offset != h.codes_offset ||
       layout->scales_offset != h.scales_offset || layout->sums_offset != h.sums_offset ||
-      layout->outputs_offset != h.outputs_offset ||
+      layout->outputs_offset != h.outputs_offset || layout->segments_offset != h.segments_offset ||
       layout->max_block_stride != h.max_block_stride) {
     return absl::FailedPreconditionError(
         absl::StrCat("not a residual channel header of layout version ", kShmVersion));
@@ -275,9 +278,19 @@ absl::StatusOr<ShmRequestView> DecodeRequest(const ShmHeader& header, uint8_t* b
       CheckArea("sums", header.sums_offset, rows * view.block_stride, sizeof(float), scales_end,
                 std::min(header.outputs_offset, segment_bytes)));
   view.output_capacity = rows * header.max_outputs;
-  BITSPLIT_RETURN_IF_ERROR(CheckArea("outputs", header.outputs_offset, view.output_capacity,
-                                     sizeof(float), sums_end, segment_bytes)
+  BITSPLIT_ASSIGN_OR_RETURN(
+      const uint64_t outputs_end,
+      CheckArea("outputs", header.outputs_offset, view.output_capacity, sizeof(float), sums_end,
+                std::min(header.segments_offset, segment_bytes)));
+  if (request.num_segments > request.rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_segments ", request.num_segments, " exceeds the request's ", request.rows, " rows"));
+  }
+  BITSPLIT_RETURN_IF_ERROR(CheckArea("segments", header.segments_offset, request.num_segments,
+                                     sizeof(ShmExpertSegment), outputs_end, segment_bytes)
                                .status());
+  view.num_segments = request.num_segments;
+  view.segments = reinterpret_cast<const ShmExpertSegment*>(base + header.segments_offset);
   view.codes = reinterpret_cast<const int8_t*>(base + header.codes_offset);
   view.scales = reinterpret_cast<const float*>(base + header.scales_offset);
   view.sums = reinterpret_cast<const float*>(base + header.sums_offset);
@@ -369,12 +382,13 @@ absl::Status ShmChannelClient::CheckService() const {
 }
 
 absl::Status ShmChannelClient::Call(int32_t layer, uint32_t group, uint32_t rows, uint32_t cols,
-                                    ShmCallInfo* info) {
-  BITSPLIT_RETURN_IF_ERROR(Post(layer, group, rows, cols));
+                                    ShmCallInfo* info, uint32_t num_segments) {
+  BITSPLIT_RETURN_IF_ERROR(Post(layer, group, rows, cols, num_segments));
   return Wait(info);
 }
 
-absl::Status ShmChannelClient::Post(int32_t layer, uint32_t group, uint32_t rows, uint32_t cols) {
+absl::Status ShmChannelClient::Post(int32_t layer, uint32_t group, uint32_t rows, uint32_t cols,
+                                    uint32_t num_segments) {
   if (broken_) {
     return absl::UnavailableError("residual channel is broken after an earlier failure; reattach");
   }
@@ -390,6 +404,7 @@ absl::Status ShmChannelClient::Post(int32_t layer, uint32_t group, uint32_t rows
   request->group = group;
   request->rows = rows;
   request->cols = cols;
+  request->num_segments = num_segments;
   posted_ = {layer, group, rows};
   const uint32_t seq = ++seq_;
   Word(request->seq).store(seq, std::memory_order_seq_cst);
@@ -501,6 +516,7 @@ bool WaitForRequest(ShmSegment& segment, uint32_t last_seq, std::chrono::nanosec
     out->group = request->group;
     out->rows = request->rows;
     out->cols = request->cols;
+    out->num_segments = request->num_segments;
     return true;
   };
   const uint64_t start = MonotonicNanos();

@@ -12,6 +12,7 @@
 //   max_block_stride)
 //                       sums      f32   [T][block_stride(cols)]
 //                       outputs   f32   matrix 0 [T][rows_0], then matrix 1 [T][rows_1], ...
+//                       segments  ShmExpertSegment [T]  (an expert group's rows per expert)
 //
 // Signalling: two 32-bit sequence numbers used as futex words (shared, not private futexes).
 // The client writes the request, then stores request.seq = previous + 1 (release) and wakes the
@@ -40,7 +41,7 @@
 namespace bitsplit::shm {
 
 inline constexpr char kShmMagic[8] = {'B', 'S', 'R', 'E', 'S', 'C', 'H', '\0'};
-inline constexpr uint32_t kShmVersion = 1;
+inline constexpr uint32_t kShmVersion = 2;
 inline constexpr uint64_t kShmHeaderBytes = 4096;
 inline constexpr uint32_t kShmMaxOutputs = 3;  // matrices per group
 inline constexpr size_t kShmMessageBytes = 256;
@@ -68,12 +69,21 @@ struct ShmHeader {
   uint64_t channel_id;
   int32_t server_pid;
   int32_t client_pid;
-  uint8_t fingerprint[32];  // of the residual file the service holds
-  uint8_t reserved[8];
+  uint8_t fingerprint[32];   // of the residual file the service holds
+  uint64_t segments_offset;  // ShmExpertSegment [max_rows]
 };
 static_assert(sizeof(ShmHeader) == 128);
 static_assert(offsetof(ShmHeader, codes_offset) == 40 && offsetof(ShmHeader, channel_id) == 72 &&
               offsetof(ShmHeader, fingerprint) == 88);
+
+// The rows [first_row, first_row + count) of an expert group's request that go to `expert`.
+struct ShmExpertSegment {
+  int32_t expert;
+  uint32_t first_row;
+  uint32_t count;
+  uint32_t reserved;
+};
+static_assert(sizeof(ShmExpertSegment) == 16);
 
 struct alignas(64) ShmRequest {
   uint32_t seq;             // futex word: the client increments it to submit
@@ -83,7 +93,8 @@ struct alignas(64) ShmRequest {
                             // the service refuses the expert groups 5 and 6)
   uint32_t rows;            // T, 1..max_rows
   uint32_t cols;            // the group's input width, a multiple of 32, <= max_cols
-  uint32_t reserved[10];
+  uint32_t num_segments;    // an expert group's segments (in the segment table), else 0
+  uint32_t reserved[9];
 };
 static_assert(sizeof(ShmRequest) == 64);
 
@@ -119,6 +130,7 @@ struct ShmLayout {
   uint64_t scales_offset = 0;
   uint64_t sums_offset = 0;
   uint64_t outputs_offset = 0;
+  uint64_t segments_offset = 0;
   uint64_t segment_bytes = 0;
 };
 // INVALID_ARGUMENT when a capacity is zero, cols is not a multiple of 32 or the segment would
@@ -172,6 +184,9 @@ class ShmSegment {
   float* scales() const { return reinterpret_cast<float*>(base_ + header_.scales_offset); }
   float* sums() const { return reinterpret_cast<float*>(base_ + header_.sums_offset); }
   float* outputs() const { return reinterpret_cast<float*>(base_ + header_.outputs_offset); }
+  ShmExpertSegment* segments() const {
+    return reinterpret_cast<ShmExpertSegment*>(base_ + header_.segments_offset);
+  }
 
   // Removes the name now (the mapping stays); idempotent.
   void Unlink();
@@ -233,6 +248,7 @@ class ShmChannelClient {
   float* scales() const { return segment_->scales(); }
   float* sums() const { return segment_->sums(); }
   const float* outputs() const { return segment_->outputs(); }
+  ShmExpertSegment* segments() const { return segment_->segments(); }
   // The whole mapped segment (page-aligned: it holds the four areas above).
   std::span<std::byte> memory() const {
     return std::span<std::byte>(reinterpret_cast<std::byte*>(segment_->base()), segment_->size());
@@ -243,11 +259,14 @@ class ShmChannelClient {
   // heart-beating, DEADLINE_EXCEEDED after options.timeout. After UNAVAILABLE or
   // DEADLINE_EXCEEDED the channel is broken: every later call fails with UNAVAILABLE (reattach).
   // Validates the response's output sizes against the capacities.
-  absl::Status Call(int32_t layer, uint32_t group, uint32_t rows, uint32_t cols, ShmCallInfo* info);
+  // An expert group's request carries `num_segments` segments, written to segments() first.
+  absl::Status Call(int32_t layer, uint32_t group, uint32_t rows, uint32_t cols, ShmCallInfo* info,
+                    uint32_t num_segments = 0);
   // Call in two halves, so the caller can work while the service computes: Post submits the
   // request (activations already written) and returns at once; Wait waits for its response, with
   // Call's errors. Exactly one Wait per successful Post.
-  absl::Status Post(int32_t layer, uint32_t group, uint32_t rows, uint32_t cols);
+  absl::Status Post(int32_t layer, uint32_t group, uint32_t rows, uint32_t cols,
+                    uint32_t num_segments = 0);
   absl::Status Wait(ShmCallInfo* info);
   bool in_flight() const { return in_flight_; }
 
@@ -292,6 +311,7 @@ struct ShmRequestCopy {
   uint32_t group = 0;
   uint32_t rows = 0;
   uint32_t cols = 0;
+  uint32_t num_segments = 0;
 };
 
 // A request whose sizes DecodeRequest checked against the segment: views of its T x cols codes,
@@ -308,13 +328,16 @@ struct ShmRequestView {
   const float* sums = nullptr;
   float* outputs = nullptr;
   uint64_t output_capacity = 0;  // floats at `outputs`: rows * header.max_outputs
+  // An expert group's segments, still in shared memory (the service copies them once).
+  const ShmExpertSegment* segments = nullptr;
+  uint32_t num_segments = 0;
 };
 
 // Checks a request copied out of the segment at `base` (`segment_bytes` long, laid out by
 // `header`, the service's own copy) and returns its views: rows in [1, min(max_rows,
-// header.max_rows)], cols a positive multiple of 32 at most header.max_cols, and every area
-// inside the segment and inside its own capacity. INVALID_ARGUMENT naming the field and its bound
-// otherwise. Pure: it reads nothing but its arguments.
+// header.max_rows)], cols a positive multiple of 32 at most header.max_cols, num_segments at most
+// rows, and every area inside the segment and inside its own capacity. INVALID_ARGUMENT naming the
+// field and its bound otherwise. Pure: it reads nothing but its arguments.
 absl::StatusOr<ShmRequestView> DecodeRequest(const ShmHeader& header, uint8_t* base,
                                              uint64_t segment_bytes, const ShmRequestCopy& request,
                                              uint32_t max_rows);

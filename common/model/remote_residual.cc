@@ -22,17 +22,28 @@ int64_t ResidualShapes::max_cols() const {
 
 int64_t ResidualShapes::max_outputs() const {
   int64_t result = 0;
-  for (const ResidualGroupShape& g : groups) {
+  for (const LinearGroupId id : AllLinearGroups(layout)) {
     int64_t total = 0;
-    for (int64_t r : g.rows) total += r;
+    for (int64_t r : OutputRows(id)) total += r;
     result = std::max(result, total);
   }
   return result;
 }
 
+std::vector<int64_t> ResidualShapes::OutputRows(LinearGroupId id) const {
+  const ResidualGroupShape* shape = Find(id);
+  if (shape == nullptr) return {};
+  std::vector<int64_t> rows = shape->rows;
+  if (IsExpertGroup(id.group)) {
+    for (int64_t& r : rows) r /= num_experts;
+  }
+  return rows;
+}
+
 ResidualShapes ResidualShapes::FromConfig(const ModelConfig& config) {
   ResidualShapes shapes;
   shapes.layout = LinearGroupLayout::Of(config);
+  shapes.num_experts = config.num_experts;
   for (const LinearGroupId id : AllLinearGroups(config)) {
     shapes.groups.push_back({LinearGroupInputDim(config, id), LinearGroupOutputDims(config, id)});
   }
@@ -65,10 +76,11 @@ absl::Status RemoteResidual::CheckFits(LinearGroupId id, int64_t rows, int64_t c
   return absl::OkStatus();
 }
 
-absl::Status RemoteResidual::Post(LinearGroupId id, int64_t rows, int64_t cols) {
+absl::Status RemoteResidual::Post(LinearGroupId id, int64_t rows, int64_t cols,
+                                  size_t num_segments) {
   BITSPLIT_RETURN_IF_ERROR(channel_->Post(id.layer, static_cast<uint32_t>(id.group),
-                                          static_cast<uint32_t>(rows),
-                                          static_cast<uint32_t>(cols)));
+                                          static_cast<uint32_t>(rows), static_cast<uint32_t>(cols),
+                                          static_cast<uint32_t>(num_segments)));
   in_flight_ = id;
   return absl::OkStatus();
 }
@@ -120,15 +132,15 @@ absl::Status RemoteResidual::WaitStaged(LinearGroupId id, ThreadPool& pool) {
 absl::Status RemoteResidual::Receive(LinearGroupId id, const float** y, shm::ShmCallInfo* info) {
   BITSPLIT_CHECK(in_flight_.has_value() && *in_flight_ == id);
   in_flight_.reset();
-  const ResidualGroupShape* shape = shapes_.Find(id);
+  const std::vector<int64_t> rows = shapes_.OutputRows(id);
   const uint64_t wait_start = shm::MonotonicNanos();
   shm::ShmCallInfo call;
   absl::Status status = channel_->Wait(&call);
   stats_.wait_ns += shm::MonotonicNanos() - wait_start;
   BITSPLIT_RETURN_IF_ERROR(status);
-  bool shapes_match = call.num_outputs == shape->rows.size();
+  bool shapes_match = call.num_outputs == rows.size();
   for (uint32_t i = 0; shapes_match && i < call.num_outputs; ++i) {
-    shapes_match = call.output_rows[i] == shape->rows[i];
+    shapes_match = call.output_rows[i] == rows[i];
   }
   if (!shapes_match) {
     return absl::InternalError(absl::StrCat("residual service answered group ",
@@ -184,6 +196,51 @@ absl::Status RemoteResidual::Accumulate(LinearGroupId id, const quant::Quantized
       for (int64_t j = begin; j < end; ++j) out[j] += in[j];
     });
     y += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoteResidual::AccumulateExperts(int32_t layer, LinearGroup group,
+                                               std::span<const ExpertRows> segments,
+                                               const quant::QuantizedActivations& x,
+                                               std::span<float* const> outputs, ThreadPool& pool) {
+  const LinearGroupId id{layer, group};
+  const std::vector<int64_t> rows = shapes_.OutputRows(id);
+  if (!IsExpertGroup(group) || rows.empty() || outputs.size() != rows.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote residual: group ", LinearGroupIdString(id), " with ", outputs.size(),
+                     " outputs is not an expert group of the service's residual"));
+  }
+  BITSPLIT_RETURN_IF_ERROR(ValidateExpertSegments(layer, shapes_.num_experts, x.rows, segments));
+  if (segments.empty()) return absl::OkStatus();
+  BITSPLIT_RETURN_IF_ERROR(CheckFits(id, x.rows, x.cols, x.block_stride));
+  if (pool.num_threads() + service_threads_ > static_cast<int>(cpus_)) {
+    pool.SetSpin(std::chrono::nanoseconds(0));
+  }
+  CollectAbandoned();
+  const size_t scale_floats = static_cast<size_t>(x.rows * x.block_stride);
+  std::memcpy(channel_->codes(), x.codes.data(), static_cast<size_t>(x.rows * x.cols));
+  std::memcpy(channel_->scales(), x.scales.data(), scale_floats * sizeof(float));
+  std::memcpy(channel_->sums(), x.sums.data(), scale_floats * sizeof(float));
+  shm::ShmExpertSegment* table = channel_->segments();
+  for (size_t s = 0; s < segments.size(); ++s) {
+    table[s] = {.expert = segments[s].expert,
+                .first_row = static_cast<uint32_t>(segments[s].first_row),
+                .count = static_cast<uint32_t>(segments[s].count),
+                .reserved = 0};
+  }
+  BITSPLIT_RETURN_IF_ERROR(Post(id, x.rows, x.cols, segments.size()));
+  const float* y = nullptr;
+  BITSPLIT_RETURN_IF_ERROR(Receive(id, &y, nullptr));
+  // Matrix i's [rows][one expert's rows], back to back; only the segments' rows are results.
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const int64_t width = rows[i];
+    for (const ExpertRows& segment : segments) {
+      float* out = outputs[i] + segment.first_row * width;
+      const float* in = y + segment.first_row * width;
+      for (int64_t j = 0; j < segment.count * width; ++j) out[j] += in[j];
+    }
+    y += x.rows * width;
   }
   return absl::OkStatus();
 }

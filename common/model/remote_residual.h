@@ -30,13 +30,19 @@ struct ResidualGroupShape {
 };
 struct ResidualShapes {
   LinearGroupLayout layout;
+  int64_t num_experts = 0;  // the expert groups' tall matrices hold this many experts each
   // In AllLinearGroups order (FindLinearGroupIndex).
   std::vector<ResidualGroupShape> groups;
 
   // Null when `id` is out of range.
   const ResidualGroupShape* Find(LinearGroupId id) const;
   int64_t max_cols() const;
-  int64_t max_outputs() const;  // widest group output (sum of its rows)
+  // The widest output a request row gets: a dense group's rows, one expert's share of an expert
+  // group's (summed over the group's matrices).
+  int64_t max_outputs() const;
+  // Rows of each matrix a request's row gets for group `id` (one expert's share for the expert
+  // groups); empty when `id` is out of range.
+  std::vector<int64_t> OutputRows(LinearGroupId id) const;
   bool operator==(const ResidualShapes&) const = default;
 
   static ResidualShapes FromConfig(const ModelConfig& config);
@@ -66,6 +72,12 @@ class RemoteResidual final : public ResidualSource {
                           std::span<float* const> outputs, ThreadPool& pool) override;
   // Posts the request and returns at once; the Accumulate of the same group collects it.
   absl::Status Submit(LinearGroupId id, const quant::QuantizedActivations& x) override;
+  // The segments' rows of outputs[i] += x · R_iᵀ through each segment's expert, in one request:
+  // the service reads each routed expert's residual once. Errors as Accumulate's.
+  absl::Status AccumulateExperts(int32_t layer, LinearGroup group,
+                                 std::span<const ExpertRows> segments,
+                                 const quant::QuantizedActivations& x,
+                                 std::span<float* const> outputs, ThreadPool& pool) override;
 
   // The channel's own areas in the shared segment: the caller writes the activations there, and
   // y is read where the service wrote it (no copy on this side). They hold the channel's
@@ -87,7 +99,7 @@ class RemoteResidual final : public ResidualSource {
 
  private:
   absl::Status CheckFits(LinearGroupId id, int64_t rows, int64_t cols, int64_t block_stride) const;
-  absl::Status Post(LinearGroupId id, int64_t rows, int64_t cols);
+  absl::Status Post(LinearGroupId id, int64_t rows, int64_t cols, size_t num_segments = 0);
   // Collects and drops an earlier submission nobody collected (its forward failed).
   void CollectAbandoned();
   absl::Status Send(LinearGroupId id, const quant::QuantizedActivations& x);

@@ -37,26 +37,33 @@ absl::Status ResidualFile::LoadGroups() {
   quantization_ = *q;
   quantization_string_ = SplitQuantizationString(*q);
 
-  // The service computes dense groups only: a mixture-of-experts residual would need requests
-  // that carry each row's experts.
-  if (file.FindTensor("blk.0.ffn_down_exps.weight") != nullptr) {
-    return absl::UnimplementedError(absl::StrCat(
-        file.name(),
-        ": a mixture-of-experts residual (blk.0.ffn_down_exps.weight) is not served; verify it in "
-        "process (bitsplit generate --model PREFIX.base.bsplit --residual "
-        "PREFIX.residual.bsplit)"));
-  }
-  const ModelConfig dense;  // group names and shapes of a model without experts
   while (file.FindTensor(absl::StrCat("blk.", num_layers_, ".attn_q.weight")) != nullptr) {
     ++num_layers_;
   }
   if (num_layers_ == 0) return bad("no layers (tensor blk.0.attn_q.weight is missing)");
+  // Which groups the layers have, and their tensor names, from the tensors of layer 0: the dense
+  // FFN, the experts (their count from the tall down matrix: experts x d_model rows), gate|up of
+  // the experts fused or not.
+  ModelConfig names;  // only what LinearGroupTensorNames reads
+  names.dense_ffn = file.FindTensor("blk.0.ffn_down.weight") != nullptr;
+  if (const SplitTensor* down = file.FindTensor("blk.0.ffn_down_exps.weight"); down != nullptr) {
+    const SplitTensor* q = file.FindTensor("blk.0.attn_q.weight");
+    const int64_t d_model = q->cols();
+    if (d_model <= 0 || down->rows() % d_model != 0 || down->rows() / d_model < 1) {
+      return bad(absl::StrCat("blk.0.ffn_down_exps.weight has ", down->rows(),
+                              " rows, not a whole number of experts of ", d_model));
+    }
+    names.num_experts = down->rows() / d_model;
+    names.fused_expert_gate_up = file.FindTensor("blk.0.ffn_gate_up_exps.weight") != nullptr;
+  }
   size_t matrices = 0;
-  shapes_.layout = {.num_layers = num_layers_};
+  shapes_.layout = LinearGroupLayout::Of(names);
+  shapes_.layout.num_layers = num_layers_;
+  shapes_.num_experts = names.num_experts;
   for (const LinearGroupId id : AllLinearGroups(shapes_.layout)) {
     ResidualGroup group;
     group.id = id;
-    for (const std::string& name : LinearGroupTensorNames(dense, id)) {
+    for (const std::string& name : LinearGroupTensorNames(names, id)) {
       // A layer whose values are its keys (gemma4's global layers) has no attn_v.
       if (absl::EndsWith(name, ".attn_v.weight") && file.FindTensor(name) == nullptr) continue;
       BITSPLIT_ASSIGN_OR_RETURN(const SplitTensor* tensor, file.GetTensor(name));
@@ -82,6 +89,12 @@ absl::Status ResidualFile::LoadGroups() {
       group.total_rows += view->rows;
       group.bytes += tensor->num_bytes;
       ++matrices;
+    }
+    for (const quant::MatrixView& m : group.matrices) {
+      if (IsExpertGroup(id.group) && m.rows % names.num_experts != 0) {
+        return bad(absl::StrCat(group.names[0], " has ", m.rows, " rows, not ", names.num_experts,
+                                " experts' worth"));
+      }
     }
     weight_bytes_ += group.bytes;
     ResidualGroupShape shape;

@@ -34,16 +34,15 @@ void MatMulGroupRows(std::span<const quant::MatrixView> matrices, const GroupRow
   }
 }
 
-SplitLinearWeights::ExpertViews SplitLinearWeights::ExpertMatrices(int32_t layer, LinearGroup group,
-                                                                   int32_t expert) const {
-  BITSPLIT_CHECK(IsExpertGroup(group) && expert >= 0 && expert < config_.num_experts);
-  const std::span<const quant::MatrixView> tall = this->group({layer, group});
-  BITSPLIT_CHECK(tall.size() <= kMaxMatricesPerGroup);
+ExpertViews ExpertSlicesOf(std::span<const quant::MatrixView> tall, int64_t num_experts,
+                           int32_t expert) {
+  BITSPLIT_CHECK(num_experts > 0 && expert >= 0 && expert < num_experts &&
+                 tall.size() <= kMaxMatricesPerGroup);
   ExpertViews views;
   views.count = tall.size();
   for (size_t i = 0; i < tall.size(); ++i) {
     views.matrices[i] = tall[i];
-    views.matrices[i].rows = tall[i].rows / config_.num_experts;
+    views.matrices[i].rows = tall[i].rows / num_experts;
     views.matrices[i].data = tall[i].data + expert * views.matrices[i].rows * tall[i].row_stride;
   }
   return views;
@@ -55,14 +54,13 @@ void SliceActivations(const QuantizedActivations& x, int64_t first, int64_t coun
                   x.row_sums(first), out);
 }
 
-void SplitMatMulExperts(const SplitLinearWeights& weights, int32_t layer, LinearGroup group,
+void SplitMatMulExperts(std::span<const quant::MatrixView> tall, int64_t num_experts,
                         std::span<const ExpertRows> segments, const QuantizedActivations& x,
                         std::span<float* const> outputs, bool accumulate,
                         QuantizedActivations* scratch, ThreadPool& pool) {
   const size_t count = outputs.size();
   for (const ExpertRows& segment : segments) {
-    const SplitLinearWeights::ExpertViews matrices =
-        weights.ExpertMatrices(layer, group, segment.expert);
+    const ExpertViews matrices = ExpertSlicesOf(tall, num_experts, segment.expert);
     BITSPLIT_CHECK(matrices.count == count);
     SliceActivations(x, segment.first_row, segment.count, scratch);
     std::array<float*, kMaxMatricesPerGroup> rows{};
@@ -136,8 +134,8 @@ absl::Status InProcessResidual::AccumulateExperts(int32_t layer, LinearGroup gro
   const size_t count = ExpertOutputDims(config, group).size();
   BITSPLIT_CHECK(config.has_experts() && outputs.size() == count);
   BITSPLIT_RETURN_IF_ERROR(ValidateExpertSegments(layer, config.num_experts, x.rows, segments));
-  SplitMatMulExperts(residual_, layer, group, segments, x, outputs, /*accumulate=*/true, &segment_,
-                     pool);
+  SplitMatMulExperts(residual_.group({layer, group}), config.num_experts, segments, x, outputs,
+                     /*accumulate=*/true, &segment_, pool);
   return absl::OkStatus();
 }
 
@@ -230,8 +228,8 @@ absl::Status SplitLinearBackend::ApplyExperts(int32_t layer, LinearGroup group, 
   BITSPLIT_CHECK(outputs.size() == count);
   BITSPLIT_RETURN_IF_ERROR(ValidateExpertSegments(layer, config.num_experts, num_rows, segments));
   QuantizeInput(x, num_rows, ExpertInputDim(config, group));
-  SplitMatMulExperts(base_, layer, group, segments, activations_, outputs, /*accumulate=*/false,
-                     &segment_, pool);
+  SplitMatMulExperts(base_.group({layer, group}), config.num_experts, segments, activations_,
+                     outputs, /*accumulate=*/false, &segment_, pool);
   if (residual_ == nullptr) return absl::OkStatus();
   return residual_->AccumulateExperts(layer, group, segments, activations_, outputs, pool);
 }

@@ -81,13 +81,6 @@ class SplitLinearWeights {
   std::vector<quant::MatrixView>& mutable_group(LinearGroupId id) {
     return groups_[static_cast<size_t>(LinearGroupIndex(config_, id))];
   }
-  // Expert `expert`'s matrices of an expert group (kExpertGateUp, kExpertDown) of `layer`: its
-  // row slice of each tall matrix of the group (LinearGroupTensorNames).
-  struct ExpertViews {
-    std::array<quant::MatrixView, kMaxMatricesPerGroup> matrices{};
-    size_t count = 0;
-  };
-  ExpertViews ExpertMatrices(int32_t layer, LinearGroup group, int32_t expert) const;
   const ModelConfig& config() const { return config_; }
 
  private:
@@ -116,11 +109,19 @@ void MatMulGroupRows(std::span<const quant::MatrixView> matrices, const GroupRow
 void SplitMatMulGroup(std::span<const quant::MatrixView> matrices,
                       const quant::QuantizedActivations& x, std::span<float* const> outputs,
                       bool accumulate, ThreadPool& pool);
+// Expert `expert`'s row slice of each tall matrix of an expert group (`num_experts` experts).
+struct ExpertViews {
+  std::array<quant::MatrixView, kMaxMatricesPerGroup> matrices{};
+  size_t count = 0;
+};
+ExpertViews ExpertSlicesOf(std::span<const quant::MatrixView> tall, int64_t num_experts,
+                           int32_t expert);
+
 // For every segment, its rows of outputs[i] (=|+=) those rows of x · W_iᵀ, W_i the segment's
-// expert's slice of matrix i of mixture-of-experts group `group` in `layer` (the base or the
-// residual `weights`); outputs.size() is the group's matrix count. `scratch` holds one segment's
-// rows of x.
-void SplitMatMulExperts(const SplitLinearWeights& weights, int32_t layer, LinearGroup group,
+// expert's slice of tall matrix i of an expert group (the base or the residual's);
+// outputs.size() is the group's matrix count, output i's rows as wide as one expert's slice.
+// `scratch` holds one segment's rows of x. Each expert's slice is read once for all its rows.
+void SplitMatMulExperts(std::span<const quant::MatrixView> tall, int64_t num_experts,
                         std::span<const ExpertRows> segments, const QuantizedActivations& x,
                         std::span<float* const> outputs, bool accumulate,
                         QuantizedActivations* scratch, ThreadPool& pool);

@@ -66,31 +66,54 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 
 absl::StatusOr<model::ResidualShapes> ShapesFromInfo(const v1::InfoResponse& info) {
   model::ResidualShapes shapes;
-  shapes.layout = {.num_layers = info.num_layers()};
   auto bad = [](const std::string& detail) {
     return absl::InvalidArgumentError(absl::StrCat("residual service Info: ", detail));
   };
-  if (info.num_layers() <= 0 || info.groups_size() != info.num_layers() * 4 + 1) {
-    return bad(absl::StrCat(info.groups_size(), " groups for ", info.num_layers(), " layers"));
+  if (info.num_layers() <= 0 || info.num_experts() < 0 ||
+      (!info.dense_ffn() && info.num_experts() == 0)) {
+    return bad(absl::StrCat(info.num_layers(), " layers, ", info.num_experts(),
+                            " experts, dense FFN ", info.dense_ffn() ? "yes" : "no"));
+  }
+  shapes.layout = {.num_layers = info.num_layers(),
+                   .dense_ffn = info.dense_ffn(),
+                   .experts = info.num_experts() > 0};
+  shapes.num_experts = info.num_experts();
+  const std::vector<LinearGroupId> ids = model::AllLinearGroups(shapes.layout);
+  if (static_cast<size_t>(info.groups_size()) != ids.size()) {
+    return bad(absl::StrCat(info.groups_size(), " groups for ", info.num_layers(), " layers of ",
+                            ids.size() / info.num_layers(), " groups"));
   }
   for (int i = 0; i < info.groups_size(); ++i) {
     const v1::GroupInfo& g = info.groups(i);
-    const bool head = i == info.num_layers() * 4;
-    const int expected_group = head ? static_cast<int>(LinearGroup::kOutputHead) : i % 4;
-    const int expected_layer = head ? LinearGroupId::kHeadLayer : i / 4;
-    // q|k|v, or q|k where a layer's values are its keys (gemma4)
-    const int expected_matrices[] = {3, 1, 2, 1, 1};
-    const bool matrices_fit = g.matrices_size() == expected_matrices[expected_group] ||
-                              (expected_group == 0 && g.matrices_size() == 2);
-    if (g.layer() != expected_layer || static_cast<int>(g.group()) != expected_group + 1 ||
-        !matrices_fit) {
+    const LinearGroupId id = ids[static_cast<size_t>(i)];
+    // q|k|v, or q|k where a layer's values are its keys (gemma4); the experts' gate|up may be
+    // one fused matrix.
+    int fewest = 1, most = 1;
+    switch (id.group) {
+      case LinearGroup::kQkv:
+        fewest = 2, most = 3;
+        break;
+      case LinearGroup::kGateUp:
+        fewest = most = 2;
+        break;
+      case LinearGroup::kExpertGateUp:
+        fewest = 1, most = 2;
+        break;
+      default:
+        break;
+    }
+    if (g.layer() != id.layer || static_cast<int>(g.group()) != static_cast<int>(id.group) + 1 ||
+        g.matrices_size() < fewest || g.matrices_size() > most) {
       return bad(absl::StrCat("group ", i, " is layer ", g.layer(), " group ", g.group(), " with ",
                               g.matrices_size(), " matrices"));
     }
     model::ResidualGroupShape shape;
     shape.cols = g.matrices(0).cols();
     for (const v1::MatrixInfo& m : g.matrices()) {
-      if (m.cols() != shape.cols || m.cols() <= 0 || m.cols() % 32 != 0 || m.rows() <= 0) {
+      const bool whole_experts =
+          !model::IsExpertGroup(id.group) || m.rows() % info.num_experts() == 0;
+      if (m.cols() != shape.cols || m.cols() <= 0 || m.cols() % 32 != 0 || m.rows() <= 0 ||
+          !whole_experts) {
         return bad(
             absl::StrCat("matrix ", m.name(), " has shape [", m.rows(), ", ", m.cols(), "]"));
       }

@@ -53,6 +53,7 @@ struct ChannelManager::Channel {
   std::atomic<bool> stop{false};
   std::thread thread;
   model::QuantizedActivations activations;  // the serving thread's copy of each request
+  std::vector<model::ExpertRows> segments;  // and of an expert group's segments
 
   ~Channel() {
     if (pidfd >= 0) close(pidfd);
@@ -290,14 +291,38 @@ void ChannelManager::Serve(Channel* channel) {
                            shm::MonotonicNanos() - start);
       continue;
     }
+    // An expert group's segments, copied once out of shared memory and checked: experts of the
+    // model, rows inside the request; a dense group has none.
+    const bool experts = model::IsExpertGroup((*group)->id.group);
+    std::vector<model::ExpertRows>& segments = channel->segments;
+    segments.clear();
+    for (uint32_t i = 0; i < view->num_segments; ++i) {
+      const shm::ShmExpertSegment s = view->segments[i];
+      segments.push_back({.expert = s.expert, .first_row = s.first_row, .count = s.count});
+    }
+    absl::Status segments_ok =
+        experts == !segments.empty()
+            ? model::ValidateExpertSegments(request.layer, store_.shapes().num_experts, view->rows,
+                                            segments)
+            : absl::InvalidArgumentError(
+                  absl::StrCat(model::LinearGroupIdString((*group)->id), " with ", segments.size(),
+                               " expert segments (an expert group needs them, "
+                               "a dense group takes none)"));
+    if (!segments_ok.ok()) {
+      shm::PublishResponse(segment, request.seq, segments_ok, 0, nullptr, 0,
+                           shm::MonotonicNanos() - start);
+      continue;
+    }
     model::CopyActivations(view->rows, view->cols, static_cast<int64_t>(view->block_stride),
                            view->codes, view->scales, view->sums, &x);
     float* y = view->outputs;
-    const uint64_t compute_ns = store_.Compute(**group, x, y);
+    const uint64_t compute_ns =
+        experts ? store_.ComputeExperts(**group, segments, x, y) : store_.Compute(**group, x, y);
     uint32_t output_rows[shm::kShmMaxOutputs] = {0, 0, 0};
     const auto& matrices = (*group)->matrices;
     for (size_t i = 0; i < matrices.size(); ++i) {
-      output_rows[i] = static_cast<uint32_t>(matrices[i].rows);
+      output_rows[i] = static_cast<uint32_t>(
+          experts ? matrices[i].rows / store_.shapes().num_experts : matrices[i].rows);
     }
     shm::PublishResponse(segment, request.seq, absl::OkStatus(),
                          static_cast<uint32_t>(matrices.size()), output_rows, compute_ns,

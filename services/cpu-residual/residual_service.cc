@@ -65,6 +65,8 @@ absl::Status ResidualServiceImpl::DoInfo(v1::InfoResponse* response) {
   response->set_file_bytes(file.image_size());
   response->set_weight_bytes(store_.weight_bytes());
   response->set_num_layers(store_.num_layers());
+  response->set_num_experts(store_.shapes().num_experts);
+  response->set_dense_ffn(store_.shapes().layout.dense_ffn);
   response->set_quantization(store_.quantization());
   for (const model::ResidualGroup& group : store_.groups()) {
     v1::GroupInfo* info = response->add_groups();
@@ -129,6 +131,12 @@ absl::Status ResidualServiceImpl::DoMatMul(const v1::MatMulRequest& request,
   BITSPLIT_ASSIGN_OR_RETURN(const model::ResidualGroup* group,
                             store_.Validate(request.layer(), group_value, request.rows(),
                                             request.cols(), channels_.max_rows()));
+  if (model::IsExpertGroup(group->id.group)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(model::LinearGroupIdString(group->id),
+                     ": the expert groups are served on the shared-memory channel only (a "
+                     "request must carry each row's expert)"));
+  }
   const int64_t rows = request.rows(), cols = request.cols();
   const int64_t stride = static_cast<int64_t>(shm::BlockStride(static_cast<uint64_t>(cols)));
   const uint64_t scale_bytes = static_cast<uint64_t>(rows * stride) * sizeof(float);

@@ -134,6 +134,35 @@ uint64_t ResidualStore::Compute(const model::ResidualGroup& group,
   return compute_ns;
 }
 
+uint64_t ResidualStore::ComputeExperts(const model::ResidualGroup& group,
+                                       std::span<const model::ExpertRows> segments,
+                                       const model::QuantizedActivations& x, float* y) {
+  std::lock_guard<std::mutex> lock(compute_mutex_);
+  const int64_t experts = shapes().num_experts;
+  const auto start = std::chrono::steady_clock::now();
+  // Matrix i's rows of every segment at y + rows * (one expert's rows of the matrices before it).
+  float* outputs[model::kMaxMatricesPerGroup] = {};
+  float* next = y;
+  for (size_t i = 0; i < group.matrices.size(); ++i) {
+    outputs[i] = next;
+    next += x.rows * (group.matrices[i].rows / experts);
+  }
+  model::SplitMatMulExperts(group.matrices, experts, segments, x,
+                            std::span<float* const>(outputs, group.matrices.size()),
+                            /*accumulate=*/false, &segment_, *pool_);
+  const auto compute_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count());
+  ++counters_.requests;
+  counters_.rows += static_cast<uint64_t>(x.rows);
+  for (const auto& matrix : group.matrices) {  // each routed expert's slice, once
+    counters_.weight_bytes_read +=
+        segments.size() * static_cast<uint64_t>(matrix.rows / experts) * matrix.row_stride;
+  }
+  counters_.compute_ns += compute_ns;
+  return compute_ns;
+}
+
 ResidualStore::Counters ResidualStore::counters() const {
   std::lock_guard<std::mutex> lock(compute_mutex_);
   return counters_;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,12 @@ class ResidualStore {
   // are serialized. Returns the kernel time in ns.
   uint64_t Compute(const model::ResidualGroup& group, const model::QuantizedActivations& x,
                    float* y);
+  // An expert group (`segments` already checked): for every segment, its rows of x through its
+  // expert's slice of each matrix, into y laid out as Compute's with one expert's rows per
+  // matrix (model::SplitMatMulExperts). Returns the kernel time in ns.
+  uint64_t ComputeExperts(const model::ResidualGroup& group,
+                          std::span<const model::ExpertRows> segments,
+                          const model::QuantizedActivations& x, float* y);
 
   // What Compute did since the service started (InfoResponse; the coordinator's /metrics).
   struct Counters {
@@ -85,6 +92,7 @@ class ResidualStore {
   std::vector<int> cpus_;
   std::unique_ptr<ThreadPool> pool_;
   mutable std::mutex compute_mutex_;
+  model::QuantizedActivations segment_ ABSL_GUARDED_BY(compute_mutex_);  // one expert's rows
   Counters counters_ ABSL_GUARDED_BY(compute_mutex_);
 };
 

@@ -3,7 +3,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "common/model/kv_cache.h"
 #include "common/model/split_model.h"
 #include "common/util/status_macros.h"
@@ -27,11 +26,6 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const CpuEngineOpti
 absl::Status CpuEngine::SetResidualSource(model::ResidualSource* source) {
   if (info_.residual_in_process) {
     return absl::FailedPreconditionError("the residual is computed in process (--residual-file)");
-  }
-  if (model_->config().has_experts()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "the cpu-residual service does not compute mixture-of-experts layers; serve this ",
-        model_->config().architecture, " model with its residual in process (--residual-file)"));
   }
   return model_->SetResidualSource(source);
 }

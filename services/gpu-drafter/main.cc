@@ -317,6 +317,8 @@ absl::StatusOr<std::unique_ptr<ResidualLink>> AttachResidual(const Flags& flags,
                           .shapes = model::ResidualShapes::FromConfig(info.config),
                           .max_rows = flags.service_options.scheduling.max_batch_rows,
                           .min_rows = flags.service_options.max_tree_nodes,
+                          .request_rows_per_row =
+                              static_cast<int>(std::max<int64_t>(1, info.config.num_experts_used)),
                           .timeout = std::chrono::milliseconds(flags.residual_timeout_ms)});
   BITSPLIT_RETURN_IF_ERROR(residual_link->Ensure());
   return residual_link;

@@ -62,11 +62,16 @@ absl::Status ResidualLink::Ensure() {
   client_ = *std::move(client);
   auto info = client_->Info();
   if (!info.ok()) return Unavailable(info.status());
-  const int rows = std::min(options_.max_rows, static_cast<int>(info->max_rows()));
-  if (rows < options_.min_rows) {
+  const int per_row = options_.request_rows_per_row;
+  const int rows = std::min(options_.max_rows * per_row, static_cast<int>(info->max_rows()));
+  if (rows < options_.min_rows * per_row) {
     const std::string message = absl::StrCat(
         "cpu-residual at ", options_.target, " carries at most ", info->max_rows(),
-        " rows per request; the drafter needs ", options_.min_rows, " (raise its --max-rows)");
+        " rows per request; the drafter needs ", options_.min_rows * per_row,
+        per_row > 1
+            ? absl::StrCat(" (", options_.min_rows, " tree nodes x ", per_row, " experts each)")
+            : std::string(),
+        " (raise its --max-rows)");
     spdlog::warn("{}", message);
     return absl::FailedPreconditionError(message);
   }
@@ -83,7 +88,7 @@ absl::Status ResidualLink::Ensure() {
     return status;
   }
   session_ = *std::move(session);
-  attached_rows_ = rows;
+  attached_rows_ = rows / per_row;
   residual_format_ = info->quantization();
   residual_bytes_ = info->file_bytes();
   spdlog::info("attached to cpu-residual at {} (pid {}, channel {})", options_.target,

@@ -27,10 +27,13 @@ struct ResidualLinkOptions {
   std::string target;       // gRPC target of cpu-residual ("unix:/run/bitsplit/residual.sock")
   std::string fingerprint;  // the base file's (hex)
   model::ResidualShapes shapes;
-  // Rows of one residual request: the link asks for max_rows, or the service's maximum when
-  // that is smaller, and refuses a service that cannot carry min_rows.
+  // Forward rows of one residual request: the link asks for max_rows, or the service's maximum
+  // when that is smaller, and refuses a service that cannot carry min_rows.
   int max_rows = 256;
   int min_rows = 64;
+  // Request rows per forward row: a mixture-of-experts layer sends each row to this many experts
+  // (num_experts_used), so its expert requests carry that many rows per forward row.
+  int request_rows_per_row = 1;
   std::chrono::milliseconds timeout{5000};  // one (re)attach; one residual round trip
 };
 
@@ -60,7 +63,7 @@ class ResidualLink {
   // From the service's Info at the last attach (the residual file's size, like base_bytes).
   const std::string& residual_format() const { return residual_format_; }
   uint64_t residual_bytes() const { return residual_bytes_; }
-  // Rows one residual request may carry on the current attachment (0 when detached).
+  // Forward rows one forward may carry on the current attachment (0 when detached).
   int attached_rows() const { return attached_rows_; }
 
  private:
