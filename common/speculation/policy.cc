@@ -106,11 +106,13 @@ absl::StatusOr<AdaptivePolicy> AdaptivePolicy::Create(const Options& options) {
       !(options.cost_smoothing > 0.0 && options.cost_smoothing <= 1.0) ||
       !(options.acceptance_window >= 1.0) ||
       !(options.prior_acceptance >= 0.0 && options.prior_acceptance <= 1.0) ||
-      !(options.prior_strength > 0.0)) {
+      !(options.prior_strength > 0.0) || options.num_experts < 0 || options.experts_used < 0 ||
+      options.experts_used > options.num_experts ||
+      (options.num_experts > 0 && options.experts_used < 1)) {
     return absl::InvalidArgumentError(
         "adaptive policy knobs out of range: need 0 < probe_budget < 1, min_gain >= 1, "
         "0 < cost_smoothing <= 1, acceptance_window >= 1, prior_acceptance in [0, 1], "
-        "prior_strength > 0");
+        "prior_strength > 0, 1 <= experts_used <= num_experts (or both 0)");
   }
   auto capped = [&](TreeShape shape) {
     shape.max_depth = std::min(shape.max_depth, options.max_depth);
@@ -232,6 +234,41 @@ bool AdaptivePolicy::CostsKnown() const {
   return !verify_by_batch_.empty() && draft_ns_per_forward_.valid;
 }
 
+double AdaptivePolicy::ExpertUnion(int32_t rows) const {
+  if (options_.num_experts == 0) return 0.0;
+  const double e = options_.num_experts;
+  return e * (1.0 - std::pow(1.0 - options_.experts_used / e, rows));
+}
+
+std::optional<double> AdaptivePolicy::ExpertFit(int32_t rows) const {
+  if (options_.num_experts == 0 || fit_weight_ <= 0.0) return std::nullopt;
+  // Normal equations of y = a + b*x + c*u over the decayed sums, by Cramer's rule.
+  const double m[3][3] = {
+      {fit_weight_, fit_x_, fit_u_}, {fit_x_, fit_xx_, fit_xu_}, {fit_u_, fit_xu_, fit_uu_}};
+  const double v[3] = {fit_y_, fit_xy_, fit_uy_};
+  const auto det = [](const double a[3][3]) {
+    return a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1]) -
+           a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0]) +
+           a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]);
+  };
+  const double d = det(m);
+  double scale = 0.0;  // of the determinant's terms, for a relative singularity test
+  for (const auto& row : m) {
+    for (double value : row) scale = std::max(scale, std::abs(value));
+  }
+  if (!(std::abs(d) > 1e-9 * scale * scale * scale)) return std::nullopt;
+  double coefficients[3];
+  for (int k = 0; k < 3; ++k) {
+    double replaced[3][3];
+    for (int i = 0; i < 3; ++i) {
+      for (int j = 0; j < 3; ++j) replaced[i][j] = j == k ? v[i] : m[i][j];
+    }
+    coefficients[k] = det(replaced) / d;
+  }
+  if (coefficients[1] < 0.0 || coefficients[2] < 0.0) return std::nullopt;
+  return coefficients[0] + coefficients[1] * rows + coefficients[2] * ExpertUnion(rows);
+}
+
 double AdaptivePolicy::PredictVerifyNs(int32_t batch) const {
   if (auto it = verify_by_batch_.find(batch); it != verify_by_batch_.end()) {
     return it->second.value;
@@ -242,6 +279,9 @@ double AdaptivePolicy::PredictVerifyNs(int32_t batch) const {
   for (const auto& [size, average] : verify_by_batch_) {
     if (size < batch) floor = std::max(floor, average.value);
     if (size > batch && above < 0.0) above = average.value;
+  }
+  if (const std::optional<double> fit = ExpertFit(batch); fit.has_value()) {
+    return std::max(floor, *fit);
   }
   const double spread = fit_weight_ * fit_xx_ - fit_x_ * fit_x_;
   if (fit_weight_ <= 0.0 || spread <= 1e-9 * fit_weight_ * fit_weight_) {
@@ -352,6 +392,11 @@ absl::Status AdaptivePolicy::Record(const StepMeasurement& step) {
   fit_y_ = fit_y_ * keep + y;
   fit_xx_ = fit_xx_ * keep + x * x;
   fit_xy_ = fit_xy_ * keep + x * y;
+  const double u = ExpertUnion(rows);
+  fit_u_ = fit_u_ * keep + u;
+  fit_uu_ = fit_uu_ * keep + u * u;
+  fit_xu_ = fit_xu_ * keep + x * u;
+  fit_uy_ = fit_uy_ * keep + u * y;
 
   if (IsOff(step.shape)) {
     ++off_steps_recorded_;
@@ -387,8 +432,11 @@ std::string AdaptivePolicy::Describe(const BatchContext& batch) const {
                          estimate.tokens_per_second / std::max(off.tokens_per_second, 1e-12));
 }
 
-absl::StatusOr<AdaptivePolicy> MakeAdaptivePolicy(const TreeShape& bounds) {
+absl::StatusOr<AdaptivePolicy> MakeAdaptivePolicy(const TreeShape& bounds, int32_t num_experts,
+                                                  int32_t experts_used) {
   AdaptivePolicy::Options options;
+  options.num_experts = num_experts;
+  options.experts_used = experts_used;
   options.max_nodes = bounds.nodes;
   options.max_depth = bounds.max_depth;
   options.probe.nodes = std::min(options.probe.nodes, bounds.nodes);

@@ -18,7 +18,11 @@
 // Estimates. verify(n), n the forward's rows (StepMeasurement::batch_rows): a per-size moving
 // average where size n was measured, else a least-squares line a + b*n over all verify
 // measurements (b >= 0, never below a smaller measured size; the nearest measured size while
-// the line is undetermined). draft(s): the shape's own moving average once it ran, else a pooled
+// the line is undetermined). For a verifier with mixture-of-experts layers (Options::num_experts)
+// the fit is a + b*n + c*u(n), u(n) = E(1 - (1 - k/E)^n) the distinct experts n rows touch under
+// uniform routing: each touched expert's residual is read once, so a tree's cost grows with the
+// union of its rows' experts, not with its rows (the line again where that fit is undetermined or
+// has a negative coefficient). draft(s): the shape's own moving average once it ran, else a pooled
 // cost per draft forward times the shape's forwards. a_d(s): the shape's own decayed success/trial
 // counts at depth d, shrunk towards a prior: for chains the pooled first-choice acceptance p_d,
 // for a tree that keeps k children 1 - (1 - p_d)^sqrt(k) (a draft's lower choices are accepted
@@ -35,6 +39,7 @@
 // Thread safety: none (one policy per generation loop, or a lock around it).
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -95,6 +100,9 @@ class AdaptivePolicy {
     double acceptance_window = 256;  // acceptance evidence fades by 1/e per this many steps
     double prior_acceptance = 0.5;   // p_1 before any chain step
     double prior_strength = 1.0;     // pseudo-trials of every shrinkage prior
+    // The verifier's mixture-of-experts layers: E experts of which k per row (0: none).
+    int32_t num_experts = 0;
+    int32_t experts_used = 0;
   };
 
   // What the policy predicts for a shape (from the current estimates).
@@ -180,8 +188,16 @@ class AdaptivePolicy {
   std::map<int32_t, AcceptanceCounts> acceptance_by_expansions_;
   std::map<int32_t, MovingAverage> verify_by_batch_;
   MovingAverage draft_ns_per_forward_;
+  // u(n): the distinct experts n rows are expected to touch (0 without experts).
+  double ExpertUnion(int32_t rows) const;
+  // The a + b*n + c*u(n) fit at `rows`, or nullopt where it is undetermined or a coefficient is
+  // negative.
+  std::optional<double> ExpertFit(int32_t rows) const;
+
   // Decayed sums of the verify-cost line fit.
   double fit_weight_ = 0.0, fit_x_ = 0.0, fit_y_ = 0.0, fit_xx_ = 0.0, fit_xy_ = 0.0;
+  // And of the expert-union regressor u (mixture-of-experts verifiers).
+  double fit_u_ = 0.0, fit_uu_ = 0.0, fit_xu_ = 0.0, fit_uy_ = 0.0;
   int64_t steps_recorded_ = 0;
   int64_t off_steps_recorded_ = 0;
   int64_t speculative_steps_recorded_ = 0;
@@ -191,7 +207,9 @@ class AdaptivePolicy {
 
 // The adaptive policy for shapes within `bounds` (at most bounds.nodes nodes, depth at most
 // bounds.max_depth, at most bounds.expansions children per expansion): the policy's default
-// candidates that fit, else `bounds` itself.
-absl::StatusOr<AdaptivePolicy> MakeAdaptivePolicy(const TreeShape& bounds);
+// candidates that fit, else `bounds` itself; for a verifier of `num_experts` experts, k used
+// per row (0: dense), the expert-union cost model.
+absl::StatusOr<AdaptivePolicy> MakeAdaptivePolicy(const TreeShape& bounds, int32_t num_experts = 0,
+                                                  int32_t experts_used = 0);
 
 }  // namespace bitsplit::speculation

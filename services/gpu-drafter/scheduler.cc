@@ -59,6 +59,9 @@ struct Scheduler::AdaptivePolicies {
   // add to a generation's next iteration (speculation::BatchContext).
   int64_t last_rows = 0;
   double last_tokens = 0.0;
+  // The verifier's experts (E, k; 0 for a dense model): the policies' verify cost model.
+  int32_t num_experts = 0;
+  int32_t experts_used = 0;
 
   speculation::BatchContext ContextFor(const Generation& g) const {
     return {.other_rows = static_cast<int32_t>(std::max<int64_t>(0, last_rows - g.last_rows)),
@@ -69,11 +72,13 @@ struct Scheduler::AdaptivePolicies {
     const auto key = std::make_tuple(bounds.nodes, bounds.expansions, bounds.max_depth);
     auto found = by_bounds.find(key);
     if (found == by_bounds.end() && by_bounds.size() < kMaxShared) {
-      found = by_bounds.emplace(key, *speculation::MakeAdaptivePolicy(bounds)).first;
+      found = by_bounds
+                  .emplace(key, *speculation::MakeAdaptivePolicy(bounds, num_experts, experts_used))
+                  .first;
     }
     if (found != by_bounds.end()) return &found->second;
-    g.own_policy =
-        std::make_unique<speculation::AdaptivePolicy>(*speculation::MakeAdaptivePolicy(bounds));
+    g.own_policy = std::make_unique<speculation::AdaptivePolicy>(
+        *speculation::MakeAdaptivePolicy(bounds, num_experts, experts_used));
     return g.own_policy.get();
   }
 };
@@ -84,6 +89,9 @@ Scheduler::Scheduler(DrafterEngine& engine, ResidualLink* residual_link,
       residual_link_(residual_link),
       options_(options),
       policies_(std::make_unique<AdaptivePolicies>()) {
+  const model::ModelConfig& config = engine_.info().config;
+  policies_->num_experts = static_cast<int32_t>(config.num_experts);
+  policies_->experts_used = static_cast<int32_t>(config.num_experts_used);
   thread_ = std::thread([this] { Loop(); });
 }
 

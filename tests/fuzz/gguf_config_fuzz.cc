@@ -35,17 +35,23 @@ void CheckWeights(const model::ModelWeights& weights, const model::ModelConfig& 
     for (const auto& spec : model::LayerVectorSpecs(config, static_cast<int64_t>(i))) {
       TouchVector(layer.vectors.*spec.field, spec.length);
     }
-    for (const ops::WeightMatrix* m : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate,
-                                       &layer.w_up, &layer.w_down, &layer.vectors.router}) {
+    for (const ops::WeightMatrix* m :
+         {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up, &layer.w_down,
+          &layer.vectors.router, &layer.experts_down}) {
       TouchMatrix(*m);
     }
-    for (const auto* experts : {&layer.expert_gate, &layer.expert_up, &layer.expert_down}) {
-      for (const ops::WeightMatrix& m : *experts) TouchMatrix(m);
+    for (const ops::WeightMatrix& m : layer.experts_gate_up) TouchMatrix(m);
+    for (const auto* experts : {&layer.expert_gate_up, &layer.expert_down}) {
+      for (const auto& matrices : *experts) {
+        for (const ops::WeightMatrix& m : matrices) TouchMatrix(m);
+      }
     }
   }
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
     (void)config.AttentionWindow(layer);
     (void)config.RopeFreqBase(layer);
+    (void)config.KvDim(layer);
+    (void)config.RopeDims(layer);
   }
 }
 

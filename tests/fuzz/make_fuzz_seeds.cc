@@ -77,7 +77,8 @@ std::vector<uint8_t> TinyGemma4Moe() {
   b.AddF32Tensor("rope_freqs.weight", {16}, std::vector<float>(16, 1.0f));
   for (int i = 0; i < 2; ++i) {
     const std::string l = "blk." + std::to_string(i) + ".";
-    const int64_t head = i == 0 ? 16 : 32, kv = i == 0 ? 32 : 32;
+    // Local: 2 KV heads of 16; global: 1 of 32. Either way 32 wide.
+    const uint64_t head = i == 0 ? 16 : 32, kv = 32;
     for (const char* norm : {"attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm",
                              "pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"}) {
       b.AddF32Tensor(l + norm + ".weight", {kD}, d_ones);
@@ -86,8 +87,8 @@ std::vector<uint8_t> TinyGemma4Moe() {
     b.AddTensor(l + "attn_k.weight", GgmlType::kQ8_0, {kD, kv});
     if (i == 0) b.AddTensor(l + "attn_v.weight", GgmlType::kQ8_0, {kD, kv});
     b.AddTensor(l + "attn_output.weight", GgmlType::kF16, {4 * head, kD});
-    b.AddF32Tensor(l + "attn_q_norm.weight", {static_cast<uint64_t>(head)}, d_ones);
-    b.AddF32Tensor(l + "attn_k_norm.weight", {static_cast<uint64_t>(head)}, d_ones);
+    b.AddF32Tensor(l + "attn_q_norm.weight", {head}, d_ones);
+    b.AddF32Tensor(l + "attn_k_norm.weight", {head}, d_ones);
     b.AddF32Tensor(l + "layer_output_scale.weight", {1}, {0.5f});
     b.AddTensor(l + "ffn_gate.weight", GgmlType::kQ8_0, {kD, kFf});
     b.AddTensor(l + "ffn_up.weight", GgmlType::kQ8_0, {kD, kFf});
