@@ -626,12 +626,12 @@ absl::Status LlamaModel::ExpertsBlock(int32_t layer, const float* input, const f
       const size_t pair = static_cast<size_t>(t * k + i);
       const float weight = pass.expert_weights[pair];
       const float* expert = pass.expert_output.data() + slot_of[pair] * c.d_model;
+      // Without a per-expert scale it is 1, and x * 1.0f is x exactly.
       const float scale = vectors.expert_output_scale != nullptr
                               ? vectors.expert_output_scale[pass.expert_of[pair]]
                               : 1.0f;
       for (int64_t j = 0; j < c.d_model; ++j) {
-        const float value =
-            (vectors.expert_output_scale != nullptr ? expert[j] * scale : expert[j]) * weight;
+        const float value = expert[j] * scale * weight;
         out[j] = i == 0 ? value : out[j] + value;
       }
     }

@@ -85,6 +85,14 @@ absl::Status RemoteResidual::Post(LinearGroupId id, int64_t rows, int64_t cols,
   return absl::OkStatus();
 }
 
+void RemoteResidual::LeaveCpusToService(ThreadPool& pool) const {
+  // The service computes on this machine's CPUs: where its threads and the pool's leave none
+  // free, the pool's idle workers must not poll on them (on 2 cores: 40% of decode speed).
+  if (pool.num_threads() + service_threads_ > static_cast<int>(cpus_)) {
+    pool.SetSpin(std::chrono::nanoseconds(0));
+  }
+}
+
 void RemoteResidual::CollectAbandoned() {
   if (in_flight_.has_value()) {
     const float* ignored = nullptr;
@@ -92,13 +100,21 @@ void RemoteResidual::CollectAbandoned() {
   }
 }
 
-absl::Status RemoteResidual::Send(LinearGroupId id, const quant::QuantizedActivations& x) {
+absl::Status RemoteResidual::Send(LinearGroupId id, const quant::QuantizedActivations& x,
+                                  std::span<const ExpertRows> segments) {
   BITSPLIT_RETURN_IF_ERROR(CheckFits(id, x.rows, x.cols, x.block_stride));
   const size_t scale_floats = static_cast<size_t>(x.rows * x.block_stride);
   std::memcpy(channel_->codes(), x.codes.data(), static_cast<size_t>(x.rows * x.cols));
   std::memcpy(channel_->scales(), x.scales.data(), scale_floats * sizeof(float));
   std::memcpy(channel_->sums(), x.sums.data(), scale_floats * sizeof(float));
-  return Post(id, x.rows, x.cols);
+  shm::ShmExpertSegment* table = channel_->segments();
+  for (size_t s = 0; s < segments.size(); ++s) {
+    table[s] = {.expert = segments[s].expert,
+                .first_row = static_cast<uint32_t>(segments[s].first_row),
+                .count = static_cast<uint32_t>(segments[s].count),
+                .reserved = 0};
+  }
+  return Post(id, x.rows, x.cols, segments.size());
 }
 
 absl::StatusOr<const ResidualStaging*> RemoteResidual::Staging(int64_t max_rows) {
@@ -176,11 +192,7 @@ absl::Status RemoteResidual::Accumulate(LinearGroupId id, const quant::Quantized
                      " outputs does not match the service's residual"));
   }
   const float* y = nullptr;
-  // The service computes on this machine's CPUs: where its threads and the pool's leave none
-  // free, the pool's idle workers must not poll on them (on 2 cores: 40% of decode speed).
-  if (pool.num_threads() + service_threads_ > static_cast<int>(cpus_)) {
-    pool.SetSpin(std::chrono::nanoseconds(0));
-  }
+  LeaveCpusToService(pool);
   if (in_flight_.has_value() && *in_flight_ == id) {
     BITSPLIT_RETURN_IF_ERROR(Receive(id, &y, nullptr));
   } else {
@@ -213,23 +225,9 @@ absl::Status RemoteResidual::AccumulateExperts(int32_t layer, LinearGroup group,
   }
   BITSPLIT_RETURN_IF_ERROR(ValidateExpertSegments(layer, shapes_.num_experts, x.rows, segments));
   if (segments.empty()) return absl::OkStatus();
-  BITSPLIT_RETURN_IF_ERROR(CheckFits(id, x.rows, x.cols, x.block_stride));
-  if (pool.num_threads() + service_threads_ > static_cast<int>(cpus_)) {
-    pool.SetSpin(std::chrono::nanoseconds(0));
-  }
+  LeaveCpusToService(pool);
   CollectAbandoned();
-  const size_t scale_floats = static_cast<size_t>(x.rows * x.block_stride);
-  std::memcpy(channel_->codes(), x.codes.data(), static_cast<size_t>(x.rows * x.cols));
-  std::memcpy(channel_->scales(), x.scales.data(), scale_floats * sizeof(float));
-  std::memcpy(channel_->sums(), x.sums.data(), scale_floats * sizeof(float));
-  shm::ShmExpertSegment* table = channel_->segments();
-  for (size_t s = 0; s < segments.size(); ++s) {
-    table[s] = {.expert = segments[s].expert,
-                .first_row = static_cast<uint32_t>(segments[s].first_row),
-                .count = static_cast<uint32_t>(segments[s].count),
-                .reserved = 0};
-  }
-  BITSPLIT_RETURN_IF_ERROR(Post(id, x.rows, x.cols, segments.size()));
+  BITSPLIT_RETURN_IF_ERROR(Send(id, x, segments));
   const float* y = nullptr;
   BITSPLIT_RETURN_IF_ERROR(Receive(id, &y, nullptr));
   // Matrix i's [rows][one expert's rows], back to back; only the segments' rows are results.

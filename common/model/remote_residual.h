@@ -102,7 +102,11 @@ class RemoteResidual final : public ResidualSource {
   absl::Status Post(LinearGroupId id, int64_t rows, int64_t cols, size_t num_segments = 0);
   // Collects and drops an earlier submission nobody collected (its forward failed).
   void CollectAbandoned();
-  absl::Status Send(LinearGroupId id, const quant::QuantizedActivations& x);
+  // Writes x (and an expert group's segments) to the channel and posts the request.
+  absl::Status Send(LinearGroupId id, const quant::QuantizedActivations& x,
+                    std::span<const ExpertRows> segments = {});
+  // Stops the pool's idle workers from polling where the service needs the CPUs they would take.
+  void LeaveCpusToService(ThreadPool& pool) const;
   absl::Status Receive(LinearGroupId id, const float** y, shm::ShmCallInfo* info);
 
   std::unique_ptr<shm::ShmChannelClient> channel_;
