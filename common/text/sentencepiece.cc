@@ -52,7 +52,7 @@ SentencePieceEncoder::SentencePieceEncoder(
     : token_ids_(token_ids), scores_(std::move(scores)) {
   // llama.cpp's byte_to_token: "<0xNN>" (upper-case hex), else the byte itself as a token.
   for (int byte = 0; byte < 256; ++byte) {
-    int32_t id = Find(absl::StrFormat("<0x%02X>", byte));
+    int32_t id = Find(ByteTokenText(static_cast<uint8_t>(byte)));
     if (id == kNoToken) id = Find(std::string(1, static_cast<char>(byte)));
     byte_tokens_[byte] = id == kNoToken ? unknown_id : id;
   }
@@ -65,10 +65,10 @@ int32_t SentencePieceEncoder::Find(std::string_view text) const {
 
 void SentencePieceEncoder::Encode(std::string_view text, bool space_prefix,
                                   std::vector<int32_t>& out) const {
-  std::string escaped;
-  if (space_prefix) escaped.push_back(' ');
-  escaped.append(text);
-  ReplaceAll(escaped, " ", kSpace);
+  std::string spaced;
+  if (space_prefix) spaced.push_back(' ');
+  spaced.append(text);
+  const std::string escaped = EscapeWhitespace(spaced);
   // llama.cpp's llm_tokenizer_spm_session: the pair whose concatenation is the token with the
   // highest score merges first. Every merged symbol is a token by construction; a leftover
   // character that is not one becomes byte tokens.
@@ -91,10 +91,18 @@ void SentencePieceEncoder::Encode(std::string_view text, bool space_prefix,
   }
 }
 
+std::string EscapeWhitespace(std::string_view text) {
+  std::string escaped(text);
+  ReplaceAll(escaped, " ", kSpace);
+  return escaped;
+}
+
 std::string DecodeSentencePiece(std::string_view token_text) {
   std::string text(token_text);
   ReplaceAll(text, kSpace, " ");
   return text;
 }
+
+std::string ByteTokenText(uint8_t byte) { return absl::StrFormat("<0x%02X>", byte); }
 
 }  // namespace bitsplit::text

@@ -38,7 +38,15 @@ class SentencePieceEncoder {
   std::array<int32_t, 256> byte_tokens_{};
 };
 
+// SentencePiece's spelling of text, which Gemma 4's BPE vocabulary shares (llama.cpp's
+// escape_whitespaces): every space as U+2581.
+std::string EscapeWhitespace(std::string_view text);
+
 // What a vocabulary entry stands for: its text with U+2581 back to spaces.
 std::string DecodeSentencePiece(std::string_view token_text);
+
+// The text of the byte-fallback token of `byte`: "<0xNN>", upper-case hex, as llama.cpp looks
+// it up.
+std::string ByteTokenText(uint8_t byte);
 
 }  // namespace bitsplit::text
