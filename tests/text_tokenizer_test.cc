@@ -652,6 +652,7 @@ TEST(SyntheticTokenizerTest, UnsupportedModelIsAnErrorNamingTheSupportedOnes) {
   EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("'bert'"));
   EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("'gpt2'"));
   EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("'llama'"));
+  EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("'gemma4'"));
 }
 
 TEST(SyntheticTokenizerTest, Qwen2PreTokenizerSplitsEveryDigit) {
@@ -872,6 +873,95 @@ TEST(SyntheticSpmTokenizerTest, ShortScoresAreAnError) {
   const auto loaded = Load(builder);
   ASSERT_FALSE(loaded->tokenizer.ok());
   EXPECT_THAT(loaded->tokenizer.status().message(), HasSubstr("tokenizer.ggml.scores"));
+}
+
+// ---- Synthetic gemma4 vocabulary ---------------------------------------------------------------
+
+// Ids of the synthetic gemma4 vocabulary below.
+enum Gemma4Id : int32_t {
+  kG4Eos = 1,
+  kG4Byte0 = 4,               // "<0x00>" .. "<0xFF>": kG4Byte0 + byte
+  kG4Space = kG4Byte0 + 256,  // "▁"
+  kG4A,                       // "a"
+  kG4B,                       // "b"
+  kG4Ab,                      // "ab"
+  kG4SpaceAb,                 // "▁ab"
+  kG4Newline,                 // "\n"
+  kG4TwoNewlines,             // "\n\n"
+  kG4EndOfTurn,               // "<turn|>"
+};
+
+// No merge joins newlines, so only the newline-word rule can make "\n\n" one token. No special
+// ids, tokenizer.ggml.pre names another pre-tokenizer, and add_bos_token is false: llama.cpp
+// overrides all three for gemma4. The ids below are llama.cpp's (llama-cpp-python 0.3.36) for
+// the same vocabulary.
+GgufBuilder SyntheticGemma4Vocab() {
+  std::vector<std::string> tokens = {"<pad>", "<eos>", "<bos>", "<unk>"};
+  std::vector<int32_t> types = {3, 3, 3, 3};
+  for (int byte = 0; byte < 256; ++byte) {
+    tokens.push_back(absl::StrFormat("<0x%02X>", byte));
+    types.push_back(6);
+  }
+  for (const char* text : {"\xE2\x96\x81", "a", "b", "ab",
+                           "\xE2\x96\x81"
+                           "ab",
+                           "\n", "\n\n"}) {
+    tokens.push_back(text);
+    types.push_back(1);
+  }
+  tokens.push_back("<turn|>");
+  types.push_back(3);
+  GgufBuilder builder;
+  builder.AddString("tokenizer.ggml.model", "gemma4");
+  builder.AddString("tokenizer.ggml.pre", "llama-bpe");
+  builder.AddStringArray("tokenizer.ggml.tokens", tokens);
+  builder.AddInt32Array("tokenizer.ggml.token_type", types);
+  builder.AddStringArray("tokenizer.ggml.merges", {"a b",
+                                                   "\xE2\x96\x81"
+                                                   " ab"});
+  builder.AddBool("tokenizer.ggml.add_bos_token", false);
+  return builder;
+}
+
+TEST(SyntheticGemma4TokenizerTest, EscapesSpacesSplitsLinesAndFallsBackToByteTokens) {
+  const auto loaded = Load(SyntheticGemma4Vocab());
+  ASSERT_TRUE(loaded->tokenizer.ok()) << loaded->tokenizer.status();
+  const Tokenizer& tokenizer = **loaded->tokenizer;
+  EXPECT_EQ(tokenizer.model(), TokenizerModel::kBytePairEncoding);
+  EXPECT_EQ(tokenizer.pre_tokenizer_name(), "gemma4");
+  EXPECT_THAT(tokenizer.Encode(" ab\n\nab", false), ElementsAre(kG4SpaceAb, kG4TwoNewlines, kG4Ab));
+  EXPECT_THAT(tokenizer.Encode("\n\n\n", false), ElementsAre(kG4Newline, kG4Newline, kG4Newline));
+  EXPECT_THAT(tokenizer.Encode("a b", false), ElementsAre(kG4A, kG4Space, kG4B));
+  EXPECT_THAT(tokenizer.Encode("c", false), ElementsAre(kG4Byte0 + 'c'));
+  EXPECT_THAT(tokenizer.Encode("\xC3\xA9", false), ElementsAre(kG4Byte0 + 0xC3, kG4Byte0 + 0xA9));
+  EXPECT_THAT(tokenizer.Encode("ab a<turn|>", true),
+              ElementsAre(kG4Ab, kG4Space, kG4A, kG4EndOfTurn));
+  EXPECT_EQ(*tokenizer.TokenToPiece(kG4SpaceAb), " ab");
+  EXPECT_EQ(*tokenizer.TokenToPiece(kG4Byte0 + 0xC3), "\xC3");
+  // Decode gives the text back; Detokenize cleans spaces, as llama.cpp's does here.
+  const std::vector<int32_t> ids = tokenizer.Encode("a , b", false);
+  EXPECT_THAT(ids, ElementsAre(kG4A, kG4Space, kG4Byte0 + ',', kG4Space, kG4B));
+  EXPECT_EQ(*tokenizer.Decode(ids), "a , b");
+  EXPECT_EQ(*tokenizer.Detokenize(ids, false, false), "a, b");
+}
+
+TEST(SyntheticGemma4TokenizerTest, SpecialIdsAndBosAsLlamaCpp) {
+  const auto loaded = Load(SyntheticGemma4Vocab());
+  ASSERT_TRUE(loaded->tokenizer.ok()) << loaded->tokenizer.status();
+  const Tokenizer& tokenizer = **loaded->tokenizer;
+  // No default ids (unlike gpt2's 11 and SentencePiece's 1/2/0); BOS wanted all the same.
+  EXPECT_EQ(tokenizer.bos_id(), Tokenizer::kNoToken);
+  EXPECT_EQ(tokenizer.eos_id(), Tokenizer::kNoToken);
+  EXPECT_EQ(tokenizer.unk_id(), Tokenizer::kNoToken);
+  EXPECT_TRUE(tokenizer.add_bos());
+  EXPECT_THAT(tokenizer.end_of_generation_ids(), ElementsAre(kG4Eos, kG4EndOfTurn));
+  // With the ids in the metadata, BOS is added.
+  GgufBuilder builder = SyntheticGemma4Vocab();
+  builder.AddUint32("tokenizer.ggml.bos_token_id", 2);
+  builder.AddUint32("tokenizer.ggml.eos_token_id", kG4Eos);
+  const auto with_ids = Load(builder);
+  ASSERT_TRUE(with_ids->tokenizer.ok()) << with_ids->tokenizer.status();
+  EXPECT_THAT((*with_ids->tokenizer)->Tokenize("ab", true, false), ElementsAre(2, kG4Ab));
 }
 
 TEST(SyntheticTokenizerTest, MalformedVocabulariesAreErrors) {

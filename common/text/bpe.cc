@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/text/bigram_merge.h"
+#include "common/text/sentencepiece.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::text {
@@ -175,6 +176,9 @@ constexpr const char* kQwen2Pattern =
     "]*[\\r\\n]+|[" BITSPLIT_WS "]+(?![^" BITSPLIT_WS "])|[" BITSPLIT_WS "]+";
 
 constexpr const char* kDigitPattern = "[" BITSPLIT_NUMBER "]";
+// Runs of newlines and runs of anything else (llama.cpp's custom newline splitter, which this
+// pattern selects, cuts the same runs).
+constexpr const char* kNewlineRunPattern = "[^\\n]+|[\\n]+";
 constexpr const char* kDigitRunPattern = "[" BITSPLIT_NUMBER "]+";
 constexpr const char* kPunctuationRunPattern = "[" BITSPLIT_PUNCT "$+<=>^~|]+";
 
@@ -190,7 +194,11 @@ struct PreTokenizerSpec {
   std::vector<std::string_view> patterns;
   bool ignore_merges = false;
   bool add_bos = false;
+  bool force_add_bos = false;
   bool clean_spaces = true;  // llama.cpp's default for BPE
+  // SentencePiece-style vocabularies: spaces escaped to U+2581, no GPT-2 byte mapping, "<0xNN>"
+  // byte fallback, and a newline-only word taken whole (llama.cpp's GEMMA4 pre-tokenizer type).
+  bool sentencepiece_spelling = false;
 };
 
 const std::vector<PreTokenizerSpec>& PreTokenizerSpecs() {
@@ -207,6 +215,12 @@ const std::vector<PreTokenizerSpec>& PreTokenizerSpecs() {
       // Digits are split one by one before the GPT-2 pattern.
       {.names = {"smollm"}, .patterns = {kDigitPattern, kGpt2Pattern}, .clean_spaces = false},
       {.names = {"starcoder", "refact", "codeshell"}, .patterns = {kDigitPattern, kGpt2Pattern}},
+      // The merges run over whole lines. llama.cpp forces this pre-tokenizer for
+      // tokenizer.ggml.model "gemma4" and always adds BOS for it.
+      {.names = {"gemma4", "granite-embed-multi-311m"},
+       .patterns = {kNewlineRunPattern},
+       .force_add_bos = true,
+       .sentencepiece_spelling = true},
   };
   return *specs;
 }
@@ -322,8 +336,12 @@ absl::StatusOr<std::unique_ptr<BpeEncoder>> BpeEncoder::Create(
   auto encoder = std::unique_ptr<BpeEncoder>(new BpeEncoder(token_ids));
   BITSPLIT_ASSIGN_OR_RETURN(encoder->pre_tokenizer_, PreTokenizer::Create(spec->patterns));
   encoder->ignore_merges_ = spec->ignore_merges;
-  encoder->add_bos_ = spec->add_bos;
+  encoder->add_bos_ = spec->add_bos || spec->force_add_bos;
+  encoder->force_add_bos_ = spec->force_add_bos;
   encoder->clean_spaces_ = spec->clean_spaces;
+  encoder->escape_whitespace_ = spec->sentencepiece_spelling;
+  encoder->byte_encode_ = !spec->sentencepiece_spelling;
+  encoder->whole_newline_words_ = spec->sentencepiece_spelling;
 
   BITSPLIT_ASSIGN_OR_RETURN(const std::vector<std::string> merges,
                             file.GetStringArray("tokenizer.ggml.merges"));
@@ -345,6 +363,10 @@ BpeEncoder::BpeEncoder(const std::unordered_map<std::string_view, int32_t>& toke
 BpeEncoder::~BpeEncoder() = default;
 
 void BpeEncoder::Encode(std::string_view text, std::vector<int32_t>& out) const {
+  // Escaped before the UTF-8 is checked, as llama.cpp does (a space is never part of a
+  // multi-byte sequence, so the order changes nothing).
+  const std::string escaped = escape_whitespace_ ? EscapeWhitespace(text) : std::string();
+  if (escape_whitespace_) text = escaped;
   std::string canonical;
   std::string for_regex;
   Canonicalize(text, canonical, for_regex);
@@ -355,29 +377,41 @@ void BpeEncoder::Encode(std::string_view text, std::vector<int32_t>& out) const 
 
 void BpeEncoder::EncodeWord(std::string_view word, std::vector<int32_t>& out) const {
   static constexpr size_t kMaxCachedWords = 1 << 16;
-  std::string key(word);
-  {
+  // Words are short but for gemma4's, which are whole lines: caching those could hold on to
+  // gigabytes of prompts, and a line rarely repeats.
+  static constexpr size_t kMaxCachedWordBytes = 256;
+  const bool cacheable = word.size() <= kMaxCachedWordBytes;
+  if (cacheable) {
     std::lock_guard<std::mutex> lock(cache_mutex_);
-    const auto it = word_cache_.find(key);
+    const auto it = word_cache_.find(std::string(word));
     if (it != word_cache_.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
     }
   }
   std::string encoded;
-  encoded.reserve(word.size() * 2);
-  for (char byte : word) encoded += Bytes().byte_to_utf8[static_cast<uint8_t>(byte)];
+  if (byte_encode_) {
+    encoded.reserve(word.size() * 2);
+    for (char byte : word) encoded += Bytes().byte_to_utf8[static_cast<uint8_t>(byte)];
+  } else {
+    encoded = word;
+  }
   std::vector<int32_t> ids;
   const auto whole = token_ids_.find(encoded);
-  if (ignore_merges_ && whole != token_ids_.end()) {
+  const bool take_whole =
+      whole != token_ids_.end() &&
+      (ignore_merges_ ||
+       (whole_newline_words_ && encoded.find_first_not_of('\n') == std::string::npos));
+  if (take_whole) {
     ids.push_back(whole->second);
   } else {
     ids = BytePairMerge(encoded);
   }
   out.insert(out.end(), ids.begin(), ids.end());
+  if (!cacheable) return;
   std::lock_guard<std::mutex> lock(cache_mutex_);
   if (word_cache_.size() >= kMaxCachedWords) word_cache_.clear();
-  word_cache_.emplace(std::move(key), std::move(ids));
+  word_cache_.emplace(word, std::move(ids));
 }
 
 int BpeEncoder::MergeRank(std::string_view left, std::string_view right) const {
@@ -402,9 +436,12 @@ std::vector<int32_t> BpeEncoder::BytePairMerge(std::string_view word) const {
       ids.push_back(it->second);
       continue;
     }
-    // No such token: fall back to single-byte tokens where they exist, as llama.cpp does.
+    // No such token: each byte of its text becomes the token of that one byte, or its "<0xNN>"
+    // token without the byte mapping, where the vocabulary has it (as llama.cpp does).
     for (char byte : symbol) {
-      const auto byte_token = token_ids_.find(std::string_view(&byte, 1));
+      const auto byte_token = byte_encode_
+                                  ? token_ids_.find(std::string_view(&byte, 1))
+                                  : token_ids_.find(ByteTokenText(static_cast<uint8_t>(byte)));
       if (byte_token != token_ids_.end()) ids.push_back(byte_token->second);
     }
   }

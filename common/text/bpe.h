@@ -1,8 +1,10 @@
 #pragma once
-// Byte-level BPE as llama.cpp's llm_tokenizer_bpe (tokenizer.ggml.model = "gpt2"): text is cut
-// into words by the pre-tokenizer that tokenizer.ggml.pre names (its regexes run with PCRE2),
-// each word's bytes are mapped to GPT-2's printable code points and merged in the order of
-// tokenizer.ggml.merges. Internal to common/text.
+// BPE as llama.cpp's llm_tokenizer_bpe (tokenizer.ggml.model = "gpt2", and "gemma4"): text is
+// cut into words by the pre-tokenizer that tokenizer.ggml.pre names (its regexes run with
+// PCRE2), each word's bytes are mapped to GPT-2's printable code points and merged in the order
+// of tokenizer.ggml.merges. The gemma4 pre-tokenizer instead spells the text as SentencePiece
+// does (spaces as U+2581), cuts it only at newlines, merges the UTF-8 as it is, and falls back to
+// "<0xNN>" byte tokens. Internal to common/text.
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -32,13 +34,17 @@ class BpeEncoder {
   BpeEncoder(const BpeEncoder&) = delete;
   BpeEncoder& operator=(const BpeEncoder&) = delete;
 
-  // The pre-tokenizer's defaults in llama.cpp: whether a prompt starts with BOS, and whether
-  // Detokenize applies CleanSpaces.
+  // The pre-tokenizer's settings in llama.cpp: whether a prompt starts with BOS by default, and
+  // whether regardless of tokenizer.ggml.add_bos_token (gemma4); whether Detokenize applies
+  // CleanSpaces; whether vocabulary entries spell spaces as U+2581 (DecodeSentencePiece gives
+  // what a normal token stands for) rather than byte-level (DecodeByteLevel).
   bool add_bos() const { return add_bos_; }
+  bool force_add_bos() const { return force_add_bos_; }
   bool clean_spaces() const { return clean_spaces_; }
+  bool escape_whitespace() const { return escape_whitespace_; }
 
   // Appends the tokens of `text`, which holds no special tokens. Invalid UTF-8 is tokenized as
-  // U+FFFD per bad byte.
+  // U+FFFD per bad byte. With escape_whitespace(), spaces are escaped here.
   void Encode(std::string_view text, std::vector<int32_t>& out) const;
 
  private:
@@ -55,7 +61,13 @@ class BpeEncoder {
   std::unordered_map<std::string, int> merge_ranks_;  // "left right" -> rank
   bool ignore_merges_ = false;  // llama3-style: a word that is a whole token skips the merges
   bool add_bos_ = false;
+  bool force_add_bos_ = false;
   bool clean_spaces_ = true;
+  bool escape_whitespace_ = false;
+  // false: words are merged as raw UTF-8 and leftover bytes become "<0xNN>" tokens.
+  bool byte_encode_ = true;
+  // A word of newlines only is the token of that text where the vocabulary has one (gemma4).
+  bool whole_newline_words_ = false;
 
   // Word -> ids memo: natural text repeats words constantly, and BPE of a word is the
   // expensive part of Encode.

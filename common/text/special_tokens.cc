@@ -14,16 +14,15 @@ constexpr int32_t kNoToken = Tokenizer::kNoToken;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SpecialTokens>> SpecialTokens::Load(
-    const gguf::File& file, TokenizerModel model, std::span<const std::string> tokens,
+    const gguf::File& file, const Defaults& defaults, std::span<const std::string> tokens,
     std::span<uint32_t> attrs) {
   auto special = std::unique_ptr<SpecialTokens>(new SpecialTokens());
   const int32_t n = static_cast<int32_t>(tokens.size());
   // llama.cpp's defaults, used when the metadata has no id (or an out-of-range one).
   const auto in_range = [n](int32_t id) { return id >= 0 && id < n ? id : kNoToken; };
-  const bool spm = model == TokenizerModel::kSentencePiece;
-  special->bos_id_ = in_range(spm ? 1 : 11);
-  special->eos_id_ = in_range(spm ? 2 : 11);
-  special->unk_id_ = spm ? in_range(0) : kNoToken;
+  special->bos_id_ = in_range(defaults.bos_id);
+  special->eos_id_ = in_range(defaults.eos_id);
+  special->unk_id_ = in_range(defaults.unk_id);
   int32_t eom_id = kNoToken;
   int32_t fim_pre_id = kNoToken, fim_suf_id = kNoToken, fim_mid_id = kNoToken;
   int32_t fim_pad_id = kNoToken, fim_rep_id = kNoToken, fim_sep_id = kNoToken;

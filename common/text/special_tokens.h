@@ -35,12 +35,20 @@ class SpecialTokens {
     std::string_view text;
   };
 
+  // llama.cpp's ids for a model whose metadata names none, per tokenizer.ggml.model
+  // (Tokenizer::kNoToken: none).
+  struct Defaults {
+    int32_t bos_id;
+    int32_t eos_id;
+    int32_t unk_id;
+  };
+
   // Reads the special token ids (tokenizer.ggml.*_token_id; an id outside the vocabulary keeps
   // the default) for the vocabulary `tokens` (texts, unique). Tokens that llama.cpp recognizes
   // by their text get its attributes in `attrs`: control for end-of-turn, FIM and
   // end-of-generation texts, and its overrides for a few chat formats.
   static absl::StatusOr<std::unique_ptr<SpecialTokens>> Load(const gguf::File& file,
-                                                             TokenizerModel model,
+                                                             const Defaults& defaults,
                                                              std::span<const std::string> tokens,
                                                              std::span<uint32_t> attrs);
 

@@ -24,19 +24,26 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::File&
 absl::Status Tokenizer::Load(const gguf::File& file) {
   const std::string& where = file.name();
   BITSPLIT_ASSIGN_OR_RETURN(const std::string model, file.GetString("tokenizer.ggml.model"));
-  if (model == "gpt2") {
+  // llama.cpp's special ids where the metadata names none.
+  SpecialTokens::Defaults special_defaults{.bos_id = 11, .eos_id = 11, .unk_id = kNoToken};
+  if (model == "gpt2" || model == "gemma4") {
     model_ = TokenizerModel::kBytePairEncoding;
   } else if (model == "llama") {
     model_ = TokenizerModel::kSentencePiece;
+    special_defaults = {.bos_id = 1, .eos_id = 2, .unk_id = 0};
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: unsupported tokenizer.ggml.model '%s' (supported: 'gpt2' = "
-                        "byte-level BPE, 'llama' = SentencePiece)",
-                        where, model));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: unsupported tokenizer.ggml.model '%s' (supported: 'gpt2' = byte-level BPE, "
+        "'llama' = SentencePiece, 'gemma4' = Gemma 4's BPE over SentencePiece-escaped text)",
+        where, model));
   }
   // A missing pre-tokenizer is "default" (llama.cpp does the same, with a warning).
   pre_name_ = "default";
-  if (file.Find("tokenizer.ggml.pre") != nullptr) {
+  if (model == "gemma4") {
+    // llama.cpp ignores tokenizer.ggml.pre here and has no default special ids.
+    pre_name_ = "gemma4";
+    special_defaults = {.bos_id = kNoToken, .eos_id = kNoToken, .unk_id = kNoToken};
+  } else if (file.Find("tokenizer.ggml.pre") != nullptr) {
     BITSPLIT_ASSIGN_OR_RETURN(pre_name_, file.GetString("tokenizer.ggml.pre"));
   }
 
@@ -111,10 +118,12 @@ absl::Status Tokenizer::Load(const gguf::File& file) {
     }
   }
 
-  BITSPLIT_ASSIGN_OR_RETURN(special_, SpecialTokens::Load(file, model_, tokens_, attrs_));
+  BITSPLIT_ASSIGN_OR_RETURN(special_, SpecialTokens::Load(file, special_defaults, tokens_, attrs_));
   if (file.Find("tokenizer.ggml.add_bos_token") != nullptr) {
     BITSPLIT_ASSIGN_OR_RETURN(add_bos_, file.GetBool("tokenizer.ggml.add_bos_token"));
   }
+  // llama.cpp adds BOS for gemma4 even where tokenizer.ggml.add_bos_token says not to.
+  if (bpe_ != nullptr && bpe_->force_add_bos()) add_bos_ = true;
   if (file.Find("tokenizer.ggml.add_eos_token") != nullptr) {
     BITSPLIT_ASSIGN_OR_RETURN(add_eos_, file.GetBool("tokenizer.ggml.add_eos_token"));
   }
@@ -135,8 +144,9 @@ void Tokenizer::BuildPieces() {
     if (attr & (kAttrUnknown | kAttrControl | kAttrUserDefined)) {
       pieces_[id] = text;
     } else if (attr & kAttrNormal) {
-      pieces_[id] = model_ == TokenizerModel::kSentencePiece ? DecodeSentencePiece(text)
-                                                             : DecodeByteLevel(text);
+      const bool escaped_spaces =
+          model_ == TokenizerModel::kSentencePiece || bpe_->escape_whitespace();
+      pieces_[id] = escaped_spaces ? DecodeSentencePiece(text) : DecodeByteLevel(text);
     } else if (attr & kAttrByte) {
       // "<0xAB>" style byte tokens.
       const std::string hex = text.size() >= 5 ? text.substr(3, 2) : "";

@@ -1,13 +1,17 @@
 #pragma once
 // The tokenizers llama.cpp reads from GGUF metadata, reproduced token for token
 // (tests/text_tokenizer_oracle_test.cc checks them against llama.cpp on a committed corpus for
-// SmolLM2, gemma3 and a qwen2 vocabulary):
+// SmolLM2, gemma3 and a qwen2 vocabulary; tests/text_gemma4_tokenizer_test.cc against
+// llama.cpp's own test strings for the Gemma 4 vocabulary):
 //   * byte-level BPE (tokenizer.ggml.model = "gpt2", bpe.h): the same pre-tokenizer regexes (run
 //     with PCRE2), merge order and tie-breaking;
+//   * Gemma 4's BPE (tokenizer.ggml.model = "gemma4", bpe.h, llama.cpp's BPE with its gemma4
+//     pre-tokenizer): the same merges over text spelled as SentencePiece spells it (spaces as
+//     U+2581), cut only at newlines, with <0xNN> byte fallback and BOS always added;
 //   * SentencePiece (tokenizer.ggml.model = "llama", llama.cpp's llm_tokenizer_spm,
 //     sentencepiece.h): spaces escaped to U+2581, score-driven bigram merges, <0xNN> byte
 //     fallback, the optional leading space (tokenizer.ggml.add_space_prefix).
-// Both share llama.cpp's special-token splitting and its token attributes, including the
+// All share llama.cpp's special-token splitting and its token attributes, including the
 // tokens it marks as control or end-of-generation by their text (special_tokens.h).
 #include <cstdint>
 #include <memory>
@@ -35,7 +39,7 @@ enum class TokenType : int32_t {
 
 // The two algorithms, by their tokenizer.ggml.model names.
 enum class TokenizerModel {
-  kBytePairEncoding,  // "gpt2"
+  kBytePairEncoding,  // "gpt2", and "gemma4" (llama.cpp's BPE with the gemma4 pre-tokenizer)
   kSentencePiece,     // "llama"
 };
 
@@ -51,9 +55,9 @@ class Tokenizer {
 
   // Reads tokenizer.ggml.* from `file` (a whole model, or a GGUF that holds only metadata).
   // Fails with INVALID_ARGUMENT / NOT_FOUND, naming the key, on a missing vocabulary, missing
-  // merges (BPE), an unsupported tokenizer.ggml.model (supported: "gpt2", "llama"), an unknown
-  // tokenizer.ggml.pre (BPE only: like llama.cpp, SentencePiece ignores it), or malformed
-  // arrays. Both error messages list what is supported.
+  // merges (BPE), an unsupported tokenizer.ggml.model (supported: "gpt2", "llama", "gemma4"), an
+  // unknown tokenizer.ggml.pre ("gpt2" only: like llama.cpp, SentencePiece ignores it and
+  // "gemma4" implies its own), or malformed arrays. Both error messages list what is supported.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const gguf::File& file);
 
   ~Tokenizer();
@@ -85,7 +89,7 @@ class Tokenizer {
   // llama.cpp's llama_detokenize: Decode, except that with add_space_prefix() the first piece
   // loses one leading space; `remove_special` drops a leading BOS (then no space is removed)
   // when add_bos() and a trailing EOS when add_eos(); and pre-tokenizers with llama.cpp's
-  // clean_spaces (gpt-2, llama3, default, ...) remove the spaces it removes before ?!., and
+  // clean_spaces (gpt-2, llama3, default, gemma4, ...) remove the spaces it removes before ?!., and
   // contractions. For SentencePiece with a space prefix this is what inverts Encode.
   absl::StatusOr<std::string> Detokenize(std::span<const int32_t> ids, bool remove_special,
                                          bool unparse_special) const;
@@ -96,15 +100,16 @@ class Tokenizer {
   int32_t eot_id() const;
   int32_t unk_id() const;
   // Whether a prompt should start with BOS (tokenizer.ggml.add_bos_token, else the default of
-  // the pre-tokenizer (BPE) or true (SentencePiece)). Encode never adds it; Tokenize does, or
-  // callers prepend bos_id().
+  // the pre-tokenizer (BPE) or true (SentencePiece); always true for gemma4, as llama.cpp).
+  // Encode never adds it; Tokenize does, or callers prepend bos_id().
   bool add_bos() const { return add_bos_; }
   // Whether a prompt should end with EOS (tokenizer.ggml.add_eos_token, default false).
   bool add_eos() const { return add_eos_; }
   // tokenizer.ggml.add_space_prefix; absent, true for SentencePiece and false for BPE.
   bool add_space_prefix() const { return add_space_prefix_; }
   TokenizerModel model() const { return model_; }
-  // tokenizer.ggml.pre as stored ("default" when absent).
+  // tokenizer.ggml.pre as stored ("default" when absent; "gemma4" for that model whatever is
+  // stored).
   const std::string& pre_tokenizer_name() const { return pre_name_; }
 
   // End of generation: EOS, EOT, and the tokens llama.cpp treats as such by their text
@@ -116,8 +121,8 @@ class Tokenizer {
   // True for control/unknown tokens (the ones TokenToPiece hides unless render_special).
   bool IsControl(int32_t id) const;
   absl::StatusOr<TokenType> GetTokenType(int32_t id) const;
-  // The vocabulary entry for `id` as stored in the GGUF (BPE: byte-level encoded, e.g. "Ġthe";
-  // SentencePiece: spaces as U+2581, e.g. "▁the").
+  // The vocabulary entry for `id` as stored in the GGUF (byte-level BPE: byte-level encoded,
+  // e.g. "Ġthe"; SentencePiece and gemma4: spaces as U+2581, e.g. "▁the").
   absl::StatusOr<std::string_view> GetTokenText(int32_t id) const;
   // The id whose vocabulary text is exactly `text`, or kNoToken.
   int32_t FindToken(std::string_view text) const;
