@@ -5,6 +5,8 @@
 //   gemma3               SentencePiece, 262144 tokens, no space prefix
 //   gemma3_space_prefix  the gemma3 vocabulary with tokenizer.ggml.add_space_prefix = true
 //   qwen2                byte-level BPE, pre-tokenizer "deepseek-r1-qwen" (a metadata-only GGUF)
+//   gemma4               Gemma 4's BPE (tokenizer model "gemma4"), llama.cpp's own vocabulary
+//                        file (tests/text_gemma4_tokenizer_test.cc has llama.cpp's test vectors)
 // Every string's ids with parse_special off and on, with and without BOS/EOS, the pieces and
 // llama_detokenize's text of those ids, and the vocabulary's special ids and token attributes
 // must match exactly. A vocabulary whose model file is absent is skipped, saying which file and
@@ -64,6 +66,7 @@ const VocabularySpec kVocabularies[] = {
     {"gemma3", "gemma-3-270m-q4_k_m.gguf", false},
     {"gemma3_space_prefix", "gemma-3-270m-q4_k_m.gguf", true},
     {"qwen2", kQwen2VocabFile, false},
+    {"gemma4", "ggml-vocab-gemma-4.gguf", false},
 };
 
 struct Vocabulary {

@@ -8,6 +8,8 @@ tests/text_tokenize_command_test.cc, one per vocabulary:
                        (a metadata-only copy patched here; the C++ test patches the same byte)
   qwen2                DeepSeek-R1-Distill-Qwen-7B (byte-level BPE, pre "deepseek-r1-qwen"),
                        from the metadata-only GGUF scripts/setup.sh derives
+  gemma4               llama.cpp's Gemma 4 vocabulary (tokenizer model "gemma4"), the
+                       ggml-vocab-gemma-4.gguf scripts/setup.sh takes from the pinned sdist
 
 For every string of tests/oracle/tokenizer_strings.json, llama.cpp (through llama-cpp-python,
 vocab only) tokenizes the text with parse_special off and on, without BOS/EOS (ids_*) and with
@@ -50,6 +52,7 @@ OUT_DIR = ROOT / "tests" / "fixtures" / "tokenizer"
 SMOLLM2 = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = MODELS / "gemma-3-270m-q4_k_m.gguf"
 QWEN2 = MODELS / "DeepSeek-R1-Distill-Qwen-7B.vocab.gguf"
+GEMMA4 = MODELS / "ggml-vocab-gemma-4.gguf"
 
 SPACE_PREFIX_KEY = b"tokenizer.ggml.add_space_prefix"
 GGUF_TYPE_BOOL = 7
@@ -234,6 +237,7 @@ def main():
             ("gemma3", lambda: GEMMA3, "gemma"),
             ("gemma3_space_prefix", make_variant, None),
             ("qwen2", lambda: QWEN2, None),
+            ("gemma4", lambda: GEMMA4, None),
         ]
         for name, model, chats in vocabularies:
             if wanted and name not in wanted:
