@@ -102,6 +102,30 @@ std::vector<uint8_t> TinyGemma4Moe() {
   return b.Build();
 }
 
+// Gemma 4's tokenizer alone (tokenizer.ggml.model "gemma4": U+2581-spelled tokens, "<0xNN>" byte
+// fallback, a newline-run token, merges) in a gemma4 GGUF without tensors, so that the chat
+// format falls back to gemma4's turns.
+std::vector<uint8_t> Gemma4Tokenizer() {
+  GgufBuilder b;
+  b.AddString("general.architecture", "gemma4");
+  const std::string space = "\xe2\x96\x81";  // U+2581
+  std::vector<std::string> tokens = {"<pad>",   "<eos>",  "<bos>", "<unk>", "<|turn>",
+                                     "<turn|>", "\n",     "\n\n",  space,   space + "a",
+                                     "<0x0A>",  "<0xC3>", "<0xFF>"};
+  std::vector<int32_t> types = {3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 6, 6, 6};
+  for (int i = 0; tokens.size() < 48; ++i) {
+    tokens.push_back("t" + std::to_string(i));
+    types.push_back(1);
+  }
+  b.AddString("tokenizer.ggml.model", "gemma4");
+  b.AddStringArray("tokenizer.ggml.tokens", tokens);
+  b.AddInt32Array("tokenizer.ggml.token_type", types);
+  b.AddStringArray("tokenizer.ggml.merges", {space + " a", "t 1", "\n \n"});
+  b.AddUint32("tokenizer.ggml.bos_token_id", 2);
+  b.AddUint32("tokenizer.ggml.eos_token_id", 1);
+  return b.Build();
+}
+
 // A tiny model of `architecture` with its family's tensors and a small tokenizer.
 std::vector<uint8_t> TinyModel(const std::string& architecture, bool spm) {
   constexpr int kLayers = 2, kD = 64, kFf = 128, kVocab = 48;
@@ -322,6 +346,7 @@ int main(int argc, char** argv) {
   Write(gguf_dir / "tiny_qwen3.gguf", TinyModel("qwen3", false));
   Write(gguf_dir / "tiny_qwen3moe.gguf", TinyModel("qwen3moe", false));
   Write(gguf_dir / "tiny_gemma4moe.gguf", TinyGemma4Moe());
+  Write(gguf_dir / "gemma4_tokenizer.gguf", Gemma4Tokenizer());
   auto source = gguf::File::Open(real);
   if (source.ok()) {
     Write(gguf_dir / "smollm2_metadata_64.gguf", RealMetadata(**source, 64));
