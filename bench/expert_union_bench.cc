@@ -95,7 +95,6 @@ int Run(const std::string& path, int64_t max_tokens, int threads) {
   }
   std::vector<int32_t> tokens = (*tokenizer)->Tokenize(PromptText(), true, false);
   if (static_cast<int64_t>(tokens.size()) > max_tokens) tokens.resize(max_tokens);
-  const double e = static_cast<double>(c.num_experts);
   const double k = static_cast<double>(c.num_experts_used);
   int64_t expert_bytes = 0;  // one expert's residual: gate, up (d_ff_expert rows) and down
   expert_bytes += 2 * c.d_ff_expert * quant::SplitRowBytes(quant::SplitFormat::kR8, 32, c.d_model);
@@ -128,7 +127,8 @@ int Run(const std::string& path, int64_t max_tokens, int threads) {
       if (!cache->Commit(n).ok()) return 1;
     }
     const double measured = counter.MeanDistinct();
-    const double uniform = e * (1.0 - std::pow(1.0 - k / e, static_cast<double>(n)));
+    const double uniform =
+        model::ExpectedDistinctExperts(c.num_experts, c.num_experts_used, static_cast<double>(n));
     const double rows_k = static_cast<double>(n) * k;
     const double layers = static_cast<double>(c.num_layers);
     std::printf("| %lld | %.2f | %.2f | %.0f | %.2f | %.2f |\n", static_cast<long long>(n),

@@ -529,6 +529,19 @@ void ReadTensorLayout(absl::FunctionRef<bool(const std::string&)> has_tensor, Mo
   if (any) config.layer_value_is_key = std::move(without);
 }
 
+double ExpectedDistinctExperts(std::span<const double> frequencies, double rows) {
+  double distinct = 0;
+  for (const double f : frequencies)
+    distinct += 1.0 - std::pow(1.0 - std::clamp(f, 0.0, 1.0), rows);
+  return distinct;
+}
+
+double ExpectedDistinctExperts(int64_t num_experts, int64_t experts_used, double rows) {
+  if (num_experts <= 0) return 0;
+  const double e = static_cast<double>(num_experts);
+  return e * (1.0 - std::pow(1.0 - static_cast<double>(experts_used) / e, rows));
+}
+
 int64_t ModelConfig::MaxQDim() const {
   int64_t widest = 0;
   for (int64_t layer = 0; layer < num_layers; ++layer) widest = std::max(widest, QDim(layer));

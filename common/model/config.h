@@ -8,6 +8,7 @@
 // mixture-of-experts qwen3moe (Qwen3-30B-A3B, 235B-A22B). Their rules follow llama.cpp's loaders
 // and graphs (src/models/<arch>.cpp of the pinned llama.cpp).
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,13 @@ struct ModelConfig {
   }
   float RopeFreqScale(int64_t layer) const { return IsLocalLayer(layer) ? 1.0f : rope_freq_scale; }
 };
+
+// The expected number of distinct experts that `rows` independently routed rows touch, when a
+// row is routed to expert e with probability frequencies[e] (the frequencies sum to the experts
+// used per row): sum_e 1 - (1 - f_e)^rows. What a verify of `rows` rows reads of an expert group.
+double ExpectedDistinctExperts(std::span<const double> frequencies, double rows);
+// The same under uniform routing (every f_e = k / E): E (1 - (1 - k/E)^rows).
+double ExpectedDistinctExperts(int64_t num_experts, int64_t experts_used, double rows);
 
 // Most layers a config may declare. The deepest published decoders have ~130; the bound exists so
 // that a forged block_count cannot size per-layer arrays before the tensors are looked at (the

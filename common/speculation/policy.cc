@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "common/model/config.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::speculation {
@@ -235,9 +236,7 @@ bool AdaptivePolicy::CostsKnown() const {
 }
 
 double AdaptivePolicy::ExpertUnion(int32_t rows) const {
-  if (options_.num_experts == 0) return 0.0;
-  const double e = options_.num_experts;
-  return e * (1.0 - std::pow(1.0 - options_.experts_used / e, rows));
+  return model::ExpectedDistinctExperts(options_.num_experts, options_.experts_used, rows);
 }
 
 std::optional<double> AdaptivePolicy::ExpertFit(int32_t rows) const {
