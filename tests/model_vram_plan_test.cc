@@ -6,7 +6,9 @@
 // the device buffers vram_plan.h lists; it calls none of the planner's functions, so every
 // expected number is a sum of parts a reader can check.
 #include <algorithm>
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "common/io/gguf.h"
@@ -333,6 +335,73 @@ TEST(VramPlanTest, WindowedGeGluModelPlansItsExtraBuffers) {
   EXPECT_EQ(llama->kv_positions_bytes, 0u);
   EXPECT_EQ(llama->scratch.visible_slots_bytes, 0u);
   EXPECT_EQ(llama->rope_table_bytes, Aligned(kContext * kEightB.head_dim / 2 * 2 * 4));
+}
+
+// Qwen3-30B-A3B's shapes: 48 layers, d_model 2048, 32 heads over 4 KV heads of 128, 128
+// experts of width 768 with 8 used per token, no dense FFN, vocab 151936.
+TEST(VramPlanTest, MixtureOfExpertsPlansRoutersExpertsAndTheirScratch) {
+  ModelConfig c = EightBClassConfig();
+  c.architecture = "qwen3moe";
+  c.num_layers = 48;
+  c.d_model = 2048;
+  c.num_heads = 32;
+  c.num_kv_heads = 4;
+  c.head_dim = c.rope_dims = 128;
+  c.vocab_size = 151936;
+  c.context_length = 40960;
+  c.qk_norm = true;
+  c.d_ff = 6144;  // read by no group: the layers have no dense FFN
+  c.dense_ffn = false;
+  c.num_experts = 128;
+  c.num_experts_used = 8;
+  c.d_ff_expert = 768;
+  constexpr uint64_t kRows = 64;
+  VramRequest request;
+  request.config = c;
+  request.base_format = SplitFormat::kB2Asym;
+  request.context = 8192;
+  request.max_batch_rows = kRows;
+  auto plan = PlanVram(request, 80 * kGiB);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // b2_asym/g64 rows: 2048 wide 640 bytes, 4096 wide 1280, 768 wide 240.
+  const uint64_t per_layer = Aligned(4096 * 640) + 2 * Aligned(512 * 640) + Aligned(2048 * 1280) +
+                             2 * Aligned(128 * 768 * 640) + Aligned(128 * 2048 * 240);
+  const uint64_t linear = 48 * per_layer + Aligned(151936ull * 640);
+  EXPECT_EQ(*SplitLinearBytes(c, SplitFormat::kB2Asym, 64), linear);
+  EXPECT_EQ(plan->base_weights_bytes, Pages(linear) * kPage);
+  // The routers at f32: 48 x 128 x 2048 x 4 bytes = 48 MiB.
+  EXPECT_EQ(plan->router_bytes, 48ull * 128 * 2048 * 4);
+  EXPECT_EQ(plan->constants_slab_bytes,
+            Pages(plan->embedding_bytes + plan->norms_bytes + plan->router_bytes +
+                  plan->rope_table_bytes + plan->hadamard_bytes) *
+                kPage);
+  // 64 rows route 512 (row, expert) pairs: ids and weights, input, gate|up and output rows.
+  const uint64_t routed = kRows * 8;
+  EXPECT_EQ(plan->scratch.expert_bytes, 2 * Aligned(4 * routed) + 2 * Aligned(4 * routed * 2048) +
+                                            Aligned(4 * routed * 2 * 768));
+  uint64_t sum = 0;
+  for (const VramItem& item : plan->Items()) sum += item.bytes;
+  EXPECT_EQ(sum, plan->total_bytes);
+  // The residual's result of an expert group is k rows per token, 8 x max(2 x 768, 2048) wide:
+  // narrower than this vocabulary, wider than one of 8000.
+  EXPECT_EQ(plan->scratch.residual_output_bytes, Aligned(4 * kRows * 151936));
+  request.config.vocab_size = 8000;
+  auto small_vocab = PlanVram(request, 80 * kGiB);
+  ASSERT_TRUE(small_vocab.ok()) << small_vocab.status();
+  EXPECT_EQ(small_vocab->scratch.residual_output_bytes, Aligned(4 * kRows * 8 * 2048));
+}
+
+TEST(VramPlanTest, ExpectedDistinctExpertsFollowsTheRoutingFrequencies) {
+  // Uniform: E (1 - (1 - k/E)^n).
+  const std::vector<double> uniform(128, 8.0 / 128);
+  EXPECT_NEAR(ExpectedDistinctExperts(uniform, 16), 128 * (1 - std::pow(1 - 8.0 / 128, 16)), 1e-9);
+  EXPECT_NEAR(ExpectedDistinctExperts(128, 8, 16), 128 * (1 - std::pow(1 - 8.0 / 128, 16)), 1e-9);
+  EXPECT_DOUBLE_EQ(ExpectedDistinctExperts(128, 8, 1), 8);
+  // Two experts always taken, two never: n rows touch exactly 2.
+  EXPECT_DOUBLE_EQ(ExpectedDistinctExperts(std::vector<double>{1, 1, 0, 0}, 5), 2);
+  // One row touches its k experts whatever the frequencies.
+  EXPECT_NEAR(ExpectedDistinctExperts(std::vector<double>{0.9, 0.6, 0.3, 0.2}, 1), 2.0, 1e-12);
+  EXPECT_EQ(ExpectedDistinctExperts(0, 0, 16), 0);
 }
 
 // --max-sessions auto on cuda: the SmolLM2 plan above is 64 fixed 2 MiB pages (base 21, constants

@@ -22,11 +22,15 @@ uint64_t RoundUp(uint64_t n, uint64_t multiple) { return (n + multiple - 1) / mu
 uint64_t U(int64_t n) { return static_cast<uint64_t>(n); }
 
 // The widest input of any linear group (the rotation and quantization scratch).
-int64_t WidestInput(const ModelConfig& c) { return std::max({c.d_model, c.MaxQDim(), c.d_ff}); }
+int64_t WidestInput(const ModelConfig& c) {
+  return std::max({c.d_model, c.MaxQDim(), c.d_ff, c.d_ff_expert});
+}
 
 // The widest output of any group (the residual's result for one group, all its matrices).
+// An expert group's result is per routed row: k rows of each token.
 int64_t WidestOutput(const ModelConfig& c) {
-  return std::max({c.MaxQDim() + 2 * c.MaxKvDim(), c.d_model, 2 * c.d_ff, c.vocab_size});
+  return std::max({c.MaxQDim() + 2 * c.MaxKvDim(), c.d_model, 2 * c.d_ff, c.vocab_size,
+                   c.num_experts_used * std::max(2 * c.d_ff_expert, c.d_model)});
 }
 
 absl::Status ValidateConfig(const ModelConfig& c) {
@@ -91,12 +95,17 @@ VramPlan Compute(const VramRequest& r, uint64_t base_bytes) {
     kv_floats_per_token += U(c.KvDim(layer));
   }
   plan.norms_bytes = AlignVram(4 * vector_floats);
+  // The routers stay at source precision so that the verifier routes as the full model does.
+  if (c.has_experts()) {
+    plan.router_bytes = AlignVram(4 * U(c.num_layers) * U(c.num_experts) * U(c.d_model));
+  }
   // One cos/sin table per RoPE base: the global layers', and the local layers' when windowed.
   const uint64_t rope_tables = c.sliding_window > 0 ? 2 : 1;
   plan.rope_table_bytes = rope_tables * AlignVram(U(r.context) * U(c.rope_dims / 2) * 2 * 4);
   plan.hadamard_bytes = AlignVram(4 * U(WidestInput(c)));
-  plan.constants_slab_bytes = RoundVramSlab(plan.embedding_bytes + plan.norms_bytes +
-                                            plan.rope_table_bytes + plan.hadamard_bytes);
+  plan.constants_slab_bytes =
+      RoundVramSlab(plan.embedding_bytes + plan.norms_bytes + plan.router_bytes +
+                    plan.rope_table_bytes + plan.hadamard_bytes);
   plan.kv_bytes_per_token = 2 * kv_floats_per_token * U(r.kv_element_bytes);
   const uint64_t one_side = AlignVram(U(r.context) * kv_floats_per_token * U(r.kv_element_bytes));
   if (c.sliding_window > 0) plan.kv_positions_bytes = AlignVram(4 * U(r.context));
@@ -190,13 +199,21 @@ ForwardScratchLayout ForwardScratchLayout::For(const ModelConfig& c, int64_t max
   s.scores_bytes = AlignVram(4 * t * U(c.num_heads) * U(max_context));
   if (c.sliding_window > 0)
     s.visible_slots_bytes = AlignVram(4 * t * U(max_context)) + AlignVram(4 * t);
+  if (c.has_experts()) {
+    // Per token its k experts' ids and weights; per routed row its input, gate|up and output.
+    const uint64_t routed = t * U(c.num_experts_used);
+    s.expert_bytes =
+        AlignVram(4 * routed) + AlignVram(4 * routed) + AlignVram(4 * routed * U(c.d_model)) +
+        AlignVram(4 * routed * 2 * U(c.d_ff_expert)) + AlignVram(4 * routed * U(c.d_model));
+  }
   s.sampling_bytes = AlignVram(8 * t * U(c.vocab_size));
   s.choice_bytes =
       2 * AlignVram(t * 64 * 4) + AlignVram(8 * t) + AlignVram(4 * t) + AlignVram(8 * t);
   s.total_bytes = s.batch_bytes + s.hidden_state_bytes + s.normed_bytes + s.q_bytes +
                   s.kv_new_bytes + s.attention_bytes + s.gate_up_bytes + s.projected_bytes +
                   s.rotated_bytes + s.activation_bytes + s.residual_output_bytes + s.logits_bytes +
-                  s.scores_bytes + s.visible_slots_bytes + s.sampling_bytes + s.choice_bytes;
+                  s.scores_bytes + s.visible_slots_bytes + s.expert_bytes + s.sampling_bytes +
+                  s.choice_bytes;
   return s;
 }
 

@@ -3,7 +3,10 @@
 // embedding table, norms and tables, every session's fp16 KV cache, the scratch of one forward)
 // and whether it fits a budget. Pure arithmetic, so it is tested without a GPU; the CUDA backend
 // allocates exactly the buffers counted here (ForwardScratchLayout is its scratch layout), so the
-// plan is what the device holds, up to the CUDA runtime's own use (the budget's margin).
+// plan is what the device holds, up to the CUDA runtime's own use (the budget's margin). For a
+// mixture-of-experts model, which the CUDA backend does not run yet, the routers and the routed
+// rows' scratch are counted as the CPU forward lays them out: the plan is the device's needs, not
+// yet an allocation.
 //
 // When the request does not fit, PlanVram refuses with RESOURCE_EXHAUSTED and says what fits:
 // the longest context at the requested session count, the most sessions at the requested
@@ -68,6 +71,10 @@ struct ForwardScratchLayout {
   // Sliding-window models only (0 otherwise): each row's visible slots of a windowed layer,
   // i32 [T, max_context], and their counts, i32 [T].
   uint64_t visible_slots_bytes = 0;
+  // Mixture-of-experts models only (0 otherwise): each token's k expert ids (i32) and weights
+  // (f32), and per routed row (T x k) its input f32 [d_model], gate|up f32 2 x [d_ff_expert] and
+  // output f32 [d_model].
+  uint64_t expert_bytes = 0;
   uint64_t sampling_bytes = 0;  // f64 [T, vocab]: target-choice weights
   // Per-row results: top-k ids i32 [T, 64], their logits f32 [T, 64], log-normalizers f64 [T],
   // choices i32 [T], sampling positions i64 [T].
@@ -105,6 +112,7 @@ struct VramPlan {
   // Embedding table, norms, RoPE table and Hadamard signs: one slab.
   uint64_t embedding_bytes = 0;
   uint64_t norms_bytes = 0;       // every per-layer vector (LayerVectorSpecs) and the output norm
+  uint64_t router_bytes = 0;      // mixture of experts: every layer's router, f32
   uint64_t rope_table_bytes = 0;  // cos/sin per position; twice that with local (windowed) layers
   uint64_t hadamard_bytes = 0;
   uint64_t constants_slab_bytes = 0;
