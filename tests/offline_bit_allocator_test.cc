@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "common/io/gguf.h"
 #include "common/model/config.h"
@@ -478,6 +479,11 @@ std::vector<GroupSensitivity> SyntheticSensitivities(const model::ModelConfig& c
       }
       g.bases.push_back(option);
     }
+    if (model::IsExpertGroup(id.group)) {
+      g.expert_frequencies.assign(
+          static_cast<size_t>(config.num_experts),
+          static_cast<double>(config.num_experts_used) / static_cast<double>(config.num_experts));
+    }
     groups.push_back(std::move(g));
   }
   return groups;
@@ -658,6 +664,233 @@ TEST(AllocateBitsTest, ResidualsMeetTheBoundWithNearlyTheFewestBytes) {
   EXPECT_FALSE(missed->meets_quality);
   for (const BitPlan::Choice& choice : missed->choices) EXPECT_EQ(choice.residual, 4u);
   EXPECT_THAT(BitPlanReport(groups, candidates, *missed, request), HasSubstr("MISSED"));
+}
+
+// ---- Mixture of experts -------------------------------------------------------------------------
+
+constexpr char kMoeFixture[] = "tests/fixtures/oracle/gemma4moe_synthetic_logits.json";
+
+// The random gemma4 MoE of the oracle fixtures (3 layers, a dense FFN beside 16 experts, 4 used).
+struct MoeModel {
+  std::unique_ptr<testing::SyntheticModelFile> source;
+  std::unique_ptr<gguf::File> file;
+  model::ModelConfig config;
+  model::ModelWeights weights;
+  std::unique_ptr<model::LlamaModel> reference;
+};
+const MoeModel& GemmaMoe() {
+  static const MoeModel* const moe = [] {
+    auto* m = new MoeModel();
+    m->source = std::make_unique<testing::SyntheticModelFile>(kMoeFixture);
+    EXPECT_TRUE(m->source->ok());
+    auto file = gguf::File::Open(m->source->path());
+    EXPECT_TRUE(file.ok()) << file.status();
+    m->file = std::move(*file);
+    auto config = model::ModelConfigFromGguf(*m->file);
+    EXPECT_TRUE(config.ok()) << config.status();
+    m->config = *config;
+    auto weights = model::ModelWeightsFromGguf(*m->file, m->config);
+    EXPECT_TRUE(weights.ok()) << weights.status();
+    m->weights = *weights;
+    auto reference = model::LlamaModel::Load(m->source->path(), kThreads);
+    EXPECT_TRUE(reference.ok()) << reference.status();
+    m->reference = std::move(*reference);
+    return m;
+  }();
+  return *moe;
+}
+
+std::vector<int32_t> MoeCalibrationTokens() {
+  std::vector<int32_t> tokens;
+  for (int32_t t = 0; t < 96; ++t) tokens.push_back((t * 7919 + 13) % 150000);
+  return tokens;
+}
+
+TEST(MoeBitsTest, CalibrationCountsEveryRoutedRow) {
+  const MoeModel& moe = GemmaMoe();
+  ASSERT_EQ(moe.config.num_experts, 16);
+  const std::vector<int32_t> tokens = MoeCalibrationTokens();
+  absl::StatusOr<Calibration> calibration =
+      CollectCalibration(*moe.reference, tokens, 48, -1, RotatedQuantization().rotation);
+  ASSERT_TRUE(calibration.ok()) << calibration.status();
+  ASSERT_EQ(calibration->expert_rows.size(), static_cast<size_t>(moe.config.num_layers));
+  for (const std::vector<int64_t>& layer : calibration->expert_rows) {
+    ASSERT_EQ(layer.size(), 16u);
+    int64_t total = 0;
+    for (const int64_t rows : layer) total += rows;
+    // Every token is routed to k distinct experts.
+    EXPECT_EQ(total, static_cast<int64_t>(tokens.size()) * moe.config.num_experts_used);
+    EXPECT_LE(*absl::c_max_element(layer), static_cast<int64_t>(tokens.size()));
+  }
+}
+
+// An expert group's error is linear in its experts' routing weights f_e E / k. Routed rows on
+// experts 0-7 alone (weight 2 each) measure A = 2 x their errors, on experts 8-15 alone B = 2 x
+// theirs; three rows to each of 0-7 for one to each of 8-15 (weights 1.5 and 0.5) must measure
+// 0.75 A + 0.25 B. Dense groups do not see the routing.
+TEST(MoeBitsTest, ExpertErrorsWeighByRoutingFrequency) {
+  const MoeModel& moe = GemmaMoe();
+  const size_t experts = static_cast<size_t>(moe.config.num_experts);
+  ASSERT_EQ(experts, 16u);
+  BitCandidates candidates;
+  candidates.bases = {SplitFormat::kB2Asym};
+  candidates.residuals = {SplitFormat::kR4};
+  absl::StatusOr<Calibration> collected = CollectCalibration(
+      *moe.reference, MoeCalibrationTokens(), 48, -1, RotatedQuantization().rotation);
+  ASSERT_TRUE(collected.ok()) << collected.status();
+  // The same activations, routed rows per expert as given.
+  auto measure = [&](const std::vector<int64_t>& rows) {
+    Calibration calibration = *collected;
+    for (std::vector<int64_t>& layer : calibration.expert_rows) layer = rows;
+    auto groups = MeasureSensitivities(moe.weights, moe.config, RotatedQuantization(), candidates,
+                                       &calibration, kThreads);
+    EXPECT_TRUE(groups.ok()) << groups.status();
+    return *groups;
+  };
+  std::vector<int64_t> first(experts, 0), second(experts, 0), skewed(experts, 1);
+  for (size_t e = 0; e < 8; ++e) {
+    first[e] = 1;
+    second[e + 8] = 1;
+    skewed[e] = 3;
+  }
+  const std::vector<GroupSensitivity> a = measure(first), b = measure(second), s = measure(skewed);
+  int expert_groups = 0;
+  for (size_t g = 0; g < s.size(); ++g) {
+    const std::string what = model::LinearGroupIdString(s[g].id);
+    if (!model::IsExpertGroup(s[g].id.group)) {
+      EXPECT_TRUE(s[g].expert_frequencies.empty()) << what;
+      EXPECT_EQ(s[g].bases[0].base_error, a[g].bases[0].base_error) << what;
+      continue;
+    }
+    ++expert_groups;
+    // f_e = k x rows_e / total: 4 x 3 / 32 and 4 x 1 / 32.
+    ASSERT_EQ(s[g].expert_frequencies.size(), experts);
+    EXPECT_DOUBLE_EQ(s[g].expert_frequencies[0], 0.375) << what;
+    EXPECT_DOUBLE_EQ(s[g].expert_frequencies[15], 0.125) << what;
+    auto expect_mix = [&](double got, double from_a, double from_b, const char* name) {
+      const double want = 0.75 * from_a + 0.25 * from_b;
+      EXPECT_NEAR(got, want, 1e-9 * want) << what << " " << name;
+    };
+    expect_mix(s[g].bases[0].base_error, a[g].bases[0].base_error, b[g].bases[0].base_error,
+               "base");
+    expect_mix(s[g].bases[0].verify_error[0], a[g].bases[0].verify_error[0],
+               b[g].bases[0].verify_error[0], "verify");
+    expect_mix(s[g].q8_0_error, a[g].q8_0_error, b[g].q8_0_error, "q8_0");
+    EXPECT_GT(std::abs(a[g].bases[0].base_error / b[g].bases[0].base_error - 1), 1e-6) << what;
+  }
+  EXPECT_EQ(expert_groups, 2 * moe.config.num_layers);
+  // Routing that names another model's experts is refused.
+  Calibration wrong = *collected;
+  wrong.expert_rows[0].pop_back();
+  EXPECT_EQ(MeasureSensitivities(moe.weights, moe.config, RotatedQuantization(), candidates, &wrong,
+                                 kThreads)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A verify of n rows reads ExpectedDistinctExperts(f, n) / E of an expert group and all of a
+// dense one: on 16 experts, 4 used, uniform routing, 16 rows touch 16 (1 - (3/4)^16) = 15.84.
+TEST(MoeBitsTest, PlanReadsTheExpertsAVerifyTouches) {
+  model::ModelConfig config = SmolLm2Shapes();
+  config.num_experts = 16;
+  config.num_experts_used = 4;
+  config.d_ff_expert = 512;
+  const BitCandidates candidates;
+  std::vector<GroupSensitivity> groups = SyntheticSensitivities(config, candidates);
+  AllocationRequest request = RequestFor(config);
+  const BudgetRange range = BudgetRangeOf(request, groups, candidates);
+  request.budget_bytes = (range.low + range.high) / 2;
+  auto read_bytes = [&](const BitPlan& plan, const std::vector<GroupSensitivity>& of,
+                        double verify_share) {
+    double read = 0;
+    for (size_t g = 0; g < of.size(); ++g) {
+      const double share = model::IsExpertGroup(of[g].id.group) ? verify_share : 1.0;
+      read += share * static_cast<double>(of[g].residual_bytes[plan.choices[g].residual]);
+    }
+    return read;
+  };
+  absl::StatusOr<BitPlan> uniform = AllocateBits(groups, candidates, request);
+  ASSERT_TRUE(uniform.ok()) << uniform.status();
+  const double uniform_share = (1 - std::pow(0.75, 16));
+  EXPECT_NEAR(static_cast<double>(uniform->residual_bytes),
+              read_bytes(*uniform, groups, uniform_share), 1.0);
+  EXPECT_LT(uniform->residual_bytes, uniform->residual_stored_bytes);
+  EXPECT_THAT(BitPlanReport(groups, candidates, *uniform, request),
+              HasSubstr("a 16-row verify touches 15.8 experts per layer"));
+
+  // Routing concentrated on 4 hot experts (each 0.7, the other 12 share the rest): 16 rows touch
+  // 4 (1 - 0.3^16) + 12 (1 - (1 - 1.2/12)^16) experts.
+  std::vector<double> hot(16, 1.2 / 12);
+  for (int e = 0; e < 4; ++e) hot[e] = 0.7;
+  for (GroupSensitivity& group : groups) {
+    if (model::IsExpertGroup(group.id.group)) group.expert_frequencies = hot;
+  }
+  absl::StatusOr<BitPlan> skewed = AllocateBits(groups, candidates, request);
+  ASSERT_TRUE(skewed.ok()) << skewed.status();
+  const double skewed_share = (4 * (1 - std::pow(0.3, 16)) + 12 * (1 - std::pow(0.9, 16))) / 16;
+  EXPECT_NEAR(static_cast<double>(skewed->residual_bytes),
+              read_bytes(*skewed, groups, skewed_share), 1.0);
+  EXPECT_LT(skewed->residual_bytes, uniform->residual_bytes);
+  EXPECT_THAT(BitPlanReport(groups, candidates, *skewed, request),
+              HasSubstr("the hottest 1 of 16 experts take 17.5% of routed rows"));
+
+  groups.back().expert_frequencies.clear();  // the head is dense: no frequencies allowed
+  for (GroupSensitivity& group : groups) {
+    if (model::IsExpertGroup(group.id.group)) group.expert_frequencies.pop_back();
+  }
+  EXPECT_EQ(AllocateBits(groups, candidates, request).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The whole --vram-budget path on the MoE: calibration, sensitivities, the KL probes (noise on
+// the routed experts' outputs), the allocation, the files, and speculation with the planned
+// draft equal to plain decoding with the planned verifier.
+TEST(MoeBitsTest, PlannedMoeModelSpeculatesLosslessly) {
+  const MoeModel& moe = GemmaMoe();
+  const BitCandidates candidates;
+  const model::SplitQuantization q = RotatedQuantization();
+  absl::StatusOr<Calibration> calibration =
+      CollectCalibration(*moe.reference, MoeCalibrationTokens(), 48, -1, q.rotation);
+  ASSERT_TRUE(calibration.ok()) << calibration.status();
+  absl::StatusOr<std::vector<GroupSensitivity>> groups =
+      MeasureSensitivities(moe.weights, moe.config, q, candidates, &*calibration, kThreads);
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  ASSERT_TRUE(MeasureKlSensitivities(*moe.reference, *calibration, *groups).ok());
+  std::map<model::LinearGroup, double> factors;
+  for (const GroupSensitivity& group : *groups) factors[group.id.group] = group.kl_per_error;
+  ASSERT_EQ(factors.size(), 7u);  // attention 2, dense FFN 2, experts 2, head
+  for (const auto& [kind, factor] : factors) {
+    EXPECT_GT(factor, 1e-20) << model::LinearGroupName(kind);  // 1e-30: the noise did nothing
+  }
+  AllocationRequest request = RequestFor(moe.config);
+  request.vram.context = 128;
+  request.vram.max_batch_rows = 64;
+  const BudgetRange range = BudgetRangeOf(request, *groups, candidates);
+  request.budget_bytes = (range.low + range.high) / 2;
+  absl::StatusOr<BitPlan> plan = AllocateBits(*groups, candidates, request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_LE(plan->vram.total_bytes, request.budget_bytes);
+  const std::string report = BitPlanReport(*groups, candidates, *plan, request);
+  EXPECT_THAT(report, HasSubstr("routing (calibration text)"));
+  std::printf("%s", report.c_str());
+
+  const std::string prefix = TempPrefix("moe-plan");
+  absl::StatusOr<QuantizeSummary> summary = QuantizeSplitModel(
+      moe.source->path(), model::SplitBasePath(prefix), model::SplitResidualPath(prefix),
+      {.quantization = ApplyBitPlan(*groups, candidates, *plan, q), .num_threads = kThreads},
+      &*calibration);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  absl::StatusOr<std::unique_ptr<model::LlamaModel>> split = model::LlamaModel::LoadSplit(
+      model::SplitBasePath(prefix), model::SplitResidualPath(prefix), kThreads);
+  ASSERT_TRUE(split.ok()) << split.status();
+  const std::vector<int32_t> prompt = {1, 17, 42, 99, 7, 250, 3, 64};
+  const std::vector<int32_t> plain = testing::PlainDecode(**split, prompt, {}, 24);
+  const testing::SpecRun run = testing::SpeculativeDecode(
+      **split, prompt, {}, 24, speculation::TreeShape{16, 4, 4}, model::ForwardMode::kDraft);
+  EXPECT_EQ(run.tokens, plain);
+  std::filesystem::remove(model::SplitBasePath(prefix));
+  std::filesystem::remove(model::SplitResidualPath(prefix));
 }
 
 // The check rounds' search against responses of the form KL = c x bound^b: the power law it

@@ -8,6 +8,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -62,6 +63,24 @@ absl::Status ValidateCandidates(const BitCandidates& c, const model::SplitQuanti
   return absl::OkStatus();
 }
 
+// The probability that a row is routed to each expert of `layer`: the calibration's routed rows
+// x k / their total, or k / E without routed rows.
+std::vector<double> ExpertFrequencies(const model::ModelConfig& config, int32_t layer,
+                                      const Calibration* calibration) {
+  const size_t num_experts = static_cast<size_t>(config.num_experts);
+  const double k = static_cast<double>(config.num_experts_used);
+  std::vector<double> frequencies(num_experts, k / static_cast<double>(num_experts));
+  if (calibration == nullptr) return frequencies;
+  const std::vector<int64_t>& rows = calibration->expert_rows[static_cast<size_t>(layer)];
+  int64_t total = 0;
+  for (const int64_t n : rows) total += n;
+  if (total <= 0) return frequencies;
+  for (size_t e = 0; e < num_experts; ++e) {
+    frequencies[e] = k * static_cast<double>(rows[e]) / static_cast<double>(total);
+  }
+  return frequencies;
+}
+
 // Per row of one matrix: signal, Q8_0 error, and per base its error and its verify errors.
 struct RowErrors {
   double signal = 0;
@@ -72,20 +91,19 @@ struct RowErrors {
 
 }  // namespace
 
-absl::Status CheckBitsByBudgetSupported(const model::ModelConfig& config) {
-  if (!config.has_experts()) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      "bits by budget (--vram-budget) is not implemented for mixture-of-experts models (",
-      config.architecture, "); quantize with uniform --base-bits / --residual-bits"));
-}
-
 absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
     const model::ModelWeights& weights, const model::ModelConfig& config,
     const model::SplitQuantization& q, const BitCandidates& candidates,
     const Calibration* calibration, int num_threads,
     const std::function<void(int64_t, int64_t)>& progress) {
-  BITSPLIT_RETURN_IF_ERROR(CheckBitsByBudgetSupported(config));
   BITSPLIT_RETURN_IF_ERROR(ValidateCandidates(candidates, q, config));
+  if (calibration != nullptr && config.has_experts() &&
+      (calibration->expert_rows.size() != static_cast<size_t>(config.num_layers) ||
+       absl::c_any_of(calibration->expert_rows, [&](const std::vector<int64_t>& rows) {
+         return rows.size() != static_cast<size_t>(config.num_experts);
+       }))) {
+    return absl::InvalidArgumentError("calibration was collected on a different model");
+  }
   const std::vector<model::LinearGroupId> ids = model::AllLinearGroups(config);
   if (calibration != nullptr && calibration->importance.size() != ids.size()) {
     return absl::InvalidArgumentError("calibration was collected on a different model");
@@ -112,6 +130,15 @@ absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
     GroupSensitivity group;
     group.id = id;
     group.tensors = model::LinearGroupTensorNames(config, id);
+    // Per expert, the weight of its rows' errors: f_e x E / k.
+    std::vector<double> expert_weight;
+    if (model::IsExpertGroup(id.group)) {
+      group.expert_frequencies = ExpertFrequencies(config, id.layer, calibration);
+      for (const double f : group.expert_frequencies) {
+        expert_weight.push_back(f * static_cast<double>(config.num_experts) /
+                                static_cast<double>(config.num_experts_used));
+      }
+    }
     group.residual_bytes.assign(num_residuals, 0);
     group.bases.resize(num_bases);
     for (size_t b = 0; b < num_bases; ++b) {
@@ -197,13 +224,18 @@ absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
         return absl::Status(first_error.code(), absl::StrCat(model::LinearGroupIdString(id), ": ",
                                                              first_error.message()));
       }
-      for (const RowErrors& row : rows) {
-        group.signal += row.signal;
-        group.q8_0_error += row.q8_0;
+      const int64_t rows_per_expert =
+          expert_weight.empty() ? w.rows : w.rows / static_cast<int64_t>(expert_weight.size());
+      for (int64_t r = 0; r < w.rows; ++r) {
+        const RowErrors& row = rows[static_cast<size_t>(r)];
+        const double weight =
+            expert_weight.empty() ? 1.0 : expert_weight[static_cast<size_t>(r / rows_per_expert)];
+        group.signal += weight * row.signal;
+        group.q8_0_error += weight * row.q8_0;
         for (size_t b = 0; b < num_bases; ++b) {
-          group.bases[b].base_error += row.base[b];
+          group.bases[b].base_error += weight * row.base[b];
           for (size_t k = 0; k < num_residuals; ++k) {
-            group.bases[b].verify_error[k] += row.verify[b * num_residuals + k];
+            group.bases[b].verify_error[k] += weight * row.verify[b * num_residuals + k];
           }
         }
       }
@@ -242,13 +274,23 @@ double ProjectedTau(double distortion, double low_distortion, double high_distor
   return prior.low_bits_tau + t * (prior.high_bits_tau - prior.low_bits_tau);
 }
 
-// The residual of `group` on base `base` minimizing bytes + price x relative verify error.
-size_t CheapestResidual(const GroupSensitivity& group, size_t base, double price) {
+// The share of a group's bytes that a forward of `rows` rows reads: all of a dense group, the
+// expected distinct experts' of an expert group.
+double ReadShare(const GroupSensitivity& group, double rows) {
+  if (group.expert_frequencies.empty()) return 1.0;
+  return model::ExpectedDistinctExperts(group.expert_frequencies, rows) /
+         static_cast<double>(group.expert_frequencies.size());
+}
+
+// The residual of `group` on base `base` minimizing bytes read per verify (`read_share` of its
+// bytes) + price x relative verify error.
+size_t CheapestResidual(const GroupSensitivity& group, size_t base, double read_share,
+                        double price) {
   size_t best = 0;
   double best_cost = 0;
   for (size_t k = 0; k < group.residual_bytes.size(); ++k) {
-    const double cost =
-        static_cast<double>(group.residual_bytes[k]) + price * VerifyError(group, base, k);
+    const double cost = read_share * static_cast<double>(group.residual_bytes[k]) +
+                        price * VerifyError(group, base, k);
     if (k == 0 || cost < best_cost) {
       best = k;
       best_cost = cost;
@@ -257,21 +299,23 @@ size_t CheapestResidual(const GroupSensitivity& group, size_t base, double price
   return best;
 }
 
-// Every group's residual for the given bases: the fewest RAM bytes whose summed relative verify
-// error stays within `target`. A Lagrangian price (bytes per unit of error) found by bisection
-// gives each group its own choice; the slack the discrete choices leave is then spent, fewest
-// bytes per unit of error first. When even the most residual bits exceed the target, every
-// group takes them (feasible = false).
+// Every group's residual for the given bases: the fewest RAM bytes read per verify (group g reads
+// read_share[g] of its bytes) whose summed relative verify error stays within `target`. A
+// Lagrangian price (bytes per unit of error) found by bisection gives each group its own choice;
+// the slack the discrete choices leave is then spent, fewest bytes per unit of error first. When
+// even the most residual bits exceed the target, every group takes them (feasible = false).
 struct ResidualSolution {
   std::vector<size_t> residual;
-  uint64_t bytes = 0;
+  uint64_t stored_bytes = 0;
+  double bytes = 0;  // read per verify
   double error = 0;
   double price = 0;  // the price the choices were made at (for pricing a change of base)
   bool feasible = true;
 };
 
 ResidualSolution SolveResiduals(const std::vector<GroupSensitivity>& groups,
-                                const std::vector<size_t>& bases, double target) {
+                                const std::vector<size_t>& bases,
+                                const std::vector<double>& read_share, double target) {
   const size_t num_groups = groups.size();
   const size_t last = groups[0].residual_bytes.size() - 1;
   ResidualSolution solution;
@@ -279,7 +323,8 @@ ResidualSolution SolveResiduals(const std::vector<GroupSensitivity>& groups,
     solution.residual.assign(num_groups, last);
     solution.error = 0;
     for (size_t g = 0; g < num_groups; ++g) {
-      solution.residual[g] = price < 0 ? last : CheapestResidual(groups[g], bases[g], price);
+      solution.residual[g] =
+          price < 0 ? last : CheapestResidual(groups[g], bases[g], read_share[g], price);
       solution.error += VerifyError(groups[g], bases[g], solution.residual[g]);
     }
   };
@@ -307,8 +352,9 @@ ResidualSolution SolveResiduals(const std::vector<GroupSensitivity>& groups,
           const double added =
               VerifyError(groups[g], bases[g], k) - VerifyError(groups[g], bases[g], current);
           if (solution.error + added > target) continue;
-          const double saved = static_cast<double>(groups[g].residual_bytes[current]) -
-                               static_cast<double>(groups[g].residual_bytes[k]);
+          const double saved =
+              read_share[g] * (static_cast<double>(groups[g].residual_bytes[current]) -
+                               static_cast<double>(groups[g].residual_bytes[k]));
           const double ratio = saved / std::max(added, 1e-300);
           if (saved > 0 && ratio > best_ratio) {
             best_ratio = ratio;
@@ -323,9 +369,10 @@ ResidualSolution SolveResiduals(const std::vector<GroupSensitivity>& groups,
       solution.residual[best->first] = best->second;
     }
   }
-  solution.bytes = 0;
   for (size_t g = 0; g < num_groups; ++g) {
-    solution.bytes += groups[g].residual_bytes[solution.residual[g]];
+    const uint64_t bytes = groups[g].residual_bytes[solution.residual[g]];
+    solution.stored_bytes += bytes;
+    solution.bytes += read_share[g] * static_cast<double>(bytes);
   }
   return solution;
 }
@@ -347,14 +394,21 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
       return absl::InvalidArgumentError(
           "the sensitivities were measured for other candidates or have no KL factor");
     }
+    if (group.expert_frequencies.size() !=
+        (model::IsExpertGroup(group.id.group) ? static_cast<size_t>(request.vram.config.num_experts)
+                                              : 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(model::LinearGroupIdString(group.id),
+                       ": routing frequencies do not match the model's experts"));
+    }
   }
   if (!(request.error_factor > 0) || !(request.machine.ram_bytes_per_second > 0) ||
-      !(request.machine.vram_bytes_per_second > 0) ||
+      !(request.machine.vram_bytes_per_second > 0) || !(request.machine.verify_rows >= 1) ||
       !(request.machine.draft_forwards_per_verify >= 0) || !(request.prior.low_bits_tau >= 1) ||
       !(request.prior.high_bits_tau >= request.prior.low_bits_tau)) {
     return absl::InvalidArgumentError(
-        "allocation needs a positive quality factor and bandwidths, and tokens per verify >= 1 "
-        "rising with bits");
+        "allocation needs a positive quality factor and bandwidths, verify rows >= 1 and tokens "
+        "per verify >= 1 rising with bits");
   }
 
   // The device plan with group g on base bases[g].
@@ -396,22 +450,43 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
   const double target = request.error_factor * q8_0_error;
 
   const MachineModel& machine = request.machine;
-  auto seconds_per_token = [&](uint64_t base, uint64_t residual, double distortion) {
-    const double base_seconds = static_cast<double>(base) / machine.vram_bytes_per_second;
-    const double verify =
-        static_cast<double>(residual) / machine.ram_bytes_per_second + base_seconds;
-    const double draft = machine.draft_forwards_per_verify * base_seconds;
-    return (verify + draft) /
+  // Per group, the share of its bytes a verify and a draft forward read.
+  const double draft_rows =
+      machine.draft_forwards_per_verify > 0
+          ? std::max(1.0, machine.verify_rows / machine.draft_forwards_per_verify)
+          : 1.0;
+  std::vector<double> verify_share(groups.size()), draft_share(groups.size());
+  // Base bytes a verify and a draft forward read.
+  double verify_base = 0, draft_base = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    verify_share[g] = ReadShare(groups[g], machine.verify_rows);
+    draft_share[g] = ReadShare(groups[g], draft_rows);
+    verify_base += verify_share[g] * static_cast<double>(groups[g].bases.front().device_bytes);
+    draft_base += draft_share[g] * static_cast<double>(groups[g].bases.front().device_bytes);
+  }
+  struct Seconds {
+    double verify = 0, draft = 0;
+  };
+  auto seconds_of = [&](double verify_base_bytes, double draft_base_bytes, double residual_bytes) {
+    return Seconds{
+        residual_bytes / machine.ram_bytes_per_second +
+            verify_base_bytes / machine.vram_bytes_per_second,
+        machine.draft_forwards_per_verify * draft_base_bytes / machine.vram_bytes_per_second};
+  };
+  auto seconds_per_token = [&](double verify_base_bytes, double draft_base_bytes,
+                               double residual_bytes, double distortion) {
+    const Seconds s = seconds_of(verify_base_bytes, draft_base_bytes, residual_bytes);
+    return (s.verify + s.draft) /
            ProjectedTau(distortion, low_distortion, high_distortion, request.prior);
   };
   double distortion = low_distortion;
-  ResidualSolution residuals = SolveResiduals(groups, bases, target);
+  ResidualSolution residuals = SolveResiduals(groups, bases, verify_share, target);
 
   // Greedy base upgrades: the most time saved per VRAM byte among those that fit, the changed
   // group's residual priced at the current solution's price; the residuals are solved again
   // after every upgrade.
   for (;;) {
-    const double now = seconds_per_token(base_bytes, residuals.bytes, distortion);
+    const double now = seconds_per_token(verify_base, draft_base, residuals.bytes, distortion);
     double best_gain = 0;
     std::optional<std::pair<size_t, size_t>> best;
     for (size_t g = 0; g < groups.size(); ++g) {
@@ -421,15 +496,20 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
         const uint64_t trial_base =
             base_bytes - group.bases[current].device_bytes + group.bases[b].device_bytes;
         if (trial_base <= base_bytes || !fits(trial_base)) continue;
-        const size_t residual = residuals.feasible ? CheapestResidual(group, b, residuals.price)
-                                                   : group.residual_bytes.size() - 1;
-        const uint64_t trial_residual = residuals.bytes -
-                                        group.residual_bytes[residuals.residual[g]] +
-                                        group.residual_bytes[residual];
+        const double added = static_cast<double>(group.bases[b].device_bytes) -
+                             static_cast<double>(group.bases[current].device_bytes);
+        const size_t residual = residuals.feasible
+                                    ? CheapestResidual(group, b, verify_share[g], residuals.price)
+                                    : group.residual_bytes.size() - 1;
+        const double trial_residual =
+            residuals.bytes +
+            verify_share[g] * (static_cast<double>(group.residual_bytes[residual]) -
+                               static_cast<double>(group.residual_bytes[residuals.residual[g]]));
         const double trial_distortion = distortion + DraftKlChange(group, current, b);
-        const double gain =
-            (now - seconds_per_token(trial_base, trial_residual, trial_distortion)) /
-            static_cast<double>(trial_base - base_bytes);
+        const double gain = (now - seconds_per_token(verify_base + verify_share[g] * added,
+                                                     draft_base + draft_share[g] * added,
+                                                     trial_residual, trial_distortion)) /
+                            static_cast<double>(trial_base - base_bytes);
         if (gain > best_gain) {
           best_gain = gain;
           best = {g, b};
@@ -437,12 +517,15 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
       }
     }
     if (!best) break;
-    const GroupSensitivity& group = groups[best->first];
-    base_bytes +=
-        group.bases[best->second].device_bytes - group.bases[bases[best->first]].device_bytes;
-    distortion += DraftKlChange(group, bases[best->first], best->second);
-    bases[best->first] = best->second;
-    residuals = SolveResiduals(groups, bases, target);
+    const auto [g, b] = *best;
+    const double added = static_cast<double>(groups[g].bases[b].device_bytes) -
+                         static_cast<double>(groups[g].bases[bases[g]].device_bytes);
+    base_bytes += groups[g].bases[b].device_bytes - groups[g].bases[bases[g]].device_bytes;
+    verify_base += verify_share[g] * added;
+    draft_base += draft_share[g] * added;
+    distortion += DraftKlChange(groups[g], bases[g], b);
+    bases[g] = b;
+    residuals = SolveResiduals(groups, bases, verify_share, target);
   }
 
   absl::StatusOr<model::VramPlan> vram =
@@ -455,17 +538,17 @@ absl::StatusOr<BitPlan> AllocateBits(const std::vector<GroupSensitivity>& groups
   }
   plan.vram = *vram;
   plan.base_linear_bytes = base_bytes;
-  plan.residual_bytes = residuals.bytes;
+  plan.residual_stored_bytes = residuals.stored_bytes;
+  plan.residual_bytes = static_cast<uint64_t>(std::llround(residuals.bytes));
   plan.verify_error = residuals.error;
   plan.q8_0_error = q8_0_error;
   plan.error_target = target;
   plan.meets_quality = residuals.feasible;
   plan.draft_distortion = distortion;
   plan.projected_tau = ProjectedTau(distortion, low_distortion, high_distortion, request.prior);
-  const double base_seconds = static_cast<double>(base_bytes) / machine.vram_bytes_per_second;
-  plan.verify_seconds =
-      static_cast<double>(residuals.bytes) / machine.ram_bytes_per_second + base_seconds;
-  plan.draft_seconds = machine.draft_forwards_per_verify * base_seconds;
+  const Seconds seconds = seconds_of(verify_base, draft_base, residuals.bytes);
+  plan.verify_seconds = seconds.verify;
+  plan.draft_seconds = seconds.draft;
   return plan;
 }
 
@@ -485,31 +568,57 @@ class OutputNoise final : public model::LinearBackend {
   absl::Status Apply(model::LinearGroupId id, const float* x, int64_t num_tokens,
                      std::span<float* const> outputs, ThreadPool& pool) override {
     BITSPLIT_RETURN_IF_ERROR(inner_.Apply(id, x, num_tokens, outputs, pool));
-    if (id.group != kind_) return absl::OkStatus();
+    if (id.group == kind_)
+      AddNoise(id, 0, num_tokens, model::LinearGroupOutputDims(config_, id), outputs);
+    return absl::OkStatus();
+  }
+  // A routed row's expert output gets the noise of a weight error of the group's energy spread
+  // over all its experts' rows (LinearGroupOutputDims counts them all): the error one routed
+  // (row, expert) pair meets when every expert errs alike.
+  absl::Status ApplyExperts(int32_t layer, model::LinearGroup group, const float* x,
+                            int64_t num_rows, std::span<const model::ExpertRows> segments,
+                            std::span<float* const> outputs, ThreadPool& pool) override {
+    BITSPLIT_RETURN_IF_ERROR(
+        inner_.ApplyExperts(layer, group, x, num_rows, segments, outputs, pool));
+    if (group != kind_) return absl::OkStatus();
+    const model::LinearGroupId id{layer, group};
+    const std::vector<int64_t> widths = model::ExpertOutputDims(config_, group);
+    for (const model::ExpertRows& segment : segments) {
+      std::vector<float*> rows(outputs.size());
+      for (size_t m = 0; m < outputs.size(); ++m) {
+        rows[m] = outputs[m] + segment.first_row * widths[m];
+      }
+      AddNoise(id, segment.first_row, segment.count, model::LinearGroupOutputDims(config_, id),
+               rows, widths);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // Noise on `num_rows` rows (the forward's rows from `first_row` on) of each output: variance
+  // energy / (sum of `all_rows`) per element. `widths` (default: all_rows) are the outputs' row
+  // widths.
+  void AddNoise(model::LinearGroupId id, int64_t first_row, int64_t num_rows,
+                const std::vector<int64_t>& all_rows, std::span<float* const> outputs,
+                std::vector<int64_t> widths = {}) const {
+    if (widths.empty()) widths = all_rows;
     const int64_t index = model::LinearGroupIndex(config_, id);
-    const std::vector<int64_t> rows = model::LinearGroupOutputDims(config_, id);
     int64_t total_rows = 0;
-    for (const int64_t r : rows) total_rows += r;
+    for (const int64_t r : all_rows) total_rows += r;
     const double sigma = std::sqrt(energy_[static_cast<size_t>(index)] / total_rows);
     for (size_t m = 0; m < outputs.size(); ++m) {
       const uint64_t seed = (static_cast<uint64_t>(index) << 8) | m;
-      for (int64_t i = 0; i < num_tokens * rows[m]; ++i) {
+      const int64_t first = first_row * widths[m];
+      for (int64_t i = 0; i < num_rows * widths[m]; ++i) {
         // Box-Muller from two uniforms in (0, 1].
-        const double u1 = 1.0 - PhiloxUniform(seed, 2 * i);
-        const double u2 = PhiloxUniform(seed, 2 * i + 1);
+        const double u1 = 1.0 - PhiloxUniform(seed, 2 * (first + i));
+        const double u2 = PhiloxUniform(seed, 2 * (first + i) + 1);
         outputs[m][i] += static_cast<float>(sigma * std::sqrt(-2.0 * std::log(u1)) *
                                             std::cos(6.283185307179586 * u2));
       }
     }
-    return absl::OkStatus();
-  }
-  absl::Status ApplyExperts(int32_t layer, model::LinearGroup group, const float* x,
-                            int64_t num_rows, std::span<const model::ExpertRows> segments,
-                            std::span<float* const> outputs, ThreadPool& pool) override {
-    return inner_.ApplyExperts(layer, group, x, num_rows, segments, outputs, pool);
   }
 
- private:
   model::LinearBackend& inner_;
   const model::ModelConfig config_;
   const model::LinearGroup kind_;
@@ -623,6 +732,50 @@ model::SplitQuantization ApplyBitPlan(const std::vector<GroupSensitivity>& group
   return quantization;
 }
 
+namespace {
+
+// What the calibration's routing shows, over the mixture-of-experts layers: the share of routed
+// rows the hottest tenth of the experts take, and the experts a verify is expected to touch,
+// each beside its uniform-routing value.
+std::string RoutingReport(const std::vector<GroupSensitivity>& groups, double verify_rows) {
+  std::vector<double> hot_shares, distinct;
+  size_t num_experts = 0;
+  double used = 0;
+  for (const GroupSensitivity& group : groups) {
+    if (group.id.group != model::LinearGroup::kExpertGateUp) continue;
+    std::vector<double> f = group.expert_frequencies;
+    num_experts = f.size();
+    used = 0;
+    for (const double x : f) used += x;
+    std::sort(f.begin(), f.end(), std::greater<>());
+    const size_t hot = std::max<size_t>(1, f.size() / 10);
+    double hot_sum = 0;
+    for (size_t e = 0; e < hot; ++e) hot_sum += f[e];
+    hot_shares.push_back(hot_sum / used);
+    distinct.push_back(model::ExpectedDistinctExperts(group.expert_frequencies, verify_rows));
+  }
+  if (hot_shares.empty()) return "";
+  auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (const double x : v) sum += x;
+    return sum / static_cast<double>(v.size());
+  };
+  const size_t hot = std::max<size_t>(1, num_experts / 10);
+  const double uniform_distinct = model::ExpectedDistinctExperts(static_cast<int64_t>(num_experts),
+                                                                 std::llround(used), verify_rows);
+  return absl::StrFormat(
+      "routing (calibration text): the hottest %d of %d experts take %.1f%% of routed rows "
+      "(layers %.1f-%.1f%%, uniform %.1f%%); a %.0f-row verify touches %.1f experts per layer "
+      "(layers %.1f-%.1f, uniform %.1f)\n",
+      hot, num_experts, 100 * mean(hot_shares), 100 * *absl::c_min_element(hot_shares),
+      100 * *absl::c_max_element(hot_shares),
+      100.0 * static_cast<double>(hot) / static_cast<double>(num_experts), verify_rows,
+      mean(distinct), *absl::c_min_element(distinct), *absl::c_max_element(distinct),
+      uniform_distinct);
+}
+
+}  // namespace
+
 std::string BitPlanReport(const std::vector<GroupSensitivity>& groups,
                           const BitCandidates& candidates, const BitPlan& plan,
                           const AllocationRequest& request) {
@@ -655,11 +808,18 @@ std::string BitPlanReport(const std::vector<GroupSensitivity>& groups,
       8.0 * static_cast<double>(plan.base_linear_bytes) / static_cast<double>(linear_weights));
   absl::StrAppendFormat(&text, "     %s\n", plan.vram.ToString());
   absl::StrAppendFormat(
-      &text, "RAM: residual %s read per verify, %.3f x Q8_0's %s (%.2f bits/weight)\n",
-      model::FormatBytes(plan.residual_bytes),
-      static_cast<double>(plan.residual_bytes) / static_cast<double>(plan.q8_0_bytes),
+      &text, "RAM: residual %s, %.3f x Q8_0's %s (%.2f bits/weight)",
+      model::FormatBytes(plan.residual_stored_bytes),
+      static_cast<double>(plan.residual_stored_bytes) / static_cast<double>(plan.q8_0_bytes),
       model::FormatBytes(plan.q8_0_bytes),
-      8.0 * static_cast<double>(plan.residual_bytes) / static_cast<double>(linear_weights));
+      8.0 * static_cast<double>(plan.residual_stored_bytes) / static_cast<double>(linear_weights));
+  if (plan.residual_bytes == plan.residual_stored_bytes) {
+    absl::StrAppend(&text, ", all read per verify\n");
+  } else {
+    absl::StrAppendFormat(&text, ", of which a %.0f-row verify reads %s\n",
+                          request.machine.verify_rows, model::FormatBytes(plan.residual_bytes));
+    absl::StrAppend(&text, RoutingReport(groups, request.machine.verify_rows));
+  }
   absl::StrAppendFormat(&text,
                         "quality: verifier's predicted KL %.3f x Q8_0's weights' (%.2e vs "
                         "%.2e nats), target %.3f x%s\n",
@@ -704,6 +864,7 @@ nlohmann::json BitPlanJson(const std::vector<GroupSensitivity>& groups,
          {"q8_0_bytes", group.q8_0_bytes},
          {"residual_bytes", group.residual_bytes},
          {"bases", std::move(bases)},
+         {"expert_frequencies", group.expert_frequencies},
          {"chosen_base", model::SplitFormatName(candidates.bases[plan.choices[g].base])},
          {"chosen_residual",
           model::SplitFormatName(candidates.residuals[plan.choices[g].residual])}});
@@ -716,11 +877,13 @@ nlohmann::json BitPlanJson(const std::vector<GroupSensitivity>& groups,
           {"ram_bytes_per_second", request.machine.ram_bytes_per_second},
           {"vram_bytes_per_second", request.machine.vram_bytes_per_second},
           {"draft_forwards_per_verify", request.machine.draft_forwards_per_verify},
+          {"verify_rows", request.machine.verify_rows},
           {"prior_tau", {request.prior.low_bits_tau, request.prior.high_bits_tau}},
           {"residual_formats", std::move(residual_names)},
           {"vram_total_bytes", plan.vram.total_bytes},
           {"base_linear_bytes", plan.base_linear_bytes},
           {"residual_bytes", plan.residual_bytes},
+          {"residual_stored_bytes", plan.residual_stored_bytes},
           {"q8_0_bytes", plan.q8_0_bytes},
           {"verify_error", plan.verify_error},
           {"q8_0_error", plan.q8_0_error},

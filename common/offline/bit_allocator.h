@@ -1,7 +1,9 @@
 #pragma once
 // Bits by budget (`bitsplit quantize --vram-budget`, docs/design.md §4): per linear group (the
-// q|k|v, o, gate|up and down matrices of each layer, and the output head) a base format that the
-// VRAM budget pays for and the residual format that the quality target needs.
+// q|k|v, o, gate|up and down matrices of each layer, the experts' gate|up and down of a
+// mixture-of-experts layer, and the output head) a base format that the VRAM budget pays for and
+// the residual format that the quality target needs. Attention, the dense FFN and the experts
+// are separate groups, weighed separately.
 //
 // Sensitivities are measured, not assumed, in two steps:
 //   * MeasureSensitivities quantizes every group with every candidate base and, on top of each
@@ -9,8 +11,9 @@
 //     activations: E = sum_j E[x_j^2] (w_j - w'_j)^2 over the group's rows, the expected squared
 //     error of the group's output when input columns are uncorrelated.
 //   * MeasureKlSensitivities converts output error into KL: per matrix kind (q|k|v, o, gate|up,
-//     down, head) it runs the reference model on the calibration text with Gaussian noise of
-//     known energy added to that kind's outputs and divides the KL it causes by the energy.
+//     down, the experts' gate|up and down, head) it runs the reference model on the calibration
+//     text with Gaussian noise of known energy added to that kind's outputs (of an expert group,
+//     to each routed row's expert outputs) and divides the KL it causes by the energy.
 //     Errors of different kinds differ by orders of magnitude in KL per unit (the head's errors
 //     land on the logits directly); within a kind the factor is shared.
 // The predicted KL of a plan is sum over groups of kl_per_error x E; it is additive for small
@@ -26,6 +29,9 @@
 // upgrade fits the budget or lowers the time. The projection (docs/design.md §4):
 //   verify   = residual bytes / RAM bandwidth + base bytes / VRAM bandwidth
 //   draft    = draft forwards per verify x base bytes / VRAM bandwidth
+//              (of an expert group, the bytes of the experts a forward's rows are expected to
+//              touch: ExpectedDistinctExperts over the measured routing frequencies, 16 rows a
+//              verify and 4 a draft forward, as the allocation's MachineModel says)
 //   tau      = tokens per verify, interpolated in log(draft distortion) between the acceptance
 //              prior's measured uniform low-bit and high-bit bases, where the draft distortion is
 //              the bases' predicted KL (with the draft-size KL factors)
@@ -84,6 +90,11 @@ struct GroupSensitivity {
   double draft_kl_per_error = 0;
   std::vector<uint64_t> residual_bytes;  // RAM bytes per candidate residual
   std::vector<BaseOption> bases;         // per candidate base
+  // Mixture-of-experts groups: the probability that a row is routed to each expert (they sum to
+  // the experts used per row), measured on the calibration text, uniform k / E without one; empty
+  // for a dense group. A verify of n rows reads ExpectedDistinctExperts(frequencies, n) of the
+  // group's E experts.
+  std::vector<double> expert_frequencies;
 };
 
 // Quantizes every linear group of `weights` with every candidate (in the basis of
@@ -92,11 +103,10 @@ struct GroupSensitivity {
 // errors and the fit; without it every column weighs 1. `progress(done, total)` is called after
 // every group on the calling thread. INVALID_ARGUMENT for candidates that are not base/residual
 // formats or do not fit the model.
-// UNIMPLEMENTED for a mixture-of-experts model: the sensitivity measure injects noise through
-// LinearBackend::Apply, which a routed expert row never passes. MeasureSensitivities checks it;
-// callers may check it before slower work.
-absl::Status CheckBitsByBudgetSupported(const model::ModelConfig& config);
-
+// Mixture-of-experts groups: expert e's rows weigh f_e x E / k (f_e its routing frequency,
+// GroupSensitivity::expert_frequencies, from the calibration's routed rows), so that the group's
+// error is E times the expected error of one routed (row, expert) pair: hot experts count more,
+// and under uniform routing every expert counts 1.
 absl::StatusOr<std::vector<GroupSensitivity>> MeasureSensitivities(
     const model::ModelWeights& weights, const model::ModelConfig& config,
     const model::SplitQuantization& quantization, const BitCandidates& candidates,
@@ -118,6 +128,9 @@ struct MachineModel {
   double vram_bytes_per_second = 1e12;
   // Draft forwards per verify: a 16-node tree of depth 4 drafts 4 times.
   double draft_forwards_per_verify = 4;
+  // Rows a verify computes (the tree's nodes); a draft forward computes verify_rows /
+  // draft_forwards_per_verify. What share of an expert group each reads.
+  double verify_rows = 16;
 };
 
 // Tokens per verify of a 16-node tree (k = 4) with uniform bases of the fewest and the most
@@ -148,8 +161,11 @@ struct BitPlan {
   std::vector<Choice> choices;
   model::VramPlan vram;            // the device plan of the chosen bases
   uint64_t base_linear_bytes = 0;  // device bytes of the linear weights
-  uint64_t residual_bytes = 0;     // RAM bytes read by one verify
-  uint64_t q8_0_bytes = 0;         // Q8_0's bytes of the same weights
+  // RAM bytes of the residuals, and of those the bytes one verify reads (all of a dense group,
+  // the expected distinct experts' share of an expert group).
+  uint64_t residual_stored_bytes = 0;
+  uint64_t residual_bytes = 0;
+  uint64_t q8_0_bytes = 0;  // Q8_0's bytes of the same weights
   // Predicted KL (sums over the groups of kl_per_error x E): the verifier's, Q8_0's, and the
   // bound the residuals were chosen to meet (error_factor x Q8_0's).
   double verify_error = 0;

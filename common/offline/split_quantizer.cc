@@ -46,6 +46,10 @@ class ActivationRecorder final : public model::LinearBackend {
     }
     source_sums_ = sums_;
     rows_.assign(sums_.size(), 0);
+    if (config.has_experts()) {
+      expert_rows_.assign(static_cast<size_t>(config.num_layers),
+                          std::vector<int64_t>(static_cast<size_t>(config.num_experts), 0));
+    }
   }
 
   absl::Status Apply(model::LinearGroupId id, const float* x, int64_t num_tokens,
@@ -59,6 +63,12 @@ class ActivationRecorder final : public model::LinearBackend {
                             int64_t num_rows, std::span<const model::ExpertRows> segments,
                             std::span<float* const> outputs, ThreadPool& pool) override {
     Record({layer, group}, x, num_rows);
+    // Every routed row passes the gate|up group once.
+    if (group == model::LinearGroup::kExpertGateUp) {
+      for (const model::ExpertRows& segment : segments) {
+        expert_rows_[layer][static_cast<size_t>(segment.expert)] += segment.count;
+      }
+    }
     return inner_.ApplyExperts(layer, group, x, num_rows, segments, outputs, pool);
   }
 
@@ -76,6 +86,7 @@ class ActivationRecorder final : public model::LinearBackend {
     }
     return importance;
   }
+  const std::vector<std::vector<int64_t>>& expert_rows() const { return expert_rows_; }
 
  private:
   void Record(model::LinearGroupId id, const float* x, int64_t num_tokens) {
@@ -99,10 +110,11 @@ class ActivationRecorder final : public model::LinearBackend {
   model::LinearBackend& inner_;
   const model::ModelConfig config_;
   const model::HadamardRotation rotation_;
-  std::vector<std::vector<double>> sums_;         // [LinearGroupIndex][input dim], rotated
-  std::vector<std::vector<double>> source_sums_;  // the same before the rotation
-  std::vector<int64_t> rows_;                     // [LinearGroupIndex]
-  std::vector<float> rotated_;                    // scratch
+  std::vector<std::vector<double>> sums_;          // [LinearGroupIndex][input dim], rotated
+  std::vector<std::vector<double>> source_sums_;   // the same before the rotation
+  std::vector<int64_t> rows_;                      // [LinearGroupIndex]
+  std::vector<std::vector<int64_t>> expert_rows_;  // [layer][expert]
+  std::vector<float> rotated_;                     // scratch
 };
 
 // ---- Validation -------------------------------------------------------------------------------
@@ -434,6 +446,7 @@ absl::StatusOr<Calibration> CollectCalibration(model::LlamaModel& model,
   calibration.window = window;
   calibration.importance = recorder.Importance();
   calibration.source_importance = recorder.Importance(/*source=*/true);
+  calibration.expert_rows = recorder.expert_rows();
   return calibration;
 }
 

@@ -42,6 +42,10 @@ struct Calibration {
   // The first window's tokens (BOS included when the model adds one), for probes that run the
   // model on the calibration text again (the bit allocator's sensitivities).
   std::vector<int32_t> first_window;
+  // Mixture-of-experts models: per layer, the rows the router sent to each expert over the
+  // calibration text ([layer][expert]; empty for a dense model). What the bit allocator weighs
+  // each expert's errors and a verify's expert reads by.
+  std::vector<std::vector<int64_t>> expert_rows;
 };
 
 // Runs `model` (a reference GGUF model) over `tokens` in windows of `window` tokens, each from an

@@ -200,7 +200,6 @@ absl::StatusOr<std::unique_ptr<BudgetPlanning>> PrepareBudget(
   auto planning = std::make_unique<BudgetPlanning>();
   BITSPLIT_ASSIGN_OR_RETURN(planning->source, gguf::File::Open(options.input_path));
   BITSPLIT_ASSIGN_OR_RETURN(planning->config, model::ModelConfigFromGguf(*planning->source));
-  BITSPLIT_RETURN_IF_ERROR(offline::CheckBitsByBudgetSupported(planning->config));
   BITSPLIT_ASSIGN_OR_RETURN(planning->weights,
                             model::ModelWeightsFromGguf(*planning->source, planning->config));
   offline::BitCandidates& candidates = planning->candidates;
