@@ -397,7 +397,7 @@ TEST_F(CudaKernelsTest, RopeMatchesCpuBitForBit) {
     const std::vector<float> table =
         c.base == config.rope_freq_base && c.scale == config.rope_freq_scale
             ? RopeTable(config, c.factors, table_positions)
-            : RopeTable(config, c.factors, table_positions, c.base, c.scale);
+            : RopeTable(c.factors, table_positions, c.rotary_dims, c.base, c.scale);
     std::vector<float> x = RandomFloats(rows * heads * 64, 31);
     DeviceVector<float> dx(x), dtable(table);
     ASSERT_CUDA(kernels::ApplyRope(dx.get(), rows, heads, 64, c.rotary_dims, dpositions.get(),

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <string>
@@ -35,6 +36,7 @@
 #include "tests/testing/metrics.h"
 #include "tests/testing/random.h"
 #include "tests/testing/split_fixture.h"
+#include "tests/testing/synthetic_weights.h"
 #endif
 
 namespace bitsplit::cuda {
@@ -558,6 +560,94 @@ TEST_F(CudaModelTest, FamilyForwardIsCloseToTheCpuPastTheWindow) {
       compare(Batch::Causal(std::vector<int32_t>{12}, static_cast<int32_t>(length)), " decode", 1);
     }
   }
+}
+
+// gemma4, the oracle fixture's random model (5 layers, d 256: local layers of 4 heads over 2 KV
+// heads of 64 with a 32-token window, global layers of 4 heads over 1 KV head of 128 with
+// proportional RoPE, one global layer whose values are its keys, the value norm, the layer
+// output scale, soft-cap 30; the real 152,064-token vocabulary), split as the fixtures are, on
+// the device against the CPU with fp16-rounded K/V: a prefill past the window, a tree, its path
+// committed (every layer's keys at that layer's width), and the next decode step.
+TEST_F(CudaModelTest, Gemma4ForwardIsCloseToTheCpuPastTheWindow) {
+  const testing::SyntheticModelFile source("tests/fixtures/oracle/gemma4_synthetic_logits.json");
+  ASSERT_TRUE(source.ok());
+  const std::string prefix = (testing::TestTempDir() / "cuda-gemma4").string();
+  offline::SplitQuantizeOptions quantize;
+  quantize.quantization = testing::SplitFixtureQuantization();
+  quantize.num_threads = 2;
+  ASSERT_TRUE(offline::QuantizeSplitModel(source.path(), model::SplitBasePath(prefix),
+                                          model::SplitResidualPath(prefix), quantize)
+                  .ok());
+  CudaModelOptions options = SmallOptions();
+  options.context = 128;
+  Engines e = Load({model::SplitBasePath(prefix), model::SplitResidualPath(prefix)}, options);
+  ASSERT_NE(e.cuda, nullptr);
+  const model::ModelConfig& c = e.cuda->config();
+  ASSERT_GT(c.sliding_window, 0);
+  const size_t vocab = static_cast<size_t>(c.vocab_size);
+  const std::vector<int32_t> prompt = Prompt(c.sliding_window + 8, 5);
+  for (const ForwardMode mode : {ForwardMode::kDraft, ForwardMode::kVerify}) {
+    const std::string what = std::string("gemma4 ") + std::string(model::ForwardModeName(mode));
+    auto cpu_cache = e.cpu->NewKvCache(options.context, model::KvRounding::kFp16);
+    auto cuda_cache = e.cuda->NewKvCache();
+    ASSERT_TRUE(cpu_cache.ok() && cuda_cache.ok()) << what;
+    const auto compare = [&](const Batch& batch, const std::string& step, size_t min_agree) {
+      const size_t rows = batch.tokens.size();
+      std::vector<float> expected(rows * vocab), actual(rows * vocab);
+      ASSERT_TRUE(e.cpu->Forward(batch, *cpu_cache, expected, mode).ok()) << what << step;
+      const absl::Status status = e.cuda->Forward(batch, **cuda_cache, actual, mode);
+      ASSERT_TRUE(status.ok()) << what << step << ": " << status;
+      const double nmse = Nmse(actual, expected);
+      size_t agree = 0;
+      for (size_t r = 0; r < rows; ++r) {
+        const auto row = [&](const std::vector<float>& l) {
+          return std::max_element(l.begin() + r * vocab, l.begin() + (r + 1) * vocab) -
+                 (l.begin() + r * vocab);
+        };
+        agree += row(actual) == row(expected);
+      }
+      std::printf("%s %s: logits NMSE %.3g, argmax %zu of %zu\n", what.c_str(), step.c_str(), nmse,
+                  agree, rows);
+      EXPECT_LT(nmse, 1e-4) << what << step;
+      EXPECT_GE(agree, min_agree) << what << step;
+    };
+    compare(Batch::Causal(prompt, 0), " prefill", prompt.size() - 2);
+    ASSERT_TRUE(cpu_cache->Commit(static_cast<int64_t>(prompt.size())).ok());
+    ASSERT_TRUE((*cuda_cache)->Commit(static_cast<int64_t>(prompt.size())).ok());
+    for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+      ASSERT_EQ((*cuda_cache)->kv_dim(layer), c.KvDim(layer));
+      std::vector<float> keys, values;
+      ASSERT_TRUE((*cuda_cache)
+                      ->CopyToHost(layer, 0, static_cast<int64_t>(prompt.size()), &keys, &values)
+                      .ok());
+      const std::vector<float> cpu_keys(cpu_cache->keys(layer),
+                                        cpu_cache->keys(layer) + keys.size());
+      const std::vector<float> cpu_values(cpu_cache->values(layer),
+                                          cpu_cache->values(layer) + values.size());
+      EXPECT_LT(Nmse(keys, cpu_keys), 1e-5) << what << " layer " << layer;
+      EXPECT_LT(Nmse(values, cpu_values), 1e-5) << what << " layer " << layer;
+    }
+    const int32_t next = static_cast<int32_t>(prompt.size());
+    auto tree = Batch::Tree(std::vector<int32_t>{7, 8, 9, 10, 11},
+                            std::vector<int32_t>{-1, 0, 1, 0, -1}, next);
+    ASSERT_TRUE(tree.ok());
+    compare(*tree, " tree", 4);
+    const std::vector<int32_t> path = {0, 1, 2};
+    ASSERT_TRUE(cpu_cache->CommitSlots(path).ok());
+    ASSERT_TRUE((*cuda_cache)->CommitSlots(path).ok());
+    const int64_t length = cpu_cache->committed_length();
+    ASSERT_EQ((*cuda_cache)->committed_length(), length);
+    for (const int64_t layer : {int64_t{0}, c.num_layers - 1}) {
+      std::vector<float> keys, values;
+      ASSERT_TRUE((*cuda_cache)->CopyToHost(layer, 0, length, &keys, &values).ok());
+      const std::vector<float> cpu_keys(cpu_cache->keys(layer),
+                                        cpu_cache->keys(layer) + keys.size());
+      EXPECT_LT(Nmse(keys, cpu_keys), 1e-5) << what << " committed layer " << layer;
+    }
+    compare(Batch::Causal(std::vector<int32_t>{12}, static_cast<int32_t>(length)), " decode", 1);
+  }
+  std::filesystem::remove(model::SplitBasePath(prefix));
+  std::filesystem::remove(model::SplitResidualPath(prefix));
 }
 
 // Past the window, on the device, bit for bit: a token alone = in a batch, a tree node = its

@@ -594,7 +594,6 @@ TEST(ModelConfigTest, Gemma4ReadsPerLayerAttentionShapes) {
               config->post_norms);
   EXPECT_EQ(config->ffn_activation, FfnActivation::kGeluTanh);
   EXPECT_FALSE(config->ValueIsKey(1));
-  EXPECT_FALSE(config->UniformAttention());
 
   ReadTensorLayout([](const std::string& name) { return name != "blk.1.attn_v.weight"; }, *config);
   EXPECT_FALSE(config->ValueIsKey(0));

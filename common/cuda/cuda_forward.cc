@@ -358,36 +358,46 @@ absl::Status CudaModel::AttentionBlock(int32_t layer, const ForwardPass& pass) {
   const model::ModelConfig& c = config_;
   const model::LayerNorms& vectors = layer_vectors_[static_cast<size_t>(layer)];
   const int64_t n = pass.rows;
+  const int64_t head_dim = c.HeadDim(layer);
+  const int64_t kv_heads = c.NumKvHeads(layer);
   BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, nullptr, n, c.d_model, vectors.attn_norm,
                                                  c.rms_norm_eps, d_.normed, stream_));
   float* const qkv[] = {d_.q, d_.k_new, d_.v_new};
   BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kQkv}, d_.normed, n, qkv, pass.verify));
+  if (c.ValueIsKey(layer)) {  // v is k's projection, before k's norm and RoPE
+    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        d_.v_new, d_.k_new, n * c.KvDim(layer) * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  }
   if (c.qkv_bias) {
     BITSPLIT_CUDA_RETURN_IF_ERROR(
-        kernels::AddRowVector(d_.q, vectors.q_bias, n, c.MaxQDim(), stream_));
+        kernels::AddRowVector(d_.q, vectors.q_bias, n, c.QDim(layer), stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(
-        kernels::AddRowVector(d_.k_new, vectors.k_bias, n, c.MaxKvDim(), stream_));
+        kernels::AddRowVector(d_.k_new, vectors.k_bias, n, c.KvDim(layer), stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(
-        kernels::AddRowVector(d_.v_new, vectors.v_bias, n, c.MaxKvDim(), stream_));
+        kernels::AddRowVector(d_.v_new, vectors.v_bias, n, c.KvDim(layer), stream_));
   }
   if (c.qk_norm) {  // each head normalized on its own, in place
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.q, nullptr, n * c.num_heads, c.head_dim,
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.q, nullptr, n * c.num_heads, head_dim,
                                                    vectors.attn_q_norm, c.rms_norm_eps, d_.q,
                                                    stream_));
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.k_new, nullptr, n * c.num_kv_heads,
-                                                   c.head_dim, vectors.attn_k_norm, c.rms_norm_eps,
-                                                   d_.k_new, stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.k_new, nullptr, n * kv_heads, head_dim,
+                                                   vectors.attn_k_norm, c.rms_norm_eps, d_.k_new,
+                                                   stream_));
+  }
+  if (c.value_norm) {  // weightless, per head
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.v_new, nullptr, n * kv_heads, head_dim,
+                                                   nullptr, c.rms_norm_eps, d_.v_new, stream_));
   }
   const bool local = c.IsLocalLayer(layer);
   const bool halves = c.rope_style == model::RopeStyle::kHalves;
   const float* rope_cos = local ? rope_local_cos_ : rope_cos_;
   const float* rope_sin = local ? rope_local_sin_ : rope_sin_;
-  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(d_.q, n, c.num_heads, c.head_dim, c.rope_dims,
-                                                   d_.positions, rope_cos, rope_sin, halves,
-                                                   stream_));
-  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(d_.k_new, n, c.num_kv_heads, c.head_dim,
-                                                   c.rope_dims, d_.positions, rope_cos, rope_sin,
-                                                   halves, stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(d_.q, n, c.num_heads, head_dim,
+                                                   c.RopeDims(layer), d_.positions, rope_cos,
+                                                   rope_sin, halves, stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ApplyRope(d_.k_new, n, kv_heads, head_dim,
+                                                   c.RopeDims(layer), d_.positions, rope_cos,
+                                                   rope_sin, halves, stream_));
   BITSPLIT_RETURN_IF_ERROR(StoreKvAndAttend(layer, pass));
   float* const projected[] = {d_.projected};
   BITSPLIT_RETURN_IF_ERROR(
@@ -398,30 +408,32 @@ absl::Status CudaModel::AttentionBlock(int32_t layer, const ForwardPass& pass) {
 absl::Status CudaModel::StoreKvAndAttend(int32_t layer, const ForwardPass& pass) {
   const model::ModelConfig& c = config_;
   const bool local = c.IsLocalLayer(layer);
+  const int64_t kv_dim = c.KvDim(layer);
+  const int64_t q_dim = c.QDim(layer);
   // Each sequence's keys and values go to its own cache, and its rows attend over it.
   for (size_t s = 0; s < pass.slices.size(); ++s) {
     const SequenceSlice& slice = pass.slices[s];
     const int64_t r0 = slice.first_row;
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.k_new + r0 * c.MaxKvDim(), slice.rows,
-                                                     c.MaxKvDim(), slice.cache->keys(layer),
-                                                     FirstSlotOnDevice(s), stream_));
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.v_new + r0 * c.MaxKvDim(), slice.rows,
-                                                     c.MaxKvDim(), slice.cache->values(layer),
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.k_new + r0 * kv_dim, slice.rows, kv_dim,
+                                                     slice.cache->keys(layer), FirstSlotOnDevice(s),
+                                                     stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.v_new + r0 * kv_dim, slice.rows, kv_dim,
+                                                     slice.cache->values(layer),
                                                      FirstSlotOnDevice(s), stream_));
     kernels::AttentionArgs attention;
-    attention.q = d_.q + r0 * c.MaxQDim();
+    attention.q = d_.q + r0 * q_dim;
     attention.keys = slice.cache->keys(layer);
     attention.values = slice.cache->values(layer);
     attention.mask = d_.mask + slice.mask_offset;
-    attention.out = d_.attention + r0 * c.MaxQDim();
+    attention.out = d_.attention + r0 * q_dim;
     attention.scores = d_.scores + r0 * c.num_heads * options_.context;
     attention.rows = slice.rows;
     attention.prefix_length_on_device = PrefixLengthOnDevice(s);
     attention.mask_width = slice.mask_width;
     attention.score_stride = options_.context;
     attention.num_heads = c.num_heads;
-    attention.num_kv_heads = c.num_kv_heads;
-    attention.head_dim = c.head_dim;
+    attention.num_kv_heads = c.NumKvHeads(layer);
+    attention.head_dim = c.HeadDim(layer);
     attention.scale = c.attention_scale;
     // A local layer sees the window's slots (PrepareSlidingWindow), a global one the mask's.
     if (local) {
@@ -454,7 +466,12 @@ absl::Status CudaModel::FeedForwardBlock(int32_t layer, const ForwardPass& pass)
   }
   float* const projected[] = {d_.projected};
   BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kDown}, d_.gate, n, projected, pass.verify));
-  return AddToHiddenState(vectors.ffn_post_norm, pass);
+  BITSPLIT_RETURN_IF_ERROR(AddToHiddenState(vectors.ffn_post_norm, pass));
+  if (c.layer_output_scale) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ScaleInPlace(
+        d_.x, n * c.d_model, layer_output_scales_[static_cast<size_t>(layer)], stream_));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaModel::AddToHiddenState(const float* post_norm, const ForwardPass& pass) {
@@ -475,7 +492,13 @@ absl::Status CudaModel::OutputHead(const ForwardPass& pass) {
                                                  pass.logit_rows, c.d_model, output_norm_,
                                                  c.rms_norm_eps, d_.normed, stream_));
   float* const head[] = {d_.logits};
-  return Linear(LinearGroupId::Head(), d_.normed, pass.logit_rows, head, pass.verify);
+  BITSPLIT_RETURN_IF_ERROR(
+      Linear(LinearGroupId::Head(), d_.normed, pass.logit_rows, head, pass.verify));
+  if (c.final_logit_softcap > 0.0f) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::SoftCap(d_.logits, pass.logit_rows * c.vocab_size,
+                                                   c.final_logit_softcap, stream_));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaModel::LaunchDraftGraph(const ForwardShape& shape, const SequenceSlice& slice) {

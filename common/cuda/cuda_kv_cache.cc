@@ -1,5 +1,7 @@
 // DeviceKvCache: a session's fp16 keys and values in VRAM, its slot ledger, and the model's
 // count of the plan's caches in use.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/cuda/cuda_model.h"
@@ -27,9 +29,19 @@ absl::Status DeviceKvCache::CommitSlots(std::span<const int32_t> pending_indices
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(indices, pending_indices.data(),
                                                   count * sizeof(int32_t), cudaMemcpyHostToDevice,
                                                   model_->stream_));
-    BITSPLIT_CUDA_RETURN_IF_ERROR(
-        kernels::CommitSlots(keys_, values_, positions_, num_layers_, capacity_ * kv_dim_, kv_dim_,
-                             slots_.committed_length(), indices, count, model_->stream_));
+    const bool uniform = std::all_of(layer_kv_dims_.begin(), layer_kv_dims_.end(),
+                                     [&](int64_t dim) { return dim == layer_kv_dims_[0]; });
+    if (uniform) {  // one launch over every layer
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::CommitSlots(
+          keys_, values_, positions_, num_layers_, capacity_ * layer_kv_dims_[0], layer_kv_dims_[0],
+          slots_.committed_length(), indices, count, model_->stream_));
+    } else {
+      for (int64_t layer = 0; layer < num_layers_; ++layer) {
+        BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::CommitSlots(
+            keys(layer), values(layer), layer == 0 ? positions_ : nullptr, 1, 0, kv_dim(layer),
+            slots_.committed_length(), indices, count, model_->stream_));
+      }
+    }
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->stream_));
   }
   slots_.SlotsCommitted(count);
@@ -41,10 +53,10 @@ absl::Status DeviceKvCache::CopyToHost(int64_t layer, int64_t first, int64_t cou
   if (layer < 0 || layer >= num_layers_ || first < 0 || count < 0 || first + count > capacity_) {
     return absl::InvalidArgumentError("KV slots out of range");
   }
-  std::vector<uint16_t> halves(static_cast<size_t>(count * kv_dim_));
+  std::vector<uint16_t> halves(static_cast<size_t>(count * kv_dim(layer)));
   for (int side = 0; side < 2; ++side) {
     const uint16_t* source =
-        (side == 0 ? this->keys(layer) : this->values(layer)) + first * kv_dim_;
+        (side == 0 ? this->keys(layer) : this->values(layer)) + first * kv_dim(layer);
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->stream_));
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpy(
         halves.data(), source, halves.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
@@ -81,12 +93,17 @@ absl::StatusOr<std::unique_ptr<DeviceKvCache>> CudaModel::NewKvCache() {
   cache->model_ = this;  // from here on the destructor returns the count
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMalloc(&cache->slab_, plan_.kv_bytes_per_session));
   cache->num_layers_ = config_.num_layers;
-  cache->kv_dim_ = config_.MaxKvDim();
   cache->capacity_ = options_.context;
   cache->slots_ = model::KvSlotLedger(options_.context);
   cache->keys_ = static_cast<uint16_t*>(cache->slab_);
-  const uint64_t one_side = AlignVram(
-      static_cast<uint64_t>(config_.num_layers * options_.context * config_.MaxKvDim() * 2));
+  // Layer after layer, each capacity x its KvDim (VramPlan's one side).
+  int64_t elements = 0;
+  for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
+    cache->layer_kv_dims_.push_back(config_.KvDim(layer));
+    cache->layer_offsets_.push_back(elements);
+    elements += options_.context * config_.KvDim(layer);
+  }
+  const uint64_t one_side = AlignVram(static_cast<uint64_t>(elements * 2));
   cache->values_ = cache->keys_ + one_side / 2;
   if (plan_.kv_positions_bytes > 0) {
     cache->positions_ =

@@ -54,14 +54,6 @@ absl::Status CheckImplemented(const model::ModelConfig& config) {
   if (config.has_experts()) {
     return refuse(absl::StrCat("the mixture-of-experts layers (", config.num_experts, " experts)"));
   }
-  if (!config.UniformAttention()) {
-    return refuse(
-        "layers of different attention shapes (per-layer head widths or KV heads, or "
-        "values taken from the keys)");
-  }
-  if (config.value_norm || config.layer_output_scale || config.final_logit_softcap != 0.0f) {
-    return refuse("the value norm, layer output scale or final logit soft-cap");
-  }
   switch (config.rope_style) {
     case model::RopeStyle::kAdjacentPairs:
     case model::RopeStyle::kHalves:
@@ -103,14 +95,15 @@ kernels::DeviceMatrix DeviceMatrixOf(const quant::MatrixView& view, const uint8_
 
 std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq_factors,
                              int64_t positions) {
-  return RopeTable(config, freq_factors, positions, config.rope_freq_base, config.rope_freq_scale);
+  return RopeTable(freq_factors, positions, config.rope_dims, config.rope_freq_base,
+                   config.rope_freq_scale);
 }
 
-std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq_factors,
-                             int64_t positions, float freq_base, float freq_scale) {
-  const int64_t pairs = config.rope_dims / 2;
+std::vector<float> RopeTable(const float* freq_factors, int64_t positions, int64_t rotary_dims,
+                             float freq_base, float freq_scale) {
+  const int64_t pairs = rotary_dims / 2;
   std::vector<float> table(static_cast<size_t>(2 * positions * pairs));
-  const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(config.rope_dims));
+  const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(rotary_dims));
   for (int64_t position = 0; position < positions; ++position) {
     float theta = static_cast<float>(position);
     for (int64_t i = 0; i < pairs; ++i) {
@@ -324,7 +317,6 @@ absl::Status CudaModel::UploadConstants(const model::EmbeddingAndNorms& embeddin
   // Embedding, norms, RoPE table, Hadamard signs.
   const int64_t d = config.d_model;
   const int64_t widest_input = std::max({config.d_model, config.MaxQDim(), config.d_ff});
-  const int64_t pairs = config.rope_dims / 2;
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMalloc(&constants_slab_, plan_.constants_slab_bytes));
   Carver constants(constants_slab_);
   if (embedding_on_device_) {
@@ -347,6 +339,7 @@ absl::Status CudaModel::UploadConstants(const model::EmbeddingAndNorms& embeddin
     }
     std::vector<float> norms;
     layer_vectors_.assign(static_cast<size_t>(config.num_layers), model::LayerNorms{});
+    layer_output_scales_.clear();
     for (int64_t layer = 0; layer < config.num_layers; ++layer) {
       const model::LayerNorms& host = embedding_and_norms.layers[static_cast<size_t>(layer)];
       model::LayerNorms& device = layer_vectors_[static_cast<size_t>(layer)];
@@ -359,6 +352,7 @@ absl::Status CudaModel::UploadConstants(const model::EmbeddingAndNorms& embeddin
         device.*spec.field = norms_ + norms.size();
         norms.insert(norms.end(), source, source + spec.length);
       }
+      layer_output_scales_.push_back(config.layer_output_scale ? *host.output_scale : 1.0f);
     }
     output_norm_ = norms_ + norms.size();
     norms.insert(norms.end(), embedding_and_norms.output_norm, embedding_and_norms.output_norm + d);
@@ -368,25 +362,30 @@ absl::Status CudaModel::UploadConstants(const model::EmbeddingAndNorms& embeddin
   }
   // RoPE: cos/sin for every position a session can hold, computed with ops::ApplyRope's own
   // arithmetic (theta *= theta_scale in f32, std::cos/std::sin), so the device rotates exactly:
-  // the global layers' base and scale, and with a sliding window also the local layers'.
+  // the global layers' dims, base, scale and frequency factors, and with a sliding window also
+  // the local layers' (their own dims and base, no factors: the CPU forward gives the factors to
+  // the global layers only).
   {
-    const uint64_t table_bytes = AlignVram(options.context * pairs * 2 * sizeof(float));
-    const auto upload = [&](float freq_base, float freq_scale, float** cos_table,
+    const auto upload = [&](int64_t rotary_dims, float freq_base, float freq_scale,
+                            const float* freq_factors, float** cos_table,
                             float** sin_table) -> absl::Status {
-      float* rope = constants.Take<float>(table_bytes);
+      const int64_t pairs = rotary_dims / 2;
+      float* rope = constants.Take<float>(options.context * pairs * 2 * sizeof(float));
       *cos_table = rope;
       *sin_table = rope + options.context * pairs;
-      const std::vector<float> table = RopeTable(config, embedding_and_norms.rope_freq_factors,
-                                                 options.context, freq_base, freq_scale);
+      const std::vector<float> table =
+          RopeTable(freq_factors, options.context, rotary_dims, freq_base, freq_scale);
       BITSPLIT_CUDA_RETURN_IF_ERROR(
           cudaMemcpy(rope, table.data(), table.size() * sizeof(float), cudaMemcpyHostToDevice));
       return absl::OkStatus();
     };
-    BITSPLIT_RETURN_IF_ERROR(
-        upload(config.rope_freq_base, config.rope_freq_scale, &rope_cos_, &rope_sin_));
+    BITSPLIT_RETURN_IF_ERROR(upload(config.rope_dims, config.rope_freq_base, config.rope_freq_scale,
+                                    embedding_and_norms.rope_freq_factors, &rope_cos_, &rope_sin_));
     if (config.sliding_window > 0) {
-      BITSPLIT_RETURN_IF_ERROR(
-          upload(config.rope_freq_base_local, 1.0f, &rope_local_cos_, &rope_local_sin_));
+      const int64_t local_dims =
+          config.rope_dims_local > 0 ? config.rope_dims_local : config.rope_dims;
+      BITSPLIT_RETURN_IF_ERROR(upload(local_dims, config.rope_freq_base_local, 1.0f, nullptr,
+                                      &rope_local_cos_, &rope_local_sin_));
     }
   }
   hadamard_masks_ = constants.Take<uint32_t>(plan_.hadamard_bytes);

@@ -69,16 +69,18 @@ class CudaModel;
 kernels::DeviceMatrix DeviceMatrixOf(const quant::MatrixView& view, const uint8_t* data,
                                      int64_t stride);
 
-// cos and sin of every RoPE pair for positions [0, positions): [positions][rope_dims / 2] cos,
+// cos and sin of every RoPE pair for positions [0, positions): [positions][rotary_dims / 2] cos,
 // then the same for sin, computed with ops::ApplyRope's own arithmetic (theta *= theta_scale in
-// f32, std::cos / std::sin), so the device rotates exactly as the CPU does. With `freq_base` and
-// `freq_scale` (a layer's RopeFreqBase / RopeFreqScale), else the config's global ones.
-std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq_factors,
-                             int64_t positions, float freq_base, float freq_scale);
+// f32, std::cos / std::sin), so the device rotates exactly as the CPU does. With `rotary_dims`,
+// `freq_base` and `freq_scale` (a layer's RopeDims / RopeFreqBase / RopeFreqScale), else the
+// config's global ones.
+std::vector<float> RopeTable(const float* freq_factors, int64_t positions, int64_t rotary_dims,
+                             float freq_base, float freq_scale);
 std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq_factors,
                              int64_t positions);
 
-// One session's KV cache in device memory, fp16, [layer][slot][kv_dim] for keys and values, with
+// One session's KV cache in device memory, fp16, [layer][slot][the layer's kv_dim] for keys and
+// values (layer after layer, each at its own width), with
 // model::KvCache's committed / pending bookkeeping and errors; for a sliding-window model also
 // each slot's position (int32 [capacity], as KvCache::positions: what the window compares).
 // Must not outlive its CudaModel.
@@ -89,12 +91,14 @@ class DeviceKvCache {
   DeviceKvCache& operator=(const DeviceKvCache&) = delete;
 
   int64_t num_layers() const { return num_layers_; }
-  int64_t kv_dim() const { return kv_dim_; }
+  int64_t kv_dim(int64_t layer) const { return layer_kv_dims_[static_cast<size_t>(layer)]; }
   int64_t capacity() const { return capacity_; }
   int64_t committed_length() const { return slots_.committed_length(); }
   int64_t pending_length() const { return slots_.pending_length(); }
-  uint16_t* keys(int64_t layer) const { return keys_ + layer * capacity_ * kv_dim_; }
-  uint16_t* values(int64_t layer) const { return values_ + layer * capacity_ * kv_dim_; }
+  uint16_t* keys(int64_t layer) const { return keys_ + layer_offsets_[static_cast<size_t>(layer)]; }
+  uint16_t* values(int64_t layer) const {
+    return values_ + layer_offsets_[static_cast<size_t>(layer)];
+  }
   // Device memory; null unless the model has a sliding window.
   int32_t* positions() const { return positions_; }
 
@@ -125,7 +129,8 @@ class DeviceKvCache {
   uint16_t* values_ = nullptr;
   int32_t* positions_ = nullptr;
   int64_t num_layers_ = 0;
-  int64_t kv_dim_ = 0;
+  std::vector<int64_t> layer_kv_dims_;  // [layer]
+  std::vector<int64_t> layer_offsets_;  // [layer]: elements into one side
   int64_t capacity_ = 0;
   model::KvSlotLedger slots_;
 };
@@ -350,6 +355,8 @@ class CudaModel {
   // The per-layer vectors (LayerVectorSpecs, one after another per layer) and the output norm.
   float* norms_ = nullptr;
   std::vector<model::LayerNorms> layer_vectors_;  // device addresses inside norms_
+  // [layer]: layer_output_scale's value (a kernel argument; 1 where the model has none).
+  std::vector<float> layer_output_scales_;
   const float* output_norm_ = nullptr;
   float* rope_cos_ = nullptr;  // the global layers' table
   float* rope_sin_ = nullptr;

@@ -90,7 +90,7 @@ cudaError_t EmbeddingGather(const uint8_t* table, int32_t type, int64_t row_byte
                             const int32_t* tokens, int64_t rows, float* out, cudaStream_t stream);
 
 // out[r] = RMSNorm(x[source_rows ? source_rows[r] : r]) * weight (ops::RmsNorm's formula; the sum
-// of squares in double, in a fixed tree).
+// of squares in double, in a fixed tree); no multiply when weight is null (a weightless norm).
 cudaError_t RmsNorm(const float* x, const int32_t* source_rows, int64_t rows, int64_t n,
                     const float* weight, float eps, float* out, cudaStream_t stream);
 
@@ -106,8 +106,12 @@ cudaError_t ApplyRope(float* x, int64_t rows, int64_t heads, int64_t head_dim, i
 cudaError_t AddRowVector(float* x, const float* vector, int64_t rows, int64_t n,
                          cudaStream_t stream);
 
-// x[i] = x[i] * scale (one f32 multiply: the embedding scale).
+// x[i] = x[i] * scale (one f32 multiply: the embedding scale, a layer's output scale).
 cudaError_t ScaleInPlace(float* x, int64_t n, float scale, cudaStream_t stream);
+
+// x[i] = tanh(x[i] * (1 / cap)) * cap (the final logit soft-cap in llama.cpp's order; the
+// device's tanhf, within 2 ulp of the CPU's std::tanh).
+cudaError_t SoftCap(float* x, int64_t n, float cap, cudaStream_t stream);
 
 // cache[(*first_slot + t) * kv_dim + i] = half(x[t * kv_dim + i]) (round to nearest even). The
 // slot is read from device memory when the kernel runs, so a captured CUDA graph serves every

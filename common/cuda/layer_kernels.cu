@@ -85,7 +85,8 @@ __global__ void __launch_bounds__(kNormThreads)
   const float mean = static_cast<float>(sum / static_cast<double>(n));
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
   for (int64_t i = threadIdx.x; i < n; i += kNormThreads) {
-    out[row * n + i] = __fmul_rn(__fmul_rn(in[i], scale), weight[i]);
+    const float normed = __fmul_rn(in[i], scale);
+    out[row * n + i] = weight != nullptr ? __fmul_rn(normed, weight[i]) : normed;
   }
 }
 
@@ -116,6 +117,11 @@ __global__ void AddRowVectorKernel(float* x, const float* vector, int64_t rows, 
 __global__ void ScaleKernel(float* x, int64_t n, float scale) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = __fmul_rn(x[i], scale);
+}
+
+__global__ void SoftCapKernel(float* x, int64_t n, float inverse_cap, float cap) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = __fmul_rn(tanhf(__fmul_rn(x[i], inverse_cap)), cap);
 }
 
 __global__ void StoreHalfKernel(const float* x, int64_t n, int64_t kv_dim, uint16_t* cache,
@@ -342,6 +348,12 @@ cudaError_t AddRowVector(float* x, const float* vector, int64_t rows, int64_t n,
 cudaError_t ScaleInPlace(float* x, int64_t n, float scale, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   ScaleKernel<<<Blocks(n, 256), 256, 0, stream>>>(x, n, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t SoftCap(float* x, int64_t n, float cap, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  SoftCapKernel<<<Blocks(n, 256), 256, 0, stream>>>(x, n, 1.0f / cap, cap);
   return cudaGetLastError();
 }
 

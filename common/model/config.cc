@@ -554,11 +554,6 @@ int64_t ModelConfig::MaxKvDim() const {
   return widest;
 }
 
-bool ModelConfig::UniformAttention() const {
-  return head_dim_local == 0 && rope_dims_local == 0 && layer_kv_heads.empty() &&
-         layer_value_is_key.empty();
-}
-
 absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
                                                         int64_t embedding_rows) {
   BITSPLIT_ASSIGN_OR_RETURN(const FamilyTraits* family, FindFamily(file));

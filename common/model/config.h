@@ -118,8 +118,6 @@ struct ModelConfig {
   // The widest layer's q and k/v (buffers shared by all layers).
   int64_t MaxQDim() const;
   int64_t MaxKvDim() const;
-  // Every layer has the same attention shape and a v projection (what the CUDA backend runs).
-  bool UniformAttention() const;
   // The attention window of `layer`: sliding_window for a local layer, 0 (none) otherwise.
   int64_t AttentionWindow(int64_t layer) const { return IsLocalLayer(layer) ? sliding_window : 0; }
   float RopeFreqBase(int64_t layer) const {

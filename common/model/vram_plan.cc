@@ -99,9 +99,13 @@ VramPlan Compute(const VramRequest& r, uint64_t base_bytes) {
   if (c.has_experts()) {
     plan.router_bytes = AlignVram(4 * U(c.num_layers) * U(c.num_experts) * U(c.d_model));
   }
-  // One cos/sin table per RoPE base: the global layers', and the local layers' when windowed.
-  const uint64_t rope_tables = c.sliding_window > 0 ? 2 : 1;
-  plan.rope_table_bytes = rope_tables * AlignVram(U(r.context) * U(c.rope_dims / 2) * 2 * 4);
+  // One cos/sin table per RoPE kind: the global layers', and the local layers' (their own
+  // rotary dims) when windowed.
+  plan.rope_table_bytes = AlignVram(U(r.context) * U(c.rope_dims / 2) * 2 * 4);
+  if (c.sliding_window > 0) {
+    const int64_t local_dims = c.rope_dims_local > 0 ? c.rope_dims_local : c.rope_dims;
+    plan.rope_table_bytes += AlignVram(U(r.context) * U(local_dims / 2) * 2 * 4);
+  }
   plan.hadamard_bytes = AlignVram(4 * U(WidestInput(c)));
   plan.constants_slab_bytes =
       RoundVramSlab(plan.embedding_bytes + plan.norms_bytes + plan.router_bytes +

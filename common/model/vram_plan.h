@@ -111,9 +111,10 @@ struct VramPlan {
   uint64_t base_weights_bytes = 0;  // one slab
   // Embedding table, norms, RoPE table and Hadamard signs: one slab.
   uint64_t embedding_bytes = 0;
-  uint64_t norms_bytes = 0;       // every per-layer vector (LayerVectorSpecs) and the output norm
-  uint64_t router_bytes = 0;      // mixture of experts: every layer's router, f32
-  uint64_t rope_table_bytes = 0;  // cos/sin per position; twice that with local (windowed) layers
+  uint64_t norms_bytes = 0;   // every per-layer vector (LayerVectorSpecs) and the output norm
+  uint64_t router_bytes = 0;  // mixture of experts: every layer's router, f32
+  uint64_t rope_table_bytes =
+      0;  // cos/sin per position; one more table for local (windowed) layers
   uint64_t hadamard_bytes = 0;
   uint64_t constants_slab_bytes = 0;
   uint64_t kv_bytes_per_token = 0;  // one session, all layers, keys and values
