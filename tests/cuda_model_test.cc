@@ -486,10 +486,31 @@ TEST_F(CudaModelTest, SpeculativeOutputEqualsPlainDecoding) {
   }
 }
 
-// The greedy choice of logit row r.
-int64_t ArgMaxRow(const std::vector<float>& logits, size_t r) {
-  return std::max_element(logits.begin() + r * kVocab, logits.begin() + (r + 1) * kVocab) -
-         (logits.begin() + r * kVocab);
+// The greedy choice of logit row r of a vocabulary of `vocab`.
+int64_t ArgMaxRow(const std::vector<float>& logits, size_t r, size_t vocab = kVocab) {
+  return std::max_element(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab) -
+         (logits.begin() + r * vocab);
+}
+
+// One forward of `batch` on the CPU and the device in `mode`: the logits within NMSE 1e-4 and at
+// least `min_agree` rows with the same argmax.
+void ExpectForwardsClose(Engines& e, const Batch& batch, model::KvCache& cpu_cache,
+                         DeviceKvCache& cuda_cache, ForwardMode mode, size_t min_agree,
+                         const std::string& what) {
+  const size_t vocab = static_cast<size_t>(e.cpu->config().vocab_size);
+  const size_t rows = batch.tokens.size();
+  std::vector<float> expected(rows * vocab), actual(rows * vocab);
+  ASSERT_TRUE(e.cpu->Forward(batch, cpu_cache, expected, mode).ok()) << what;
+  const absl::Status status = e.cuda->Forward(batch, cuda_cache, actual, mode);
+  ASSERT_TRUE(status.ok()) << what << ": " << status;
+  const double nmse = Nmse(actual, expected);
+  size_t agree = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    agree += ArgMaxRow(actual, r, vocab) == ArgMaxRow(expected, r, vocab);
+  }
+  std::printf("%s: logits NMSE %.3g, argmax %zu of %zu\n", what.c_str(), nmse, agree, rows);
+  EXPECT_LT(nmse, 1e-4) << what;
+  EXPECT_GE(agree, min_agree) << what;
 }
 
 // gemma3, qwen2 and qwen3 on the device against the CPU with fp16-rounded K/V, in draft and
@@ -510,18 +531,7 @@ TEST_F(CudaModelTest, FamilyForwardIsCloseToTheCpuPastTheWindow) {
       auto cuda_cache = e.cuda->NewKvCache();
       ASSERT_TRUE(cpu_cache.ok() && cuda_cache.ok()) << what;
       const auto compare = [&](const Batch& batch, const std::string& step, size_t min_agree) {
-        const size_t rows = batch.tokens.size();
-        std::vector<float> expected(rows * kVocab), actual(rows * kVocab);
-        ASSERT_TRUE(e.cpu->Forward(batch, *cpu_cache, expected, mode).ok()) << what << step;
-        const absl::Status status = e.cuda->Forward(batch, **cuda_cache, actual, mode);
-        ASSERT_TRUE(status.ok()) << what << step << ": " << status;
-        const double nmse = Nmse(actual, expected);
-        size_t agree = 0;
-        for (size_t r = 0; r < rows; ++r) agree += ArgMaxRow(actual, r) == ArgMaxRow(expected, r);
-        std::printf("%s %s: logits NMSE %.3g, argmax %zu of %zu\n", what.c_str(), step.c_str(),
-                    nmse, agree, rows);
-        EXPECT_LT(nmse, 1e-4) << what << step;
-        EXPECT_GE(agree, min_agree) << what << step;
+        ExpectForwardsClose(e, batch, *cpu_cache, **cuda_cache, mode, min_agree, what + step);
       };
       compare(Batch::Causal(prompt, 0), " prefill", prompt.size() - 2);
       ASSERT_TRUE(cpu_cache->Commit(static_cast<int64_t>(prompt.size())).ok());
@@ -584,7 +594,6 @@ TEST_F(CudaModelTest, Gemma4ForwardIsCloseToTheCpuPastTheWindow) {
   ASSERT_NE(e.cuda, nullptr);
   const model::ModelConfig& c = e.cuda->config();
   ASSERT_GT(c.sliding_window, 0);
-  const size_t vocab = static_cast<size_t>(c.vocab_size);
   const std::vector<int32_t> prompt = Prompt(c.sliding_window + 8, 5);
   for (const ForwardMode mode : {ForwardMode::kDraft, ForwardMode::kVerify}) {
     const std::string what = std::string("gemma4 ") + std::string(model::ForwardModeName(mode));
@@ -592,24 +601,7 @@ TEST_F(CudaModelTest, Gemma4ForwardIsCloseToTheCpuPastTheWindow) {
     auto cuda_cache = e.cuda->NewKvCache();
     ASSERT_TRUE(cpu_cache.ok() && cuda_cache.ok()) << what;
     const auto compare = [&](const Batch& batch, const std::string& step, size_t min_agree) {
-      const size_t rows = batch.tokens.size();
-      std::vector<float> expected(rows * vocab), actual(rows * vocab);
-      ASSERT_TRUE(e.cpu->Forward(batch, *cpu_cache, expected, mode).ok()) << what << step;
-      const absl::Status status = e.cuda->Forward(batch, **cuda_cache, actual, mode);
-      ASSERT_TRUE(status.ok()) << what << step << ": " << status;
-      const double nmse = Nmse(actual, expected);
-      size_t agree = 0;
-      for (size_t r = 0; r < rows; ++r) {
-        const auto row = [&](const std::vector<float>& l) {
-          return std::max_element(l.begin() + r * vocab, l.begin() + (r + 1) * vocab) -
-                 (l.begin() + r * vocab);
-        };
-        agree += row(actual) == row(expected);
-      }
-      std::printf("%s %s: logits NMSE %.3g, argmax %zu of %zu\n", what.c_str(), step.c_str(), nmse,
-                  agree, rows);
-      EXPECT_LT(nmse, 1e-4) << what << step;
-      EXPECT_GE(agree, min_agree) << what << step;
+      ExpectForwardsClose(e, batch, *cpu_cache, **cuda_cache, mode, min_agree, what + step);
     };
     compare(Batch::Causal(prompt, 0), " prefill", prompt.size() - 2);
     ASSERT_TRUE(cpu_cache->Commit(static_cast<int64_t>(prompt.size())).ok());
