@@ -361,6 +361,10 @@ TEST_F(CudaKernelsTest, RmsNormIsCloseToCpuAndBatchInvariant) {
   ASSERT_CUDA(kernels::RmsNorm(dx.get(), source.get(), 1, n, dw.get(), 1e-5f, one.get(), nullptr));
   ExpectBitsEqual(one.ToHost(), std::vector<float>(actual.begin() + 6 * n, actual.begin() + 7 * n),
                   "row 6");
+  // Weightless (gemma4's value norm): x / rms, no multiply.
+  ops::RmsNorm(x.data(), rows, n, nullptr, 1e-5f, expected.data());
+  ASSERT_CUDA(kernels::RmsNorm(dx.get(), nullptr, rows, n, nullptr, 1e-5f, out.get(), nullptr));
+  EXPECT_LT(Nmse(out.ToHost(), expected), 1e-13);
 }
 
 // Both pairings (adjacent, NEOX halves), a global base with linear scaling and frequency
@@ -572,6 +576,23 @@ TEST_F(CudaKernelsTest, GeluTanhMulMatchesCpuWithinF32Rounding) {
   for (int64_t i = 0; i < n; ++i) {
     const float bound = std::fabs(gate[i]) * std::fabs(up[i]) * std::ldexp(1.0f, -21) + 1e-30f;
     ASSERT_NEAR(actual[i], expected[i], bound) << "gate " << gate[i];
+  }
+}
+
+// The final logit soft-cap, cap * tanh(x / cap) in llama.cpp's order, against the CPU forward's
+// formula: within a few ulp of cap (the device's tanhf is within 2 ulp), saturating at +-cap.
+TEST_F(CudaKernelsTest, SoftCapMatchesCpuWithinTanhRounding) {
+  constexpr float kCap = 30.0f;
+  std::vector<float> x = RandomFloats(100000, 61, 40.0f);
+  for (const float edge : {0.0f, -0.0f, 1e4f, -1e4f, 30.0f, -30.0f}) x.push_back(edge);
+  std::vector<float> expected(x.size());
+  for (size_t i = 0; i < x.size(); ++i) expected[i] = std::tanh(x[i] * (1.0f / kCap)) * kCap;
+  DeviceVector<float> dx(x);
+  ASSERT_CUDA(kernels::SoftCap(dx.get(), static_cast<int64_t>(x.size()), kCap, nullptr));
+  const std::vector<float> actual = dx.ToHost();
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_NEAR(actual[i], expected[i], kCap * std::ldexp(1.0f, -21)) << "x " << x[i];
+    ASSERT_LE(std::fabs(actual[i]), kCap) << "x " << x[i];
   }
 }
 
