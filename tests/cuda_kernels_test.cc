@@ -20,6 +20,7 @@
 #include "common/cuda/cuda_model.h"
 #include "common/cuda/device_info.h"
 #include "common/cuda/kernels.h"
+#include "common/model/expert_routing.h"
 #include "common/model/kv_cache.h"
 #include "common/model/sampler.h"
 #include "common/model/vram_plan.h"
@@ -543,7 +544,7 @@ TEST_F(CudaKernelsTest, SiluMulIsCloseToCpu) {
   std::vector<float> expected(n);
   ops::SiluMul(gate.data(), up.data(), n, expected.data());
   DeviceVector<float> dg(gate), du(up);
-  ASSERT_CUDA(kernels::SiluMul(dg.get(), du.get(), n, dg.get(), nullptr));
+  ASSERT_CUDA(kernels::GatedActivationRows(dg.get(), du.get(), 1, n, n, false, dg.get(), nullptr));
   const std::vector<float> actual = dg.ToHost();
   EXPECT_LT(Nmse(actual, expected), 1e-12);
   for (int64_t i = 0; i < n; ++i) {
@@ -570,13 +571,153 @@ TEST_F(CudaKernelsTest, GeluTanhMulMatchesCpuWithinF32Rounding) {
   std::vector<float> expected(gate.size());
   ops::GeluTanhMul(gate.data(), up.data(), n, expected.data());
   DeviceVector<float> dg(gate), du(up);
-  ASSERT_CUDA(kernels::GeluTanhMul(dg.get(), du.get(), n, dg.get(), nullptr));
+  ASSERT_CUDA(kernels::GatedActivationRows(dg.get(), du.get(), 1, n, n, true, dg.get(), nullptr));
   const std::vector<float> actual = dg.ToHost();
   EXPECT_LT(Nmse(actual, expected), 1e-12);
   for (int64_t i = 0; i < n; ++i) {
     const float bound = std::fabs(gate[i]) * std::fabs(up[i]) * std::ldexp(1.0f, -21) + 1e-30f;
     ASSERT_NEAR(actual[i], expected[i], bound) << "gate " << gate[i];
   }
+}
+
+// An expert's fused gate|up rows ([rows][gate | up]) give the bits of the same values laid out as
+// two separate matrices, for both activations.
+TEST_F(CudaKernelsTest, GatedActivationOnFusedRowsEqualsSeparateRows) {
+  const int64_t rows = 37, width = 96;
+  const std::vector<float> gate = RandomFloats(rows * width, 58, 4.0f);
+  const std::vector<float> up = RandomFloats(rows * width, 59);
+  std::vector<float> fused(static_cast<size_t>(2 * rows * width));
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(gate.begin() + r * width, width, fused.begin() + 2 * r * width);
+    std::copy_n(up.begin() + r * width, width, fused.begin() + 2 * r * width + width);
+  }
+  DeviceVector<float> dg(gate), du(up), dfused(fused), separate_out(gate.size()),
+      fused_out(gate.size());
+  for (const bool gelu : {false, true}) {
+    ASSERT_CUDA(kernels::GatedActivationRows(dg.get(), du.get(), rows, width, width, gelu,
+                                             separate_out.get(), nullptr));
+    ASSERT_CUDA(kernels::GatedActivationRows(dfused.get(), dfused.get() + width, rows, width,
+                                             2 * width, gelu, fused_out.get(), nullptr));
+    ExpectBitsEqual(fused_out.ToHost(), separate_out.ToHost(), gelu ? "GeGLU" : "SwiGLU");
+  }
+  EXPECT_EQ(kernels::GatedActivationRows(dg.get(), du.get(), rows, width, width - 1, false,
+                                         separate_out.get(), nullptr),
+            cudaErrorInvalidValue);
+}
+
+// The router's logits equal ops::MatMul of the router (f32 and an f16 router dequantized to f32)
+// bit for bit, for any number of rows.
+TEST_F(CudaKernelsTest, RouterLogitsEqualCpuMatMulBitForBit) {
+  const int64_t rows = 19, experts = 16, cols = 200;  // a tail of 0 in the last 8-group
+  const std::vector<float> x = RandomFloats(rows * cols, 71);
+  const std::vector<float> router = RandomFloats(experts * cols, 72, 0.1f);
+  std::vector<uint16_t> router_f16(router.size());
+  for (size_t i = 0; i < router.size(); ++i) router_f16[i] = Fp32ToFp16(router[i]);
+  ThreadPool pool(2);
+  for (const bool half : {false, true}) {
+    auto matrix =
+        half ? ops::MakeWeightMatrix(GgmlType::kF16, router_f16.data(), experts, cols, "router")
+             : ops::MakeWeightMatrix(GgmlType::kF32, router.data(), experts, cols, "router");
+    ASSERT_TRUE(matrix.ok()) << matrix.status();
+    std::vector<float> expected(static_cast<size_t>(rows * experts));
+    ops::MatMul(x.data(), rows, *matrix, expected.data(), pool);
+    std::vector<float> dequantized(static_cast<size_t>(experts * cols));
+    for (int64_t e = 0; e < experts; ++e) {
+      ops::DequantizeWeightRow(*matrix, e, dequantized.data() + e * cols);
+    }
+    DeviceVector<float> dx(x), dr(dequantized), dlogits(expected.size());
+    ASSERT_CUDA(
+        kernels::RouterLogits(dx.get(), rows, dr.get(), experts, cols, dlogits.get(), nullptr));
+    ExpectBitsEqual(dlogits.ToHost(), expected, half ? "f16 router" : "f32 router");
+    // One row alone: the same bits as in the batch.
+    DeviceVector<float> one(static_cast<size_t>(experts));
+    ASSERT_CUDA(
+        kernels::RouterLogits(dx.get() + 5 * cols, 1, dr.get(), experts, cols, one.get(), nullptr));
+    ExpectBitsEqual(
+        one.ToHost(),
+        std::vector<float>(expected.begin() + 5 * experts, expected.begin() + 6 * experts),
+        "row 5 alone");
+  }
+}
+
+// Routing tables from model::RouteRows / GroupByExpert drive the gather and the weighted sum:
+// each row's result is its own k experts' outputs, scaled, weighted and added in the order
+// chosen, computed here from the definition.
+TEST_F(CudaKernelsTest, GatherAndWeightedExpertSumFollowTheRouting) {
+  const int64_t rows = 9, k = 3, experts = 8, n = 40;
+  model::ModelConfig config;
+  config.num_experts = experts;
+  config.num_experts_used = k;
+  const std::vector<float> logits = RandomFloats(rows * experts, 81, 3.0f);
+  std::vector<int32_t> expert_of(static_cast<size_t>(rows * k));
+  std::vector<float> weights(expert_of.size());
+  model::RouteRows(config, logits.data(), rows, expert_of, weights);
+  const model::ExpertGrouping grouping = model::GroupByExpert(expert_of, experts, k);
+  const std::vector<float> x = RandomFloats(rows * n, 82);
+  DeviceVector<float> dx(x), gathered(static_cast<size_t>(rows * k * n));
+  DeviceVector<int32_t> source(grouping.source_row);
+  ASSERT_CUDA(kernels::GatherRows(dx.get(), source.get(), rows * k, n, gathered.get(), nullptr));
+  const std::vector<float> rows_out = gathered.ToHost();
+  for (int64_t pair = 0; pair < rows * k; ++pair) {
+    const int64_t slot = grouping.slot_of[static_cast<size_t>(pair)];
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_EQ(rows_out[static_cast<size_t>(slot * n + j)],
+                x[static_cast<size_t>(pair / k * n + j)]);
+    }
+  }
+  // Expert outputs: the gathered rows times (1 + slot), distinct per grouped row.
+  std::vector<float> expert_out(rows_out);
+  for (int64_t slot = 0; slot < rows * k; ++slot) {
+    for (int64_t j = 0; j < n; ++j) expert_out[static_cast<size_t>(slot * n + j)] *= 1.0f + slot;
+  }
+  const std::vector<float> scales = RandomFloats(experts, 83);
+  for (const bool scaled : {false, true}) {
+    std::vector<float> expected(static_cast<size_t>(rows * n));
+    for (int64_t t = 0; t < rows; ++t) {
+      for (int64_t j = 0; j < n; ++j) {
+        float sum = 0.0f;
+        for (int64_t c = 0; c < k; ++c) {
+          const size_t pair = static_cast<size_t>(t * k + c);
+          const float scale = scaled ? scales[static_cast<size_t>(expert_of[pair])] : 1.0f;
+          const float value = expert_out[static_cast<size_t>(grouping.slot_of[pair] * n + j)] *
+                              scale * weights[pair];
+          sum = c == 0 ? value : sum + value;
+        }
+        expected[static_cast<size_t>(t * n + j)] = sum;
+      }
+    }
+    DeviceVector<float> dout_experts(expert_out), dweights(weights), dscales(scales),
+        dsum(expected.size());
+    DeviceVector<int32_t> dslot(grouping.slot_of), dexpert(expert_of);
+    const kernels::WeightedExpertSumArgs args{.expert_out = dout_experts.get(),
+                                              .slot_of = dslot.get(),
+                                              .expert_of = dexpert.get(),
+                                              .weights = dweights.get(),
+                                              .expert_scales = scaled ? dscales.get() : nullptr,
+                                              .rows = rows,
+                                              .k = k,
+                                              .n = n,
+                                              .out = dsum.get()};
+    ASSERT_CUDA(kernels::WeightedExpertSum(args, nullptr));
+    ExpectBitsEqual(dsum.ToHost(), expected, scaled ? "with expert scales" : "without");
+  }
+}
+
+// gemma4's router input scaling: (x * scale) * vector[i], two roundings in that order.
+TEST_F(CudaKernelsTest, ScaleRowsByVectorRoundsAsTheCpuForward) {
+  const int64_t rows = 7, n = 300;
+  const std::vector<float> x = RandomFloats(rows * n, 91, 5.0f), v = RandomFloats(n, 92);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(n));
+  std::vector<float> expected(x);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < n; ++i) {
+      float& value = expected[static_cast<size_t>(r * n + i)];
+      value = value * scale * v[static_cast<size_t>(i)];
+    }
+  }
+  DeviceVector<float> dx(x), dv(v);
+  ASSERT_CUDA(kernels::ScaleRowsByVector(dx.get(), rows, n, scale, dv.get(), nullptr));
+  ExpectBitsEqual(dx.ToHost(), expected, "router input");
 }
 
 // The final logit soft-cap, cap * tanh(x / cap) in llama.cpp's order, against the CPU forward's

@@ -1,6 +1,7 @@
 // The CUDA forward and speculation engine (common/cuda/cuda_model.h, cuda_session.h) against
 // the CPU engine on small random-weight models quantized by `bitsplit quantize`'s code path (a
-// llama, and gemma3-, qwen2- and qwen3-shaped ones): logits close to the CPU's (the device keeps
+// llama, gemma3-, qwen2- and qwen3-shaped ones, and the oracle's gemma4 and mixture-of-experts
+// fixtures): logits close to the CPU's (the device keeps
 // K/V in fp16), batch invariance bit for bit (a token alone = in a batch; a tree node = its
 // causal path, also past gemma3's sliding window), the losslessness invariant on the device
 // (speculative output == plain decoding, greedy and sampled), the VRAM plan's refusal, and every
@@ -21,6 +22,7 @@
 #include <vector>
 
 #ifdef BITSPLIT_HAVE_CUDA
+#include "absl/strings/str_cat.h"
 #include "bench/synthetic_model.h"
 #include "common/cuda/cuda_model.h"
 #include "common/cuda/cuda_session.h"
@@ -395,28 +397,36 @@ TEST_F(CudaModelTest, ForwardIsCloseToTheCpuInDraftAndVerifyMode) {
   EXPECT_GT(t.total_ns, t.residual_ns);
 }
 
+// Forwards `prompt` in one batch into a cache of its own, then token by token into
+// `one_cache` (committing each): every row's logits equal bit for bit.
+void ExpectEachTokenAloneEqualsTheBatch(CudaModel& model, const std::vector<int32_t>& prompt,
+                                        ForwardMode mode, DeviceKvCache& one_cache,
+                                        const std::string& what) {
+  const size_t vocab = static_cast<size_t>(model.config().vocab_size);
+  auto batch_cache = model.NewKvCache();
+  ASSERT_TRUE(batch_cache.ok()) << what;
+  std::vector<float> batched(prompt.size() * vocab), one(vocab);
+  ASSERT_TRUE(model.Forward(Batch::Causal(prompt, 0), **batch_cache, batched, mode).ok()) << what;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const Batch batch =
+        Batch::Causal(std::span<const int32_t>(&prompt[i], 1), static_cast<int32_t>(i));
+    ASSERT_TRUE(model.Forward(batch, one_cache, one, mode).ok()) << what;
+    ASSERT_TRUE(one_cache.Commit(1).ok()) << what;
+    ASSERT_EQ(std::vector<float>(batched.begin() + i * vocab, batched.begin() + (i + 1) * vocab),
+              one)
+        << what << " token " << i << " in " << model::ForwardModeName(mode) << " mode";
+  }
+}
+
 TEST_F(CudaModelTest, ATokenAloneEqualsTheSameTokenInABatchAndTreeNodesEqualTheirPaths) {
   Engines e = Load(TinySplitModel(), SmallOptions());
   ASSERT_NE(e.cuda, nullptr);
   const std::vector<int32_t> prompt = Prompt(12, 5);
   for (const ForwardMode mode : {ForwardMode::kDraft, ForwardMode::kVerify}) {
-    auto batch_cache = e.cuda->NewKvCache();
-    ASSERT_TRUE(batch_cache.ok());
-    std::vector<float> batched(prompt.size() * kVocab);
-    ASSERT_TRUE(e.cuda->Forward(Batch::Causal(prompt, 0), **batch_cache, batched, mode).ok());
-    batch_cache->reset();
     auto one_cache = e.cuda->NewKvCache();
     ASSERT_TRUE(one_cache.ok());
+    ExpectEachTokenAloneEqualsTheBatch(*e.cuda, prompt, mode, **one_cache, "llama");
     std::vector<float> one(kVocab);
-    for (size_t i = 0; i < prompt.size(); ++i) {
-      const Batch batch =
-          Batch::Causal(std::span<const int32_t>(&prompt[i], 1), static_cast<int32_t>(i));
-      ASSERT_TRUE(e.cuda->Forward(batch, **one_cache, one, mode).ok());
-      ASSERT_TRUE((*one_cache)->Commit(1).ok());
-      ASSERT_EQ(
-          std::vector<float>(batched.begin() + i * kVocab, batched.begin() + (i + 1) * kVocab), one)
-          << "token " << i << " in " << model::ForwardModeName(mode) << " mode";
-    }
     // A tree over the committed prompt: two branches a-b and c; each node = its causal path.
     const std::vector<int32_t> tree_tokens = {7, 8, 9};
     const std::vector<int32_t> parents = {-1, 0, -1};
@@ -572,6 +582,41 @@ TEST_F(CudaModelTest, FamilyForwardIsCloseToTheCpuPastTheWindow) {
   }
 }
 
+// An oracle fixture's random model (tests/fixtures/oracle/NAME_synthetic_logits.json) split as
+// the fixtures are into a temporary prefix, loaded with a 128-token context, forwards of up to 64
+// rows and 2 sessions. Empty engines when the fixture or the quantizer fails (the test's ASSERT
+// on e.cuda stops it).
+struct FixtureEngines {
+  Engines engines;
+  std::string prefix;
+  ~FixtureEngines() {  // the mapped files stay readable until the engines go
+    std::filesystem::remove(model::SplitBasePath(prefix));
+    std::filesystem::remove(model::SplitResidualPath(prefix));
+  }
+};
+std::unique_ptr<FixtureEngines> LoadOracleFixture(const std::string& name) {
+  auto fixture = std::make_unique<FixtureEngines>();
+  fixture->prefix = (testing::TestTempDir() / ("cuda-" + name)).string();
+  const testing::SyntheticModelFile source("tests/fixtures/oracle/" + name +
+                                           "_synthetic_logits.json");
+  EXPECT_TRUE(source.ok()) << name;
+  if (!source.ok()) return fixture;
+  offline::SplitQuantizeOptions quantize;
+  quantize.quantization = testing::SplitFixtureQuantization();
+  quantize.num_threads = 2;
+  const auto split =
+      offline::QuantizeSplitModel(source.path(), model::SplitBasePath(fixture->prefix),
+                                  model::SplitResidualPath(fixture->prefix), quantize);
+  EXPECT_TRUE(split.ok()) << name << ": " << split.status();
+  if (!split.ok()) return fixture;
+  CudaModelOptions options = SmallOptions();
+  options.context = 128;
+  options.max_batch_rows = 64;
+  fixture->engines = Load(
+      {model::SplitBasePath(fixture->prefix), model::SplitResidualPath(fixture->prefix)}, options);
+  return fixture;
+}
+
 // gemma4, the oracle fixture's random model (5 layers, d 256: local layers of 4 heads over 2 KV
 // heads of 64 with a 32-token window, global layers of 4 heads over 1 KV head of 128 with
 // proportional RoPE, one global layer whose values are its keys, the value norm, the layer
@@ -579,19 +624,10 @@ TEST_F(CudaModelTest, FamilyForwardIsCloseToTheCpuPastTheWindow) {
 // the device against the CPU with fp16-rounded K/V: a prefill past the window, a tree, its path
 // committed (every layer's keys at that layer's width), and the next decode step.
 TEST_F(CudaModelTest, Gemma4ForwardIsCloseToTheCpuPastTheWindow) {
-  const testing::SyntheticModelFile source("tests/fixtures/oracle/gemma4_synthetic_logits.json");
-  ASSERT_TRUE(source.ok());
-  const std::string prefix = (testing::TestTempDir() / "cuda-gemma4").string();
-  offline::SplitQuantizeOptions quantize;
-  quantize.quantization = testing::SplitFixtureQuantization();
-  quantize.num_threads = 2;
-  ASSERT_TRUE(offline::QuantizeSplitModel(source.path(), model::SplitBasePath(prefix),
-                                          model::SplitResidualPath(prefix), quantize)
-                  .ok());
-  CudaModelOptions options = SmallOptions();
-  options.context = 128;
-  Engines e = Load({model::SplitBasePath(prefix), model::SplitResidualPath(prefix)}, options);
+  const std::unique_ptr<FixtureEngines> fixture = LoadOracleFixture("gemma4");
+  Engines& e = fixture->engines;
   ASSERT_NE(e.cuda, nullptr);
+  const CudaModelOptions& options = e.cuda->options();
   const model::ModelConfig& c = e.cuda->config();
   ASSERT_GT(c.sliding_window, 0);
   const std::vector<int32_t> prompt = Prompt(c.sliding_window + 8, 5);
@@ -638,8 +674,73 @@ TEST_F(CudaModelTest, Gemma4ForwardIsCloseToTheCpuPastTheWindow) {
     }
     compare(Batch::Causal(std::vector<int32_t>{12}, static_cast<int32_t>(length)), " decode", 1);
   }
-  std::filesystem::remove(model::SplitBasePath(prefix));
-  std::filesystem::remove(model::SplitResidualPath(prefix));
+}
+
+// The mixture-of-experts fixtures of the oracle (random weights: qwen3moe, 3 layers of 16
+// experts with 4 used; gemma4 MoE, a dense FFN beside 16 experts of which 4 are used, the router
+// input scale, per-expert down scales and the fused gate|up tensor), split as the fixtures are.
+// On the device against the CPU (the same routing rules, router logits bit for bit from the same
+// input): prefill, tree, decode in draft and verify mode; batch invariance bit for bit (a token
+// alone = in a batch, a tree node = its causal path); no CUDA graph is captured (the host routes
+// between kernels); and speculation equal to plain decoding of the device's own verifier.
+TEST_F(CudaModelTest, MixtureOfExpertsForwardIsCloseToTheCpuAndBatchInvariant) {
+  for (const char* fixture : {"qwen3moe", "gemma4moe"}) {
+    const std::unique_ptr<FixtureEngines> loaded = LoadOracleFixture(fixture);
+    Engines& e = loaded->engines;
+    ASSERT_NE(e.cuda, nullptr) << fixture;
+    const CudaModelOptions& options = e.cuda->options();
+    const model::ModelConfig& c = e.cuda->config();
+    ASSERT_TRUE(c.has_experts()) << fixture;
+    const size_t vocab = static_cast<size_t>(c.vocab_size);
+    const std::vector<int32_t> prompt = Prompt(40, 5);
+    for (const ForwardMode mode : {ForwardMode::kDraft, ForwardMode::kVerify}) {
+      const std::string what =
+          absl::StrCat(fixture, " ", std::string(model::ForwardModeName(mode)));
+      auto cpu_cache = e.cpu->NewKvCache(options.context, model::KvRounding::kFp16);
+      auto cuda_cache = e.cuda->NewKvCache();
+      ASSERT_TRUE(cpu_cache.ok() && cuda_cache.ok()) << what;
+      // Near-tied routing may pick another expert on one side (RMSNorm's sums differ in the last
+      // bits), so a few rows may disagree.
+      ExpectForwardsClose(e, Batch::Causal(prompt, 0), *cpu_cache, **cuda_cache, mode,
+                          prompt.size() - 4, what + " prefill");
+      ASSERT_TRUE(cpu_cache->Commit(static_cast<int64_t>(prompt.size())).ok());
+      ASSERT_TRUE((*cuda_cache)->Commit(static_cast<int64_t>(prompt.size())).ok());
+      const int32_t length = static_cast<int32_t>(prompt.size());
+      auto tree = Batch::Tree(std::vector<int32_t>{7, 8, 9, 10, 11},
+                              std::vector<int32_t>{-1, 0, 1, 0, -1}, length);
+      ASSERT_TRUE(tree.ok());
+      ExpectForwardsClose(e, *tree, *cpu_cache, **cuda_cache, mode, 4, what + " tree");
+      cuda_cache->reset();  // the plan holds two sessions
+
+      // Batch invariance on the device.
+      auto one_cache = e.cuda->NewKvCache();
+      ASSERT_TRUE(one_cache.ok()) << what;
+      ExpectEachTokenAloneEqualsTheBatch(*e.cuda, prompt, mode, **one_cache, what);
+      std::vector<float> tree_logits(5 * vocab), chain(3 * vocab);
+      ASSERT_TRUE(e.cuda->Forward(*tree, **one_cache, tree_logits, mode).ok());
+      (*one_cache)->DiscardPending();
+      ASSERT_TRUE(e.cuda
+                      ->Forward(Batch::Causal(std::vector<int32_t>{7, 8, 9}, length), **one_cache,
+                                chain, mode)
+                      .ok());
+      (*one_cache)->DiscardPending();
+      EXPECT_EQ(std::vector<float>(tree_logits.begin(), tree_logits.begin() + 3 * vocab), chain)
+          << what;
+    }
+    EXPECT_EQ(e.cuda->graphs_captured(), 0) << fixture;
+
+    const model::SamplingParams greedy;
+    const model::SamplingParams sampled{
+        .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 11};
+    for (const model::SamplingParams& sampling : {greedy, sampled}) {
+      const std::vector<int32_t> plain = Generate(*e.cuda, prompt, {.nodes = 0}, sampling, 16);
+      ASSERT_EQ(plain.size(), 16u) << fixture;
+      EXPECT_EQ(
+          Generate(*e.cuda, prompt, {.nodes = 8, .expansions = 2, .max_depth = 4}, sampling, 16),
+          plain)
+          << fixture << " temperature " << sampling.temperature;
+    }
+  }
 }
 
 // Past the window, on the device, bit for bit: a token alone = in a batch, a tree node = its

@@ -375,10 +375,23 @@ TEST(VramPlanTest, MixtureOfExpertsPlansRoutersExpertsAndTheirScratch) {
             Pages(plan->embedding_bytes + plan->norms_bytes + plan->router_bytes +
                   plan->rope_table_bytes + plan->hadamard_bytes) *
                 kPage);
-  // 64 rows route 512 (row, expert) pairs: ids and weights, input, gate|up and output rows.
+  // 64 rows route 512 (row, expert) pairs. Router logits [64, 128], the experts' and router's
+  // inputs [64, 2048] each; per pair its expert, weight, grouped row and source row; per grouped
+  // row its input (2048), gate|up (2 x 768), activation (768) and output (2048); the sum [64,
+  // 2048].
   const uint64_t routed = kRows * 8;
-  EXPECT_EQ(plan->scratch.expert_bytes, 2 * Aligned(4 * routed) + 2 * Aligned(4 * routed * 2048) +
-                                            Aligned(4 * routed * 2 * 768));
+  EXPECT_EQ(plan->scratch.expert_bytes,
+            Aligned(4 * kRows * 128) + 2 * Aligned(4 * kRows * 2048) + 4 * Aligned(4 * routed) +
+                2 * Aligned(4 * routed * 2048) + Aligned(4 * routed * 2 * 768) +
+                Aligned(4 * routed * 768) + Aligned(4 * kRows * 2048));
+  // The expert groups quantize every routed pair's row: 512 rows of the widest input (q: 4096).
+  EXPECT_EQ(plan->scratch.linear_rows, 512);
+  EXPECT_EQ(plan->scratch.linear_cols, 4096);
+  EXPECT_EQ(plan->scratch.rotated_bytes, Aligned(4 * routed * 4096));
+  EXPECT_EQ(plan->scratch.activation_bytes,
+            Aligned(routed * 4096) + 2 * Aligned(4 * routed * (4096 / 32)));
+  // No dense FFN: no scratch for one (the file's d_ff of 6144 is read by nothing).
+  EXPECT_EQ(plan->scratch.gate_up_bytes, 0u);
   uint64_t sum = 0;
   for (const VramItem& item : plan->Items()) sum += item.bytes;
   EXPECT_EQ(sum, plan->total_bytes);

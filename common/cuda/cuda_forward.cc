@@ -2,12 +2,16 @@
 // host), one layer after another on stream_, and draft forwards through captured CUDA graphs.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/cuda/cuda_model.h"
 #include "common/cuda/cuda_status.h"
+#include "common/model/expert_routing.h"
 #include "common/quant/hadamard.h"
 #include "common/util/elapsed.h"
 #include "common/util/status_macros.h"
@@ -58,10 +62,9 @@ absl::Status CudaModel::ValidateBatch(const model::Batch& batch, const DeviceKvC
   return absl::OkStatus();
 }
 
-absl::Status CudaModel::Linear(LinearGroupId id, const float* x, int64_t rows,
-                               std::span<float* const> outputs, bool verify) {
-  const Group& group = GroupOf(id);
-  const int64_t cols = group.cols;
+absl::StatusOr<bool> CudaModel::QuantizeForGroup(const float* x, int64_t rows, int64_t cols,
+                                                 bool verify, bool staging, cudaEvent_t copied) {
+  BITSPLIT_CHECK(rows <= plan_.scratch.linear_rows && cols <= plan_.scratch.linear_cols);
   const float* input = x;
   if (quantization_.rotation.enabled()) {
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.rotated, x, rows * cols * sizeof(float),
@@ -74,81 +77,212 @@ absl::Status CudaModel::Linear(LinearGroupId id, const float* x, int64_t rows,
   const int64_t block_stride = quant::ActivationBlockStride(cols);
   BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::QuantizeActivations(
       input, rows, cols, d_.codes, d_.act_scales, d_.act_sums, block_stride, stream_));
+  if (!verify) return false;
+  // The activations go to the host first, so the residual can start while the base runs:
+  // straight into the residual source's staging memory when it has some for this many rows
+  // (else through the copy path, whose source refuses what it cannot hold).
+  BITSPLIT_RETURN_IF_ERROR(EnsureResidualStaging());
+  const bool staged = staging && staging_ != nullptr && rows <= staging_->max_rows;
+  int8_t* codes = staged ? staging_->codes : host_codes_;
+  float* scales = staged ? staging_->scales : host_scales_;
+  float* sums = staged ? staging_->sums : host_sums_;
+  BITSPLIT_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(codes, d_.codes, rows * cols, cudaMemcpyDeviceToHost, stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      scales, d_.act_scales, rows * block_stride * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      sums, d_.act_sums, rows * block_stride * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied, stream_));
+  return staged;
+}
+
+absl::Status CudaModel::Linear(LinearGroupId id, const float* x, int64_t rows,
+                               std::span<float* const> outputs, bool verify) {
+  const Group& group = GroupOf(id);
+  const int64_t cols = group.cols;
+  const int64_t block_stride = quant::ActivationBlockStride(cols);
   const kernels::DeviceActivations activations{d_.codes, d_.act_scales, d_.act_sums,
                                                rows,     cols,          block_stride};
   const size_t event_base = 3 * static_cast<size_t>(model::LinearGroupIndex(config_, id));
-  bool staged = false;
-  if (verify) {
-    // The activations go to the host first, so the residual can start while the base runs:
-    // straight into the residual source's staging memory when it has some for this many rows
-    // (else through the copy path, whose source refuses what it cannot hold).
-    BITSPLIT_RETURN_IF_ERROR(EnsureResidualStaging());
-    staged = staging_ != nullptr && rows <= staging_->max_rows;
-    int8_t* codes = staged ? staging_->codes : host_codes_;
-    float* scales = staged ? staging_->scales : host_scales_;
-    float* sums = staged ? staging_->sums : host_sums_;
-    BITSPLIT_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(codes, d_.codes, rows * cols, cudaMemcpyDeviceToHost, stream_));
-    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scales, d_.act_scales,
-                                                  rows * block_stride * sizeof(float),
-                                                  cudaMemcpyDeviceToHost, stream_));
-    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        sums, d_.act_sums, rows * block_stride * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[event_base], stream_));
-  }
+  BITSPLIT_ASSIGN_OR_RETURN(
+      const bool staged,
+      QuantizeForGroup(x, rows, cols, verify, /*staging=*/true, events_[event_base]));
   kernels::GroupMatMul matmul = group.matmul;
   for (int i = 0; i < matmul.count; ++i) matmul.outputs[i] = outputs[static_cast<size_t>(i)];
   BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::SplitMatMul(matmul, activations, false, stream_));
   ++timings_.groups;
   if (!verify) return absl::OkStatus();
+  const std::span<const int64_t> widths(group.output_rows, static_cast<size_t>(matmul.count));
+  return AddResidual(event_base, rows, widths, outputs, [&]() -> absl::StatusOr<const float*> {
+    if (staged) {
+      // y = x · Rᵀ lands in the staging memory; the next group's activation copy, queued after
+      // this group's output copy on the stream, is what the host waits for before the source
+      // writes there again.
+      BITSPLIT_RETURN_IF_ERROR(residual_->SubmitStaged(id, rows, cols));
+      BITSPLIT_RETURN_IF_ERROR(residual_->WaitStaged(id, *pool_));
+      return staging_->outputs;
+    }
+    float* host_outputs[kernels::kMaxGroupMatrices] = {};
+    const quant::QuantizedActivations& x = HostResidualCall(rows, cols, widths, host_outputs);
+    BITSPLIT_RETURN_IF_ERROR(residual_->Submit(id, x));
+    BITSPLIT_RETURN_IF_ERROR(
+        residual_->Accumulate(id, x, std::span<float* const>(host_outputs, widths.size()), *pool_));
+    return host_residual_;
+  });
+}
 
+const quant::QuantizedActivations& CudaModel::HostResidualCall(int64_t rows, int64_t cols,
+                                                               std::span<const int64_t> widths,
+                                                               float** host_outputs) {
+  const int64_t block_stride = quant::ActivationBlockStride(cols);
+  quant::QuantizedActivations& h = host_activations_;
+  h.rows = rows;
+  h.cols = cols;
+  h.block_stride = block_stride;
+  h.codes.assign(host_codes_, host_codes_ + rows * cols);
+  h.scales.assign(host_scales_, host_scales_ + rows * block_stride);
+  h.sums.assign(host_sums_, host_sums_ + rows * block_stride);
+  int64_t offset = 0;
+  for (size_t i = 0; i < widths.size(); ++i) {
+    host_outputs[i] = host_residual_ + rows * offset;
+    offset += widths[i];
+  }
+  std::fill_n(host_residual_, rows * offset, 0.0f);
+  return h;
+}
+
+absl::Status CudaModel::AddResidual(size_t event_base, int64_t rows,
+                                    std::span<const int64_t> widths,
+                                    std::span<float* const> outputs,
+                                    absl::FunctionRef<absl::StatusOr<const float*>()> compute) {
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[event_base + 1], stream_));
   const Clock::time_point wait_start = Clock::now();
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events_[event_base]));
   const Clock::time_point residual_start = Clock::now();
   timings_.wait_gpu_ns +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(residual_start - wait_start).count();
-  int64_t total_rows = 0;
-  for (int i = 0; i < matmul.count; ++i) total_rows += group.output_rows[i];
-  const float* residual_output = host_residual_;
-  if (staged) {
-    // y = x · Rᵀ lands in the staging memory; the next group's activation copy, queued after
-    // this group's output copy on the stream, is what the host waits for before the source
-    // writes there again.
-    BITSPLIT_RETURN_IF_ERROR(residual_->SubmitStaged(id, rows, cols));
-    BITSPLIT_RETURN_IF_ERROR(residual_->WaitStaged(id, *pool_));
-    residual_output = staging_->outputs;
-  } else {
-    quant::QuantizedActivations& h = host_activations_;
-    h.rows = rows;
-    h.cols = cols;
-    h.block_stride = block_stride;
-    h.codes.assign(host_codes_, host_codes_ + rows * cols);
-    h.scales.assign(host_scales_, host_scales_ + rows * block_stride);
-    h.sums.assign(host_sums_, host_sums_ + rows * block_stride);
-    float* host_outputs[kernels::kMaxGroupMatrices] = {};
-    int64_t offset = 0;
-    for (int i = 0; i < matmul.count; ++i) {
-      host_outputs[i] = host_residual_ + rows * offset;
-      offset += group.output_rows[i];
-    }
-    std::fill_n(host_residual_, rows * total_rows, 0.0f);
-    BITSPLIT_RETURN_IF_ERROR(residual_->Submit(id, host_activations_));
-    BITSPLIT_RETURN_IF_ERROR(residual_->Accumulate(
-        id, host_activations_, std::span<float* const>(host_outputs, matmul.count), *pool_));
-  }
+  BITSPLIT_ASSIGN_OR_RETURN(const float* residual_output, compute());
   timings_.residual_ns += NanosSince(residual_start);
+  int64_t total_width = 0;
+  for (const int64_t width : widths) total_width += width;
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaEventRecord(events_[event_base + 2], stream_));
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_.residual_output, residual_output,
-                                                rows * total_rows * sizeof(float),
+                                                rows * total_width * sizeof(float),
                                                 cudaMemcpyHostToDevice, stream_));
   int64_t offset = 0;
-  for (int i = 0; i < matmul.count; ++i) {
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::AddInPlace(outputs[static_cast<size_t>(i)],
-                                                      d_.residual_output + rows * offset,
-                                                      rows * group.output_rows[i], stream_));
-    offset += group.output_rows[i];
+  for (size_t i = 0; i < widths.size(); ++i) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::AddInPlace(
+        outputs[i], d_.residual_output + rows * offset, rows * widths[i], stream_));
+    offset += widths[i];
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModel::ExpertsLinear(int32_t layer, LinearGroup group, const float* x,
+                                      int64_t rows, std::span<const model::ExpertRows> segments,
+                                      std::span<float* const> outputs, bool verify) {
+  const LinearGroupId id{layer, group};
+  const Group& tall = GroupOf(id);
+  const int64_t cols = tall.cols;
+  const int64_t block_stride = quant::ActivationBlockStride(cols);
+  const int64_t experts = config_.num_experts;
+  BITSPLIT_CHECK(static_cast<int>(outputs.size()) == tall.matmul.count);
+  const size_t event_base = 3 * static_cast<size_t>(model::LinearGroupIndex(config_, id));
+  // The source's staging memory holds one dense group's layout, not a segment table: the
+  // experts' activations go through the copy path.
+  BITSPLIT_RETURN_IF_ERROR(
+      QuantizeForGroup(x, rows, cols, verify, /*staging=*/false, events_[event_base]).status());
+  int64_t widths[kernels::kMaxGroupMatrices] = {};
+  for (int i = 0; i < tall.matmul.count; ++i) widths[i] = tall.output_rows[i] / experts;
+  for (const model::ExpertRows& segment : segments) {
+    kernels::GroupMatMul matmul = tall.matmul;
+    for (int i = 0; i < matmul.count; ++i) {
+      kernels::DeviceMatrix& slice = matmul.matrices[i];
+      slice.data += segment.expert * widths[i] * slice.row_stride;
+      slice.rows = widths[i];
+      matmul.outputs[i] = outputs[static_cast<size_t>(i)] + segment.first_row * widths[i];
+    }
+    const kernels::DeviceActivations activations{d_.codes + segment.first_row * cols,
+                                                 d_.act_scales + segment.first_row * block_stride,
+                                                 d_.act_sums + segment.first_row * block_stride,
+                                                 segment.count,
+                                                 cols,
+                                                 block_stride};
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::SplitMatMul(matmul, activations, false, stream_));
+  }
+  ++timings_.groups;
+  if (!verify) return absl::OkStatus();
+  const std::span<const int64_t> output_widths(widths, static_cast<size_t>(tall.matmul.count));
+  return AddResidual(event_base, rows, output_widths, outputs,
+                     [&]() -> absl::StatusOr<const float*> {
+                       float* host_outputs[kernels::kMaxGroupMatrices] = {};
+                       const quant::QuantizedActivations& h =
+                           HostResidualCall(rows, cols, output_widths, host_outputs);
+                       BITSPLIT_RETURN_IF_ERROR(residual_->AccumulateExperts(
+                           layer, group, segments, h,
+                           std::span<float* const>(host_outputs, output_widths.size()), *pool_));
+                       return host_residual_;
+                     });
+}
+
+absl::Status CudaModel::ExpertsBlock(int32_t layer, const float* input, const float* router_input,
+                                     float* out, const ForwardPass& pass) {
+  const model::ModelConfig& c = config_;
+  const int64_t n = pass.rows;
+  const int64_t k = c.num_experts_used;
+  const int64_t routed = n * k;
+  const int64_t width = c.d_ff_expert;
+  // Routing on the host, by the CPU forward's rules, from logits the device computed.
+  BITSPLIT_CUDA_RETURN_IF_ERROR(
+      kernels::RouterLogits(router_input, n, routers_[static_cast<size_t>(layer)], c.num_experts,
+                            c.d_model, d_.router_logits, stream_));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_router_logits_, d_.router_logits,
+                                                n * c.num_experts * sizeof(float),
+                                                cudaMemcpyDeviceToHost, stream_));
+  const Clock::time_point wait_start = Clock::now();
+  BITSPLIT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  timings_.wait_gpu_ns += NanosSince(wait_start);
+  const std::span<int32_t> expert_of(host_expert_of_, static_cast<size_t>(routed));
+  model::RouteRows(c, host_router_logits_, n, expert_of,
+                   std::span<float>(host_expert_weights_, static_cast<size_t>(routed)));
+  const model::ExpertGrouping grouping = model::GroupByExpert(expert_of, c.num_experts, k);
+  std::copy(grouping.slot_of.begin(), grouping.slot_of.end(), host_slot_of_);
+  std::copy(grouping.source_row.begin(), grouping.source_row.end(), host_source_row_);
+  // The four tables are adjacent in the pinned staging and in the scratch, in the same order.
+  for (const auto& [device, host] : {std::pair<void*, const void*>{d_.expert_of, host_expert_of_},
+                                     {d_.expert_weights, host_expert_weights_},
+                                     {d_.slot_of, host_slot_of_},
+                                     {d_.source_row, host_source_row_}}) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(device, host, routed * 4, cudaMemcpyHostToDevice, stream_));
+  }
+  BITSPLIT_CUDA_RETURN_IF_ERROR(
+      kernels::GatherRows(input, d_.source_row, routed, c.d_model, d_.expert_input, stream_));
+  // gate|up: one fused matrix (each row the expert's gate outputs, then its up outputs), or two.
+  float* const gate = d_.expert_gate_up;
+  float* const up = c.fused_expert_gate_up ? gate + width : gate + routed * width;
+  const int64_t stride = c.fused_expert_gate_up ? 2 * width : width;
+  std::vector<float*> gate_up = {gate};
+  if (!c.fused_expert_gate_up) gate_up.push_back(up);
+  BITSPLIT_RETURN_IF_ERROR(ExpertsLinear(layer, LinearGroup::kExpertGateUp, d_.expert_input, routed,
+                                         grouping.segments, gate_up, pass.verify));
+  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::GatedActivationRows(
+      gate, up, routed, width, stride, c.ffn_activation == model::FfnActivation::kGeluTanh,
+      d_.expert_activation, stream_));
+  float* const down[] = {d_.expert_output};
+  BITSPLIT_RETURN_IF_ERROR(ExpertsLinear(layer, LinearGroup::kExpertDown, d_.expert_activation,
+                                         routed, grouping.segments, down, pass.verify));
+  const model::LayerNorms& vectors = layer_vectors_[static_cast<size_t>(layer)];
+  const kernels::WeightedExpertSumArgs sum{.expert_out = d_.expert_output,
+                                           .slot_of = d_.slot_of,
+                                           .expert_of = d_.expert_of,
+                                           .weights = d_.expert_weights,
+                                           .expert_scales = vectors.expert_output_scale,
+                                           .rows = n,
+                                           .k = k,
+                                           .n = c.d_model,
+                                           .out = out};
+  BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::WeightedExpertSum(sum, stream_));
   return absl::OkStatus();
 }
 
@@ -243,7 +377,9 @@ absl::Status CudaModel::ForwardImpl(std::span<const DeviceSequence> sequences,
   }
   const ForwardShape shape{n, slices.size() == 1 ? slices[0].mask_width : mask_offset, logit_rows,
                            selects_rows, slices.size() == 1 ? slices[0].cache->keys(0) : nullptr};
-  if (!verify && embedding_on_device_ && cuda_graphs_ && slices.size() == 1) {
+  // A mixture-of-experts layer routes on the host between kernels: no graph can hold that.
+  if (!verify && embedding_on_device_ && cuda_graphs_ && slices.size() == 1 &&
+      !config_.has_experts()) {
     BITSPLIT_RETURN_IF_ERROR(LaunchDraftGraph(shape, slices[0]));
   } else {
     BITSPLIT_RETURN_IF_ERROR(EnqueueForward(shape, slices, verify));
@@ -452,20 +588,44 @@ absl::Status CudaModel::FeedForwardBlock(int32_t layer, const ForwardPass& pass)
   const int64_t n = pass.rows;
   BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, nullptr, n, c.d_model, vectors.ffn_norm,
                                                  c.rms_norm_eps, d_.normed, stream_));
-  float* const gate_up[] = {d_.gate, d_.up};
-  BITSPLIT_RETURN_IF_ERROR(
-      Linear({layer, LinearGroup::kGateUp}, d_.normed, n, gate_up, pass.verify));
-  switch (c.ffn_activation) {
-    case model::FfnActivation::kSilu:
-      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::SiluMul(d_.gate, d_.up, n * c.d_ff, d_.gate, stream_));
-      break;
-    case model::FfnActivation::kGeluTanh:
-      BITSPLIT_CUDA_RETURN_IF_ERROR(
-          kernels::GeluTanhMul(d_.gate, d_.up, n * c.d_ff, d_.gate, stream_));
-      break;
+  if (c.dense_ffn) {
+    float* const gate_up[] = {d_.gate, d_.up};
+    BITSPLIT_RETURN_IF_ERROR(
+        Linear({layer, LinearGroup::kGateUp}, d_.normed, n, gate_up, pass.verify));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::GatedActivationRows(
+        d_.gate, d_.up, n, c.d_ff, c.d_ff, c.ffn_activation == model::FfnActivation::kGeluTanh,
+        d_.gate, stream_));
+    float* const projected[] = {d_.projected};
+    BITSPLIT_RETURN_IF_ERROR(
+        Linear({layer, LinearGroup::kDown}, d_.gate, n, projected, pass.verify));
   }
-  float* const projected[] = {d_.projected};
-  BITSPLIT_RETURN_IF_ERROR(Linear({layer, LinearGroup::kDown}, d_.gate, n, projected, pass.verify));
+  if (c.has_experts()) {
+    if (c.parallel_experts) {
+      // As LlamaModel (gemma4): the experts read pre_ffw_norm_2(x), the router
+      // RMSNorm(x) / sqrt(d_model) * ffn_gate_inp.scale; the dense output and the experts' sum
+      // get post_ffw_norm_1 and post_ffw_norm_2 before they are added.
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, nullptr, n, c.d_model,
+                                                     vectors.experts_pre_norm, c.rms_norm_eps,
+                                                     d_.experts_normed, stream_));
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.x, nullptr, n, c.d_model, nullptr,
+                                                     c.rms_norm_eps, d_.router_input, stream_));
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ScaleRowsByVector(
+          d_.router_input, n, c.d_model, 1.0f / std::sqrt(static_cast<float>(c.d_model)),
+          vectors.router_input_scale, stream_));
+      BITSPLIT_RETURN_IF_ERROR(
+          ExpertsBlock(layer, d_.experts_normed, d_.router_input, d_.experts_sum, pass));
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.projected, nullptr, n, c.d_model,
+                                                     vectors.dense_post_norm, c.rms_norm_eps,
+                                                     d_.projected, stream_));
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::RmsNorm(d_.experts_sum, nullptr, n, c.d_model,
+                                                     vectors.experts_post_norm, c.rms_norm_eps,
+                                                     d_.experts_sum, stream_));
+      BITSPLIT_CUDA_RETURN_IF_ERROR(
+          kernels::AddInPlace(d_.projected, d_.experts_sum, n * c.d_model, stream_));
+    } else {
+      BITSPLIT_RETURN_IF_ERROR(ExpertsBlock(layer, d_.normed, d_.normed, d_.projected, pass));
+    }
+  }
   BITSPLIT_RETURN_IF_ERROR(AddToHiddenState(vectors.ffn_post_norm, pass));
   if (c.layer_output_scale) {
     BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::ScaleInPlace(

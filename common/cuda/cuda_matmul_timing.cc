@@ -27,7 +27,9 @@ absl::StatusOr<CudaModel::MatMulPassTiming> CudaModel::TimeBaseMatMuls(int64_t r
   BITSPLIT_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(d_.act_sums, 0, rows * block_stride_max_ * sizeof(float), stream_));
   MatMulPassTiming timing;
-  std::vector<std::pair<const Group*, std::vector<float*>>> passes;
+  // Each pass: a group's matrices (for an expert group, one routed expert's slices: a token's
+  // k experts are k passes) and their outputs, with the input width.
+  std::vector<std::pair<kernels::GroupMatMul, int64_t>> passes;
   for (const LinearGroupId id : model::AllLinearGroups(config_)) {
     std::vector<float*> outputs;
     switch (id.group) {
@@ -35,8 +37,13 @@ absl::StatusOr<CudaModel::MatMulPassTiming> CudaModel::TimeBaseMatMuls(int64_t r
         outputs = {d_.q, d_.k_new, d_.v_new};
         break;
       case LinearGroup::kGateUp:
-      case LinearGroup::kExpertGateUp:
         outputs = {d_.gate, d_.up};
+        break;
+      case LinearGroup::kExpertGateUp:
+        outputs = {d_.expert_gate_up, d_.expert_gate_up + rows * config_.d_ff_expert};
+        break;
+      case LinearGroup::kExpertDown:
+        outputs = {d_.expert_output};
         break;
       case LinearGroup::kOutputHead:
         outputs = {d_.logits};
@@ -46,23 +53,29 @@ absl::StatusOr<CudaModel::MatMulPassTiming> CudaModel::TimeBaseMatMuls(int64_t r
         break;
     }
     const Group& group = GroupOf(id);
-    for (int i = 0; i < group.matmul.count; ++i) {
-      timing.weight_bytes += static_cast<uint64_t>(group.matmul.matrices[i].rows *
-                                                   group.matmul.matrices[i].row_stride);
+    const bool experts = model::IsExpertGroup(id.group);
+    for (int64_t e = 0; e < (experts ? config_.num_experts_used : 1); ++e) {
+      kernels::GroupMatMul matmul = group.matmul;
+      for (int i = 0; i < matmul.count; ++i) {
+        kernels::DeviceMatrix& matrix = matmul.matrices[i];
+        if (experts) {  // expert e's slice
+          matrix.rows /= config_.num_experts;
+          matrix.data += e * matrix.rows * matrix.row_stride;
+        }
+        matmul.outputs[i] = outputs[static_cast<size_t>(i)];
+        timing.weight_bytes += static_cast<uint64_t>(matrix.rows * matrix.row_stride);
+      }
+      passes.emplace_back(matmul, group.cols);
     }
-    passes.emplace_back(&group, std::move(outputs));
   }
   cudaEvent_t start = nullptr, stop = nullptr;
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
   cudaError_t error = cudaEventRecord(start, stream_);
   for (int rep = 0; rep < repetitions && error == cudaSuccess; ++rep) {
-    for (const auto& [group, outputs] : passes) {
-      const kernels::DeviceActivations x{d_.codes,    d_.act_scales,
-                                         d_.act_sums, rows,
-                                         group->cols, quant::ActivationBlockStride(group->cols)};
-      kernels::GroupMatMul matmul = group->matmul;
-      for (int i = 0; i < matmul.count; ++i) matmul.outputs[i] = outputs[static_cast<size_t>(i)];
+    for (const auto& [matmul, cols] : passes) {
+      const kernels::DeviceActivations x{
+          d_.codes, d_.act_scales, d_.act_sums, rows, cols, quant::ActivationBlockStride(cols)};
       error = kernels::SplitMatMul(matmul, x, false, stream_);
       if (error != cudaSuccess) break;
     }

@@ -51,9 +51,6 @@ absl::Status CheckImplemented(const model::ModelConfig& config) {
                                                  " of this \"", config.architecture,
                                                  "\" model (use --backend cpu)"));
   };
-  if (config.has_experts()) {
-    return refuse(absl::StrCat("the mixture-of-experts layers (", config.num_experts, " experts)"));
-  }
   switch (config.rope_style) {
     case model::RopeStyle::kAdjacentPairs:
     case model::RopeStyle::kHalves:
@@ -316,7 +313,7 @@ absl::Status CudaModel::UploadConstants(const model::EmbeddingAndNorms& embeddin
   const ops::WeightMatrix& embedding = embedding_and_norms.token_embd;
   // Embedding, norms, RoPE table, Hadamard signs.
   const int64_t d = config.d_model;
-  const int64_t widest_input = std::max({config.d_model, config.MaxQDim(), config.d_ff});
+  const int64_t widest_input = plan_.scratch.linear_cols;
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMalloc(&constants_slab_, plan_.constants_slab_bytes));
   Carver constants(constants_slab_);
   if (embedding_on_device_) {
@@ -359,6 +356,29 @@ absl::Status CudaModel::UploadConstants(const model::EmbeddingAndNorms& embeddin
     BITSPLIT_CHECK(norms.size() * sizeof(float) <= plan_.norms_bytes);
     BITSPLIT_CUDA_RETURN_IF_ERROR(
         cudaMemcpy(norms_, norms.data(), norms.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  // The routers at f32 (a source of another type dequantized row by row, as ops::MatMul reads
+  // it), so that the device's router logits are the CPU's bit for bit.
+  if (config.has_experts()) {
+    float* routers = constants.Take<float>(plan_.router_bytes);
+    const int64_t per_layer = config.num_experts * d;
+    std::vector<float> rows(static_cast<size_t>(per_layer));
+    routers_.clear();
+    for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+      const ops::WeightMatrix& router =
+          embedding_and_norms.layers[static_cast<size_t>(layer)].router;
+      if (router.data == nullptr || router.rows != config.num_experts || router.cols != d) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "blk.%d.ffn_gate_inp.weight is missing or not [%d, %d]", layer, config.num_experts, d));
+      }
+      for (int64_t e = 0; e < config.num_experts; ++e) {
+        ops::DequantizeWeightRow(router, e, rows.data() + e * d);
+      }
+      float* device = routers + layer * per_layer;
+      BITSPLIT_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(device, rows.data(), rows.size() * sizeof(float), cudaMemcpyHostToDevice));
+      routers_.push_back(device);
+    }
   }
   // RoPE: cos/sin for every position a session can hold, computed with ops::ApplyRope's own
   // arithmetic (theta *= theta_scale in f32, std::cos/std::sin), so the device rotates exactly:
@@ -407,11 +427,12 @@ absl::Status CudaModel::UploadConstants(const model::EmbeddingAndNorms& embeddin
 absl::Status CudaModel::CarveScratch() {
   const model::ModelConfig& config = config_;
   const CudaModelOptions& options = options_;
-  const int64_t widest_input = std::max({config.d_model, config.MaxQDim(), config.d_ff});
   // Scratch, in ForwardScratchLayout's order.
   const model::ForwardScratchLayout& s = plan_.scratch;
   const uint64_t t = static_cast<uint64_t>(options.max_batch_rows);
-  block_stride_max_ = RoundUp((widest_input + 31) / 32, 8);
+  const uint64_t linear_rows = static_cast<uint64_t>(s.linear_rows);
+  const uint64_t widest_input = static_cast<uint64_t>(s.linear_cols);
+  block_stride_max_ = RoundUp((s.linear_cols + 31) / 32, 8);
   const uint64_t bs = static_cast<uint64_t>(block_stride_max_);
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch_slab_, plan_.scratch_slab_bytes));
   Carver scratch(scratch_slab_);
@@ -429,15 +450,32 @@ absl::Status CudaModel::CarveScratch() {
   d_.up = scratch.Take<float>(s.gate_up_bytes / 2);
   d_.projected = scratch.Take<float>(s.projected_bytes);
   d_.rotated = scratch.Take<float>(s.rotated_bytes);
-  d_.codes = scratch.Take<int8_t>(t * static_cast<uint64_t>(widest_input));
-  d_.act_scales = scratch.Take<float>(4 * t * bs);
-  d_.act_sums = scratch.Take<float>(4 * t * bs);
+  d_.codes = scratch.Take<int8_t>(linear_rows * widest_input);
+  d_.act_scales = scratch.Take<float>(4 * linear_rows * bs);
+  d_.act_sums = scratch.Take<float>(4 * linear_rows * bs);
   d_.residual_output = scratch.Take<float>(s.residual_output_bytes);
   d_.logits = scratch.Take<float>(s.logits_bytes);
   d_.scores = scratch.Take<float>(s.scores_bytes);
   if (s.visible_slots_bytes > 0) {
     d_.visible_slots = scratch.Take<int32_t>(4 * t * static_cast<uint64_t>(options.context));
     d_.visible_counts = scratch.Take<int32_t>(4 * t);
+  }
+  if (s.expert_bytes > 0) {
+    const uint64_t routed = t * static_cast<uint64_t>(config.num_experts_used);
+    const uint64_t d = static_cast<uint64_t>(config.d_model);
+    const uint64_t width = static_cast<uint64_t>(config.d_ff_expert);
+    d_.router_logits = scratch.Take<float>(4 * t * static_cast<uint64_t>(config.num_experts));
+    d_.experts_normed = scratch.Take<float>(4 * t * d);
+    d_.router_input = scratch.Take<float>(4 * t * d);
+    d_.expert_of = scratch.Take<int32_t>(4 * routed);
+    d_.expert_weights = scratch.Take<float>(4 * routed);
+    d_.slot_of = scratch.Take<int32_t>(4 * routed);
+    d_.source_row = scratch.Take<int32_t>(4 * routed);
+    d_.expert_input = scratch.Take<float>(4 * routed * d);
+    d_.expert_gate_up = scratch.Take<float>(4 * routed * 2 * width);
+    d_.expert_activation = scratch.Take<float>(4 * routed * width);
+    d_.expert_output = scratch.Take<float>(4 * routed * d);
+    d_.experts_sum = scratch.Take<float>(4 * t * d);
   }
   d_.sampling = scratch.Take<double>(s.sampling_bytes);
   d_.top_ids = scratch.Take<int32_t>(t * 64 * 4);
@@ -454,22 +492,36 @@ absl::Status CudaModel::CarveScratch() {
 absl::Status CudaModel::AllocatePinnedStaging() {
   const uint64_t t = static_cast<uint64_t>(options_.max_batch_rows);
   const uint64_t bs = static_cast<uint64_t>(block_stride_max_);
-  const int64_t d = config_.d_model;
-  const int64_t widest_input = std::max({config_.d_model, config_.MaxQDim(), config_.d_ff});
+  const uint64_t d = static_cast<uint64_t>(config_.d_model);
   const model::ForwardScratchLayout& s = plan_.scratch;
+  const uint64_t linear_rows = static_cast<uint64_t>(s.linear_rows);
+  const uint64_t widest_input = static_cast<uint64_t>(s.linear_cols);
+  // A mixture-of-experts layer's router logits come to the host and its routing goes back.
+  const uint64_t routed = t * static_cast<uint64_t>(config_.num_experts_used);
+  const uint64_t routing_bytes =
+      config_.has_experts() ? AlignVram(4 * t * static_cast<uint64_t>(config_.num_experts)) +
+                                  4 * AlignVram(4 * routed)
+                            : 0;
   // Pinned host staging, carved like the scratch.
   const uint64_t pinned_bytes = AlignVram(BatchStagingBytes()) +
-                                AlignVram(t * static_cast<uint64_t>(widest_input)) +
-                                2 * AlignVram(4 * t * bs) + s.residual_output_bytes +
-                                AlignVram(4 * t * static_cast<uint64_t>(d));
+                                AlignVram(linear_rows * widest_input) +
+                                2 * AlignVram(4 * linear_rows * bs) + s.residual_output_bytes +
+                                AlignVram(4 * t * d) + routing_bytes;
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&pinned_, pinned_bytes, cudaHostAllocDefault));
   Carver pinned(pinned_);
   host_batch_ = pinned.Take<uint8_t>(BatchStagingBytes());
-  host_codes_ = pinned.Take<int8_t>(t * static_cast<uint64_t>(widest_input));
-  host_scales_ = pinned.Take<float>(4 * t * bs);
-  host_sums_ = pinned.Take<float>(4 * t * bs);
+  host_codes_ = pinned.Take<int8_t>(linear_rows * widest_input);
+  host_scales_ = pinned.Take<float>(4 * linear_rows * bs);
+  host_sums_ = pinned.Take<float>(4 * linear_rows * bs);
   host_residual_ = pinned.Take<float>(s.residual_output_bytes);
-  host_embedding_rows_ = pinned.Take<float>(4 * t * static_cast<uint64_t>(d));
+  host_embedding_rows_ = pinned.Take<float>(4 * t * d);
+  if (routing_bytes > 0) {
+    host_router_logits_ = pinned.Take<float>(4 * t * static_cast<uint64_t>(config_.num_experts));
+    host_expert_of_ = pinned.Take<int32_t>(4 * routed);
+    host_expert_weights_ = pinned.Take<float>(4 * routed);
+    host_slot_of_ = pinned.Take<int32_t>(4 * routed);
+    host_source_row_ = pinned.Take<int32_t>(4 * routed);
+  }
   BITSPLIT_CHECK(pinned.used() == pinned_bytes);
   events_.resize(static_cast<size_t>(3 * groups_.size()));
   for (cudaEvent_t& event : events_) {

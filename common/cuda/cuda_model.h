@@ -12,6 +12,15 @@
 // so the base matmul is queued before the host starts waiting for the residual. The residual's
 // output is added on the device with the same single f32 addition as the CPU path.
 //
+// A mixture-of-experts layer routes on the host, with the CPU forward's own functions
+// (model::RouteRows, model::GroupByExpert): the router's logits are computed on the device (the
+// CPU's bit for bit from the same input), copied back (the host waits for them), and the routing
+// tables go back to the device. Every routed pair's input row is gathered, rotated and quantized
+// once; each routed expert's base slice then runs on its rows (one matmul per expert and group),
+// and in verify mode the residual of all of them is one ResidualSource::AccumulateExperts call,
+// which reads each routed expert's residual once. Because of the host's routing step between
+// kernels, such a model's draft forwards launch kernel by kernel (no CUDA graphs).
+//
 // Memory is placed by the VRAM plan (common/model/vram_plan.h): Create refuses, with the plan's
 // RESOURCE_EXHAUSTED message, when the model, `sessions` KV caches of `context` tokens and the
 // scratch of a `max_batch_rows` forward do not fit the budget.
@@ -26,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/cuda/kernels.h"
@@ -216,16 +226,18 @@ class CudaModel {
   // Draft forwards of one sequence replay CUDA graphs, one captured per shape (rows, mask width,
   // logit rows, KV cache), when the embedding is gathered on the device (several sequences
   // launch their kernels one by one); verify forwards, which wait for the
-  // host's residual between kernels, launch their kernels one by one. On by default; off gives
-  // the same bits (for tests and benchmarks).
+  // host's residual between kernels, and a mixture-of-experts model's forwards, which route on
+  // the host, launch their kernels one by one. On by default; off gives the same bits (for tests
+  // and benchmarks).
   void set_cuda_graphs(bool on) { cuda_graphs_ = on; }
   bool cuda_graphs() const { return cuda_graphs_; }
   int64_t graphs_captured() const { return graphs_captured_; }
   int64_t graph_launches() const { return graph_launches_; }
 
   // For benchmarks: the base matmuls of one forward alone (every linear group and the head, on
-  // `rows` activation rows of zeros, no rotation, quantization or residual), timed by CUDA events
-  // over `repetitions` passes. Also the bytes of weights one pass reads.
+  // `rows` activation rows of zeros, no rotation, quantization or residual; for an expert group
+  // the slices of k experts, each on all rows), timed by CUDA events over `repetitions` passes.
+  // Also the bytes of weights one pass reads.
   struct MatMulPassTiming {
     double ms = 0;
     uint64_t weight_bytes = 0;
@@ -270,8 +282,8 @@ class CudaModel {
                     const model::SplitLinearWeights& base,
                     const model::SplitQuantization& quantization, const CudaModelOptions& options);
   // Init's steps, in order: the device and its free memory; the VRAM plan (and whether the
-  // embedding table goes to the device); the base weights; embedding, norms, RoPE tables,
-  // Hadamard signs and the GeLU table; the forward's scratch; the pinned host staging.
+  // embedding table goes to the device); the base weights; embedding, norms, routers, RoPE
+  // tables and Hadamard signs; the forward's scratch; the pinned host staging.
   absl::Status SelectDevice(size_t* free_bytes);
   absl::Status PlanMemory(const model::EmbeddingAndNorms& embedding_and_norms, size_t free_bytes);
   absl::Status UploadBaseWeights(const model::SplitLinearWeights& base);
@@ -304,6 +316,10 @@ class CudaModel {
   absl::Status AttentionBlock(int32_t layer, const ForwardPass& pass);
   absl::Status StoreKvAndAttend(int32_t layer, const ForwardPass& pass);
   absl::Status FeedForwardBlock(int32_t layer, const ForwardPass& pass);
+  // A mixture-of-experts layer: the rows of `input` routed by the router on `router_input`, each
+  // row's experts' weighted sum to `out` ([rows, d_model]).
+  absl::Status ExpertsBlock(int32_t layer, const float* input, const float* router_input,
+                            float* out, const ForwardPass& pass);
   // x += projected, RMS-normalized first with `post_norm` where the config has post-norms.
   absl::Status AddToHiddenState(const float* post_norm, const ForwardPass& pass);
   absl::Status OutputHead(const ForwardPass& pass);
@@ -327,6 +343,29 @@ class CudaModel {
   absl::Status Linear(model::LinearGroupId id, const float* x, int64_t rows,
                       std::span<float* const> outputs, bool verify);
   const Group& GroupOf(model::LinearGroupId id) const;
+  // Linear for an expert group of `layer`: x is [rows, expert input] grouped by expert as
+  // `segments` say; outputs[i] rows get x · W_iᵀ of their segment's expert's slice of matrix i
+  // (+ its residual in verify mode).
+  absl::Status ExpertsLinear(int32_t layer, model::LinearGroup group, const float* x, int64_t rows,
+                             std::span<const model::ExpertRows> segments,
+                             std::span<float* const> outputs, bool verify);
+  // x [rows, cols] rotated (when the model is) and quantized into d_.codes / act_scales /
+  // act_sums; in verify mode also copied to the host staging (straight into the residual
+  // source's when `staging` and it holds `rows`), then event `copied` recorded. Returns whether
+  // the copy went to the source's staging.
+  // In verify mode, after a group's base matmuls were queued: waits for the activations' copy,
+  // runs `compute` (which leaves x · R_iᵀ of every matrix i, [rows][widths[i]] back to back, at
+  // the address it returns), copies that to the device and adds matrix i's part to outputs[i].
+  absl::Status AddResidual(size_t event_base, int64_t rows, std::span<const int64_t> widths,
+                           std::span<float* const> outputs,
+                           absl::FunctionRef<absl::StatusOr<const float*>()> compute);
+  // For a residual source without staging: host_activations_ filled from the pinned copies of
+  // [rows, cols], host_outputs[i] pointed at host_residual_ in AddResidual's layout and zeroed.
+  const quant::QuantizedActivations& HostResidualCall(int64_t rows, int64_t cols,
+                                                      std::span<const int64_t> widths,
+                                                      float** host_outputs);
+  absl::StatusOr<bool> QuantizeForGroup(const float* x, int64_t rows, int64_t cols, bool verify,
+                                        bool staging, cudaEvent_t copied);
 
   model::ModelConfig config_;
   model::SplitQuantization quantization_;
@@ -358,7 +397,8 @@ class CudaModel {
   // [layer]: layer_output_scale's value (a kernel argument; 1 where the model has none).
   std::vector<float> layer_output_scales_;
   const float* output_norm_ = nullptr;
-  float* rope_cos_ = nullptr;  // the global layers' table
+  std::vector<const float*> routers_;  // [layer]: f32 [num_experts, d_model] (mixture of experts)
+  float* rope_cos_ = nullptr;          // the global layers' table
   float* rope_sin_ = nullptr;
   float* rope_local_cos_ = nullptr;  // the local layers' (sliding-window models only)
   float* rope_local_sin_ = nullptr;
@@ -387,6 +427,19 @@ class CudaModel {
     float* scores;
     int32_t* visible_slots;   // sliding-window models only
     int32_t* visible_counts;  // sliding-window models only
+    // Mixture-of-experts models only (ForwardScratchLayout::expert_bytes).
+    float* router_logits;
+    float* experts_normed;
+    float* router_input;
+    int32_t* expert_of;
+    float* expert_weights;
+    int32_t* slot_of;
+    int32_t* source_row;
+    float* expert_input;
+    float* expert_gate_up;
+    float* expert_activation;
+    float* expert_output;
+    float* experts_sum;
     double* sampling;
     int32_t* top_ids;
     float* top_logits;
@@ -409,6 +462,12 @@ class CudaModel {
   float* host_sums_ = nullptr;
   float* host_residual_ = nullptr;
   float* host_embedding_rows_ = nullptr;
+  // Mixture of experts: a layer's router logits [T, E] and its routing [T x k] each.
+  float* host_router_logits_ = nullptr;
+  int32_t* host_expert_of_ = nullptr;
+  float* host_expert_weights_ = nullptr;
+  int32_t* host_slot_of_ = nullptr;
+  int32_t* host_source_row_ = nullptr;
   quant::QuantizedActivations host_activations_;
   bool cuda_graphs_ = true;
   std::vector<CapturedForward> graphs_;

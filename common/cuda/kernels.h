@@ -11,11 +11,12 @@
 // arithmetic exactly it says so, and the tests check those bit for bit:
 //   exact:   Hadamard rotation, activation quantization, split matmul (MatMulReference's
 //            sequence), embedding gather and scale, RoPE (both pairings, from a host-computed
-//            table), residual and bias adds, GeGLU (from a host-computed fp16 table), attention
-//            scores (simd::Dot's lane order), the sliding window's slot lists, argmax, top-k ids
+//            table), residual and bias adds, attention scores and router logits (simd::Dot's
+//            lane order), the sliding window's slot lists, the gather and weighted sum of a
+//            mixture-of-experts layer, argmax, top-k ids
 //   close:   RMSNorm (also per head for QK-norm, and the post-norms) and the attention softmax
 //            sum (double sums in a fixed tree instead of index order), expf in SiLU / softmax
-//            (CUDA's expf vs glibc's: <= 2 ulp apart)
+//            and tanhf in GeGLU and the soft-cap (the device's vs glibc's: <= 2 ulp apart)
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -174,13 +175,13 @@ struct AttentionArgs {
 };
 cudaError_t Attention(const AttentionArgs& args, cudaStream_t stream);
 
-// out[i] = gate[i] / (1 + expf(-gate[i])) * up[i] (ops::SiluMul's formula); out may alias gate.
-cudaError_t SiluMul(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
-
-// ops::GeluTanhMul: out[i] = GeluTanh(gate[i]) * up[i] in f32, within a few ulp of the CPU's
-// (the device's tanhf). out may alias gate.
-cudaError_t GeluTanhMul(const float* gate, const float* up, int64_t n, float* out,
-                        cudaStream_t stream);
+// The gated activation on rows `stride` floats apart: out[r * width + i] = act(gate[r * stride +
+// i]) * up[r * stride + i], stride >= width (gate and up may be the two halves of one fused row,
+// an expert's gate|up output; out may alias gate when stride == width). act(g) * u is
+// ops::SiluMul's g / (1 + expf(-g)) * u, or with gelu_tanh ops::GeluTanhMul's formula in f32
+// (the device's tanhf: within a few ulp of the CPU's).
+cudaError_t GatedActivationRows(const float* gate, const float* up, int64_t rows, int64_t width,
+                                int64_t stride, bool gelu_tanh, float* out, cudaStream_t stream);
 
 // KvCache::CommitSlots on the device: for i in order, slot committed + i = slot committed +
 // pending_indices[i] in keys and values of every layer (`layer_stride` elements apart), and in
@@ -189,6 +190,38 @@ cudaError_t GeluTanhMul(const float* gate, const float* up, int64_t n, float* ou
 cudaError_t CommitSlots(uint16_t* keys, uint16_t* values, int32_t* positions, int64_t layers,
                         int64_t layer_stride, int64_t kv_dim, int64_t committed,
                         const int32_t* pending_indices, int64_t count, cudaStream_t stream);
+
+// ---- Mixture of experts --------------------------------------------------------------------
+
+// logits[t * experts + e] = x_t · router_e, router f32 [experts][cols], each dot in simd::Dot's
+// order: ops::MatMul of the router (f32, or dequantized to f32) bit for bit.
+cudaError_t RouterLogits(const float* x, int64_t rows, const float* router, int64_t experts,
+                         int64_t cols, float* logits, cudaStream_t stream);
+
+// out[s * n + i] = x[source_rows[s] * n + i] for s < rows: each routed pair's input row.
+cudaError_t GatherRows(const float* x, const int32_t* source_rows, int64_t rows, int64_t n,
+                       float* out, cudaStream_t stream);
+
+// x[r * n + i] = x[r * n + i] * scale * vector[i] (two f32 multiplies in that order: gemma4's
+// router input, RMSNorm(x) / sqrt(d_model) * ffn_gate_inp.scale).
+cudaError_t ScaleRowsByVector(float* x, int64_t rows, int64_t n, float scale, const float* vector,
+                              cudaStream_t stream);
+
+// Per row t, its k experts' outputs added in the order chosen, LlamaModel's arithmetic exactly:
+// value_c = expert_out[slot_of[t k + c]] * (expert_scales ? expert_scales[expert_of[t k + c]] :
+// 1) * weights[t k + c] (two f32 multiplies), out[t] = value_0 + value_1 + ... left to right.
+struct WeightedExpertSumArgs {
+  const float* expert_out = nullptr;     // [grouped rows][n]
+  const int32_t* slot_of = nullptr;      // [rows * k]: pair -> grouped row
+  const int32_t* expert_of = nullptr;    // [rows * k]
+  const float* weights = nullptr;        // [rows * k]
+  const float* expert_scales = nullptr;  // [experts], or null
+  int64_t rows = 0;
+  int64_t k = 0;
+  int64_t n = 0;
+  float* out = nullptr;  // [rows][n]
+};
+cudaError_t WeightedExpertSum(const WeightedExpertSumArgs& args, cudaStream_t stream);
 
 // ---- Target choice ---------------------------------------------------------------------------
 

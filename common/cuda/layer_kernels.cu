@@ -1,11 +1,12 @@
 // The non-linear parts of a layer on the device: embedding gather and scale, RMSNorm, RoPE (both
 // pairings), bias adds, the fp16 KV store and slot positions, sliding-window slot lists,
-// tree-masked attention, SiLU·mul, GeGLU and the KV commit (see kernels.h for which are
-// bit-exact with the CPU ops).
+// tree-masked attention, SiLU·mul and GeGLU (also on strided rows), and the KV commit (see
+// kernels.h for which are bit-exact with the CPU ops).
 #include <cuda_fp16.h>
 
 #include <cstddef>
 
+#include "common/cuda/kernel_common.h"
 #include "common/cuda/kernels.h"
 #include "common/quant/ggml_blocks.h"
 
@@ -174,23 +175,14 @@ __global__ void __launch_bounds__(kSlotThreads) VisibleSlotsKernel(VisibleSlotsA
   if (threadIdx.x == 0) a.counts[row] = chunk_base;
 }
 
-// simd::Dot's order: lane l accumulates k = l, l + 8, ... with one fma each (missing tail lanes
-// add 0 * 0), then ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+struct HalfLoader {
+  const uint16_t* values;
+  __device__ float operator()(int64_t k) const { return HalfBitsToFloat(values[k]); }
+};
+
+// simd::Dot's order over an fp16 key.
 __device__ float DotWithHalf(const float* q, const uint16_t* key, int64_t n) {
-  float acc[8];
-#pragma unroll
-  for (int l = 0; l < 8; ++l) acc[l] = 0.0f;
-  for (int64_t k = 0; k < n; k += 8) {
-#pragma unroll
-    for (int l = 0; l < 8; ++l) {
-      const bool inside = k + l < n;
-      acc[l] =
-          __fmaf_rn(inside ? q[k + l] : 0.0f, inside ? HalfBitsToFloat(key[k + l]) : 0.0f, acc[l]);
-    }
-  }
-  const float s0 = __fadd_rn(acc[0], acc[4]), s1 = __fadd_rn(acc[1], acc[5]);
-  const float s2 = __fadd_rn(acc[2], acc[6]), s3 = __fadd_rn(acc[3], acc[7]);
-  return __fadd_rn(__fadd_rn(s0, s2), __fadd_rn(s1, s3));
+  return SimdOrderDot(q, HalfLoader{key}, n);
 }
 
 // One CUDA block per (head, row). Shared memory: the query head, the visible mask columns and
@@ -256,25 +248,27 @@ __global__ void __launch_bounds__(kAttentionThreads) AttentionKernel(AttentionAr
   }
 }
 
-__global__ void SiluMulKernel(const float* gate, const float* up, int64_t n, float* out) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float g = gate[i];
-  out[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
+__device__ __forceinline__ float SiluMulValue(float g, float u) {
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
 // ops::GeluTanh's operations in its order, each rounded on its own (no contraction into FMAs);
 // tanhf is the device's (within 2 ulp), so the result is within a few ulp of the CPU's.
-__global__ void GeluTanhMulKernel(const float* gate, const float* up, int64_t n, float* out) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
+__device__ __forceinline__ float GeluTanhMulValue(float g, float u) {
   constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
   constexpr float kCoefficient = 0.044715f;
-  const float g = gate[i];
   const float cubic = __fadd_rn(1.0f, __fmul_rn(__fmul_rn(kCoefficient, g), g));
   const float inner = __fmul_rn(__fmul_rn(kSqrt2OverPi, g), cubic);
   const float gelu = __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, tanhf(inner)));
-  out[i] = __fmul_rn(gelu, up[i]);
+  return __fmul_rn(gelu, u);
+}
+
+__global__ void GatedRowsKernel(const float* gate, const float* up, int64_t rows, int64_t width,
+                                int64_t stride, bool gelu_tanh, float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * width) return;
+  const int64_t in = i / width * stride + i % width;
+  out[i] = gelu_tanh ? GeluTanhMulValue(gate[in], up[in]) : SiluMulValue(gate[in], up[in]);
 }
 
 // One thread per (layer, keys or values, element), plus one for the positions: the slot copies
@@ -300,10 +294,6 @@ __global__ void CommitSlotsKernel(uint16_t* keys, uint16_t* values, int32_t* pos
   for (int64_t j = 0; j < count; ++j) {
     base[(committed + j) * kv_dim] = base[(committed + pending_indices[j]) * kv_dim];
   }
-}
-
-unsigned Blocks(int64_t n, int threads) {
-  return static_cast<unsigned>((n + threads - 1) / threads);
 }
 
 }  // namespace
@@ -395,17 +385,12 @@ cudaError_t Attention(const AttentionArgs& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t SiluMul(const float* gate, const float* up, int64_t n, float* out,
-                    cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  SiluMulKernel<<<Blocks(n, 256), 256, 0, stream>>>(gate, up, n, out);
-  return cudaGetLastError();
-}
-
-cudaError_t GeluTanhMul(const float* gate, const float* up, int64_t n, float* out,
-                        cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  GeluTanhMulKernel<<<Blocks(n, 256), 256, 0, stream>>>(gate, up, n, out);
+cudaError_t GatedActivationRows(const float* gate, const float* up, int64_t rows, int64_t width,
+                                int64_t stride, bool gelu_tanh, float* out, cudaStream_t stream) {
+  if (rows * width == 0) return cudaSuccess;
+  if (stride < width) return cudaErrorInvalidValue;
+  GatedRowsKernel<<<Blocks(rows * width, 256), 256, 0, stream>>>(gate, up, rows, width, stride,
+                                                                 gelu_tanh, out);
   return cudaGetLastError();
 }
 

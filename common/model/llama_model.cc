@@ -2,16 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/model/expert_routing.h"
 #include "common/ops/activation.h"
 #include "common/ops/attention.h"
 #include "common/ops/matmul.h"
 #include "common/ops/rmsnorm.h"
 #include "common/ops/rope.h"
-#include "common/ops/softmax.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::model {
@@ -540,34 +539,9 @@ void LlamaModel::GatedActivation(int64_t rows, int64_t width, float* gate, const
 }
 
 void LlamaModel::RouteToExperts(int32_t layer, const float* router_input, ForwardPass& pass) {
-  const ModelConfig& c = config_;
-  const int64_t k = c.num_experts_used;
   const ops::WeightMatrix& router = embedding_and_norms_.layers[static_cast<size_t>(layer)].router;
   ops::MatMul(router_input, pass.rows, router, pass.router_logits.data(), *pool_);
-  std::vector<float> probabilities(static_cast<size_t>(c.num_experts));
-  std::vector<int32_t> order(static_cast<size_t>(c.num_experts));
-  for (int64_t t = 0; t < pass.rows; ++t) {
-    const float* logits = pass.router_logits.data() + t * c.num_experts;
-    ops::Softmax(logits, c.num_experts, probabilities.data());
-    std::iota(order.begin(), order.end(), 0);
-    // A NaN probability (from NaN weights) ranks last, so the order stays a strict weak one.
-    const auto rank = [&](int32_t e) {
-      const float p = probabilities[static_cast<size_t>(e)];
-      return std::isnan(p) ? -1.0f : p;
-    };
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      const float pa = rank(a), pb = rank(b);
-      return pa != pb ? pa > pb : a < b;
-    });
-    float sum = 0.0f;
-    for (int64_t i = 0; i < k; ++i) sum += probabilities[static_cast<size_t>(order[i])];
-    sum = std::max(sum, 0x1p-14f);  // as llama.cpp: the smallest normal fp16
-    for (int64_t i = 0; i < k; ++i) {
-      pass.expert_of[static_cast<size_t>(t * k + i)] = order[static_cast<size_t>(i)];
-      pass.expert_weights[static_cast<size_t>(t * k + i)] =
-          probabilities[static_cast<size_t>(order[i])] / sum * c.expert_weights_scale;
-    }
-  }
+  RouteRows(config_, pass.router_logits.data(), pass.rows, pass.expert_of, pass.expert_weights);
 }
 
 absl::Status LlamaModel::ExpertsBlock(int32_t layer, const float* input, const float* router_input,
@@ -579,23 +553,10 @@ absl::Status LlamaModel::ExpertsBlock(int32_t layer, const float* input, const f
   RouteToExperts(layer, router_input, pass);
   // The (row, choice) pairs grouped by expert, so that each expert runs once on all its rows.
   const int64_t routed = pass.rows * k;
-  std::vector<int64_t> slot_of(static_cast<size_t>(routed));  // (row, choice) -> grouped row
-  std::vector<ExpertRows> segments;
-  std::vector<int64_t> count(static_cast<size_t>(c.num_experts), 0);
-  for (const int32_t expert : pass.expert_of) ++count[static_cast<size_t>(expert)];
-  int64_t next = 0;
-  std::vector<int64_t> first(static_cast<size_t>(c.num_experts), 0);
-  for (int32_t e = 0; e < c.num_experts; ++e) {
-    first[static_cast<size_t>(e)] = next;
-    if (count[static_cast<size_t>(e)] > 0) {
-      segments.push_back({.expert = e, .first_row = next, .count = count[static_cast<size_t>(e)]});
-    }
-    next += count[static_cast<size_t>(e)];
-  }
-  for (int64_t pair = 0; pair < routed; ++pair) {
-    const int64_t slot = first[static_cast<size_t>(pass.expert_of[static_cast<size_t>(pair)])]++;
-    slot_of[static_cast<size_t>(pair)] = slot;
-    std::copy_n(input + (pair / k) * c.d_model, c.d_model,
+  const ExpertGrouping grouping = GroupByExpert(pass.expert_of, c.num_experts, k);
+  const std::span<const ExpertRows> segments = grouping.segments;
+  for (int64_t slot = 0; slot < routed; ++slot) {
+    std::copy_n(input + grouping.source_row[static_cast<size_t>(slot)] * c.d_model, c.d_model,
                 pass.expert_input.data() + slot * c.d_model);
   }
   if (c.fused_expert_gate_up) {  // each row: the expert's gate outputs, then its up outputs
@@ -625,7 +586,7 @@ absl::Status LlamaModel::ExpertsBlock(int32_t layer, const float* input, const f
     for (int64_t i = 0; i < k; ++i) {
       const size_t pair = static_cast<size_t>(t * k + i);
       const float weight = pass.expert_weights[pair];
-      const float* expert = pass.expert_output.data() + slot_of[pair] * c.d_model;
+      const float* expert = pass.expert_output.data() + grouping.slot_of[pair] * c.d_model;
       // Without a per-expert scale it is 1, and x * 1.0f is x exactly.
       const float scale = vectors.expert_output_scale != nullptr
                               ? vectors.expert_output_scale[pass.expert_of[pair]]

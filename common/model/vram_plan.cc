@@ -21,16 +21,17 @@ uint64_t RoundUp(uint64_t n, uint64_t multiple) { return (n + multiple - 1) / mu
 
 uint64_t U(int64_t n) { return static_cast<uint64_t>(n); }
 
-// The widest input of any linear group (the rotation and quantization scratch).
+// The widest input of any linear group (the rotation and quantization scratch); d_ff only where
+// the layers have a dense FFN (a qwen3moe file states one that no group reads).
 int64_t WidestInput(const ModelConfig& c) {
-  return std::max({c.d_model, c.MaxQDim(), c.d_ff, c.d_ff_expert});
+  return std::max({c.d_model, c.MaxQDim(), c.dense_ffn ? c.d_ff : 0, c.d_ff_expert});
 }
 
 // The widest output of any group (the residual's result for one group, all its matrices).
 // An expert group's result is per routed row: k rows of each token.
 int64_t WidestOutput(const ModelConfig& c) {
-  return std::max({c.MaxQDim() + 2 * c.MaxKvDim(), c.d_model, 2 * c.d_ff, c.vocab_size,
-                   c.num_experts_used * std::max(2 * c.d_ff_expert, c.d_model)});
+  return std::max({c.MaxQDim() + 2 * c.MaxKvDim(), c.d_model, c.dense_ffn ? 2 * c.d_ff : 0,
+                   c.vocab_size, c.num_experts_used * std::max(2 * c.d_ff_expert, c.d_model)});
 }
 
 absl::Status ValidateConfig(const ModelConfig& c) {
@@ -185,30 +186,35 @@ absl::StatusOr<uint64_t> SplitLinearBytes(
 ForwardScratchLayout ForwardScratchLayout::For(const ModelConfig& c, int64_t max_rows,
                                                int64_t max_context) {
   const uint64_t t = U(max_rows);
-  const uint64_t widest_input = U(WidestInput(c));
-  const uint64_t block_stride = RoundUp((widest_input + 31) / 32, 8);
   ForwardScratchLayout s;
+  s.linear_rows = max_rows * std::max<int64_t>(1, c.num_experts_used);
+  s.linear_cols = WidestInput(c);
+  const uint64_t linear_rows = U(s.linear_rows);
+  const uint64_t widest_input = U(s.linear_cols);
+  const uint64_t block_stride = RoundUp((widest_input + 31) / 32, 8);
   s.batch_bytes = 3 * AlignVram(4 * t) + AlignVram(2 * t * t);
   s.hidden_state_bytes = AlignVram(4 * t * U(c.d_model));
   s.normed_bytes = AlignVram(4 * t * U(c.d_model));
   s.q_bytes = AlignVram(4 * t * U(c.MaxQDim()));
   s.kv_new_bytes = 2 * AlignVram(4 * t * U(c.MaxKvDim()));
   s.attention_bytes = AlignVram(4 * t * U(c.MaxQDim()));
-  s.gate_up_bytes = 2 * AlignVram(4 * t * U(c.d_ff));
+  s.gate_up_bytes = c.dense_ffn ? 2 * AlignVram(4 * t * U(c.d_ff)) : 0;
   s.projected_bytes = AlignVram(4 * t * U(c.d_model));
-  s.rotated_bytes = AlignVram(4 * t * widest_input);
-  s.activation_bytes = AlignVram(t * widest_input) + 2 * AlignVram(4 * t * block_stride);
+  s.rotated_bytes = AlignVram(4 * linear_rows * widest_input);
+  s.activation_bytes =
+      AlignVram(linear_rows * widest_input) + 2 * AlignVram(4 * linear_rows * block_stride);
   s.residual_output_bytes = AlignVram(4 * t * U(WidestOutput(c)));
   s.logits_bytes = AlignVram(4 * t * U(c.vocab_size));
   s.scores_bytes = AlignVram(4 * t * U(c.num_heads) * U(max_context));
   if (c.sliding_window > 0)
     s.visible_slots_bytes = AlignVram(4 * t * U(max_context)) + AlignVram(4 * t);
   if (c.has_experts()) {
-    // Per token its k experts' ids and weights; per routed row its input, gate|up and output.
     const uint64_t routed = t * U(c.num_experts_used);
-    s.expert_bytes =
-        AlignVram(4 * routed) + AlignVram(4 * routed) + AlignVram(4 * routed * U(c.d_model)) +
-        AlignVram(4 * routed * 2 * U(c.d_ff_expert)) + AlignVram(4 * routed * U(c.d_model));
+    const uint64_t d = U(c.d_model), width = U(c.d_ff_expert);
+    s.expert_bytes = AlignVram(4 * t * U(c.num_experts)) + 2 * AlignVram(4 * t * d) +
+                     4 * AlignVram(4 * routed) + AlignVram(4 * routed * d) +
+                     AlignVram(4 * routed * 2 * width) + AlignVram(4 * routed * width) +
+                     AlignVram(4 * routed * d) + AlignVram(4 * t * d);
   }
   s.sampling_bytes = AlignVram(8 * t * U(c.vocab_size));
   s.choice_bytes =

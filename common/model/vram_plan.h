@@ -3,10 +3,7 @@
 // embedding table, norms and tables, every session's fp16 KV cache, the scratch of one forward)
 // and whether it fits a budget. Pure arithmetic, so it is tested without a GPU; the CUDA backend
 // allocates exactly the buffers counted here (ForwardScratchLayout is its scratch layout), so the
-// plan is what the device holds, up to the CUDA runtime's own use (the budget's margin). For a
-// mixture-of-experts model, which the CUDA backend does not run yet, the routers and the routed
-// rows' scratch are counted as the CPU forward lays them out: the plan is the device's needs, not
-// yet an allocation.
+// plan is what the device holds, up to the CUDA runtime's own use (the budget's margin).
 //
 // When the request does not fit, PlanVram refuses with RESOURCE_EXHAUSTED and says what fits:
 // the longest context at the requested session count, the most sessions at the requested
@@ -56,24 +53,31 @@ struct ForwardScratchLayout {
   // Batch description: tokens, positions, logit rows (i32 [T]) and the mask (u8 [T, 2T]: a
   // forward's mask is at most context + T wide and the context of a draft forward is < T).
   uint64_t batch_bytes = 0;
-  uint64_t hidden_state_bytes = 0;     // x, f32 [T, d_model]
-  uint64_t normed_bytes = 0;           // f32 [T, d_model]
-  uint64_t q_bytes = 0;                // f32 [T, q_dim]
-  uint64_t kv_new_bytes = 0;           // the batch's keys and values before fp16: f32 2 x [T, kv]
-  uint64_t attention_bytes = 0;        // f32 [T, q_dim]
-  uint64_t gate_up_bytes = 0;          // f32 2 x [T, d_ff]
-  uint64_t projected_bytes = 0;        // f32 [T, d_model]
-  uint64_t rotated_bytes = 0;          // f32 [T, widest input]
-  uint64_t activation_bytes = 0;       // int8 codes [T, widest input] + f32 scales, sums
+  uint64_t hidden_state_bytes = 0;  // x, f32 [T, d_model]
+  uint64_t normed_bytes = 0;        // f32 [T, d_model]
+  uint64_t q_bytes = 0;             // f32 [T, q_dim]
+  uint64_t kv_new_bytes = 0;        // the batch's keys and values before fp16: f32 2 x [T, kv]
+  uint64_t attention_bytes = 0;     // f32 [T, q_dim]
+  uint64_t gate_up_bytes = 0;       // f32 2 x [T, d_ff] (0 without a dense FFN)
+  uint64_t projected_bytes = 0;     // f32 [T, d_model]
+  // The rotation and int8 activation scratch of one linear group: linear_rows rows (a forward's
+  // T, or T x k for a mixture-of-experts model, whose expert groups run on every routed pair) of
+  // the widest input, linear_cols.
+  int64_t linear_rows = 0;
+  int64_t linear_cols = 0;
+  uint64_t rotated_bytes = 0;          // f32 [linear_rows, linear_cols]
+  uint64_t activation_bytes = 0;       // int8 codes [linear_rows, linear_cols] + f32 scales, sums
   uint64_t residual_output_bytes = 0;  // f32 [T, widest group output]: the residual's result
   uint64_t logits_bytes = 0;           // f32 [T, vocab]
   uint64_t scores_bytes = 0;           // attention scores f32 [T, heads, max_context]
   // Sliding-window models only (0 otherwise): each row's visible slots of a windowed layer,
   // i32 [T, max_context], and their counts, i32 [T].
   uint64_t visible_slots_bytes = 0;
-  // Mixture-of-experts models only (0 otherwise): each token's k expert ids (i32) and weights
-  // (f32), and per routed row (T x k) its input f32 [d_model], gate|up f32 2 x [d_ff_expert] and
-  // output f32 [d_model].
+  // Mixture-of-experts models only (0 otherwise), carved in this order: the router's logits f32
+  // [T, E]; the experts' and the router's inputs f32 2 x [T, d_model] (gemma4 normalizes them
+  // apart); per routed pair (T x k) its expert (i32), weight (f32), grouped row (i32) and source
+  // row (i32); per grouped row its input f32 [d_model], gate|up f32 [2 x d_ff_expert], gated
+  // activation f32 [d_ff_expert] and output f32 [d_model]; the weighted sum f32 [T, d_model].
   uint64_t expert_bytes = 0;
   uint64_t sampling_bytes = 0;  // f64 [T, vocab]: target-choice weights
   // Per-row results: top-k ids i32 [T, 64], their logits f32 [T, 64], log-normalizers f64 [T],
