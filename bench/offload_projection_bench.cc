@@ -1,25 +1,16 @@
 // Projected decode speed of models too big for a GPU, from their published shapes: bitsplit's
-// split (base on the GPU as PlanVram lays it out, residual in RAM) beside llama.cpp's offload of
-// the same model at Q8_0 and Q4_K_M (--cpu-moe for a mixture of experts: every expert in RAM,
-// the rest on the GPU; layer offload -ngl for a dense model: the layers that fit on the GPU).
-// Arithmetic only, no weights: what each engine must read per token, over the machine's
-// bandwidths. Usage and the table: docs/performance.md ("Offloading big models: projections").
+// split (offline::PlanOffload, the planner `bitsplit plan` prints: base on the GPU as PlanVram
+// lays it out, residual in RAM) beside llama.cpp's offload of the same model at Q8_0 and Q4_K_M
+// (--cpu-moe for a mixture of experts: every expert in RAM, the rest on the GPU; layer offload
+// -ngl for a dense model: the layers that fit on the GPU). Arithmetic only, no weights: what each
+// engine must read per token, over the machine's bandwidths. Usage and the table:
+// docs/performance.md ("Offloading big models: projections").
 //
 //   build/bench/offload_projection_bench [--ram-gbps 60] [--vram-gbps 1000] [--context 8192]
 //
-// bitsplit, per model and card: among the plans "attention, dense FFN and head on base b_a, the
-// experts on b_e" (b_e <= b_a, b in {2, 3, 4}; a dense model has b_a alone) that PlanVram fits in
-// the card's default budget (one session of --context tokens, 64-row forwards, the embedding
-// rows gathered on the host), with the residual that puts base + residual at 8 bits (b2+r6,
-// b3+r5, b4+r4: at or below Q8_0's KL on SmolLM2, docs/quality.md), and among the speculation
-// shapes (off; a chain of 1 to 8 drafts; a 16-node tree drafted in 4 forwards of 4 rows), the
-// fastest. A verify of n rows reads an expert group's experts that n rows touch under uniform
-// routing (model::ExpectedDistinctExperts), so on a mixture of experts bigger verifies cost more.
-// Tokens per verify are SmolLM2's measured ones (docs/performance.md, acceptance: the 16-node
-// tree 1.72 on a b2 base, 4.18 on b4; the chain's acceptance by depth on each), linear in the mean
-// base bits of the weights a token reads: an assumption, as no trained model of these shapes runs
-// here.
-//   time per token = (residual read / RAM + base read / VRAM + draft forwards' base / VRAM) / tau
+// bitsplit, per model and card: the fastest plan of common/offline/offload_plan.h in the card's
+// default budget (one session of --context tokens, else the longest context, halving, that fits;
+// 64-row forwards; the embedding rows gathered on the host).
 // llama.cpp, per token: the weights it reads in RAM / RAM + those in VRAM / VRAM (no speculation).
 #include <algorithm>
 #include <cstdio>
@@ -32,56 +23,19 @@
 #include "common/model/config.h"
 #include "common/model/linear_backend.h"
 #include "common/model/vram_plan.h"
+#include "common/offline/offload_plan.h"
 #include "common/quant/split_format.h"
 
 namespace bitsplit {
 namespace {
 
+using offline::LinearGroupShape;
 using quant::SplitFormat;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-// SmolLM2-135M-Instruct, b2_asym/g64 and b4_asym/g64 bases + r8 (docs/performance.md,
-// acceptance): tokens per verify of a 16-node tree (k 4), and an 8-chain's acceptance by depth.
-constexpr double kTreeTauB2 = 1.72, kTreeTauB4 = 4.18;
-constexpr double kChainB2[8] = {0.25, 0.26, 0.17, 0.11, 0, 0, 0, 0};
-constexpr double kChainB4[8] = {0.80, 0.78, 0.82, 0.80, 0.81, 0.77, 0.85, 0.74};
-
-// One step's shape: rows verified, draft forwards and their rows.
-struct StepShape {
-  std::string name;
-  double verify_rows = 1, draft_forwards = 0, draft_rows = 0;
-  int chain = 0;  // drafts of a chain; 0: the tree (or off when there are no draft forwards)
-};
-std::vector<StepShape> StepShapes() {
-  std::vector<StepShape> shapes = {
-      {.name = "off"},
-      {.name = "tree 16", .verify_rows = 17, .draft_forwards = 4, .draft_rows = 4}};
-  for (int l = 1; l <= 8; ++l) {
-    shapes.push_back({.name = "chain " + std::to_string(l),
-                      .verify_rows = static_cast<double>(l + 1),
-                      .draft_forwards = static_cast<double>(l),
-                      .draft_rows = 1,
-                      .chain = l});
-  }
-  return shapes;
-}
-
-// Tokens per verify of `shape` for a base of `bits` mean bits (2 to 4).
-double Tau(const StepShape& shape, double bits) {
-  const double t = (bits - 2) / 2;
-  if (shape.draft_forwards == 0) return 1;
-  if (shape.chain == 0) return kTreeTauB2 + t * (kTreeTauB4 - kTreeTauB2);
-  double tau = 1, reach = 1;
-  for (int d = 0; d < shape.chain; ++d) {
-    reach *= kChainB2[d] + t * (kChainB4[d] - kChainB2[d]);
-    tau += reach;
-  }
-  return tau;
-}
 
 struct Machine {
-  double ram_bytes_per_second = 60e9;
-  double vram_bytes_per_second = 1e12;
+  offline::OffloadMachine bandwidths;
   int64_t context = 8192;
 };
 
@@ -155,120 +109,6 @@ model::ModelConfig Gemma4_31B() {
   return c;
 }
 
-int Bits(SplitFormat f) { return quant::GetSplitFormatInfo(f).bits; }
-SplitFormat ResidualFor(SplitFormat base) {
-  switch (Bits(base)) {
-    case 2:
-      return SplitFormat::kR6;
-    case 3:
-      return SplitFormat::kR5;
-    default:
-      return SplitFormat::kR4;
-  }
-}
-
-// Per linear group its weights and what a verify and a draft forward read of it.
-struct GroupShape {
-  model::LinearGroupId id;
-  std::vector<std::string> tensors;
-  std::vector<int64_t> rows;
-  int64_t cols = 0;
-  bool experts = false;
-  double token_share = 1;  // of its bytes one token reads
-};
-
-// The share of a group's bytes a forward of `rows` rows reads.
-double ReadShare(const model::ModelConfig& c, const GroupShape& g, double rows) {
-  if (!g.experts || rows <= 0) return g.experts ? 0 : 1;
-  return model::ExpectedDistinctExperts(c.num_experts, c.num_experts_used, rows) /
-         static_cast<double>(c.num_experts);
-}
-
-std::vector<GroupShape> Groups(const model::ModelConfig& c) {
-  std::vector<GroupShape> groups;
-  for (const model::LinearGroupId id : model::AllLinearGroups(c)) {
-    GroupShape g{.id = id,
-                 .tensors = model::LinearGroupTensorNames(c, id),
-                 .rows = model::LinearGroupOutputDims(c, id),
-                 .cols = model::LinearGroupInputDim(c, id)};
-    if (model::IsExpertGroup(id.group)) {
-      g.experts = true;
-      g.token_share = static_cast<double>(c.num_experts_used) / static_cast<double>(c.num_experts);
-    }
-    groups.push_back(std::move(g));
-  }
-  return groups;
-}
-
-struct SplitProjection {
-  SplitFormat attention_base, expert_base;
-  model::VramPlan plan;
-  std::string shape;
-  double residual_gib = 0, residual_read_gib = 0, base_read_gib = 0, tau = 0, tokens_per_second = 0;
-};
-
-std::optional<SplitProjection> ProjectSplit(const model::ModelConfig& c, uint64_t budget,
-                                            SplitFormat attention_base, SplitFormat expert_base,
-                                            const Machine& m) {
-  const std::vector<GroupShape> groups = Groups(c);
-  model::VramRequest request;
-  request.config = c;
-  request.base_format = attention_base;
-  request.base_group = 64;
-  request.embedding_bytes = 0;
-  request.context = m.context;
-  request.sessions = 1;
-  request.max_batch_rows = 64;
-  double residual = 0, token_weights = 0, token_bits = 0;
-  for (const GroupShape& g : groups) {
-    const SplitFormat base = g.experts ? expert_base : attention_base;
-    for (const std::string& name : g.tensors) request.base_tensor_formats[name] = base;
-    for (const int64_t rows : g.rows) {
-      const double weights = static_cast<double>(rows) * static_cast<double>(g.cols);
-      residual += static_cast<double>(rows) *
-                  static_cast<double>(quant::SplitRowBytes(ResidualFor(base), 32, g.cols));
-      token_weights += g.token_share * weights;
-      token_bits += g.token_share * weights * Bits(base);
-    }
-  }
-  auto plan = model::PlanVram(request, budget);
-  if (!plan.ok()) return std::nullopt;
-  // Bytes of residual and base a forward of `rows` rows reads.
-  auto read = [&](double rows, double& residual_bytes, double& base_bytes) {
-    residual_bytes = base_bytes = 0;
-    for (const GroupShape& g : groups) {
-      const SplitFormat base = g.experts ? expert_base : attention_base;
-      const double share = ReadShare(c, g, rows);
-      for (const int64_t r : g.rows) {
-        base_bytes += share * static_cast<double>(r) *
-                      static_cast<double>(model::DeviceRowStride(base, 64, g.cols));
-        residual_bytes += share * static_cast<double>(r) *
-                          static_cast<double>(quant::SplitRowBytes(ResidualFor(base), 32, g.cols));
-      }
-    }
-  };
-  std::optional<SplitProjection> best;
-  for (const StepShape& shape : StepShapes()) {
-    double residual_read = 0, verify_base = 0, unused = 0, draft_base = 0;
-    read(shape.verify_rows, residual_read, verify_base);
-    read(shape.draft_rows, unused, draft_base);
-    SplitProjection p{.attention_base = attention_base,
-                      .expert_base = expert_base,
-                      .plan = *plan,
-                      .shape = shape.name};
-    p.residual_gib = residual / kGiB;
-    p.residual_read_gib = residual_read / kGiB;
-    p.base_read_gib = verify_base / kGiB;
-    p.tau = Tau(shape, token_bits / token_weights);
-    const double seconds =
-        residual_read / m.ram_bytes_per_second +
-        (verify_base + shape.draft_forwards * draft_base) / m.vram_bytes_per_second;
-    p.tokens_per_second = p.tau / seconds;
-    if (!best || p.tokens_per_second > best->tokens_per_second) best = p;
-  }
-  return best;
-}
-
 // llama.cpp's bits per weight: Q8_0 8.5; Q4_K_M Q4_K (4.5) with Q6_K (6.5625) for ffn_down and
 // attn_v in the layers llama-quant.cpp's use_more_bits picks (the first and last eighth, every
 // third between).
@@ -290,7 +130,7 @@ struct LlamaCppProjection {
 // --cpu-moe (a mixture of experts) or -ngl (dense): per token, the bytes read from RAM and VRAM.
 LlamaCppProjection ProjectLlamaCpp(const model::ModelConfig& c, bool q4_k_m, uint64_t budget,
                                    const Machine& m) {
-  const std::vector<GroupShape> groups = Groups(c);
+  const std::vector<LinearGroupShape> groups = offline::LinearGroupShapes(c);
   // fp16 KV of one --context session, and ~1 GiB of compute buffers.
   uint64_t kv = 0;
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
@@ -302,7 +142,7 @@ LlamaCppProjection ProjectLlamaCpp(const model::ModelConfig& c, bool q4_k_m, uin
   const double available = static_cast<double>(budget) - static_cast<double>(kv) - kGiB;
   std::vector<double> layer_bytes(static_cast<size_t>(c.num_layers), 0.0);
   double head = 0, experts = 0, expert_read = 0;
-  for (const GroupShape& g : groups) {
+  for (const LinearGroupShape& g : groups) {
     for (size_t i = 0; i < g.rows.size(); ++i) {
       const double bytes = static_cast<double>(g.rows[i]) * static_cast<double>(g.cols) *
                            LlamaCppBits(q4_k_m, g.tensors[i], g.id.layer, c.num_layers) / 8;
@@ -338,7 +178,8 @@ LlamaCppProjection ProjectLlamaCpp(const model::ModelConfig& c, bool q4_k_m, uin
   p.gpu_gib = gpu / kGiB;
   p.ram_gib = ram / kGiB;
   p.ram_read_gib = ram_read / kGiB;
-  p.tokens_per_second = 1.0 / (ram_read / m.ram_bytes_per_second + gpu / m.vram_bytes_per_second);
+  p.tokens_per_second = 1.0 / (ram_read / m.bandwidths.ram_bytes_per_second +
+                               gpu / m.bandwidths.vram_bytes_per_second);
   return p;
 }
 
@@ -350,10 +191,8 @@ int Run(const Machine& m) {
   const std::vector<Named> models = {{"Qwen3-30B-A3B", Qwen3_30B_A3B()},
                                      {"gemma4-26B-A4B", Gemma4_26B_A4B()},
                                      {"gemma4-31B", Gemma4_31B()}};
-  const std::vector<SplitFormat> bases = {SplitFormat::kB4Asym, SplitFormat::kB3Asym,
-                                          SplitFormat::kB2Asym};
   std::printf("RAM %.0f GB/s, VRAM %.0f GB/s, one session of %lld tokens\n\n",
-              m.ram_bytes_per_second / 1e9, m.vram_bytes_per_second / 1e9,
+              m.bandwidths.ram_bytes_per_second / 1e9, m.bandwidths.vram_bytes_per_second / 1e9,
               static_cast<long long>(m.context));
   std::printf(
       "| model | card | bitsplit plan (attention / experts) | GPU plan | residual in RAM | shape | "
@@ -365,22 +204,19 @@ int Run(const Machine& m) {
       // A "16 GB" card holds 16 GiB; the default budget keeps 5% of it for the CUDA runtime.
       const uint64_t budget = model::DefaultVramBudget(static_cast<uint64_t>(card_gb) << 30);
       // The fastest plan at --context tokens, else at the longest context (halving) that fits.
-      std::optional<SplitProjection> best;
-      Machine fitted = m;
-      for (; !best && fitted.context >= 512; fitted.context /= 2) {
-        for (const SplitFormat a : bases) {
-          for (const SplitFormat e : bases) {
-            if (Bits(e) > Bits(a) || (!named.config.has_experts() && e != a)) continue;
-            std::optional<SplitProjection> p = ProjectSplit(named.config, budget, a, e, fitted);
-            if (p && (!best || p->tokens_per_second > best->tokens_per_second)) best = p;
-          }
-        }
-        if (best) break;
+      offline::OffloadRequest request{.config = named.config,
+                                      .vram_budget_bytes = budget,
+                                      .context = m.context,
+                                      .machine = m.bandwidths};
+      absl::StatusOr<offline::OffloadPlan> best = offline::PlanOffload(request);
+      while (!best.ok() && request.context > 512) {
+        request.context /= 2;
+        best = offline::PlanOffload(request);
       }
-      const std::string card =
-          std::to_string(card_gb) + " GB" +
-          (best && fitted.context != m.context ? " (" + std::to_string(fitted.context) + " tokens)"
-                                               : std::string());
+      const std::string card = std::to_string(card_gb) + " GB" +
+                               (best.ok() && request.context != m.context
+                                    ? " (" + std::to_string(request.context) + " tokens)"
+                                    : std::string());
       const LlamaCppProjection q8 = ProjectLlamaCpp(named.config, false, budget, m);
       const LlamaCppProjection q4 = ProjectLlamaCpp(named.config, true, budget, m);
       auto llama = [&](const LlamaCppProjection& p) {
@@ -391,21 +227,27 @@ int Run(const Machine& m) {
                           : (" (" + std::to_string(p.gpu_layers) + " layers on GPU)").c_str());
         return std::string(text);
       };
-      if (!best) {
+      if (!best.ok()) {
         std::printf("| %s | %s | does not fit | | | | | | | %s | %s |\n", named.name, card.c_str(),
                     llama(q8).c_str(), llama(q4).c_str());
         continue;
       }
+      const auto pair = [](SplitFormat base) {
+        return std::string(quant::GetSplitFormatInfo(base).name) + "+" +
+               quant::GetSplitFormatInfo(offline::ResidualForBase(base)).name;
+      };
+      const std::string bases = named.config.has_experts()
+                                    ? pair(best->attention_base) + " / " + pair(best->expert_base)
+                                    : pair(best->attention_base);
       std::printf(
-          "| %s | %s | %s+%s / %s+%s | %.2f of %.2f GiB | %.2f GiB | %s | %.2f + %.2f GiB | "
-          "%.2f | %.1f | %s | %s |\n",
-          named.name, card.c_str(), quant::GetSplitFormatInfo(best->attention_base).name,
-          quant::GetSplitFormatInfo(ResidualFor(best->attention_base)).name,
-          quant::GetSplitFormatInfo(best->expert_base).name,
-          quant::GetSplitFormatInfo(ResidualFor(best->expert_base)).name,
-          static_cast<double>(best->plan.total_bytes) / kGiB, static_cast<double>(budget) / kGiB,
-          best->residual_gib, best->shape.c_str(), best->residual_read_gib, best->base_read_gib,
-          best->tau, best->tokens_per_second, llama(q8).c_str(), llama(q4).c_str());
+          "| %s | %s | %s | %.2f of %.2f GiB | %.2f GiB | %s | %.2f + %.2f GiB | %.2f | %.1f | %s "
+          "| "
+          "%s |\n",
+          named.name, card.c_str(), bases.c_str(),
+          static_cast<double>(best->vram.total_bytes) / kGiB, static_cast<double>(budget) / kGiB,
+          static_cast<double>(best->residual_bytes) / kGiB, best->shape.c_str(),
+          best->residual_read_bytes / kGiB, best->base_read_bytes / kGiB, best->tau,
+          best->tokens_per_second, llama(q8).c_str(), llama(q4).c_str());
     }
   }
   return 0;
@@ -419,9 +261,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const double value = std::atof(argv[i + 1]);
     if (std::strcmp(argv[i], "--ram-gbps") == 0 && value > 0) {
-      m.ram_bytes_per_second = value * 1e9;
+      m.bandwidths.ram_bytes_per_second = value * 1e9;
     } else if (std::strcmp(argv[i], "--vram-gbps") == 0 && value > 0) {
-      m.vram_bytes_per_second = value * 1e9;
+      m.bandwidths.vram_bytes_per_second = value * 1e9;
     } else if (std::strcmp(argv[i], "--context") == 0 && value >= 64) {
       m.context = static_cast<int64_t>(value);
     } else {

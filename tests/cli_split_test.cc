@@ -5,6 +5,7 @@
 // (tests/CMakeLists.txt), which these tests read.
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -100,6 +101,21 @@ std::string QuantizeQ8_0(const std::string& name) {
   EXPECT_THAT(result.out, HasSubstr("RAM (residual): none (base only)"));
   EXPECT_THAT(result.out, HasSubstr("linear weights 8.500 bits/weight"));
   EXPECT_THAT(result.out, HasSubstr("q8_0: 211"));
+  // stderr is not a terminal here: whole progress lines, in steps of at least 5%, ending at 100%.
+  const std::vector<std::string> lines = absl::StrSplit(result.err, '\n', absl::SkipEmpty());
+  std::vector<double> percents;
+  for (const std::string& line : lines) {
+    EXPECT_EQ(line.find('\r'), std::string::npos) << line;
+    double percent = 0;
+    if (std::sscanf(line.c_str(), "[quantize] %lf%%", &percent) == 1) percents.push_back(percent);
+  }
+  EXPECT_GE(percents.size(), 2u) << result.err;
+  EXPECT_EQ(percents.empty() ? 0.0 : percents.back(), 100.0) << result.err;
+  for (size_t i = 1; i + 1 < percents.size(); ++i) {
+    EXPECT_GE(percents[i] - percents[i - 1], 0.0) << result.err;
+    EXPECT_GE(std::floor(percents[i] / 5), std::floor(percents[i - 1] / 5) + 1) << result.err;
+  }
+  EXPECT_THAT(result.err, HasSubstr("ETA"));
   EXPECT_FALSE(std::filesystem::exists(prefix + ".residual.bsplit"));
   auto base = SplitFile::Open(prefix + ".base.bsplit", SplitFileKind::kBase,
                               model::SplitFormatRowSizeOracle());

@@ -32,21 +32,6 @@ using ::testing::HasSubstr;
 
 constexpr char kQwen2VocabFile[] = "DeepSeek-R1-Distill-Qwen-7B.vocab.gguf";
 
-// A temporary directory for this process, removed at exit.
-const std::filesystem::path& TempDir() {
-  static const std::filesystem::path* const dir = [] {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "bitsplit-tokenize-XXXXXX").string();
-    EXPECT_NE(mkdtemp(pattern.data()), nullptr) << "mkdtemp failed";
-    std::atexit([] {
-      std::error_code ignored;
-      std::filesystem::remove_all(TempDir(), ignored);
-    });
-    return new std::filesystem::path(pattern);
-  }();
-  return *dir;
-}
-
 using Result = testing::CommandResult;
 
 // Runs the bitsplit binary with `args`, `stdin_text` on its standard input when given (else
@@ -55,10 +40,10 @@ Result Bitsplit(const std::vector<std::string>& args,
                 const std::optional<std::string>& stdin_text = std::nullopt) {
   static int calls = 0;
   const int call = calls++;
-  const std::string err_path = (TempDir() / absl::StrCat("stderr.", call)).string();
+  const std::string err_path = (testing::TestTempDir() / absl::StrCat("stderr.", call)).string();
   std::string in_path = "/dev/null";
   if (stdin_text) {
-    in_path = (TempDir() / absl::StrCat("stdin.", call)).string();
+    in_path = (testing::TestTempDir() / absl::StrCat("stdin.", call)).string();
     std::ofstream(in_path, std::ios::binary) << *stdin_text;
   }
   return testing::RunCapturing(std::string(BITSPLIT_BINARY_DIR) + "/tools/bitsplit/bitsplit", args,
@@ -163,7 +148,7 @@ TEST(TokenizeCommandTest, SplitBaseFileUsesTheEmbeddedVocabulary) {
     GTEST_SKIP() << source << " is missing (scripts/setup.sh --models)";
   }
   // The cheapest split model: a base-only q8_0 quantization (about a second).
-  const std::string prefix = (TempDir() / "smollm2_q8").string();
+  const std::string prefix = (testing::TestTempDir() / "smollm2_q8").string();
   const Result quantize =
       Bitsplit({"quantize", source, "-o", prefix, "--base-bits", "8", "--base-format", "sym",
                 "--group", "32", "--residual-bits", "0", "--no-rotate", "--threads", "2"});
@@ -183,7 +168,7 @@ TEST(TokenizeCommandTest, BadInputIsOneLineAndExitStatus2) {
                         "/nonexistent/x.gguf");
   ExpectOneLineBadInput(Bitsplit({"tokenize", "--text", "a"}), "--model");
   ExpectOneLineBadInput(Bitsplit({"tokenize", "-m", "x.gguf", "--no-such-flag"}), "--no-such-flag");
-  const std::string not_gguf = (TempDir() / "not.gguf").string();
+  const std::string not_gguf = (testing::TestTempDir() / "not.gguf").string();
   std::ofstream(not_gguf) << "plain text, not a model\n";
   ExpectOneLineBadInput(Bitsplit({"tokenize", "-m", not_gguf, "--text", "a"}), not_gguf);
 
@@ -192,7 +177,7 @@ TEST(TokenizeCommandTest, BadInputIsOneLineAndExitStatus2) {
   builder.AddString("general.architecture", "bert");
   builder.AddString("tokenizer.ggml.model", "bert");
   builder.AddStringArray("tokenizer.ggml.tokens", {"[UNK]", "a"});
-  const std::string bert = (TempDir() / "bert.gguf").string();
+  const std::string bert = (testing::TestTempDir() / "bert.gguf").string();
   ASSERT_TRUE(testing::WriteFileBytes(bert, builder.Build()));
   const Result unsupported = Bitsplit({"tokenize", "-m", bert, "--text", "a"});
   ExpectOneLineBadInput(unsupported, "'bert'");
@@ -202,7 +187,7 @@ TEST(TokenizeCommandTest, BadInputIsOneLineAndExitStatus2) {
   // And one with no tokenizer at all.
   testing::GgufBuilder bare;
   bare.AddString("general.architecture", "llama");
-  const std::string no_vocab = (TempDir() / "no_vocab.gguf").string();
+  const std::string no_vocab = (testing::TestTempDir() / "no_vocab.gguf").string();
   ASSERT_TRUE(testing::WriteFileBytes(no_vocab, bare.Build()));
   ExpectOneLineBadInput(Bitsplit({"tokenize", "-m", no_vocab, "--text", "a"}),
                         "tokenizer.ggml.model");

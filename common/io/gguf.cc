@@ -149,7 +149,8 @@ std::string_view ValueTypeName(ValueType type) {
 // say what is wrong and where; File::Parse prefixes the file name.
 class File::Parser {
  public:
-  Parser(const uint8_t* data, size_t size, File* file) : reader_(data, size), file_(file) {}
+  Parser(const uint8_t* data, size_t size, File* file, TensorData tensor_data)
+      : reader_(data, size), file_(file), tensor_data_(tensor_data) {}
 
   absl::Status Run() {
     BITSPLIT_RETURN_IF_ERROR(ParseHeader());
@@ -482,12 +483,15 @@ class File::Parser {
                          Quote(previous->name), " data [", previous->offset, ", ", previous_end,
                          ") (offsets relative to the data section)"));
       }
-      if (absolute_end > size()) {
+      if (absolute_end > size() && tensor_data_ == TensorData::kMayBeAbsent) {
+        tensor.data = nullptr;
+      } else if (absolute_end > size()) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": data [", absolute_start, ", ", absolute_end,
                          ") extends past end of file (size ", size(), ")"));
+      } else {
+        tensor.data = reader_.data() + absolute_start;
       }
-      tensor.data = reader_.data() + absolute_start;
       previous = &tensor;
       previous_end = relative_end;
     }
@@ -496,21 +500,22 @@ class File::Parser {
 
   io::ByteReader reader_;
   File* file_;
+  TensorData tensor_data_;
   uint64_t tensor_count_ = 0;
   uint64_t metadata_count_ = 0;
   uint64_t total_array_elements_ = 0;
 };
 
-absl::StatusOr<std::unique_ptr<File>> File::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<File>> File::Open(const std::string& path, TensorData tensor_data) {
   BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapping, MappedFile::Open(path));
   BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<File> file,
-                            Parse(mapping->data(), mapping->size(), path));
+                            Parse(mapping->data(), mapping->size(), path, tensor_data));
   file->mapping_ = std::move(mapping);
   return file;
 }
 
 absl::StatusOr<std::unique_ptr<File>> File::Parse(const uint8_t* data, size_t size,
-                                                  std::string name) {
+                                                  std::string name, TensorData tensor_data) {
   std::unique_ptr<File> file(new File());
   file->name_ = std::move(name);
   file->image_data_ = data;
@@ -518,7 +523,7 @@ absl::StatusOr<std::unique_ptr<File>> File::Parse(const uint8_t* data, size_t si
   if (data == nullptr && size != 0) {
     return file->Error(absl::StatusCode::kInvalidArgument, "null image with nonzero size");
   }
-  absl::Status status = Parser(data, size, file.get()).Run();
+  absl::Status status = Parser(data, size, file.get(), tensor_data).Run();
   if (!status.ok()) return file->Error(status.code(), status.message());
   return file;
 }

@@ -72,16 +72,23 @@ struct TensorInfo {
   uint64_t offset;  // relative to the start of the tensor data section
   int64_t num_elements;
   uint64_t num_bytes;
-  const uint8_t* data;  // points into the file image
+  const uint8_t* data;  // points into the file image; null when absent (TensorData)
 };
+
+// Whether tensor data must be in the file. kMayBeAbsent reads the metadata and tensor table of a
+// file whose data section is cut off (a shapes-only GGUF, for planning): every other check
+// stands, and a tensor whose data lies past the end of the file gets data == nullptr.
+enum class TensorData { kRequired, kMayBeAbsent };
 
 class File {
  public:
   // Maps `path` and parses it. Every error message names the path and what is wrong.
-  static absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path,
+                                                    TensorData tensor_data = TensorData::kRequired);
   // Parses an image the caller keeps alive (used by tests with synthetic bytes).
-  static absl::StatusOr<std::unique_ptr<File>> Parse(const uint8_t* data, size_t size,
-                                                     std::string name = "<memory>");
+  static absl::StatusOr<std::unique_ptr<File>> Parse(
+      const uint8_t* data, size_t size, std::string name = "<memory>",
+      TensorData tensor_data = TensorData::kRequired);
 
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }

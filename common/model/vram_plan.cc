@@ -127,22 +127,6 @@ std::string FormatName(quant::SplitFormat format, int group) {
   return absl::StrCat(quant::GetSplitFormatInfo(format).name, "/g", group);
 }
 
-// Largest value v in [1, high] with fits(v), or 0 when fits(1) is false; fits is monotone.
-template <typename Fits>
-int64_t LargestFitting(int64_t high, Fits fits) {
-  if (!fits(1)) return 0;
-  int64_t low = 1;  // fits(low) holds
-  while (low < high) {
-    const int64_t mid = low + (high - low + 1) / 2;
-    if (fits(mid)) {
-      low = mid;
-    } else {
-      high = mid - 1;
-    }
-  }
-  return low;
-}
-
 // A context to suggest: a multiple of 256 when that large (people configure round numbers).
 int64_t RoundContext(int64_t context) { return context >= 256 ? context / 256 * 256 : context; }
 

@@ -163,6 +163,22 @@ uint64_t DeviceEmbeddingBytes(GgmlType type, int64_t rows, int64_t row_bytes);
 // (5% of the free memory, at least 512 MiB); 0 when less than the margin is free.
 uint64_t DefaultVramBudget(uint64_t free_bytes);
 
+// Largest value v in [1, high] with fits(v), or 0 when fits(1) is false; fits is monotone.
+template <typename Fits>
+int64_t LargestFitting(int64_t high, Fits fits) {
+  if (!fits(1)) return 0;
+  int64_t low = 1;  // fits(low) holds
+  while (low < high) {
+    const int64_t mid = low + (high - low + 1) / 2;
+    if (fits(mid)) {
+      low = mid;
+    } else {
+      high = mid - 1;
+    }
+  }
+  return low;
+}
+
 // A positive size in bytes: digits with an optional KiB, MiB or GiB suffix ("512MiB").
 // INVALID_ARGUMENT otherwise, saying the syntax (the caller names the flag).
 absl::StatusOr<uint64_t> ParseBytes(std::string_view text);

@@ -194,6 +194,21 @@ class GgufBuilder {
     tensor.data = std::move(data);
     return tensor;
   }
+  // A tensor info without data, none allocated (a shapes-only file of a big model): its offset
+  // packs it after the previous shapes-only tensor as its type and dims size it, so a reader
+  // that allows absent data (gguf::TensorData::kMayBeAbsent) sees a consistent table. For files
+  // whose tensors are all shapes-only.
+  Tensor& AddShapeOnlyTensor(std::string name, GgmlType type, std::vector<uint64_t> dims) {
+    const uint64_t bytes = TensorBytes(static_cast<uint32_t>(type), dims, UINT64_MAX).value_or(0);
+    Tensor& tensor = tensors_.emplace_back();
+    tensor.name = std::move(name);
+    tensor.type = static_cast<uint32_t>(type);
+    tensor.dims = std::move(dims);
+    tensor.write_data = false;
+    tensor.offset = AlignUp(shape_only_end_, alignment_);
+    shape_only_end_ = *tensor.offset + bytes;
+    return tensor;
+  }
   Tensor& AddF32Tensor(std::string name, std::vector<uint64_t> dims,
                        const std::vector<float>& values) {
     std::vector<uint8_t> data(values.size() * sizeof(float));
@@ -204,7 +219,10 @@ class GgufBuilder {
 
   // Exact data size of a tensor, or nullopt when the type is unknown, a row is not whole
   // blocks, or the size is absurd (over 1 GiB: nothing a test should allocate).
-  static std::optional<uint64_t> TensorBytes(uint32_t type_id, const std::vector<uint64_t>& dims) {
+  // Bytes of a tensor's data; nullopt for an unknown type, partial blocks, overflow or more than
+  // `limit` bytes (data that AddTensor would allocate).
+  static std::optional<uint64_t> TensorBytes(uint32_t type_id, const std::vector<uint64_t>& dims,
+                                             uint64_t limit = uint64_t{1} << 30) {
     std::optional<GgmlTypeTraits> traits = GetGgmlTypeTraits(type_id);
     if (!traits) return std::nullopt;
     const uint64_t block_elements = static_cast<uint64_t>(traits->block_elements);
@@ -217,7 +235,7 @@ class GgufBuilder {
     uint64_t bytes;
     if (__builtin_mul_overflow(row_elements / block_elements,
                                static_cast<uint64_t>(traits->block_bytes), &bytes) ||
-        __builtin_mul_overflow(bytes, rows, &bytes) || bytes > (uint64_t{1} << 30)) {
+        __builtin_mul_overflow(bytes, rows, &bytes) || bytes > limit) {
       return std::nullopt;
     }
     return bytes;
@@ -358,6 +376,7 @@ class GgufBuilder {
   uint64_t alignment_ = gguf::kDefaultAlignment;
   std::vector<Kv> kvs_;
   std::deque<Tensor> tensors_;
+  uint64_t shape_only_end_ = 0;  // AddShapeOnlyTensor's next free offset
 };
 
 // Writes `bytes` to `path` (for tests of File::Open / MappedFile). False on any error.

@@ -36,23 +36,6 @@ struct SplitModelPaths {
   std::string residual;
 };
 
-// A fresh temporary directory, removed at process exit. (Never destroyed itself, so that the exit
-// handler can still read it.)
-inline const std::filesystem::path& TestTempDir() {
-  static const std::filesystem::path* const dir = [] {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "bitsplit-test-XXXXXX").string();
-    const char* made = mkdtemp(pattern.data());
-    EXPECT_NE(made, nullptr) << "mkdtemp failed";
-    std::atexit([] {
-      std::error_code ignored;
-      std::filesystem::remove_all(TestTempDir(), ignored);
-    });
-    return new std::filesystem::path(pattern);
-  }();
-  return *dir;
-}
-
 // The split model `name` (the CTest fixture's prefix) of `source_file` under models/.
 inline SplitModelPaths SplitModelOf(const std::string& name, const std::string& source_file) {
   const char* dir = std::getenv("BITSPLIT_SPLIT_FIXTURES");

@@ -40,6 +40,9 @@ Command AddChatCommand(CLI::App& app);
 // `bitsplit tokenize --model FILE [--text T] [--special] [--json] [--no-bos]`: token ids of a text
 // (standard input without --text), printed like llama.cpp's llama-tokenize.
 Command AddTokenizeCommand(CLI::App& app);
+// `bitsplit plan MODEL.gguf --vram SIZE --ram SIZE [--context N] [--sessions K]`: the offload
+// plan and projected speed from the GGUF's shapes alone (plan_command.cc).
+Command AddPlanCommand(CLI::App& app);
 
 // A generation served by bitsplit-coordinator (client_command.cc): `bitsplit chat` and
 // `bitsplit generate --server`.

@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
   std::vector<bitsplit::cli::Command> commands = {
       bitsplit::cli::AddGenerateCommand(app), bitsplit::cli::AddQuantizeCommand(app),
       bitsplit::cli::AddEvalCommand(app),     bitsplit::cli::AddChatCommand(app),
-      bitsplit::cli::AddTokenizeCommand(app),
+      bitsplit::cli::AddTokenizeCommand(app), bitsplit::cli::AddPlanCommand(app),
   };
   try {
     app.parse(argc, argv);

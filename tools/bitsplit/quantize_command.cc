@@ -122,30 +122,42 @@ absl::StatusOr<model::SplitQuantization> QuantizationFrom(const QuantizeOptions&
   return q;
 }
 
-// One updating stderr line: tensors done / total, MB/s of source weights, ETA.
+// Progress on stderr: percent of the source bytes, tensors done / total, MB/s, ETA. On a terminal
+// one line redrawn in place (at most ten times a second); elsewhere (systemd, CI, nohup) a line
+// each time another 5% is done, so a log shows a long run advancing.
 class ProgressLine {
  public:
-  ProgressLine() : enabled_(isatty(STDERR_FILENO) != 0) {}
+  ProgressLine() : terminal_(isatty(STDERR_FILENO) != 0) {}
 
   void Update(const offline::QuantizeProgress& p) {
-    if (!enabled_) return;
     const bool done = p.tensors_done == p.tensors_total;
-    if (!done && p.elapsed_seconds - last_seconds_ < 0.1) return;
+    const double percent = p.source_bytes_total > 0
+                               ? 100.0 * static_cast<double>(p.source_bytes_done) /
+                                     static_cast<double>(p.source_bytes_total)
+                               : 100.0;
+    if (terminal_) {
+      if (!done && p.elapsed_seconds - last_seconds_ < 0.1) return;
+    } else if (!done && percent < next_percent_) {
+      return;
+    }
     last_seconds_ = p.elapsed_seconds;
+    next_percent_ = (std::floor(percent / kLogStepPercent) + 1) * kLogStepPercent;
     const double seconds = std::max(p.elapsed_seconds, 1e-9);
     const double rate = p.source_bytes_done / seconds;  // bytes per second
     const double eta =
         rate > 0 ? static_cast<double>(p.source_bytes_total - p.source_bytes_done) / rate : 0;
-    std::fprintf(stderr, "\r[quantize] %lld/%lld tensors  %6.1f MB/s  ETA %4.0f s   ",
-                 static_cast<long long>(p.tensors_done), static_cast<long long>(p.tensors_total),
-                 rate / 1e6, eta);
-    if (done) std::fputc('\n', stderr);
+    std::fprintf(stderr, "%s[quantize] %3.0f%%  %lld/%lld tensors  %6.1f MB/s  ETA %4.0f s%s",
+                 terminal_ ? "\r" : "", percent, static_cast<long long>(p.tensors_done),
+                 static_cast<long long>(p.tensors_total), rate / 1e6, eta,
+                 terminal_ && !done ? "   " : "\n");
     std::fflush(stderr);
   }
 
  private:
-  bool enabled_;
+  static constexpr double kLogStepPercent = 5;
+  bool terminal_;
   double last_seconds_ = -1;
+  double next_percent_ = 0;
 };
 
 std::string Counts(const std::map<std::string, int>& counts) {
