@@ -178,6 +178,16 @@ absl::Status CudaModel::AddResidual(size_t event_base, int64_t rows,
   return absl::OkStatus();
 }
 
+kernels::GroupMatMul CudaModel::ExpertSlices(const Group& group, int64_t expert) const {
+  kernels::GroupMatMul matmul = group.matmul;
+  for (int i = 0; i < matmul.count; ++i) {
+    kernels::DeviceMatrix& slice = matmul.matrices[i];
+    slice.rows /= config_.num_experts;
+    slice.data += expert * slice.rows * slice.row_stride;
+  }
+  return matmul;
+}
+
 absl::Status CudaModel::ExpertsLinear(int32_t layer, LinearGroup group, const float* x,
                                       int64_t rows, std::span<const model::ExpertRows> segments,
                                       std::span<float* const> outputs, bool verify) {
@@ -195,11 +205,8 @@ absl::Status CudaModel::ExpertsLinear(int32_t layer, LinearGroup group, const fl
   int64_t widths[kernels::kMaxGroupMatrices] = {};
   for (int i = 0; i < tall.matmul.count; ++i) widths[i] = tall.output_rows[i] / experts;
   for (const model::ExpertRows& segment : segments) {
-    kernels::GroupMatMul matmul = tall.matmul;
+    kernels::GroupMatMul matmul = ExpertSlices(tall, segment.expert);
     for (int i = 0; i < matmul.count; ++i) {
-      kernels::DeviceMatrix& slice = matmul.matrices[i];
-      slice.data += segment.expert * widths[i] * slice.row_stride;
-      slice.rows = widths[i];
       matmul.outputs[i] = outputs[static_cast<size_t>(i)] + segment.first_row * widths[i];
     }
     const kernels::DeviceActivations activations{d_.codes + segment.first_row * cols,
@@ -248,7 +255,6 @@ absl::Status CudaModel::ExpertsBlock(int32_t layer, const float* input, const fl
   const model::ExpertGrouping grouping = model::GroupByExpert(expert_of, c.num_experts, k);
   std::copy(grouping.slot_of.begin(), grouping.slot_of.end(), host_slot_of_);
   std::copy(grouping.source_row.begin(), grouping.source_row.end(), host_source_row_);
-  // The four tables are adjacent in the pinned staging and in the scratch, in the same order.
   for (const auto& [device, host] : {std::pair<void*, const void*>{d_.expert_of, host_expert_of_},
                                      {d_.expert_weights, host_expert_weights_},
                                      {d_.slot_of, host_slot_of_},

@@ -55,13 +55,9 @@ absl::StatusOr<CudaModel::MatMulPassTiming> CudaModel::TimeBaseMatMuls(int64_t r
     const Group& group = GroupOf(id);
     const bool experts = model::IsExpertGroup(id.group);
     for (int64_t e = 0; e < (experts ? config_.num_experts_used : 1); ++e) {
-      kernels::GroupMatMul matmul = group.matmul;
+      kernels::GroupMatMul matmul = experts ? ExpertSlices(group, e) : group.matmul;
       for (int i = 0; i < matmul.count; ++i) {
-        kernels::DeviceMatrix& matrix = matmul.matrices[i];
-        if (experts) {  // expert e's slice
-          matrix.rows /= config_.num_experts;
-          matrix.data += e * matrix.rows * matrix.row_stride;
-        }
+        const kernels::DeviceMatrix& matrix = matmul.matrices[i];
         matmul.outputs[i] = outputs[static_cast<size_t>(i)];
         timing.weight_bytes += static_cast<uint64_t>(matrix.rows * matrix.row_stride);
       }

@@ -343,6 +343,8 @@ class CudaModel {
   absl::Status Linear(model::LinearGroupId id, const float* x, int64_t rows,
                       std::span<float* const> outputs, bool verify);
   const Group& GroupOf(model::LinearGroupId id) const;
+  // Expert `expert`'s slice of every tall matrix of expert group `group` (outputs unset).
+  kernels::GroupMatMul ExpertSlices(const Group& group, int64_t expert) const;
   // Linear for an expert group of `layer`: x is [rows, expert input] grouped by expert as
   // `segments` say; outputs[i] rows get x · W_iᵀ of their segment's expert's slice of matrix i
   // (+ its residual in verify mode).
