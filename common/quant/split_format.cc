@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/quant/base_group_fit.h"
 #include "common/quant/ggml_blocks.h"
 #include "common/util/fp16.h"
 #include "common/util/status_macros.h"
@@ -16,7 +17,6 @@ namespace bitsplit::quant {
 namespace {
 
 constexpr uint16_t kFp16Infinity = 0x7c00;
-constexpr float kFp16Max = 65504.0f;
 
 // Indexed by SplitFormat.
 constexpr SplitFormatInfo Info(SplitFormat format, const char* name) {
@@ -104,232 +104,6 @@ void QuantizeQ8_0Block(const float* v, uint16_t* d_out, int8_t* codes) {
   for (int j = 0; j < kQk; ++j) codes[j] = static_cast<int8_t>(std::roundf(v[j] * id));
 }
 
-// fp16 bits nearest to v, saturated to the finite range (so a candidate never becomes inf).
-uint16_t ToHalfSaturated(float v) { return Fp32ToFp16(std::clamp(v, -kFp16Max, kFp16Max)); }
-
-// ---- Base group fitting ---------------------------------------------------------------------
-
-// One group's inputs: n values and their (positive-sum) weights.
-struct GroupData {
-  const float* w;
-  const float* a;
-  int n;
-};
-
-struct SymFit {
-  uint16_t d = 0;
-  double error = INFINITY;
-};
-
-// Codes of the symmetric grid y = d * (q - offset) for scale d (nearest level, clamped).
-void SymCodes(const GroupData& g, float d, int levels, float offset, uint8_t* q) {
-  for (int i = 0; i < g.n; ++i) {
-    const float u = d != 0.0f ? std::nearbyint(g.w[i] / d + offset) : std::nearbyint(offset);
-    q[i] = static_cast<uint8_t>(std::clamp(u, 0.0f, static_cast<float>(levels - 1)));
-  }
-}
-
-// Weighted squared error of the stored (fp16-rounded) parameters, exactly as dequantized.
-double SymError(const GroupData& g, float d, float offset, const uint8_t* q) {
-  double error = 0.0;
-  for (int i = 0; i < g.n; ++i) {
-    const float y = d * (static_cast<float>(q[i]) - offset);
-    const double diff = static_cast<double>(g.w[i]) - y;
-    error += g.a[i] * diff * diff;
-  }
-  return error;
-}
-
-// Least-squares scale for fixed codes: argmin_d sum a (w - d c)^2 = sum a w c / sum a c^2.
-bool SymRefit(const GroupData& g, float offset, const uint8_t* q, float* d) {
-  double wc = 0.0, cc = 0.0;
-  for (int i = 0; i < g.n; ++i) {
-    const double c = static_cast<double>(q[i]) - offset;
-    wc += g.a[i] * g.w[i] * c;
-    cc += g.a[i] * c * c;
-  }
-  if (cc <= 0.0) return false;
-  *d = static_cast<float>(wc / cc);
-  return std::isfinite(*d);
-}
-
-// Tries scale d (unrounded): rounds it to fp16, derives codes, keeps it if it beats `best`.
-void TrySymScale(const GroupData& g, float d, int levels, float offset, uint8_t* scratch,
-                 SymFit* best) {
-  const uint16_t h = ToHalfSaturated(d);
-  const float rounded = Fp16ToFp32(h);
-  if (rounded == 0.0f) return;
-  SymCodes(g, rounded, levels, offset, scratch);
-  const double error = SymError(g, rounded, offset, scratch);
-  if (error < best->error) *best = {h, error};
-}
-
-// Grid search around the range-derived scale (the extreme value on an extreme level), each
-// candidate also refitted by least squares; then a few refit rounds from the winner.
-uint16_t FitSymGroup(const GroupData& g, int levels, float offset, uint8_t* codes) {
-  float amax = 0.0f, extreme = 0.0f;
-  for (int i = 0; i < g.n; ++i) {
-    if (std::fabs(g.w[i]) > amax) {
-      amax = std::fabs(g.w[i]);
-      extreme = g.w[i];
-    }
-  }
-  if (amax == 0.0f) {
-    SymCodes(g, 0.0f, levels, offset, codes);
-    return 0;
-  }
-  // Mid-rise grids are symmetric: one orientation. Mid-tread grids have one more negative level,
-  // so try the extreme on either end (the scale's sign picks which side gets the extra level).
-  float bases[2];
-  int base_count = 0;
-  const float top = static_cast<float>(levels - 1) - offset;  // largest positive code
-  if (top == offset) {
-    bases[base_count++] = amax / offset;
-  } else {
-    bases[base_count++] = extreme / -offset;
-    bases[base_count++] = extreme / top;
-  }
-  std::vector<uint8_t> scratch(g.n);
-  SymFit best;
-  for (int b = 0; b < base_count; ++b) {
-    for (int k = 0; k <= 40; ++k) {
-      const float d = bases[b] * (0.4f + 0.02f * static_cast<float>(k));
-      TrySymScale(g, d, levels, offset, scratch.data(), &best);
-      SymCodes(g, d, levels, offset, scratch.data());
-      float refit;
-      if (SymRefit(g, offset, scratch.data(), &refit)) {
-        TrySymScale(g, refit, levels, offset, scratch.data(), &best);
-      }
-    }
-  }
-  for (int round = 0; round < 3 && std::isfinite(best.error); ++round) {
-    SymCodes(g, Fp16ToFp32(best.d), levels, offset, scratch.data());
-    float refit;
-    if (!SymRefit(g, offset, scratch.data(), &refit)) break;
-    const SymFit before = best;
-    TrySymScale(g, refit, levels, offset, scratch.data(), &best);
-    if (best.d == before.d) break;
-  }
-  if (!std::isfinite(best.error)) best.d = 0;  // every candidate underflowed fp16
-  SymCodes(g, Fp16ToFp32(best.d), levels, offset, codes);
-  return best.d;
-}
-
-struct AsymFit {
-  uint16_t d = 0;
-  uint16_t m = 0;
-  double error = INFINITY;
-};
-
-void AsymCodes(const GroupData& g, float d, float m, int levels, uint8_t* q) {
-  for (int i = 0; i < g.n; ++i) {
-    const float u = d != 0.0f ? std::nearbyint((g.w[i] - m) / d) : 0.0f;
-    q[i] = static_cast<uint8_t>(std::clamp(u, 0.0f, static_cast<float>(levels - 1)));
-  }
-}
-
-double AsymError(const GroupData& g, float d, float m, const uint8_t* q) {
-  double error = 0.0;
-  for (int i = 0; i < g.n; ++i) {
-    const float y = d * static_cast<float>(q[i]) + m;
-    const double diff = static_cast<double>(g.w[i]) - y;
-    error += g.a[i] * diff * diff;
-  }
-  return error;
-}
-
-// Weighted least squares of (d, m) for fixed codes: minimize sum a (d q + m - w)^2.
-bool AsymRefit(const GroupData& g, const uint8_t* q, float* d, float* m) {
-  double sa = 0, sq = 0, sqq = 0, sw = 0, sqw = 0;
-  for (int i = 0; i < g.n; ++i) {
-    const double a = g.a[i], qi = q[i], w = g.w[i];
-    sa += a;
-    sq += a * qi;
-    sqq += a * qi * qi;
-    sw += a * w;
-    sqw += a * qi * w;
-  }
-  const double det = sa * sqq - sq * sq;
-  if (!(det > 0.0)) return false;
-  *d = static_cast<float>((sa * sqw - sq * sw) / det);
-  *m = static_cast<float>((sqq * sw - sq * sqw) / det);
-  return *d > 0.0f && std::isfinite(*d) && std::isfinite(*m);
-}
-
-// With the min already rounded, the best scale: argmin_d sum a (w - m - d q)^2.
-bool AsymRefitScale(const GroupData& g, const uint8_t* q, float m, float* d) {
-  double num = 0, den = 0;
-  for (int i = 0; i < g.n; ++i) {
-    num += g.a[i] * (static_cast<double>(g.w[i]) - m) * q[i];
-    den += g.a[i] * static_cast<double>(q[i]) * q[i];
-  }
-  if (!(den > 0.0)) return false;
-  *d = static_cast<float>(num / den);
-  return *d > 0.0f && std::isfinite(*d);
-}
-
-void TryAsym(const GroupData& g, float d, float m, int levels, uint8_t* scratch, AsymFit* best) {
-  const uint16_t dh = ToHalfSaturated(d);
-  const uint16_t mh = ToHalfSaturated(m);
-  const float dr = Fp16ToFp32(dh), mr = Fp16ToFp32(mh);
-  if (dr <= 0.0f) return;
-  AsymCodes(g, dr, mr, levels, scratch);
-  double error = AsymError(g, dr, mr, scratch);
-  if (error < best->error) *best = {dh, mh, error};
-  // Rounding m moved every value; re-fit d for the rounded m and the new codes.
-  float refit;
-  if (AsymRefitScale(g, scratch, mr, &refit)) {
-    const uint16_t rh = ToHalfSaturated(refit);
-    const float rr = Fp16ToFp32(rh);
-    if (rr > 0.0f && rh != dh) {
-      AsymCodes(g, rr, mr, levels, scratch);
-      error = AsymError(g, rr, mr, scratch);
-      if (error < best->error) *best = {rh, mh, error};
-    }
-  }
-}
-
-// Like llama.cpp's make_qkx2_quants in spirit: candidate inverse scales (levels - 1 + delta) /
-// range, each with a least-squares (d, m) refit, plus refit rounds from the winner.
-void FitAsymGroup(const GroupData& g, int levels, uint8_t* codes, uint16_t* d_out,
-                  uint16_t* m_out) {
-  float lo = g.w[0], hi = g.w[0];
-  for (int i = 1; i < g.n; ++i) {
-    lo = std::min(lo, g.w[i]);
-    hi = std::max(hi, g.w[i]);
-  }
-  AsymFit best;
-  std::vector<uint8_t> scratch(g.n);
-  const float range = hi - lo;
-  if (range > 0.0f && std::isfinite(range)) {
-    TryAsym(g, range / static_cast<float>(levels - 1), lo, levels, scratch.data(), &best);
-    for (int k = -10; k <= 10; ++k) {
-      const float inverse = (static_cast<float>(levels - 1) + 0.1f * k) / range;
-      for (int i = 0; i < g.n; ++i) {
-        const float u = std::nearbyint((g.w[i] - lo) * inverse);
-        scratch[i] = static_cast<uint8_t>(std::clamp(u, 0.0f, static_cast<float>(levels - 1)));
-      }
-      float d, m;
-      if (AsymRefit(g, scratch.data(), &d, &m)) TryAsym(g, d, m, levels, scratch.data(), &best);
-    }
-    for (int round = 0; round < 3 && std::isfinite(best.error); ++round) {
-      AsymCodes(g, Fp16ToFp32(best.d), Fp16ToFp32(best.m), levels, scratch.data());
-      float d, m;
-      if (!AsymRefit(g, scratch.data(), &d, &m)) break;
-      const AsymFit before = best;
-      TryAsym(g, d, m, levels, scratch.data(), &best);
-      if (best.d == before.d && best.m == before.m) break;
-    }
-  }
-  if (!std::isfinite(best.error)) {  // a constant group (or a range below fp16 resolution)
-    const float mean = 0.5f * lo + 0.5f * hi;
-    best = {0, ToHalfSaturated(mean), 0.0};
-  }
-  *d_out = best.d;
-  *m_out = best.m;
-  AsymCodes(g, Fp16ToFp32(best.d), Fp16ToFp32(best.m), levels, codes);
-}
-
 bool AllFinite(const float* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(v[i])) return false;
@@ -409,6 +183,7 @@ absl::Status QuantizeBaseRow(SplitFormat format, int group, const float* w, cons
   const SplitRowLayout layout = GetSplitRowLayout(format, group, cols);
   std::vector<float> ones(group, 1.0f);
   std::vector<uint8_t> codes(group);
+  BaseGroupFitter fitter;
   for (int64_t g = 0; g < layout.groups; ++g) {
     GroupData data{w + g * group, ones.data(), group};
     if (importance != nullptr) {
@@ -418,11 +193,11 @@ absl::Status QuantizeBaseRow(SplitFormat format, int group, const float* w, cons
     }
     if (info.has_min) {
       uint16_t d, m;
-      FitAsymGroup(data, levels, codes.data(), &d, &m);
+      fitter.FitAsymmetric(data, levels, codes.data(), &d, &m);
       StoreHalf(d, out + layout.scale_offset + g * layout.scale_stride);
       StoreHalf(m, out + layout.min_offset + g * layout.min_stride);
     } else {
-      StoreHalf(FitSymGroup(data, levels, info.code_offset, codes.data()),
+      StoreHalf(fitter.FitSymmetric(data, levels, info.code_offset, codes.data()),
                 out + layout.scale_offset + g * layout.scale_stride);
     }
     const int64_t first_sub_block = g * (group / kSplitSubBlock);
