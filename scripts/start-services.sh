@@ -129,10 +129,16 @@ command_of() {
   case "$1" in
     residual)
       if [[ " ${residual_flags[*]} " == *" --mlock "* && $(ulimit -l) != unlimited ]]; then
-        say "note: dropping --mlock (RLIMIT_MEMLOCK is $(ulimit -l) KiB here; the systemd unit sets LimitMEMLOCK=infinity)"
-        local kept=() flag
-        for flag in "${residual_flags[@]}"; do [[ $flag == --mlock ]] || kept+=("$flag"); done
-        residual_flags=("${kept[@]}")
+        # Root (with CAP_SYS_RESOURCE) may raise its own limit, as LimitMEMLOCK=infinity does in
+        # the systemd unit.
+        if ulimit -l unlimited 2>/dev/null; then
+          say "raised RLIMIT_MEMLOCK to unlimited for --mlock"
+        else
+          say "note: dropping --mlock (RLIMIT_MEMLOCK is $(ulimit -l) KiB here and this shell cannot raise it: that takes root with CAP_SYS_RESOURCE; the systemd unit sets LimitMEMLOCK=infinity): the residual can be paged out"
+          local kept=() flag
+          for flag in "${residual_flags[@]}"; do [[ $flag == --mlock ]] || kept+=("$flag"); done
+          residual_flags=("${kept[@]}")
+        fi
       fi
       ARGS=("$RESIDUAL_MODEL" --socket "$RUN_DIR/residual.sock"
         --threads "$BITSPLIT_RESIDUAL_THREADS" --max-rows "$BITSPLIT_RESIDUAL_MAX_ROWS"
@@ -159,11 +165,14 @@ command_of() {
 }
 
 # Ready = the "serving" line in the log and the endpoint up. Fails early when the process exits.
+# Relays the service's "loading" progress lines (weights faulted into RAM) as they come.
 wait_ready() {
-  local service=$1 pid=$2 log deadline
+  local service=$1 pid=$2 log deadline shown=0 lines
   log=$(log_file "$service")
   deadline=$((SECONDS + START_TIMEOUT_S))
   while true; do
+    mapfile -t lines < <(grep "^bitsplit-$service: loading" "$log" 2>/dev/null || true)
+    while ((shown < ${#lines[@]})); do echo "  ${lines[shown]}" >&2; shown=$((shown + 1)); done
     if grep -q "^bitsplit-$service: serving" "$log" 2>/dev/null && endpoint_up "$service"; then
       return 0
     fi

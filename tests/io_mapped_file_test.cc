@@ -1,6 +1,9 @@
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -96,6 +99,37 @@ TEST(MappedFileTest, UnreadableFileIsPermissionDenied) {
   EXPECT_EQ(mapped.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(std::string(mapped.status().message()),
               AllOf(HasSubstr(path), HasSubstr(std::strerror(EACCES))));
+  ::unlink(path.c_str());
+}
+
+// Every page of the mapping is resident afterwards (mincore), also after the file's pages were
+// dropped from the page cache; progress goes up in twentieths to exactly the size.
+TEST(MappedFileTest, PrefaultPagesMakesEveryPageResidentWithProgress) {
+  const std::string path = TempPath("prefault.bin");
+  std::vector<uint8_t> bytes((1 << 20) + 123);  // not a whole number of pages
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i);
+  ASSERT_TRUE(testing::WriteFileBytes(path, bytes));
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  auto mapped = MappedFile::Open(path);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  const size_t size = (*mapped)->size();
+  ThreadPool pool(3);
+  std::vector<uint64_t> reported;
+  PrefaultPages((*mapped)->data(), size, pool, [&](uint64_t done, uint64_t total) {
+    EXPECT_EQ(total, size);
+    reported.push_back(done);
+  });
+  ASSERT_EQ(reported.size(), 20u);
+  EXPECT_TRUE(std::is_sorted(reported.begin(), reported.end()));
+  EXPECT_EQ(reported.back(), size);
+  const size_t pages = (size + 4095) / 4096;
+  std::vector<unsigned char> resident(pages);
+  ASSERT_EQ(::mincore(const_cast<uint8_t*>((*mapped)->data()), size, resident.data()), 0);
+  for (size_t page = 0; page < pages; ++page) ASSERT_TRUE(resident[page] & 1) << "page " << page;
   ::unlink(path.c_str());
 }
 

@@ -98,7 +98,12 @@ TEST(KvCacheTest, SessionsThatFitABudget) {
   ASSERT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(none.status().message(),
             "a session of 256 tokens holds 1.0 MiB of KV cache; the budget of 0.5 MiB holds none");
-  EXPECT_EQ(DefaultKvRamBudget(10'000), 5'000u);
+  // Half of what is available once the unlocked weights are taken out; nothing when they take
+  // all of it (10.3 GB of mapped weights counted as available page cache).
+  EXPECT_EQ(DefaultKvRamBudget(10'000, 0), 5'000u);
+  EXPECT_EQ(DefaultKvRamBudget(10'000, 4'000), 3'000u);
+  EXPECT_EQ(DefaultKvRamBudget(10'000, 10'000), 0u);
+  EXPECT_EQ(DefaultKvRamBudget(10'000, 12'000), 0u);
 }
 
 TEST(KvCacheTest, RejectsNonPositiveSizes) {

@@ -28,6 +28,7 @@
 #include "common/model/llama_model.h"
 #include "common/model/sampler.h"
 #include "common/model/split_model.h"
+#include "common/model/vram_plan.h"
 #include "common/rpc/drafter_client.h"
 #include "common/speculation/tree.h"
 #include "common/text/tokenizer.h"
@@ -745,7 +746,9 @@ TEST_F(DrafterServiceTest, AutoSessionsFollowTheRamBudget) {
   EXPECT_EQ(served_sessions({"--ram-budget", "64GiB", "--max-batch-rows", "20"}),
             20);  // the batch-row bound
   {
-    ServiceProcess drafter(kDrafterBinary);
+    // The drafter attaches to the residual before it sizes its sessions.
+    ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
+    ASSERT_NO_FATAL_FAILURE(StartResidual(residual));
     ASSERT_TRUE(drafter.Start(args_with({"--ram-budget", std::to_string(session_bytes - 1)})));
     EXPECT_EQ(drafter.Wait(milliseconds(60000)), 1) << drafter.Stderr();
     EXPECT_NE(drafter.Stderr().find("bitsplit-drafter: error: --max-sessions auto: a session of " +
@@ -754,6 +757,29 @@ TEST_F(DrafterServiceTest, AutoSessionsFollowTheRamBudget) {
         << drafter.Stderr();
     EXPECT_NE(drafter.Stderr().find("lower --max-context or set --max-sessions"), std::string::npos)
         << drafter.Stderr();
+  }
+  {
+    // auto: MemAvailable less the weights that must stay resident and are not locked: the
+    // drafter's base and the residual (cpu-residual runs without --mlock here).
+    ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
+    ASSERT_NO_FATAL_FAILURE(StartResidual(residual));
+    ASSERT_TRUE(drafter.Start(args_with({"--verbose"})));
+    ASSERT_TRUE(drafter.WaitServing(drafter_target())) << drafter.Stderr();
+    const uint64_t weights =
+        std::filesystem::file_size(paths_.base) + std::filesystem::file_size(paths_.residual);
+    EXPECT_NE(drafter.Stderr().find(" less " + model::FormatBytes(weights) +
+                                    " of unlocked weights; see --ram-budget)"),
+              std::string::npos)
+        << drafter.Stderr();
+    // The residual said it is not locked, and both faulted their weights in with progress.
+    EXPECT_NE(residual.Stderr().find("is not locked in RAM (no --mlock)"), std::string::npos)
+        << residual.Stderr();
+    for (auto [name, process] : {std::pair{"residual", &residual}, {"drafter", &drafter}}) {
+      const std::string log = process->Stderr();
+      const size_t loading = log.find(std::string("bitsplit-") + name + ": loading ");
+      ASSERT_NE(loading, std::string::npos) << log;
+      EXPECT_NE(log.find(": 100% (", loading), std::string::npos) << log;
+    }
   }
 }
 

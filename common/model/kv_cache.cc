@@ -154,7 +154,10 @@ uint64_t KvCacheBytes(const std::vector<int64_t>& layer_kv_dims, int64_t capacit
   return 2 * slots * floats_per_slot * sizeof(float) + slots * sizeof(int32_t);
 }
 
-uint64_t DefaultKvRamBudget(uint64_t available_bytes) { return available_bytes / 2; }
+uint64_t DefaultKvRamBudget(uint64_t available_bytes, uint64_t unlocked_weight_bytes) {
+  return available_bytes > unlocked_weight_bytes ? (available_bytes - unlocked_weight_bytes) / 2
+                                                 : 0;
+}
 
 absl::StatusOr<int64_t> SessionsThatFit(uint64_t budget_bytes, uint64_t session_bytes, int64_t cap,
                                         std::string_view what) {

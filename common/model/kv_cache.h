@@ -139,9 +139,11 @@ inline uint64_t KvCacheBytes(const ModelConfig& config, int64_t capacity) {
 }
 
 // The host memory the CPU backend's KV caches may take when no budget is given: half of what
-// the kernel reports available (MemAvailable), so the page cache keeps room for the mapped
-// weights and the machine for its other processes.
-uint64_t DefaultKvRamBudget(uint64_t available_bytes);
+// the kernel reports available (MemAvailable) once the mapped weights that must stay resident
+// and are not locked are taken out (MemAvailable counts their page cache as free, and a cold
+// mapping will need that memory anyway), so the machine keeps room for its other processes.
+// 0 when the weights alone take what is available.
+uint64_t DefaultKvRamBudget(uint64_t available_bytes, uint64_t unlocked_weight_bytes);
 
 // How many sessions of `session_bytes` each fit `budget_bytes`, at most `cap` (>= 1).
 // RESOURCE_EXHAUSTED when not even one fits, with both sizes and `what` (the session, e.g. "a

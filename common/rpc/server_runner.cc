@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/io/mapped_file.h"
 #include "common/rpc/reflection_v1.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -195,6 +196,23 @@ absl::Status RunServer(const ServerOptions& options, std::span<grpc::Service* co
   if (unix_socket) unlink(options.socket_path.c_str());
   std::fprintf(stderr, "%s: stopped\n", options.name.c_str());
   return absl::OkStatus();
+}
+
+void PrefaultWithProgress(const std::string& name, const std::string& what, const uint8_t* data,
+                          uint64_t size, ThreadPool& pool) {
+  const auto start = std::chrono::steady_clock::now();
+  int last_percent = -1;
+  PrefaultPages(data, size, pool, [&](uint64_t done, uint64_t total) {
+    const int percent = total > 0 ? static_cast<int>(100 * done / total) : 100;
+    // Every tenth (and the end): a line per twentieth is noise on a small model.
+    if (percent / 10 == last_percent / 10 && percent != 100) return;
+    last_percent = percent;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "%s: loading %s: %3d%% (%.2f of %.2f GiB, %.1f s)\n", name.c_str(),
+                 what.c_str(), percent, done / double(1ull << 30), total / double(1ull << 30),
+                 seconds);
+  });
 }
 
 }  // namespace bitsplit::rpc

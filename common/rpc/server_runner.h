@@ -19,12 +19,14 @@
 //     absl::Status status = RunServer(options, services, "model.base.bsplit (...)", {});
 //   }
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/util/thread_pool.h"
 #include "grpcpp/grpcpp.h"
 
 namespace bitsplit::rpc {
@@ -44,6 +46,12 @@ struct ServerOptions {
 
 inline constexpr char kLivenessService[] = "liveness";
 inline constexpr char kReadinessService[] = "readiness";
+
+// Faults in a service's mapped weights before it serves (PrefaultPages), printing
+// "NAME: loading WHAT: P% (x of y GiB, t s)" lines to stderr as it goes, where the "serving"
+// line goes, so that a long start shows where it stands.
+void PrefaultWithProgress(const std::string& name, const std::string& what, const uint8_t* data,
+                          uint64_t size, ThreadPool& pool);
 
 // Blocks SIGTERM/SIGINT in the calling thread, so that threads created later inherit the mask
 // and RunServer's sigwait takes them. Call first thing in main, before threads exist.

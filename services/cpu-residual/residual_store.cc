@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/vram_plan.h"
+#include "common/rpc/server_runner.h"
 #include "common/util/meminfo.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
@@ -82,6 +84,11 @@ absl::Status ResidualStore::PrepareMemory() {
   if (madvise(base, size, MADV_WILLNEED) != 0) {
     spdlog::debug("madvise(MADV_WILLNEED): {}", std::strerror(errno));
   }
+  // Faulted in first, with progress, also before mlock: mlock then finds every page present
+  // instead of reading the file in silence.
+  if (options_.prefault) {
+    rpc::PrefaultWithProgress("bitsplit-residual", file.name(), file.image_data(), size, *pool_);
+  }
   if (options_.mlock) {
     if (mlock(base, size) != 0) {
       const int error = errno;
@@ -96,23 +103,12 @@ absl::Status ResidualStore::PrepareMemory() {
     }
     mlocked_ = true;
   }
-  if (options_.prefault) {
-    const auto start = std::chrono::steady_clock::now();
-    const uint8_t* data = file.image_data();
-    const uint64_t pages = (size + 4095) / 4096;
-    std::vector<uint64_t> sinks(static_cast<size_t>(pool_->num_threads()), 0);
-    pool_->RunOnEveryWorker([&](int worker) {
-      const uint64_t n = static_cast<uint64_t>(pool_->num_threads());
-      const uint64_t begin = pages * static_cast<uint64_t>(worker) / n;
-      const uint64_t end = pages * static_cast<uint64_t>(worker + 1) / n;
-      uint64_t sum = 0;
-      for (uint64_t page = begin; page < end; ++page) {
-        sum += *reinterpret_cast<const volatile uint8_t*>(data + page * 4096);
-      }
-      sinks[static_cast<size_t>(worker)] = sum;
-    });
-    spdlog::info("pre-faulted {} pages of {} in {:.3f} s", pages, file.name(),
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  if (!mlocked_) {
+    spdlog::warn(
+        "{}: the residual ({}) is not locked in RAM (no --mlock): under memory pressure the kernel "
+        "pages it out, and verification then reads it from disk. Lock it with --mlock, with "
+        "LimitMEMLOCK=infinity in the systemd unit or `ulimit -l unlimited` (root) first",
+        file.name(), model::FormatBytes(size));
   }
   return absl::OkStatus();
 }

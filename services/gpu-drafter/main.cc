@@ -130,7 +130,8 @@ void AddFlags(CLI::App& app, Flags& flags) {
       ->capture_default_str();
   app.add_option("--ram-budget", flags.ram_budget_text,
                  "cpu: host memory the sessions' KV caches may use, BYTES (or N KiB/MiB/GiB) or "
-                 "auto (half of MemAvailable at start)")
+                 "auto (half of MemAvailable at start less the unlocked weights: the base on "
+                 "cpu and the residual unless cpu-residual locked it)")
       ->capture_default_str();
   app.add_option("--max-sessions", flags.max_sessions_text,
                  "sessions open at once, or auto: as many KV caches of --max-context tokens as "
@@ -283,25 +284,38 @@ absl::StatusOr<std::unique_ptr<DrafterEngine>> CreateBackend(const Flags& flags,
 // tokens that --ram-budget holds. At most --max-batch-rows, so every session can take part in
 // each scheduler iteration.
 absl::StatusOr<int64_t> SessionsFromBudget(const Flags& flags, const Settings& settings,
-                                           const DrafterEngine& engine) {
+                                           const DrafterEngine& engine,
+                                           const ResidualLink* residual_link) {
   const EngineInfo& info = engine.info();
   if (info.planned_sessions > 0) return info.planned_sessions;
   const int64_t context = flags.service_options.max_context;
-  const uint64_t budget = settings.ram_budget > 0
-                              ? settings.ram_budget
-                              : model::DefaultKvRamBudget(ReadMemInfo().available_bytes);
+  uint64_t budget = settings.ram_budget;
+  std::string budget_source = " (--ram-budget)";
+  if (budget == 0) {
+    // The weights this machine must keep resident beside the KV caches: the drafter's mapped
+    // base and the residual, in process or in cpu-residual (always on this machine: the
+    // shared-memory channel) unless that one locked it (locked pages are not in MemAvailable).
+    uint64_t weights = info.base_bytes + (info.residual_in_process ? info.residual_bytes : 0);
+    if (residual_link != nullptr && !residual_link->residual_mlocked()) {
+      weights += residual_link->residual_bytes();
+    }
+    const uint64_t available = ReadMemInfo().available_bytes;
+    budget = model::DefaultKvRamBudget(available, weights);
+    budget_source =
+        absl::StrCat(" (half of MemAvailable ", model::FormatBytes(available), " less ",
+                     model::FormatBytes(weights), " of unlocked weights; see --ram-budget)");
+  }
   absl::StatusOr<int64_t> sessions = model::SessionsThatFit(
       budget, engine.SessionHostBytes(context), flags.service_options.scheduling.max_batch_rows,
       absl::StrCat("a session of ", context, " tokens"));
   if (!sessions.ok()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "--max-sessions auto: ", sessions.status().message(),
-        settings.ram_budget > 0 ? " (--ram-budget)" : " (half of MemAvailable; see --ram-budget)",
-        "; lower --max-context or set --max-sessions"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("--max-sessions auto: ", sessions.status().message(), budget_source,
+                     "; lower --max-context or set --max-sessions"));
   }
-  spdlog::debug("--max-sessions auto: {} sessions of {} tokens ({} each) in a RAM budget of {}",
+  spdlog::debug("--max-sessions auto: {} sessions of {} tokens ({} each) in a RAM budget of {}{}",
                 *sessions, context, model::FormatBytes(engine.SessionHostBytes(context)),
-                model::FormatBytes(budget));
+                model::FormatBytes(budget), budget_source);
   return sessions;
 }
 
@@ -396,14 +410,15 @@ int Run(int argc, char** argv) {
                                    info.config.context_length));
   }
 
+  // Attached before the sessions are sized: the residual's size and lock state enter the RAM
+  // budget.
+  auto residual_link = AttachResidual(flags, **backend);
+  if (!residual_link.ok()) return Fail(residual_link.status());
   if (settings->sessions_from_budget) {
-    auto sessions = SessionsFromBudget(flags, *settings, **backend);
+    auto sessions = SessionsFromBudget(flags, *settings, **backend, residual_link->get());
     if (!sessions.ok()) return Fail(sessions.status());
     flags.service_options.scheduling.max_sessions = static_cast<int>(*sessions);
   }
-
-  auto residual_link = AttachResidual(flags, **backend);
-  if (!residual_link.ok()) return Fail(residual_link.status());
   DrafterService service(**backend, residual_link->get(), flags.service_options);
   const absl::Status status =
       Serve(flags, service, Description(flags, info, *residual_link != nullptr));

@@ -91,6 +91,7 @@ absl::Status ResidualLink::Ensure() {
   attached_rows_ = rows / per_row;
   residual_format_ = info->quantization();
   residual_bytes_ = info->file_bytes();
+  residual_mlocked_ = info->mlocked();
   spdlog::info("attached to cpu-residual at {} (pid {}, channel {})", options_.target,
                session_->attach_response().server_pid(), session_->channel_id());
   return absl::OkStatus();

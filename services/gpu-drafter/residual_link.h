@@ -63,6 +63,7 @@ class ResidualLink {
   // From the service's Info at the last attach (the residual file's size, like base_bytes).
   const std::string& residual_format() const { return residual_format_; }
   uint64_t residual_bytes() const { return residual_bytes_; }
+  bool residual_mlocked() const { return residual_mlocked_; }
   // Forward rows one forward may carry on the current attachment (0 when detached).
   int attached_rows() const { return attached_rows_; }
 
@@ -78,6 +79,7 @@ class ResidualLink {
   std::unique_ptr<rpc::ResidualChannel> session_;
   std::string residual_format_;
   uint64_t residual_bytes_ = 0;
+  bool residual_mlocked_ = false;
   int attached_rows_ = 0;
 };
 
