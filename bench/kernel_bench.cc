@@ -94,7 +94,7 @@ const Case kCases[] = {
     {SplitFormat::kB3Asym, 64}, {SplitFormat::kB4Sym, 64},  {SplitFormat::kB4Asym, 64},
     {SplitFormat::kR3, 32},     {SplitFormat::kR4, 32},     {SplitFormat::kR5, 32},
     {SplitFormat::kR6, 32},     {SplitFormat::kR6, 128},    {SplitFormat::kR8, 32},
-    {SplitFormat::kR8, 128},    {SplitFormat::kQ8_0, 32},
+    {SplitFormat::kR8, 128},    {SplitFormat::kQ8_0, 32},   {SplitFormat::kBTern, 64},
 };
 
 uint64_t NextRandom(uint64_t* state) {  // xorshift64*: fast filler for hundreds of MB

@@ -39,7 +39,7 @@ void FillMatrix(quant::SplitFormat format, int group, int64_t rows, int64_t cols
   const quant::SplitRowLayout layout = quant::GetSplitRowLayout(format, group, cols);
   const quant::SplitFormatInfo& info = quant::GetSplitFormatInfo(format);
   // Spread of the codes around their centre: uniform codes of n levels have std n / sqrt(12).
-  const float levels = static_cast<float>(1 << info.bits);
+  const float levels = static_cast<float>(quant::SplitCodeLevels(format));
   const float d_typical = scale / (levels / std::sqrt(12.0f));
   pool.ParallelFor(rows, [&](int64_t begin, int64_t end, int) {
     for (int64_t r = begin; r < end; ++r) {

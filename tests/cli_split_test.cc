@@ -77,6 +77,11 @@ TEST(QuantizeCommandTest, RejectsKnobsThatDoNotFit) {
   ExpectOneLineBadInput(Bitsplit({"quantize", SourceModel(), "-o", prefix, "--base-bits", "8",
                                   "--base-format", "sym", "--group", "32"}),
                         "takes no residual");
+  ExpectOneLineBadInput(Bitsplit({"quantize", SourceModel(), "-o", prefix, "--base-format", "tern",
+                                  "--base-bits", "3"}),
+                        "drop --base-bits");
+  EXPECT_EQ(
+      Bitsplit({"quantize", SourceModel(), "-o", prefix, "--base-format", "ternary"}).exit_code, 2);
   EXPECT_EQ(Bitsplit({"quantize", SourceModel(), "-o", prefix, "--base-bits", "5"}).exit_code, 2);
   EXPECT_EQ(Bitsplit({"quantize", SourceModel(), "-o", prefix, "--residual-bits", "7"}).exit_code,
             2);

@@ -247,6 +247,42 @@ TEST_F(CudaKernelsTest, SplitMatMulMatchesReferenceBitForBitForEveryFormat) {
   }
 }
 
+// The ternary base: 7-byte sub-blocks start at every offset mod 4 (the kernel loads their bytes
+// one by one), and bytes that the quantizer never writes (every value 0..255, not only the 243
+// encodings) still decode to the reference's trits.
+TEST_F(CudaKernelsTest, SplitMatMulTernaryOnEveryByteValueAndAlignment) {
+  const int64_t rows = 19, cols = 7 * 32;
+  for (const int group : {32, 224}) {
+    HostMatrix m = RandomMatrix(quant::SplitFormat::kBTern, group, rows, cols, 55);
+    const quant::SplitRowLayout layout =
+        quant::GetSplitRowLayout(quant::SplitFormat::kBTern, group, cols);
+    const size_t row_bytes = quant::SplitRowBytes(quant::SplitFormat::kBTern, group, cols);
+    int value = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (size_t i = 0; i < layout.scale_offset; ++i) {
+        m.bytes[r * row_bytes + i] = static_cast<uint8_t>(value++ % 256);
+      }
+    }
+    const DeviceMatrixCopy device_matrix(m.view);
+    for (const int64_t tokens : {1, 5}) {
+      const std::vector<float> x = RandomFloats(tokens * cols, 60 + tokens);
+      quant::QuantizedActivations qx;
+      quant::QuantizeActivations(x.data(), tokens, cols, &qx);
+      const DeviceQuantized dx(qx);
+      std::vector<float> expected(tokens * rows);
+      DeviceVector<float> out(expected);
+      quant::MatMulReference(m.view, qx, expected.data(), false);
+      kernels::GroupMatMul matmul;
+      matmul.matrices[0] = device_matrix.matrix;
+      matmul.outputs[0] = out.get();
+      matmul.count = 1;
+      ASSERT_CUDA(kernels::SplitMatMul(matmul, dx.view, false, nullptr));
+      ExpectBitsEqual(out.ToHost(), expected,
+                      "bt_sym/g" + std::to_string(group) + " T=" + std::to_string(tokens));
+    }
+  }
+}
+
 TEST_F(CudaKernelsTest, SplitMatMulGroupOfThreeMatricesMatchesEachAlone) {
   const int64_t cols = 256;
   const int64_t row_counts[] = {64, 16, 40};

@@ -60,15 +60,18 @@ void ExpectConfigHasShape(const ModelConfig& c, const Shape& s) {
 struct RowFormat {
   uint64_t bits, group;
   bool has_min;
+  uint64_t sub_block_bytes = 0;  // nonzero: bytes of codes per 32 weights instead of bits * 4
 };
 constexpr RowFormat kB2AsymG64{2, 64, true};
 constexpr RowFormat kB2SymG64{2, 64, false};
 constexpr RowFormat kB3AsymG64{3, 64, true};
 constexpr RowFormat kB4AsymG64{4, 64, true};
-constexpr RowFormat kQ8_0{8, 32, false};  // ggml's block: an fp16 scale and 32 int8 codes
+constexpr RowFormat kQ8_0{8, 32, false};         // ggml's block: an fp16 scale and 32 int8 codes
+constexpr RowFormat kBTernG64{0, 64, false, 7};  // five trits a byte: 7 bytes per 32 weights
 
 constexpr uint64_t RowBytes(RowFormat f, uint64_t cols) {
-  return cols * f.bits / 8 + cols / f.group * 2 * (f.has_min ? 2 : 1);
+  return (f.sub_block_bytes != 0 ? cols / 32 * f.sub_block_bytes : cols * f.bits / 8) +
+         cols / f.group * 2 * (f.has_min ? 2 : 1);
 }
 // On the device every row starts on a 4-byte boundary.
 constexpr uint64_t DeviceRow(RowFormat f, uint64_t cols) { return RoundUp(RowBytes(f, cols), 4); }
@@ -243,6 +246,14 @@ TEST(VramPlanTest, DeviceRowsArePaddedToFourBytes) {
   auto bytes = SplitLinearBytes(SmolLm2Config(), SplitFormat::kB2Sym, 64);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   EXPECT_EQ(*bytes, LinearBytes(kSmolLm2, kB2SymG64));  // 38,197,248
+  // bt_sym/g64: a 576-wide row is 18 x 7 + 9 x 2 = 144 bytes (no padding), a 1536-wide one
+  // 48 x 7 + 24 x 2 = 384.
+  static_assert(RowBytes(kBTernG64, 576) == 144 && RowBytes(kBTernG64, 1536) == 384);
+  EXPECT_EQ(DeviceRowStride(SplitFormat::kBTern, 64, 576), 144u);
+  EXPECT_EQ(DeviceRowStride(SplitFormat::kBTern, 32, 96), RowBytes({0, 32, false, 7}, 96) + 1);
+  bytes = SplitLinearBytes(SmolLm2Config(), SplitFormat::kBTern, 64);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(*bytes, LinearBytes(kSmolLm2, kBTernG64));
 }
 
 TEST(VramPlanTest, EightBBaseBytesMatchHandComputation) {
@@ -479,6 +490,10 @@ TEST(VramPlanTest, RefusesAndSaysWhatFits) {
               HasSubstr("base b2_asym/g64 needs " + gib(kB2AsymG64) + " and fits as requested"));
   EXPECT_THAT(message, HasSubstr("base b3_asym/g64 needs " + gib(kB3AsymG64)));
   EXPECT_THAT(message, ::testing::Not(HasSubstr(gib(kB3AsymG64) + " and fits")));
+  // The ternary base is suggested too, whatever the requested grid: it fits as well.
+  ASSERT_LE(LlamaTotal(kEightB, kBTernG64, 8192, 4, 16), budget);
+  EXPECT_THAT(message,
+              HasSubstr("base bt_sym/g64 needs " + gib(kBTernG64) + " and fits as requested"));
 
   // The suggestions are true: each fits, and one more session or 256 more tokens do not.
   VramRequest shorter = request;

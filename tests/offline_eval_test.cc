@@ -250,6 +250,19 @@ TEST(EvalConfigSpecTest, ParsesSpecsIntoCanonicalLabels) {
   EXPECT_EQ(spec->quantization.base_group, 128);
   EXPECT_EQ(spec->quantization.residual_group, 32);
 
+  // The ternary base: "bt", symmetric whatever the default grid.
+  spec = ParseEvalConfigSpec("bt+r8:g32", defaults);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->label, "bt+r8:g32:sym:rot64:noimp");
+  EXPECT_EQ(spec->quantization.base_format, quant::SplitFormat::kBTern);
+  EXPECT_EQ(spec->quantization.residual_format, quant::SplitFormat::kR8);
+  EXPECT_TRUE(spec->verify);
+  spec = ParseEvalConfigSpec("bt", defaults);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->label, "bt:g64:sym:rot64:noimp");
+  EXPECT_FALSE(spec->verify);
+  EXPECT_FALSE(ParseEvalConfigSpec("bt:asym", defaults).ok());
+
   spec = ParseEvalConfigSpec("q8_0", defaults);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->label, "q8_0:norot");

@@ -157,8 +157,8 @@ TEST(OffloadPlanTest, FlagshipShapesPlanTheBytesTheirMatricesHold) {
     for (const uint64_t card : {16 * kGiB, 24 * kGiB}) {
       const std::string what = absl::StrCat(s.name, " on ", card / kGiB, " GiB");
       const OffloadRequest request = RequestFor(*config, card, embedding);
-      for (const SplitFormat base :
-           {SplitFormat::kB2Asym, SplitFormat::kB3Asym, SplitFormat::kB4Asym}) {
+      for (const SplitFormat base : {SplitFormat::kBTern, SplitFormat::kB2Asym,
+                                     SplitFormat::kB3Asym, SplitFormat::kB4Asym}) {
         uint64_t base_bytes = 0, residual_bytes = 0;
         for (const auto& [rows, cols] : Matrices(s)) {
           base_bytes += model::AlignVram(static_cast<uint64_t>(rows) *
@@ -190,8 +190,8 @@ TEST(OffloadPlanTest, FlagshipShapesPlanTheBytesTheirMatricesHold) {
       // The chosen plan is the fastest of those that fit.
       const absl::StatusOr<OffloadPlan> best = PlanOffload(request);
       double fastest = 0;
-      for (const SplitFormat base :
-           {SplitFormat::kB2Asym, SplitFormat::kB3Asym, SplitFormat::kB4Asym}) {
+      for (const SplitFormat base : {SplitFormat::kBTern, SplitFormat::kB2Asym,
+                                     SplitFormat::kB3Asym, SplitFormat::kB4Asym}) {
         if (auto p = PlanOffloadWith(request, base, base); p.ok()) {
           fastest = std::max(fastest, p->tokens_per_second);
         }
@@ -207,16 +207,38 @@ TEST(OffloadPlanTest, FlagshipShapesPlanTheBytesTheirMatricesHold) {
   }
   // What the flagship case looks like today: a 70B's 2-bit base does not fit a 24 GB card with
   // one 8192-token session; a 32B's does, on 16 GB and 24 GB alike.
-  const auto plan_of = [](const Shape& s, uint64_t card) {
+  const auto plan_of = [](const Shape& s, uint64_t card, bool ternary = false) {
     const auto file = gguf::File::Open(ShapesOnlyGguf(s), gguf::TensorData::kMayBeAbsent);
     const auto config = model::ModelConfigFromGguf(**file);
     const uint64_t embedding = static_cast<uint64_t>(s.vocab) * s.d_model / 32 * 34;
-    return PlanOffload(RequestFor(*config, card, embedding));
+    OffloadRequest request = RequestFor(*config, card, embedding);
+    request.ternary = ternary;
+    return PlanOffload(request);
   };
   EXPECT_FALSE(plan_of(Shapes()[0], 24 * kGiB).ok());
   EXPECT_FALSE(plan_of(Shapes()[1], 24 * kGiB).ok());
   EXPECT_TRUE(plan_of(Shapes()[2], 16 * kGiB).ok());
   EXPECT_TRUE(plan_of(Shapes()[2], 24 * kGiB).ok());
+  // The ternary base makes the 70B fit 24 GB. Every Llama-3.1-70B input width (8192, 28672) is
+  // a multiple of 64, so a bt_sym/g64 row is cols / 32 x 7 code bytes + cols / 64 x 2 scale
+  // bytes = cols / 4 bytes, a multiple of 4 (no device padding): 2 bits per weight, 17.5 GB of
+  // base for its 69.5 B linear weights (+ 2.1 GB of Q8_0 embedding + 2.5 GiB of KV cache).
+  const Shape& llama70 = Shapes()[0];
+  uint64_t ternary_bytes = 0;
+  for (const auto& [rows, cols] : Matrices(llama70)) {
+    ASSERT_EQ(cols % 64, 0);
+    ternary_bytes += model::AlignVram(static_cast<uint64_t>(rows) * (cols / 4));
+  }
+  EXPECT_NEAR(static_cast<double>(ternary_bytes), 17.4e9, 0.1e9);
+  const absl::StatusOr<OffloadPlan> ternary = plan_of(llama70, 24 * kGiB, true);
+  ASSERT_TRUE(ternary.ok()) << ternary.status();
+  EXPECT_EQ(ternary->attention_base, SplitFormat::kBTern);
+  EXPECT_EQ(ternary->vram.base_weights_bytes, model::RoundVramSlab(ternary_bytes));
+  // Beside it r8/g32: 8 bits + an fp16 per 32 = 8.5 bits per weight in RAM.
+  uint64_t weights = 0;
+  for (const auto& [rows, cols] : Matrices(llama70)) weights += rows * cols;
+  EXPECT_EQ(ternary->residual_bytes, weights / 32 * 34);
+  EXPECT_FALSE(plan_of(llama70, 16 * kGiB, true).ok());  // 17.4 GB of base alone
 }
 
 testing::CommandResult Plan(const std::vector<std::string>& args) {
@@ -243,12 +265,17 @@ TEST(OffloadPlanTest, PlanCommandPrintsThePlanOrSaysWhatFits) {
   EXPECT_EQ(short_ram.exit_code, 2);
   EXPECT_THAT(short_ram.err, HasSubstr("GiB of RAM for the model; --ram gives 4.00 GiB"));
   // Nothing fits: exit 2 with PlanVram's account of what would.
-  const testing::CommandResult too_big =
-      Plan({"plan", ShapesOnlyGguf(Shapes()[0]), "--vram", "24GiB", "--ram", "256GiB"});
+  const testing::CommandResult too_big = Plan(
+      {"plan", ShapesOnlyGguf(Shapes()[0]), "--vram", "24GiB", "--ram", "256GiB", "--no-ternary"});
   EXPECT_EQ(too_big.exit_code, 2);
   EXPECT_THAT(too_big.err, HasSubstr("even the fewest base bits"));
   EXPECT_THAT(too_big.err, HasSubstr("the VRAM budget of"));
   EXPECT_THAT(too_big.err, HasSubstr("fits"));
+  // With the ternary base (the default) the 70B fits the same card.
+  const testing::CommandResult ternary =
+      Plan({"plan", ShapesOnlyGguf(Shapes()[0]), "--vram", "24GiB", "--ram", "256GiB"});
+  EXPECT_EQ(ternary.exit_code, 0) << ternary.err;
+  EXPECT_THAT(ternary.out, HasSubstr("head base bt_sym/g64"));
   // Bad input: one line, exit 2.
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"plan", qwen32, "--vram", "lots", "--ram", "64GiB"},

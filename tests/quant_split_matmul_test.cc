@@ -47,6 +47,7 @@ constexpr SplitFormat kAllFormats[] = {
     SplitFormat::kB2Sym, SplitFormat::kB2Asym, SplitFormat::kB3Sym, SplitFormat::kB3Asym,
     SplitFormat::kB4Sym, SplitFormat::kB4Asym, SplitFormat::kR3,    SplitFormat::kR4,
     SplitFormat::kR5,    SplitFormat::kR6,     SplitFormat::kR8,    SplitFormat::kQ8_0,
+    SplitFormat::kBTern,
 };
 
 std::vector<int> GroupsFor(SplitFormat format) {
@@ -246,8 +247,8 @@ TEST(SplitMatMul, EveryScaleLayoutOverFullAndPartialSpans) {
 TEST(SplitMatMul, OddGroupSizesAndLongRows) {
   ForEachIsa([&] {
     // Groups that are not a power of two (96) and rows with many runs (4096 columns).
-    for (SplitFormat format :
-         {SplitFormat::kB3Asym, SplitFormat::kR5, SplitFormat::kR6, SplitFormat::kR8}) {
+    for (SplitFormat format : {SplitFormat::kB3Asym, SplitFormat::kR5, SplitFormat::kR6,
+                               SplitFormat::kR8, SplitFormat::kBTern}) {
       const Matrix odd = QuantizedMatrix(format, 96, 9, 96 * 11, 300);
       ExpectKernelMatchesReference(odd.view, 5, 41, Name(format, 96));
       const Matrix wide = QuantizedMatrix(format, 64, 6, 4096, 301);

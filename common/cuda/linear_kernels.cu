@@ -42,6 +42,19 @@ __device__ __forceinline__ uint32_t Plane4(const uint8_t* p, int k) {
   return k < 4 ? (word & 0x0F0F0F0Fu) : ((word >> 4) & 0x0F0F0F0Fu);
 }
 
+// Ternary: element j is trit j % 5 of byte j / 5 (quant::SubBlockTern). Its 7-byte sub-blocks
+// are not word-aligned, so the (at most two) bytes of elements 4k..4k+3 are loaded one by one.
+__device__ __forceinline__ uint32_t Tern4(const uint8_t* p, int k) {
+  uint32_t out = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int j = 4 * k + i;
+    const uint8_t byte = __ldg(p + j / quant::kTernTritsPerByte);
+    out |= static_cast<uint32_t>(quant::TernTrit(byte, j % quant::kTernTritsPerByte)) << (8 * i);
+  }
+  return out;
+}
+
 // The codes of elements 4k .. 4k+3 of one sub-block as four bytes (element 4k in the low byte),
 // ready for __dp4a: unsigned codes are < 64, so their bytes read the same signed.
 template <SplitFormat kFormat>
@@ -58,6 +71,8 @@ __device__ __forceinline__ int Codes4(const uint8_t* sub, int k) {
     return static_cast<int>(Plane4(sub, k) | (Plane1(sub + 16, k) << 4));
   } else if constexpr (kFormat == SplitFormat::kR6) {
     return static_cast<int>(Plane4(sub, k) | (Plane2(sub + 16, k) << 4));
+  } else if constexpr (kFormat == SplitFormat::kBTern) {
+    return static_cast<int>(Tern4(sub, k));
   } else {  // SplitFormat::kR8, SplitFormat::kQ8_0: int8 codes in element order
     return static_cast<int>(Load32(sub + 4 * k));
   }
@@ -404,6 +419,8 @@ cudaError_t SplitMatMul(const GroupMatMul& group, const DeviceActivations& x, bo
       return LaunchSplitMatMul<SplitFormat::kR5>(group, x, accumulate, stream);
     case SplitFormat::kR6:
       return LaunchSplitMatMul<SplitFormat::kR6>(group, x, accumulate, stream);
+    case SplitFormat::kBTern:
+      return LaunchSplitMatMul<SplitFormat::kBTern>(group, x, accumulate, stream);
     case SplitFormat::kR8:
       return LaunchSplitMatMul<SplitFormat::kR8>(group, x, accumulate, stream);
     case SplitFormat::kQ8_0:

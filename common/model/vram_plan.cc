@@ -287,17 +287,24 @@ absl::StatusOr<VramPlan> PlanVram(const VramRequest& request, uint64_t budget_by
       fitting.push_back(absl::StrFormat("context %d with 1 session", RoundContext(single)));
     }
   }
-  // Fewer base bits, same symmetry and group, as requested.
+  // Fewer base bits, same symmetry and group, as requested; and the ternary base, the fewest
+  // bytes of all, whatever the symmetry.
   const quant::SplitFormatInfo& info = quant::GetSplitFormatInfo(request.base_format);
   std::vector<std::string> smaller_bases;
   for (const quant::SplitFormat format :
-       {quant::SplitFormat::kB2Sym, quant::SplitFormat::kB2Asym, quant::SplitFormat::kB3Sym,
-        quant::SplitFormat::kB3Asym, quant::SplitFormat::kB4Sym, quant::SplitFormat::kB4Asym}) {
+       {quant::SplitFormat::kBTern, quant::SplitFormat::kB2Sym, quant::SplitFormat::kB2Asym,
+        quant::SplitFormat::kB3Sym, quant::SplitFormat::kB3Asym, quant::SplitFormat::kB4Sym,
+        quant::SplitFormat::kB4Asym}) {
     const quant::SplitFormatInfo& other = quant::GetSplitFormatInfo(format);
-    if (other.bits >= info.bits) continue;
-    // A q8_0 base has no min; its smaller alternatives are the asymmetric formats (the default).
-    if (info.is_base && other.has_min != info.has_min) continue;
-    if (!info.is_base && !other.has_min) continue;
+    if (format == quant::SplitFormat::kBTern) {
+      if (request.base_format == quant::SplitFormat::kBTern) continue;
+    } else {
+      if (other.bits >= info.bits || request.base_format == quant::SplitFormat::kBTern) continue;
+      // A q8_0 base has no min; its smaller alternatives are the asymmetric formats (the
+      // default).
+      if (info.is_base && other.has_min != info.has_min) continue;
+      if (!info.is_base && !other.has_min) continue;
+    }
     absl::StatusOr<uint64_t> bytes = SplitLinearBytes(request.config, format, request.base_group);
     if (!bytes.ok()) continue;
     const bool ok = Compute(request, *bytes).total_bytes <= budget_bytes;

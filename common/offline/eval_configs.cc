@@ -172,15 +172,18 @@ absl::StatusOr<EvalConfigSpec> ParseEvalConfigSpec(std::string_view spec,
   const std::string& head = parts[0];
   const bool is_q8_0 = head == "q8_0";
   int base_bits = 0;
+  bool ternary = false;  // "bt": the ternary base (symmetric only)
   int residual_bits = 0;
   if (!is_q8_0) {
     const std::vector<std::string> halves = absl::StrSplit(head, '+');
     if (halves.size() > 2 || halves[0].size() != 2 || halves[0][0] != 'b' ||
-        (halves[0][1] != '2' && halves[0][1] != '3' && halves[0][1] != '4')) {
-      return SpecError(spec,
-                       "expected ref, q8_0, gguf:PATH, bN or bN+rM (N in 2..4, M in 3..6 or 8)");
+        (halves[0][1] != '2' && halves[0][1] != '3' && halves[0][1] != '4' &&
+         halves[0][1] != 't')) {
+      return SpecError(
+          spec, "expected ref, q8_0, gguf:PATH, bN or bN+rM (N in 2..4 or t, M in 3..6 or 8)");
     }
-    base_bits = halves[0][1] - '0';
+    ternary = halves[0][1] == 't';
+    base_bits = ternary ? 0 : halves[0][1] - '0';
     if (halves.size() == 2) {
       const std::string& residual = halves[1];
       if (residual.size() != 2 || residual[0] != 'r' ||
@@ -205,6 +208,9 @@ absl::StatusOr<EvalConfigSpec> ParseEvalConfigSpec(std::string_view spec,
       return SpecError(spec, absl::StrCat("q8_0 takes only rot/rotK/norot, not \"", option, "\""));
     }
     if (option == "sym" || option == "asym") {
+      if (ternary && option == "asym") {
+        return SpecError(spec, "the ternary base bt is symmetric only");
+      }
       asymmetric = option == "asym";
     } else if (option == "imp" || option == "noimp") {
       importance = option == "imp";
@@ -248,7 +254,8 @@ absl::StatusOr<EvalConfigSpec> ParseEvalConfigSpec(std::string_view spec,
     return out;
   }
   BITSPLIT_RETURN_IF_ERROR(CheckGroup(spec, base_group));
-  q.base_format = BaseFormat(base_bits, asymmetric);
+  if (ternary) asymmetric = false;
+  q.base_format = ternary ? quant::SplitFormat::kBTern : BaseFormat(base_bits, asymmetric);
   q.base_group = base_group;
   std::string groups = absl::StrCat("g", base_group);
   if (residual_bits != 0) {
@@ -261,10 +268,10 @@ absl::StatusOr<EvalConfigSpec> ParseEvalConfigSpec(std::string_view spec,
     q.residual_format = std::nullopt;
     q.residual_group = base_group;
   }
-  out.label =
-      absl::StrCat("b", base_bits, residual_bits != 0 ? absl::StrCat("+r", residual_bits) : "", ":",
-                   groups, ":", asymmetric ? "asym" : "sym", ":", rotation_label, ":",
-                   importance ? "imp" : "noimp", head_q8_0 ? ":hq8" : "");
+  out.label = absl::StrCat("b", ternary ? "t" : absl::StrCat(base_bits),
+                           residual_bits != 0 ? absl::StrCat("+r", residual_bits) : "", ":", groups,
+                           ":", asymmetric ? "asym" : "sym", ":", rotation_label, ":",
+                           importance ? "imp" : "noimp", head_q8_0 ? ":hq8" : "");
   return out;
 }
 

@@ -11,6 +11,7 @@
 //   q8_0               Q8_0 from our own quantizer (split base-only format kQ8_0, group 32)
 //   bN                 split base only, N in {2, 3, 4}: the draft model (ForwardMode::kDraft)
 //   bN+rM              base + residual, M in {3, 4, 5, 6, 8}: the verifier (ForwardMode::kVerify)
+//   bt, bt+rM          the same with the ternary base bt_sym (symmetric: "asym" is refused)
 // followed by options, each after a ':'
 //   gK                 base and residual group K     bgK / rgK   base / residual group only
 //   sym | asym         base grid                     rot | rotK | norot   Hadamard block K

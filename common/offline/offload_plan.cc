@@ -20,6 +20,12 @@ constexpr int kResidualGroup = 32;
 constexpr double kTreeTauB2 = 1.72, kTreeTauB4 = 4.18;
 constexpr double kChainB2[8] = {0.25, 0.26, 0.17, 0.11, 0, 0, 0, 0};
 constexpr double kChainB4[8] = {0.80, 0.78, 0.82, 0.80, 0.81, 0.77, 0.85, 0.74};
+// The same for the ternary bt_sym/g64 base + r8 (docs/quality.md, "The ternary base").
+constexpr double kTreeTauTern = kTernaryTreeTau;
+constexpr double kChainTern[8] = {0.12, 0.07, 0, 0, 0, 0, 0, 0};
+// The ternary base's place on the bits axis of the interpolation: log2(3) bits of information
+// per code.
+constexpr double kTernaryBits = 1.584962500721156;
 
 // One step's shape: rows verified, draft forwards and their rows.
 struct StepShape {
@@ -42,20 +48,29 @@ std::vector<StepShape> StepShapes() {
   return shapes;
 }
 
-// Tokens per verify of `shape` for a base of `bits` mean bits (2 to 4).
+// Tokens per verify of `shape` for a base of `bits` mean bits (kTernaryBits to 4): linear between
+// the measured ternary and b2 points below 2 bits, between b2 and b4 above.
 double Tau(const StepShape& shape, double bits) {
-  const double t = (bits - 2) / 2;
   if (shape.draft_forwards == 0) return 1;
-  if (shape.chain == 0) return kTreeTauB2 + t * (kTreeTauB4 - kTreeTauB2);
+  const bool low = bits < 2;
+  const double t = low ? (bits - kTernaryBits) / (2 - kTernaryBits) : (bits - 2) / 2;
+  const double tree_from = low ? kTreeTauTern : kTreeTauB2;
+  const double tree_to = low ? kTreeTauB2 : kTreeTauB4;
+  const double* chain_from = low ? kChainTern : kChainB2;
+  const double* chain_to = low ? kChainB2 : kChainB4;
+  if (shape.chain == 0) return tree_from + t * (tree_to - tree_from);
   double tau = 1, reach = 1;
   for (int d = 0; d < shape.chain; ++d) {
-    reach *= kChainB2[d] + t * (kChainB4[d] - kChainB2[d]);
+    reach *= chain_from[d] + t * (chain_to[d] - chain_from[d]);
     tau += reach;
   }
   return tau;
 }
 
-int Bits(SplitFormat f) { return quant::GetSplitFormatInfo(f).bits; }
+// Bits per code as the acceptance interpolation counts them.
+double Bits(SplitFormat f) {
+  return f == SplitFormat::kBTern ? kTernaryBits : quant::GetSplitFormatInfo(f).bits;
+}
 
 // The share of a group's bytes a forward of `rows` rows reads.
 double ReadShare(const model::ModelConfig& c, const LinearGroupShape& g, double rows) {
@@ -84,7 +99,9 @@ std::vector<LinearGroupShape> LinearGroupShapes(const model::ModelConfig& c) {
 }
 
 SplitFormat ResidualForBase(SplitFormat base) {
-  switch (Bits(base)) {
+  // Ternary + r6 missed Q8_0's KL on SmolLM2 (0.0084 vs 0.0047; ternary + r8 0.0010).
+  if (base == SplitFormat::kBTern) return SplitFormat::kR8;
+  switch (quant::GetSplitFormatInfo(base).bits) {
     case 2:
       return SplitFormat::kR6;
     case 3:
@@ -165,8 +182,9 @@ absl::StatusOr<OffloadPlan> PlanOffloadWith(const OffloadRequest& request,
 }
 
 absl::StatusOr<OffloadPlan> PlanOffload(const OffloadRequest& request) {
-  const std::vector<SplitFormat> bases = {SplitFormat::kB2Asym, SplitFormat::kB3Asym,
-                                          SplitFormat::kB4Asym};
+  std::vector<SplitFormat> bases = {SplitFormat::kB2Asym, SplitFormat::kB3Asym,
+                                    SplitFormat::kB4Asym};
+  if (request.ternary) bases.insert(bases.begin(), SplitFormat::kBTern);
   std::optional<OffloadPlan> best;
   absl::Status fewest_bits;
   for (const SplitFormat attention : bases) {
@@ -183,8 +201,9 @@ absl::StatusOr<OffloadPlan> PlanOffload(const OffloadRequest& request) {
     }
   }
   if (!best) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "even the fewest base bits (b2_asym/g64 everywhere) do not fit: ", fewest_bits.message()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("even the fewest base bits (", request.ternary ? "bt_sym" : "b2_asym",
+                     "/g64 everywhere) do not fit: ", fewest_bits.message()));
   }
   return *best;
 }

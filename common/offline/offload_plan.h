@@ -8,15 +8,18 @@
 // every plan with.
 //
 // Candidates: bases b2/b3/b4 (asym, group 64), each with the residual that puts base + residual
-// at 8 bits (b2+r6, b3+r5, b4+r4; at or below Q8_0's KL on SmolLM2, docs/quality.md), residual
-// group 32. Speculation shapes: off; a chain of 1 to 8 drafts; a 16-node tree drafted in 4
-// forwards of 4 rows. The fastest (plan, shape) that fits is chosen:
+// at 8 bits (b2+r6, b3+r5, b4+r4; at or below Q8_0's KL on SmolLM2, docs/quality.md), and below
+// them the ternary bt_sym/g64 + r8 (OffloadRequest::ternary; with r6 it missed Q8_0's KL),
+// residual group 32. Speculation
+// shapes: off; a chain of 1 to 8 drafts; a 16-node tree drafted in 4 forwards of 4 rows. The
+// fastest (plan, shape) that fits is chosen:
 //   time per token = (residual read / RAM + base read / VRAM + draft forwards' base / VRAM) / tau
 // where a forward of n rows reads the experts n rows touch under uniform routing
 // (model::ExpectedDistinctExperts) and tau, the tokens per verify, is SmolLM2's measured
 // acceptance (docs/performance.md: the 16-node tree 1.72 on a b2 base, 4.18 on b4; the chain's
-// acceptance by depth on each), interpolated linearly in the mean base bits a token reads. That
-// acceptance is an assumption for any other model.
+// acceptance by depth on each), interpolated linearly in the mean base bits a token reads (bt_sym
+// at log2(3) bits, with its own measured acceptance below b2's). That acceptance is an assumption
+// for any other model.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,6 +31,13 @@
 #include "common/quant/split_format.h"
 
 namespace bitsplit::offline {
+
+// Tokens per verify of a 16-node tree (k 4) drafted by the ternary bt_sym/g64 base of
+// SmolLM2-135M-Instruct under its verifier (+ r8/g32), first 8 prompts of the committed set,
+// docs/quality.md ("The ternary base"): the
+// acceptance prior of the plans whose fewest-bits base is ternary (here and in quantize
+// --vram-budget --base-format tern).
+inline constexpr double kTernaryTreeTau = 1.31;
 
 struct OffloadMachine {
   double ram_bytes_per_second = 60e9;
@@ -45,6 +55,7 @@ struct OffloadRequest {
   int64_t sessions = 1;
   int64_t max_batch_rows = 64;
   OffloadMachine machine;
+  bool ternary = true;  // whether PlanOffload considers the ternary base bt_sym
 };
 
 // One linear group's matrices, as the planner and the bench's llama.cpp projection see it.
@@ -58,7 +69,8 @@ struct LinearGroupShape {
 };
 std::vector<LinearGroupShape> LinearGroupShapes(const model::ModelConfig& config);
 
-// The residual beside a base: base + residual = 8 bits.
+// The residual beside a base: base + residual = 8 bits; r8 beside the ternary base (with r6 it
+// missed Q8_0's KL, docs/quality.md, "The ternary base").
 quant::SplitFormat ResidualForBase(quant::SplitFormat base);
 
 struct OffloadPlan {

@@ -33,15 +33,17 @@ enum class SplitFormat : uint32_t {
   kR3 = 9,
   kR4 = 10,
   kR5 = 11,
+  kBTern = 12,
 };
-inline constexpr int kNumSplitFormats = 12;
+inline constexpr int kNumSplitFormats = 13;
 
 // Elements per sub-block: the unit of code packing and of the integer dot products.
 inline constexpr int kSplitSubBlock = 32;
 
 // Static facts about a format (the host adds its name: SplitFormatInfo).
 struct SplitFormatTraits {
-  int bits;             // bits per code
+  int bits;             // bits per code (kBTern: 2, the width of its code range 0..2; it packs
+                        // 1.75 bits per element, sub_block_bytes)
   bool is_base;         // kB*: produced by QuantizeBaseRow
   bool is_residual;     // kR3 .. kR8: produced by QuantizeResidualRow
   bool has_min;         // the row stores an fp16 min m per group after the scales
@@ -77,8 +79,16 @@ BITSPLIT_HOST_DEVICE constexpr SplitFormatTraits SplitFormatTraitsOf(SplitFormat
       return {4, false, true, false, false, 8.0f, 16};
     case SplitFormat::kR5:
       return {5, false, true, false, false, 16.0f, 20};
+    case SplitFormat::kBTern:
+      return {2, true, false, false, false, 1.0f, 7};
   }
   return {0, false, false, false, false, 0.0f, 0};
+}
+
+// How many code values q an unsigned format's grid has (q in 0 .. levels - 1): 3 for the ternary
+// base, 2^bits otherwise.
+BITSPLIT_HOST_DEVICE constexpr int SplitCodeLevels(SplitFormat format) {
+  return format == SplitFormat::kBTern ? 3 : 1 << SplitFormatTraitsOf(format).bits;
 }
 
 // ---- Sub-block packings (32 elements each; element j, code bits as named) -------------------
@@ -106,6 +116,32 @@ struct SubBlock6 {
 struct SubBlock8 {
   int8_t qs[32];  // signed codes in element order
 };
+// Ternary codes t in 0..2, five per byte in base 3: element j is trit j % 5 of byte j / 5
+// (bytes 0-5 hold elements 0-29, byte 6 elements 30 and 31 in its trits 0 and 1, trits 2-4
+// zero). A byte holding trits t0..t4 (t0 the most significant: v = 81 t0 + 27 t1 + 9 t2 + 3 t3 +
+// t4 < 243) stores ceil(v * 256 / 243), a base-3 fraction scaled to a byte, so that trit i is
+// ((uint8_t)(byte * 3^i) * 3) >> 8: multiplying by 3^i drops the trits above i (mod 256), and
+// the top of the product by 3 is the next trit. SIMD decodes it with 16-bit multiplies
+// (ggml's TQ1_0 stores its trits the same way).
+struct SubBlockTern {
+  uint8_t qs[7];
+};
+inline constexpr int kTernTritsPerByte = 5;
+BITSPLIT_HOST_DEVICE constexpr int TernPow3(int i) {
+  int power = 1;
+  for (; i > 0; --i) power *= 3;
+  return power;
+}
+// The stored byte of five trits, t[0] the most significant.
+BITSPLIT_HOST_DEVICE constexpr uint8_t TernPackByte(const uint8_t (&t)[kTernTritsPerByte]) {
+  int v = 0;
+  for (int i = 0; i < kTernTritsPerByte; ++i) v = 3 * v + t[i];
+  return static_cast<uint8_t>((v * 256 + 242) / 243);
+}
+// Trit i (0..4) of a stored byte.
+BITSPLIT_HOST_DEVICE constexpr int TernTrit(uint8_t byte, int i) {
+  return (static_cast<uint8_t>(byte * TernPow3(i)) * 3) >> 8;
+}
 
 static_assert(sizeof(SubBlock2) == 8 && sizeof(SubBlock3) == 12 && sizeof(SubBlock4) == 16);
 static_assert(sizeof(SubBlock5) == 20 && sizeof(SubBlock6) == 24 && sizeof(SubBlock8) == 32);
@@ -118,6 +154,9 @@ static_assert(SplitFormatTraitsOf(SplitFormat::kR4).sub_block_bytes == sizeof(Su
 static_assert(SplitFormatTraitsOf(SplitFormat::kR5).sub_block_bytes == sizeof(SubBlock5));
 static_assert(SplitFormatTraitsOf(SplitFormat::kR6).sub_block_bytes == sizeof(SubBlock6));
 static_assert(SplitFormatTraitsOf(SplitFormat::kR8).sub_block_bytes == sizeof(SubBlock8));
+static_assert(SplitFormatTraitsOf(SplitFormat::kBTern).sub_block_bytes == sizeof(SubBlockTern));
+static_assert((kSplitSubBlock + kTernTritsPerByte - 1) / kTernTritsPerByte == sizeof(SubBlockTern));
+static_assert(TernPow3(kTernTritsPerByte) <= 256, "five trits fit a byte");
 
 // Where things are inside one row: group g's scale at scale_offset + g * scale_stride (fp16),
 // its min at min_offset + g * min_stride (asymmetric formats), sub-block b's codes at

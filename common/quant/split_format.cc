@@ -29,6 +29,7 @@ constexpr SplitFormatInfo kFormatInfo[kNumSplitFormats] = {
     Info(SplitFormat::kR6, "r6"),        Info(SplitFormat::kR8, "r8"),
     Info(SplitFormat::kQ8_0, "q8_0"),    Info(SplitFormat::kR3, "r3"),
     Info(SplitFormat::kR4, "r4"),        Info(SplitFormat::kR5, "r5"),
+    Info(SplitFormat::kBTern, "bt_sym"),
 };
 static_assert(sizeof(BlockQ8_0) == 2 + sizeof(SubBlock8));
 
@@ -48,6 +49,19 @@ void PackPlane4(const uint8_t* codes, uint8_t* plane) {  // low 4 bits of each c
 int Plane2(const uint8_t* plane, int j) { return (plane[j % 8] >> (2 * (j / 8))) & 3; }
 int Plane1(const uint8_t* plane, int j) { return (plane[j % 4] >> (j / 4)) & 1; }
 int Plane4(const uint8_t* plane, int j) { return j < 16 ? plane[j] & 15 : plane[j - 16] >> 4; }
+// Ternary: element j is trit j % 5 of byte j / 5 (SubBlockTern).
+void PackTern(const uint8_t* codes, uint8_t* out) {
+  for (int b = 0; b < static_cast<int>(sizeof(SubBlockTern)); ++b) {
+    uint8_t trits[kTernTritsPerByte] = {};
+    for (int i = 0; i < kTernTritsPerByte && kTernTritsPerByte * b + i < kSplitSubBlock; ++i) {
+      trits[i] = codes[kTernTritsPerByte * b + i];
+    }
+    out[b] = TernPackByte(trits);
+  }
+}
+int Tern(const uint8_t* p, int j) {
+  return TernTrit(p[j / kTernTritsPerByte], j % kTernTritsPerByte);
+}
 
 // Packs 32 codes (unsigned q, or c + 128 reinterpreted for the signed formats) into a sub-block.
 void PackSubBlock(SplitFormat format, const uint8_t* codes, uint8_t* out) {
@@ -82,6 +96,9 @@ void PackSubBlock(SplitFormat format, const uint8_t* codes, uint8_t* out) {
     case SplitFormat::kR8:
     case SplitFormat::kQ8_0:
       std::memcpy(out, codes, kSplitSubBlock);  // already the int8 bit patterns
+      return;
+    case SplitFormat::kBTern:
+      PackTern(codes, out);
       return;
   }
   BITSPLIT_CHECK(false);
@@ -179,7 +196,8 @@ absl::Status QuantizeBaseRow(SplitFormat format, int group, const float* w, cons
       }
     }
   }
-  const int levels = 1 << info.bits;
+  // Ternary is the symmetric grid of 3 levels, offset 1 (-d, 0, d): FitSymGroup's mid-rise case.
+  const int levels = SplitCodeLevels(format);
   const SplitRowLayout layout = GetSplitRowLayout(format, group, cols);
   std::vector<float> ones(group, 1.0f);
   std::vector<uint8_t> codes(group);
@@ -311,6 +329,9 @@ void UnpackSubBlock(SplitFormat format, const uint8_t* p, int codes[kSplitSubBlo
       case SplitFormat::kR8:
       case SplitFormat::kQ8_0:
         codes[j] = static_cast<int8_t>(p[j]);
+        break;
+      case SplitFormat::kBTern:
+        codes[j] = Tern(p, j);
         break;
     }
   }

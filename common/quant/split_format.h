@@ -1,7 +1,8 @@
 #pragma once
 // The split-quantization formats: every linear weight W is stored as a low-bit base B (the
-// draft model, 2/3/4-bit group-wise codes) plus a residual R (3- to 8-bit symmetric codes of
-// W - B), with W ~= B + R. Also Q8_0 (ggml's format, bit-exact quantizer) as a reference point.
+// draft model, ternary or 2/3/4-bit group-wise codes) plus a residual R (3- to 8-bit symmetric
+// codes of W - B), with W ~= B + R. Also Q8_0 (ggml's format, bit-exact quantizer) as a reference
+// point.
 //
 // A row of `cols` elements stores, in this order (SplitRowLayout):
 //   codes   cols / 32 SUB-BLOCKS of packed codes, each for 32 consecutive elements
@@ -16,6 +17,8 @@
 //
 // Dequantized value of element j of a group (q: the unsigned code, c: the signed code):
 //   kB2Sym  y = d * (q - 1.5)   q in 0..3   (levels +-0.5d, +-1.5d: no zero level)
+//   kBTern  y = d * (q - 1)     q in 0..2   (levels -d, 0, d; "bt_sym": 5 codes per byte in base
+//                                            3, 7 bytes per 32 elements, SubBlockTern)
 //   kB3Sym  y = d * (q - 4)     q in 0..7   (d may be negative: the extra level goes either way)
 //   kB4Sym  y = d * (q - 8)     q in 0..15  (likewise)
 //   kBnAsym y = d * q + m       q in 0..2^n-1

@@ -204,7 +204,7 @@ __attribute__((always_inline)) inline __m256 ChunkScales(const Problem& p, const
 
 // The additive term of groups [g_begin, g_end) (at most 8; missing lanes 0): m for the
 // asymmetric formats, -offset * d for the offset ones. -offset * d is exact (the offset is
-// 1.5, 4, 8 or 32), so it equals the reference's product.
+// 1, 1.5, 4, 8 or 32), so it equals the reference's product.
 template <SplitFormat kFormat>
 inline __m256 GroupMins(const Problem& p, const uint8_t* row, int64_t g_begin, int64_t g_end) {
   constexpr bool kStoredMin = Traits<kFormat>::kStoredMin;

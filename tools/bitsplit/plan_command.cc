@@ -30,6 +30,7 @@ struct PlanOptions {
   int64_t max_batch_rows = 64;
   double ram_gbps = 60;
   double vram_gbps = 1000;
+  bool ternary = true;
 };
 
 // The error after what was printed so far (stdout is buffered, stderr is not).
@@ -78,7 +79,8 @@ int RunPlan(const PlanOptions& options) {
       .sessions = options.sessions,
       .max_batch_rows = options.max_batch_rows,
       .machine = {.ram_bytes_per_second = options.ram_gbps * 1e9,
-                  .vram_bytes_per_second = options.vram_gbps * 1e9}};
+                  .vram_bytes_per_second = options.vram_gbps * 1e9},
+      .ternary = options.ternary};
 
   double linear_weights = 0;
   for (const offline::LinearGroupShape& g : offline::LinearGroupShapes(c)) {
@@ -181,6 +183,10 @@ Command AddPlanCommand(CLI::App& app) {
   sub->add_option("--ram-gbps", options->ram_gbps, "RAM bandwidth of the projection, GB/s")
       ->capture_default_str();
   sub->add_option("--vram-gbps", options->vram_gbps, "VRAM bandwidth of the projection, GB/s")
+      ->capture_default_str();
+  sub->add_flag("--ternary,!--no-ternary", options->ternary,
+                "consider the ternary base bt_sym (2.0 bits per weight at group 64, a weak draft) "
+                "below b2_asym/b3_asym/b4_asym")
       ->capture_default_str();
   return {sub, [options] { return RunPlan(*options); }};
 }

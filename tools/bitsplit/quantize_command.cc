@@ -27,6 +27,7 @@
 #include "common/model/weights.h"
 #include "common/offline/bit_allocator.h"
 #include "common/offline/calibration.h"
+#include "common/offline/offload_plan.h"
 #include "common/offline/plan_check.h"
 #include "common/offline/split_quantizer.h"
 #include "common/quant/split_format.h"
@@ -94,7 +95,15 @@ int FailWith(const absl::Status& status) {
 
 absl::StatusOr<model::SplitQuantization> QuantizationFrom(const QuantizeOptions& options) {
   model::SplitQuantization q;
-  if (options.base_bits == 8) {
+  if (options.base_format == "tern") {
+    // Ternary codes (bt_sym): the format fixes the bits, so only the default --base-bits passes.
+    if (options.base_bits != 2) {
+      return absl::InvalidArgumentError(
+          "--base-format tern is the ternary base (bt_sym, 1.75 bits of codes per weight): drop "
+          "--base-bits");
+    }
+    q.base_format = quant::SplitFormat::kBTern;
+  } else if (options.base_bits == 8) {
     if (options.base_format != "sym") {
       return absl::InvalidArgumentError(
           "--base-bits 8 is q8_0, which is symmetric: pass --base-format sym");
@@ -215,11 +224,17 @@ absl::StatusOr<std::unique_ptr<BudgetPlanning>> PrepareBudget(
   BITSPLIT_ASSIGN_OR_RETURN(planning->weights,
                             model::ModelWeightsFromGguf(*planning->source, planning->config));
   offline::BitCandidates& candidates = planning->candidates;
+  offline::AllocationRequest& request = planning->request;
   if (options.base_format == "sym") {
     candidates.bases = {quant::SplitFormat::kB2Sym, quant::SplitFormat::kB3Sym,
                         quant::SplitFormat::kB4Sym};
+  } else if (options.base_format == "tern") {
+    // Ternary below the default asymmetric ladder, with its own measured acceptance as the
+    // prior's low point (the fewest-bits uniform base).
+    candidates.bases = {quant::SplitFormat::kBTern, quant::SplitFormat::kB2Asym,
+                        quant::SplitFormat::kB3Asym, quant::SplitFormat::kB4Asym};
+    request.prior.low_bits_tau = offline::kTernaryTreeTau;
   }
-  offline::AllocationRequest& request = planning->request;
   BITSPLIT_ASSIGN_OR_RETURN(request.error_factor, QualityFactor(options.quality));
   const model::ModelWeights& weights = planning->weights;
   request.vram.config = planning->config;
@@ -405,8 +420,12 @@ Command AddQuantizeCommand(CLI::App& app) {
       sub->add_option("--base-bits", options->base_bits, "base bits: 2, 3, 4, or 8 (= q8_0)")
           ->check(CLI::IsMember({2, 3, 4, 8}))
           ->capture_default_str();
-  sub->add_option("--base-format", options->base_format, "base grid: sym or asym")
-      ->check(CLI::IsMember({"sym", "asym"}))
+  sub->add_option("--base-format", options->base_format,
+                  "base grid: sym, asym, or tern (the ternary base bt_sym: codes -1/0/+1 times a "
+                  "scale, 2.0 bits per weight at group 64; takes no --base-bits). With "
+                  "--vram-budget, the family the allocator chooses among (tern: bt_sym, then "
+                  "b2..b4 asym)")
+      ->check(CLI::IsMember({"sym", "asym", "tern"}))
       ->capture_default_str();
   CLI::Option* residual_bits =
       sub->add_option("--residual-bits", options->residual_bits,
