@@ -196,7 +196,8 @@ absl::Status QuantizeBaseRow(SplitFormat format, int group, const float* w, cons
       }
     }
   }
-  // Ternary is the symmetric grid of 3 levels, offset 1 (-d, 0, d): FitSymGroup's mid-rise case.
+  // Ternary is the symmetric grid of 3 levels, offset 1 (-d, 0, d): the symmetric fit's
+  // one-orientation case (top level = offset).
   const int levels = SplitCodeLevels(format);
   const SplitRowLayout layout = GetSplitRowLayout(format, group, cols);
   std::vector<float> ones(group, 1.0f);
