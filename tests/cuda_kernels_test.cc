@@ -160,6 +160,16 @@ struct DeviceMatrixCopy {
   }
 };
 
+// One matrix's SplitMatMul on the device: y = x · Wᵀ into `out` (added to it with accumulate).
+cudaError_t OneMatrixMatMul(const kernels::DeviceMatrix& matrix,
+                            const kernels::DeviceActivations& x, float* out, bool accumulate) {
+  kernels::GroupMatMul group;
+  group.matrices[0] = matrix;
+  group.outputs[0] = out;
+  group.count = 1;
+  return kernels::SplitMatMul(group, x, accumulate, nullptr);
+}
+
 TEST_F(CudaKernelsTest, HadamardRotationMatchesCpuBitForBit) {
   for (const int block : {8, 64, 128, 1024}) {
     const int64_t rows = 5, cols = 2048;
@@ -232,11 +242,7 @@ TEST_F(CudaKernelsTest, SplitMatMulMatchesReferenceBitForBitForEveryFormat) {
           std::vector<float> expected = RandomFloats(tokens * rows, 9);
           DeviceVector<float> out(expected);
           quant::MatMulReference(m.view, qx, expected.data(), accumulate);
-          kernels::GroupMatMul group;
-          group.matrices[0] = device_matrix.matrix;
-          group.outputs[0] = out.get();
-          group.count = 1;
-          ASSERT_CUDA(kernels::SplitMatMul(group, dx.view, accumulate, nullptr));
+          ASSERT_CUDA(OneMatrixMatMul(device_matrix.matrix, dx.view, out.get(), accumulate));
           ExpectBitsEqual(out.ToHost(), expected,
                           std::string(quant::GetSplitFormatInfo(c.format).name) + "/g" +
                               std::to_string(c.group) + " cols " + std::to_string(cols) +
@@ -272,11 +278,7 @@ TEST_F(CudaKernelsTest, SplitMatMulTernaryOnEveryByteValueAndAlignment) {
       std::vector<float> expected(tokens * rows);
       DeviceVector<float> out(expected);
       quant::MatMulReference(m.view, qx, expected.data(), false);
-      kernels::GroupMatMul matmul;
-      matmul.matrices[0] = device_matrix.matrix;
-      matmul.outputs[0] = out.get();
-      matmul.count = 1;
-      ASSERT_CUDA(kernels::SplitMatMul(matmul, dx.view, false, nullptr));
+      ASSERT_CUDA(OneMatrixMatMul(device_matrix.matrix, dx.view, out.get(), false));
       ExpectBitsEqual(out.ToHost(), expected,
                       "bt_sym/g" + std::to_string(group) + " T=" + std::to_string(tokens));
     }

@@ -185,34 +185,36 @@ void BaseGroupFitter::SumLevels(int levels, bool increasing, const int* below,
   }
 }
 
+template <typename Transform>
+void BaseGroupFitter::TransformLevels(int levels, bool increasing, Transform transform,
+                                      LevelSums* out) {
+  int below[kMaxBaseLevels];
+  CountCodesBelow(sorted_.data(), n_, levels, transform, codes_.data(), below);
+  SumLevels(levels, increasing, below, out);
+}
+
 void BaseGroupFitter::AsymmetricLevels(int levels, float d, float m, LevelSums* out) {
   BITSPLIT_CHECK(d > 0.0f);
   const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
-  int below[kMaxBaseLevels];
-  CountCodesBelow(
-      sorted_.data(), n_, levels, [&](__m256 w) { return _mm256_div_ps(_mm256_sub_ps(w, vm), vd); },
-      codes_.data(), below);
-  SumLevels(levels, /*increasing=*/true, below, out);
+  TransformLevels(
+      levels, /*increasing=*/true,
+      [&](__m256 w) { return _mm256_div_ps(_mm256_sub_ps(w, vm), vd); }, out);
 }
 
 void BaseGroupFitter::ScaledLevels(int levels, float origin, float inverse, LevelSums* out) {
   BITSPLIT_CHECK(inverse >= 0.0f);
   const __m256 vo = _mm256_set1_ps(origin), vi = _mm256_set1_ps(inverse);
-  int below[kMaxBaseLevels];
-  CountCodesBelow(
-      sorted_.data(), n_, levels, [&](__m256 w) { return _mm256_mul_ps(_mm256_sub_ps(w, vo), vi); },
-      codes_.data(), below);
-  SumLevels(levels, /*increasing=*/true, below, out);
+  TransformLevels(
+      levels, /*increasing=*/true,
+      [&](__m256 w) { return _mm256_mul_ps(_mm256_sub_ps(w, vo), vi); }, out);
 }
 
 void BaseGroupFitter::SymmetricLevels(int levels, float d, float offset, LevelSums* out) {
   BITSPLIT_CHECK(d != 0.0f);
   const __m256 vd = _mm256_set1_ps(d), vo = _mm256_set1_ps(offset);
-  int below[kMaxBaseLevels];
-  CountCodesBelow(
-      sorted_.data(), n_, levels, [&](__m256 w) { return _mm256_add_ps(_mm256_div_ps(w, vd), vo); },
-      codes_.data(), below);
-  SumLevels(levels, /*increasing=*/d > 0.0f, below, out);
+  TransformLevels(
+      levels, /*increasing=*/d > 0.0f,
+      [&](__m256 w) { return _mm256_add_ps(_mm256_div_ps(w, vd), vo); }, out);
 }
 
 void BaseGroupFitter::TrySymmetric(int levels, float d, float offset, SymFit* best) {

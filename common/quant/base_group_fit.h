@@ -71,6 +71,10 @@ class BaseGroupFitter {
   // 1..levels - 1); increasing: the codes do not decrease along the sorted order, else they do
   // not increase.
   void SumLevels(int levels, bool increasing, const int* below, LevelSums* out) const;
+  // The level sums of the codes clamp(nearbyint(transform(w)), 0, levels - 1) (transform maps
+  // eight sorted values at a time, __m256 to __m256).
+  template <typename Transform>
+  void TransformLevels(int levels, bool increasing, Transform transform, LevelSums* out);
   void AsymmetricLevels(int levels, float d, float m, LevelSums* out);
   void ScaledLevels(int levels, float origin, float inverse, LevelSums* out);
   void SymmetricLevels(int levels, float d, float offset, LevelSums* out);
