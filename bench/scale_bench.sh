@@ -33,7 +33,8 @@ PY="$("$ROOT/scripts/oracle-env.sh" --exact-gelu)"  # gguf, numpy and llama-cpp-
 CLI="$BUILD/tools/bitsplit/bitsplit"
 DIR="$CACHE/synthetic"
 mkdir -p "$DIR"
-name="qwen2.5-7b$([[ $LAYERS -gt 0 ]] && echo "-${LAYERS}l")"
+name=qwen2.5-7b
+[[ $LAYERS -gt 0 ]] && name+="-${LAYERS}l"
 GGUF="$DIR/$name.Q8_0.gguf"
 if [[ ! -f $GGUF ]]; then
   say "writing $GGUF"
