@@ -1,7 +1,7 @@
 // Prefill and decode speed of the reference engine on a real GGUF model.
 //
 //   build/bench/engine_speed_bench [--model PATH] [--threads N] [--prompt-tokens 256]
-//       [--decode-tokens 64] [Google Benchmark flags]
+//       [--decode-tokens 64] [--kv-type f32|f16|q8_0] [Google Benchmark flags]
 //
 // Token ids are synthetic but fixed ((i * 7919 + 13) % 32000 + 100), the same as
 // bench/llamacpp_speed.py feeds llama.cpp, so bench/compare_llamacpp.sh compares like with like.
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/model/kv_cache.h"
 #include "common/model/llama_model.h"
 
 namespace {
@@ -21,6 +22,7 @@ std::string g_model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 int g_threads = 0;
 int g_prompt_tokens = 256;
 int g_decode_tokens = 64;
+bitsplit::model::KvType g_kv_type = bitsplit::model::KvType::kF32;
 
 bitsplit::model::LlamaModel& Model() {
   static std::unique_ptr<bitsplit::model::LlamaModel> model = [] {
@@ -53,7 +55,7 @@ void Prefill(bitsplit::model::LlamaModel& model, bitsplit::model::KvCache& cache
 
 void BM_Prefill(benchmark::State& state) {
   auto& model = Model();
-  auto cache = model.NewKvCache(g_prompt_tokens + g_decode_tokens).value();
+  auto cache = model.NewKvCache(g_prompt_tokens + g_decode_tokens, g_kv_type).value();
   std::vector<float> logits(model.config().vocab_size);
   const auto tokens = PromptTokens();
   for (auto _ : state) {
@@ -67,7 +69,7 @@ void BM_Prefill(benchmark::State& state) {
 
 void BM_Decode(benchmark::State& state) {
   auto& model = Model();
-  auto cache = model.NewKvCache(g_prompt_tokens + g_decode_tokens).value();
+  auto cache = model.NewKvCache(g_prompt_tokens + g_decode_tokens, g_kv_type).value();
   std::vector<float> logits(model.config().vocab_size);
   const auto tokens = PromptTokens();
   for (auto _ : state) {
@@ -112,7 +114,15 @@ int main(int argc, char** argv) {
       g_prompt_tokens = std::atoi(v);
     else if (const char* v = value("--decode-tokens"))
       g_decode_tokens = std::atoi(v);
-    else
+    else if (const char* v = value("--kv-type")) {
+      auto type = bitsplit::model::ParseKvType(v);
+      if (!type.ok()) {
+        std::fprintf(stderr, "engine_speed_bench: %s\n",
+                     std::string(type.status().message()).c_str());
+        return 2;
+      }
+      g_kv_type = *type;
+    } else
       rest.push_back(argv[i]);
   }
   int rest_argc = static_cast<int>(rest.size());

@@ -156,6 +156,9 @@ TEST(QuantizeCommandTest, VramBudgetRefusesWhatCannotFitAndFixedBits) {
   result = Bitsplit({"quantize", SourceModel(), "-o", TempPath("budget"), "--vram-budget", "40%",
                      "--calib", calib, "--quality", "q9"});
   ExpectOneLineBadInput(result, "--quality \"q9\" is neither q8_0 nor q8_0*F");
+  result = Bitsplit({"quantize", SourceModel(), "-o", TempPath("budget"), "--vram-budget", "40%",
+                     "--calib", calib, "--plan-kv-type", "f32"});
+  ExpectOneLineBadInput(result, "--plan-kv-type \"f32\" is neither f16 nor q8_0");
   EXPECT_FALSE(std::filesystem::exists(TempPath("budget.base.bsplit")));
 }
 

@@ -492,16 +492,15 @@ TEST_F(CudaKernelsTest, PerHeadRmsNormInPlaceIsCloseToCpu) {
 }
 
 // Keys and values as the device stores them (fp16), back in f32 for the CPU op.
-std::vector<float> RoundedToHalf(const std::vector<float>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = Fp16ToFp32(Fp32ToFp16(v[i]));
-  return out;
-}
-
 std::vector<uint16_t> Halves(const std::vector<float>& v) {
   std::vector<uint16_t> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = Fp32ToFp16(v[i]);
   return out;
+}
+
+// `halves` as the rows of an f16 KV cache, kv_dim wide.
+ops::KvRows HalfRows(const std::vector<uint16_t>& halves, int64_t kv_dim) {
+  return {reinterpret_cast<const uint8_t*>(halves.data()), ops::KvType::kF16, kv_dim * 2};
 }
 
 TEST_F(CudaKernelsTest, AttentionMatchesCpuOnTheSameHalfKvAndTreeNodesEqualTheirPaths) {
@@ -522,17 +521,18 @@ TEST_F(CudaKernelsTest, AttentionMatchesCpuOnTheSameHalfKvAndTreeNodesEqualTheir
   const ops::AttentionShape shape{heads, kv_heads, head_dim, 1.0f / 8.0f};
   ThreadPool pool(1);
   std::vector<float> expected(tokens * q_dim);
-  const std::vector<float> keys16 = RoundedToHalf(keys), values16 = RoundedToHalf(values);
-  ops::AttentionWithContext(q.data(), tokens, keys16.data(), values16.data(), prefix, context,
-                            mask.data(), shape, expected.data(), pool);
+  // The CPU reads the same halves the device does, from an f16 cache's rows.
+  const std::vector<uint16_t> keys16 = Halves(keys), values16 = Halves(values);
+  ops::AttentionWithContext(q.data(), tokens, HalfRows(keys16, kv_dim), HalfRows(values16, kv_dim),
+                            prefix, context, mask.data(), shape, expected.data(), pool);
 
   DeviceVector<float> dq(q), out(tokens * q_dim), scores(tokens * heads * slots);
-  DeviceVector<uint16_t> dk(Halves(keys)), dv(Halves(values));
+  DeviceVector<uint16_t> dk(keys16), dv(values16);
   DeviceVector<uint8_t> dmask(mask);
   kernels::AttentionArgs args;
   args.q = dq.get();
-  args.keys = dk.get();
-  args.values = dv.get();
+  args.keys = reinterpret_cast<const uint8_t*>(dk.get());
+  args.values = reinterpret_cast<const uint8_t*>(dv.get());
   args.mask = dmask.get();
   args.out = out.get();
   args.scores = scores.get();
@@ -563,8 +563,8 @@ TEST_F(CudaKernelsTest, AttentionMatchesCpuOnTheSameHalfKvAndTreeNodesEqualTheir
   DeviceVector<uint8_t> cmask(std::vector<uint8_t>{1});
   DeviceVector<float> cout(q_dim);
   args.q = cq.get();
-  args.keys = ck.get();
-  args.values = cv.get();
+  args.keys = reinterpret_cast<const uint8_t*>(ck.get());
+  args.values = reinterpret_cast<const uint8_t*>(cv.get());
   args.mask = cmask.get();
   args.out = cout.get();
   args.rows = 1;
@@ -574,6 +574,30 @@ TEST_F(CudaKernelsTest, AttentionMatchesCpuOnTheSameHalfKvAndTreeNodesEqualTheir
   ExpectBitsEqual(cout.ToHost(),
                   std::vector<float>(actual.begin() + 2 * q_dim, actual.begin() + 3 * q_dim),
                   "tree node vs its causal path");
+
+  // The same over q8_0 rows: the CPU reads the bytes the device reads.
+  std::vector<uint8_t> keys8(slots * ops::KvRowBytes(ops::KvType::kQ8_0, kv_dim));
+  std::vector<uint8_t> values8(keys8.size());
+  ops::EncodeKvRows(ops::KvType::kQ8_0, keys.data(), slots, kv_dim, keys8.data());
+  ops::EncodeKvRows(ops::KvType::kQ8_0, values.data(), slots, kv_dim, values8.data());
+  const int64_t row8 = ops::KvRowBytes(ops::KvType::kQ8_0, kv_dim);
+  std::vector<float> expected8(tokens * q_dim);
+  ops::AttentionWithContext(q.data(), tokens, {keys8.data(), ops::KvType::kQ8_0, row8},
+                            {values8.data(), ops::KvType::kQ8_0, row8}, prefix, context,
+                            mask.data(), shape, expected8.data(), pool);
+  DeviceVector<uint8_t> dk8(keys8), dv8(values8);
+  DeviceVector<float> out8(tokens * q_dim);
+  args.q = dq.get();
+  args.keys = dk8.get();
+  args.values = dv8.get();
+  args.storage = kernels::KvStorage::kQ8_0;
+  args.mask = dmask.get();
+  args.out = out8.get();
+  args.rows = tokens;
+  args.prefix_length = prefix;
+  args.mask_width = width;
+  ASSERT_CUDA(kernels::Attention(args, nullptr));
+  EXPECT_LT(Nmse(out8.ToHost(), expected8), 1e-12);
 }
 
 TEST_F(CudaKernelsTest, SiluMulIsCloseToCpu) {
@@ -818,11 +842,11 @@ TEST_F(CudaKernelsTest, SlidingWindowAttentionMatchesCpuAndTreeNodesEqualTheirPa
   std::vector<int32_t> slot_positions(slots, 0);
   for (int64_t s = 0; s < prefix + context; ++s) slot_positions[s] = static_cast<int32_t>(s);
   const ops::AttentionShape shape{heads, kv_heads, head_dim, 1.0f / 8.0f};
-  const std::vector<float> keys16 = RoundedToHalf(keys), values16 = RoundedToHalf(values);
+  const std::vector<uint16_t> keys16 = Halves(keys), values16 = Halves(values);
   ThreadPool pool(1);
 
   DeviceVector<float> dq(q), out(tokens * q_dim), scores(tokens * heads * slots);
-  DeviceVector<uint16_t> dk(Halves(keys)), dv(Halves(values));
+  DeviceVector<uint16_t> dk(keys16), dv(values16);
   DeviceVector<uint8_t> dmask(mask);
   DeviceVector<int32_t> dbatch_positions(batch_positions), dslot_positions(slot_positions);
   DeviceVector<int32_t> list(tokens * slots), counts(tokens);
@@ -865,12 +889,13 @@ TEST_F(CudaKernelsTest, SlidingWindowAttentionMatchesCpuAndTreeNodesEqualTheirPa
     const ops::SlidingWindow cpu_window{.size = window,
                                         .query_positions = batch_positions.data(),
                                         .slot_positions = cpu_slot_positions.data()};
-    ops::AttentionWithContext(q.data(), tokens, keys16.data(), values16.data(), prefix, context,
-                              mask.data(), shape, expected.data(), pool, cpu_window);
+    ops::AttentionWithContext(q.data(), tokens, HalfRows(keys16, kv_dim),
+                              HalfRows(values16, kv_dim), prefix, context, mask.data(), shape,
+                              expected.data(), pool, cpu_window);
     kernels::AttentionArgs args;
     args.q = dq.get();
-    args.keys = dk.get();
-    args.values = dv.get();
+    args.keys = reinterpret_cast<const uint8_t*>(dk.get());
+    args.values = reinterpret_cast<const uint8_t*>(dv.get());
     args.mask = dmask.get();
     args.out = out.get();
     args.scores = scores.get();
@@ -926,8 +951,8 @@ TEST_F(CudaKernelsTest, SlidingWindowAttentionMatchesCpuAndTreeNodesEqualTheirPa
     visible.counts = ccount.get();
     ASSERT_CUDA(kernels::VisibleSlots(visible, nullptr));
     args.q = cq.get();
-    args.keys = ck.get();
-    args.values = cv.get();
+    args.keys = reinterpret_cast<const uint8_t*>(ck.get());
+    args.values = reinterpret_cast<const uint8_t*>(cv.get());
     args.mask = cmask.get();
     args.out = cout.get();
     args.rows = 1;
@@ -942,47 +967,64 @@ TEST_F(CudaKernelsTest, SlidingWindowAttentionMatchesCpuAndTreeNodesEqualTheirPa
   }
 }
 
-TEST_F(CudaKernelsTest, CommitSlotsMovesLikeKvCache) {
-  const int64_t layers = 3, capacity = 12, kv_dim = 8, committed = 2;
-  auto cache = model::KvCache::Create(layers, kv_dim, capacity);
-  ASSERT_TRUE(cache.ok());
-  std::vector<uint16_t> keys(layers * capacity * kv_dim), values(keys.size());
-  for (int64_t l = 0; l < layers; ++l) {
-    for (int64_t s = 0; s < capacity; ++s) {
-      for (int64_t d = 0; d < kv_dim; ++d) {
-        const float tag = static_cast<float>(l * 100 + s);
-        cache->keys(l)[s * kv_dim + d] = tag;
-        cache->values(l)[s * kv_dim + d] = -tag;
-        keys[(l * capacity + s) * kv_dim + d] = Fp32ToFp16(tag);
-        values[(l * capacity + s) * kv_dim + d] = Fp32ToFp16(-tag);
+// f16 and q8_0 rows: the device store encodes as the host cache does, byte for byte, and the
+// commit moves rows as KvCache::CommitSlots does.
+TEST_F(CudaKernelsTest, KvStoreAndCommitSlotsMatchTheHostCache) {
+  const int64_t layers = 3, capacity = 12, kv_dim = 64, committed = 2;
+  for (const ops::KvType type : {ops::KvType::kF16, ops::KvType::kQ8_0}) {
+    SCOPED_TRACE(std::string(ops::KvTypeName(type)));
+    const kernels::KvStorage storage =
+        type == ops::KvType::kF16 ? kernels::KvStorage::kF16 : kernels::KvStorage::kQ8_0;
+    auto cache = model::KvCache::Create(layers, kv_dim, capacity, type);
+    ASSERT_TRUE(cache.ok());
+    const int64_t row_bytes = cache->row_bytes(0);
+    ASSERT_EQ(row_bytes, kernels::KvStorageRowBytes(storage, kv_dim));
+    const int64_t layer_bytes = capacity * row_bytes;
+    DeviceVector<uint8_t> dk(layers * layer_bytes), dv(layers * layer_bytes);
+    for (int64_t l = 0; l < layers; ++l) {
+      const std::vector<float> keys = RandomFloats(capacity * kv_dim, 300 + l, 3.0f);
+      const std::vector<float> values = RandomFloats(capacity * kv_dim, 400 + l, 0.5f);
+      cache->StoreRows(l, 0, capacity, keys.data(), values.data());
+      // The device stores rows 2.. at slot 2 (read from device memory), rows 0-1 at slot 0.
+      DeviceVector<float> dkeys(keys), dvalues(values);
+      for (const int64_t first : {int64_t{0}, int64_t{2}}) {
+        DeviceVector<int64_t> slot(std::vector<int64_t>{first});
+        const int64_t rows = first == 0 ? 2 : capacity - 2;
+        ASSERT_CUDA(kernels::StoreKvRows(dkeys.get() + first * kv_dim, rows, kv_dim, storage,
+                                         dk.get() + l * layer_bytes, slot.get(), nullptr));
+        ASSERT_CUDA(kernels::StoreKvRows(dvalues.get() + first * kv_dim, rows, kv_dim, storage,
+                                         dv.get() + l * layer_bytes, slot.get(), nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       }
     }
-  }
-  std::vector<int32_t> positions(capacity);
-  for (int64_t s = 0; s < capacity; ++s) {
-    positions[s] = static_cast<int32_t>(1000 + 7 * s);
-    cache->positions()[s] = positions[s];
-  }
-  ASSERT_TRUE(cache->BeginPending(committed).ok());
-  ASSERT_TRUE(cache->Commit(committed).ok());
-  ASSERT_TRUE(cache->BeginPending(9).ok());
-  const std::vector<int32_t> path = {0, 2, 3, 7};  // slot 2+2 is both a source and a target
-  ASSERT_TRUE(cache->CommitSlots(path).ok());
-  DeviceVector<uint16_t> dk(keys), dv(values);
-  DeviceVector<int32_t> dpath(path), dpositions(positions);
-  ASSERT_CUDA(kernels::CommitSlots(dk.get(), dv.get(), dpositions.get(), layers, capacity * kv_dim,
-                                   kv_dim, committed, dpath.get(), 4, nullptr));
-  const std::vector<uint16_t> k = dk.ToHost(), v = dv.ToHost();
-  const std::vector<int32_t> moved = dpositions.ToHost();
-  for (int64_t s = 0; s < committed + 4; ++s) EXPECT_EQ(moved[s], cache->positions()[s]) << s;
-  // Without positions (a model without a window) only keys and values move.
-  ASSERT_CUDA(kernels::CommitSlots(dk.get(), dv.get(), nullptr, layers, capacity * kv_dim, kv_dim,
-                                   committed, dpath.get(), 4, nullptr));
-  for (int64_t l = 0; l < layers; ++l) {
-    for (int64_t s = 0; s < committed + 4; ++s) {
-      EXPECT_EQ(Fp16ToFp32(k[(l * capacity + s) * kv_dim]), cache->keys(l)[s * kv_dim]) << l << s;
-      EXPECT_EQ(Fp16ToFp32(v[(l * capacity + s) * kv_dim]), cache->values(l)[s * kv_dim]);
+    const auto expect_same = [&](const char* what) {
+      const std::vector<uint8_t> k = dk.ToHost(), v = dv.ToHost();
+      for (int64_t l = 0; l < layers; ++l) {
+        EXPECT_EQ(std::memcmp(k.data() + l * layer_bytes, cache->keys(l).data, layer_bytes), 0)
+            << what << " keys of layer " << l;
+        EXPECT_EQ(std::memcmp(v.data() + l * layer_bytes, cache->values(l).data, layer_bytes), 0)
+            << what << " values of layer " << l;
+      }
+    };
+    expect_same("stored");
+    std::vector<int32_t> positions(capacity);
+    for (int64_t slot = 0; slot < capacity; ++slot) {
+      positions[slot] = static_cast<int32_t>(1000 + 7 * slot);
+      cache->positions()[slot] = positions[slot];
     }
+    ASSERT_TRUE(cache->BeginPending(committed).ok());
+    ASSERT_TRUE(cache->Commit(committed).ok());
+    ASSERT_TRUE(cache->BeginPending(9).ok());
+    const std::vector<int32_t> path = {0, 2, 3, 7};  // slot 2+2 is both a source and a target
+    ASSERT_TRUE(cache->CommitSlots(path).ok());
+    DeviceVector<int32_t> dpath(path), dpositions(positions);
+    ASSERT_CUDA(kernels::CommitSlots(dk.get(), dv.get(), dpositions.get(), layers, layer_bytes,
+                                     row_bytes, committed, dpath.get(), 4, nullptr));
+    const std::vector<int32_t> moved = dpositions.ToHost();
+    for (int64_t slot = 0; slot < committed + 4; ++slot) {
+      EXPECT_EQ(moved[slot], cache->positions()[slot]) << slot;
+    }
+    expect_same("committed");
   }
 }
 
@@ -1129,6 +1171,16 @@ TEST_F(CudaKernelsTest, LaunchersRejectBadArguments) {
   kernels::VisibleSlotsArgs visible;
   visible.rows = 1;
   EXPECT_EQ(kernels::VisibleSlots(visible, nullptr), cudaErrorInvalidValue);
+  // q8_0 rows hold whole blocks of 32 per head.
+  EXPECT_EQ(
+      kernels::StoreKvRows(nullptr, 1, 48, kernels::KvStorage::kQ8_0, nullptr, nullptr, nullptr),
+      cudaErrorInvalidValue);
+  kernels::AttentionArgs attention;
+  attention.rows = 1;
+  attention.num_heads = attention.num_kv_heads = 1;
+  attention.head_dim = 48;
+  attention.storage = kernels::KvStorage::kQ8_0;
+  EXPECT_EQ(kernels::Attention(attention, nullptr), cudaErrorInvalidValue);
 }
 
 #endif  // BITSPLIT_HAVE_CUDA

@@ -241,6 +241,19 @@ CudaModelOptions SmallOptions() {
 
 using testing::Nmse;
 
+// The first `elements` keys (or values) of one layer of a host cache, decoded to f32.
+std::vector<float> CacheRows(const model::KvCache& cache, int64_t layer, size_t elements,
+                             bool values) {
+  std::vector<float> rows(elements);
+  const int64_t slots = static_cast<int64_t>(elements) / cache.kv_dim(layer);
+  if (values) {
+    cache.ReadValues(layer, 0, slots, rows.data());
+  } else {
+    cache.ReadKeys(layer, 0, slots, rows.data());
+  }
+  return rows;
+}
+
 std::vector<int32_t> Prompt(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> tokens(n);
@@ -355,15 +368,15 @@ class CudaModelTest : public ::testing::Test {
   }
 };
 
-TEST_F(CudaModelTest, ForwardIsCloseToTheCpuInDraftAndVerifyMode) {
-  Engines e = Load(TinySplitModel(), SmallOptions());
+void ExpectForwardCloseToTheCpu(const CudaModelOptions& options) {
+  Engines e = Load(TinySplitModel(), options);
   ASSERT_NE(e.cuda, nullptr);
   const std::vector<int32_t> prompt = Prompt(20, 3);
   for (const ForwardMode mode : {ForwardMode::kDraft, ForwardMode::kVerify}) {
-    // The CPU engine rounds its K/V to fp16 as the device's cache stores them, so what is left
-    // are the last-bit differences of RMSNorm, softmax and SiLU, which the int8 activation
-    // codes can amplify by one code step.
-    auto cpu_cache = e.cpu->NewKvCache(kContext, model::KvRounding::kFp16);
+    // The CPU engine's cache has the device's row type (the device encodes as it does), so
+    // what is left are the last-bit differences of RMSNorm, softmax and SiLU, which the int8
+    // activation codes can amplify by one code step.
+    auto cpu_cache = e.cpu->NewKvCache(kContext, options.kv_type);
     ASSERT_TRUE(cpu_cache.ok());
     auto cuda_cache = e.cuda->NewKvCache();
     ASSERT_TRUE(cuda_cache.ok()) << cuda_cache.status();
@@ -383,10 +396,10 @@ TEST_F(CudaModelTest, ForwardIsCloseToTheCpuInDraftAndVerifyMode) {
       agree += row(actual) == row(expected) ? 1 : 0;
     }
     EXPECT_GE(agree, 18) << model::ForwardModeName(mode);
-    // The batch's keys are in the cache, as fp16 of the CPU's up to the same differences.
+    // The batch's keys are in the cache, encoded as the CPU's up to the same differences.
     std::vector<float> keys, values;
     ASSERT_TRUE((*cuda_cache)->CopyToHost(1, 0, 20, &keys, &values).ok());
-    std::vector<float> cpu_keys(cpu_cache->keys(1), cpu_cache->keys(1) + keys.size());
+    std::vector<float> cpu_keys = CacheRows(*cpu_cache, 1, keys.size(), false);
     std::printf("%s: layer-1 keys NMSE %.3g\n", std::string(model::ForwardModeName(mode)).c_str(),
                 Nmse(keys, cpu_keys));
     EXPECT_LT(Nmse(keys, cpu_keys), 1e-5);
@@ -395,6 +408,15 @@ TEST_F(CudaModelTest, ForwardIsCloseToTheCpuInDraftAndVerifyMode) {
   EXPECT_EQ(t.groups, 4 * kLayers + 1);
   EXPECT_GT(t.residual_ns, 0);
   EXPECT_GT(t.total_ns, t.residual_ns);
+}
+
+TEST_F(CudaModelTest, ForwardIsCloseToTheCpuInDraftAndVerifyMode) {
+  for (const model::KvType kv_type : {model::KvType::kF16, model::KvType::kQ8_0}) {
+    SCOPED_TRACE(std::string(model::KvTypeName(kv_type)));
+    CudaModelOptions options = SmallOptions();
+    options.kv_type = kv_type;
+    ExpectForwardCloseToTheCpu(options);
+  }
 }
 
 // Forwards `prompt` in one batch into a cache of its own, then token by token into
@@ -537,7 +559,7 @@ TEST_F(CudaModelTest, FamilyForwardIsCloseToTheCpuPastTheWindow) {
     for (const ForwardMode mode : {ForwardMode::kDraft, ForwardMode::kVerify}) {
       const std::string what =
           std::string(architecture) + " " + std::string(model::ForwardModeName(mode));
-      auto cpu_cache = e.cpu->NewKvCache(kContext, model::KvRounding::kFp16);
+      auto cpu_cache = e.cpu->NewKvCache(kContext, model::KvType::kF16);
       auto cuda_cache = e.cuda->NewKvCache();
       ASSERT_TRUE(cpu_cache.ok() && cuda_cache.ok()) << what;
       const auto compare = [&](const Batch& batch, const std::string& step, size_t min_agree) {
@@ -549,10 +571,8 @@ TEST_F(CudaModelTest, FamilyForwardIsCloseToTheCpuPastTheWindow) {
       for (int64_t layer = 0; layer < kLayers; ++layer) {  // layer 0 is gemma3's local one
         std::vector<float> keys, values;
         ASSERT_TRUE((*cuda_cache)->CopyToHost(layer, 0, 20, &keys, &values).ok());
-        const std::vector<float> cpu_keys(cpu_cache->keys(layer),
-                                          cpu_cache->keys(layer) + keys.size());
-        const std::vector<float> cpu_values(cpu_cache->values(layer),
-                                            cpu_cache->values(layer) + values.size());
+        const std::vector<float> cpu_keys = CacheRows(*cpu_cache, layer, keys.size(), false);
+        const std::vector<float> cpu_values = CacheRows(*cpu_cache, layer, values.size(), true);
         EXPECT_LT(Nmse(keys, cpu_keys), 1e-5) << what << " layer " << layer;
         EXPECT_LT(Nmse(values, cpu_values), 1e-5) << what << " layer " << layer;
       }
@@ -633,7 +653,7 @@ TEST_F(CudaModelTest, Gemma4ForwardIsCloseToTheCpuPastTheWindow) {
   const std::vector<int32_t> prompt = Prompt(c.sliding_window + 8, 5);
   for (const ForwardMode mode : {ForwardMode::kDraft, ForwardMode::kVerify}) {
     const std::string what = std::string("gemma4 ") + std::string(model::ForwardModeName(mode));
-    auto cpu_cache = e.cpu->NewKvCache(options.context, model::KvRounding::kFp16);
+    auto cpu_cache = e.cpu->NewKvCache(options.context, model::KvType::kF16);
     auto cuda_cache = e.cuda->NewKvCache();
     ASSERT_TRUE(cpu_cache.ok() && cuda_cache.ok()) << what;
     const auto compare = [&](const Batch& batch, const std::string& step, size_t min_agree) {
@@ -648,10 +668,8 @@ TEST_F(CudaModelTest, Gemma4ForwardIsCloseToTheCpuPastTheWindow) {
       ASSERT_TRUE((*cuda_cache)
                       ->CopyToHost(layer, 0, static_cast<int64_t>(prompt.size()), &keys, &values)
                       .ok());
-      const std::vector<float> cpu_keys(cpu_cache->keys(layer),
-                                        cpu_cache->keys(layer) + keys.size());
-      const std::vector<float> cpu_values(cpu_cache->values(layer),
-                                          cpu_cache->values(layer) + values.size());
+      const std::vector<float> cpu_keys = CacheRows(*cpu_cache, layer, keys.size(), false);
+      const std::vector<float> cpu_values = CacheRows(*cpu_cache, layer, values.size(), true);
       EXPECT_LT(Nmse(keys, cpu_keys), 1e-5) << what << " layer " << layer;
       EXPECT_LT(Nmse(values, cpu_values), 1e-5) << what << " layer " << layer;
     }
@@ -668,8 +686,7 @@ TEST_F(CudaModelTest, Gemma4ForwardIsCloseToTheCpuPastTheWindow) {
     for (const int64_t layer : {int64_t{0}, c.num_layers - 1}) {
       std::vector<float> keys, values;
       ASSERT_TRUE((*cuda_cache)->CopyToHost(layer, 0, length, &keys, &values).ok());
-      const std::vector<float> cpu_keys(cpu_cache->keys(layer),
-                                        cpu_cache->keys(layer) + keys.size());
+      const std::vector<float> cpu_keys = CacheRows(*cpu_cache, layer, keys.size(), false);
       EXPECT_LT(Nmse(keys, cpu_keys), 1e-5) << what << " committed layer " << layer;
     }
     compare(Batch::Causal(std::vector<int32_t>{12}, static_cast<int32_t>(length)), " decode", 1);
@@ -696,7 +713,7 @@ TEST_F(CudaModelTest, MixtureOfExpertsForwardIsCloseToTheCpuAndBatchInvariant) {
     for (const ForwardMode mode : {ForwardMode::kDraft, ForwardMode::kVerify}) {
       const std::string what =
           absl::StrCat(fixture, " ", std::string(model::ForwardModeName(mode)));
-      auto cpu_cache = e.cpu->NewKvCache(options.context, model::KvRounding::kFp16);
+      auto cpu_cache = e.cpu->NewKvCache(options.context, model::KvType::kF16);
       auto cuda_cache = e.cuda->NewKvCache();
       ASSERT_TRUE(cpu_cache.ok() && cuda_cache.ok()) << what;
       // Near-tied routing may pick another expert on one side (RMSNorm's sums differ in the last
@@ -1288,7 +1305,7 @@ TEST_F(CudaModelTest, RealModelGreedyTokensMatchTheCpu) {
   ASSERT_NE(e.cuda, nullptr);
   const int64_t vocab = e.cpu->config().vocab_size;
   const std::vector<int32_t> prompt = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 30, 2, 198};
-  auto cpu_cache = e.cpu->NewKvCache(512, model::KvRounding::kFp16);
+  auto cpu_cache = e.cpu->NewKvCache(512, model::KvType::kF16);
   auto exact_cache = e.cpu->NewKvCache(512);
   auto cuda_cache = e.cuda->NewKvCache();
   ASSERT_TRUE(cpu_cache.ok() && exact_cache.ok() && cuda_cache.ok());

@@ -3,11 +3,13 @@
 // are equal to plain decoding of the same split model in this process for a 16-node tree, a
 // 4-node chain and no speculation, on two prompts that run past the local layers' 512-token
 // sliding window (greedy on every shape, sampled on the tree) and one short one (both on every
-// shape). Past the window a tree node must see exactly the window the same token sees in plain
-// decoding; each row there runs several verify steps, each drafting and verifying against a
-// window that the paths committed by the steps before it have moved. The chat prompt goes
-// through gemma's <start_of_turn> format, which the coordinator picks from the architecture
-// because this pretrained GGUF has no chat template.
+// shape). The drafter's KV cache is q8_0 (and so is the reference decoder's): losslessness holds
+// for any cache type, since the draft and the verifier read the same rows. Past the window a tree
+// node must see exactly the window the same token sees in plain decoding; each row there runs
+// several verify steps, each drafting and verifying against a window that the paths committed by
+// the steps before it have moved. The chat prompt goes through gemma's <start_of_turn> format,
+// which the coordinator picks from the architecture because this pretrained GGUF has no chat
+// template.
 //
 // Each drafted token costs a draft forward over the 262,144-token head, so on 2 cores the rows
 // are few and long rather than many and short.
@@ -55,9 +57,9 @@ TEST(E2eGemma3Test, SpeculationIsLosslessPastTheSlidingWindow) {
   constexpr size_t kWindow = 512;
   constexpr int kMaxTokens = 48;
   testing::GenerationStack stack;
-  ASSERT_TRUE(stack.Start(testing::Gemma3SplitModel(),
-                          (testing::TestTempDir() / "e2e-gemma3").string(),
-                          {.threads = 2, .coordinator_args = {}, .drafter_args = {}}));
+  ASSERT_TRUE(stack.Start(
+      testing::Gemma3SplitModel(), (testing::TestTempDir() / "e2e-gemma3").string(),
+      {.threads = 2, .coordinator_args = {}, .drafter_args = {}, .kv_type = model::KvType::kQ8_0}));
   const testing::MatrixSampling greedy = {"greedy", {}};
   const testing::MatrixSampling sampled = {"t0.8 seed 1", {.temperature = 0.8f, .seed = 1}};
   const testing::MatrixShape tree = {"tree", testing::Tree(16, 4, 8), "tree N=16 k=4 depth<=8"};

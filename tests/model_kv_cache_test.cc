@@ -2,7 +2,6 @@
 #include <vector>
 
 #include "common/model/kv_cache.h"
-#include "common/util/fp16.h"
 #include "gtest/gtest.h"
 
 namespace bitsplit::model {
@@ -20,10 +19,9 @@ float Tag(int64_t layer, int64_t slot, bool value) {
 void FillSlots(KvCache& cache, int64_t first, int64_t count) {
   for (int64_t layer = 0; layer < kLayers; ++layer) {
     for (int64_t slot = first; slot < first + count; ++slot) {
-      for (int64_t d = 0; d < kKvDim; ++d) {
-        cache.keys(layer)[slot * kKvDim + d] = Tag(layer, slot, false);
-        cache.values(layer)[slot * kKvDim + d] = Tag(layer, slot, true);
-      }
+      const std::vector<float> keys(kKvDim, Tag(layer, slot, false));
+      const std::vector<float> values(kKvDim, Tag(layer, slot, true));
+      cache.StoreRows(layer, slot, 1, keys.data(), values.data());
     }
   }
 }
@@ -31,10 +29,12 @@ void FillSlots(KvCache& cache, int64_t first, int64_t count) {
 // Slot `slot` holds what FillSlots wrote to `original_slot`.
 void ExpectSlotHolds(const KvCache& cache, int64_t slot, int64_t original_slot) {
   for (int64_t layer = 0; layer < kLayers; ++layer) {
+    std::vector<float> keys(kKvDim), values(kKvDim);
+    cache.ReadKeys(layer, slot, 1, keys.data());
+    cache.ReadValues(layer, slot, 1, values.data());
     for (int64_t d = 0; d < kKvDim; ++d) {
-      EXPECT_EQ(cache.keys(layer)[slot * kKvDim + d], Tag(layer, original_slot, false))
-          << "layer " << layer << " slot " << slot;
-      EXPECT_EQ(cache.values(layer)[slot * kKvDim + d], Tag(layer, original_slot, true))
+      EXPECT_EQ(keys[d], Tag(layer, original_slot, false)) << "layer " << layer << " slot " << slot;
+      EXPECT_EQ(values[d], Tag(layer, original_slot, true))
           << "layer " << layer << " slot " << slot;
     }
   }
@@ -46,16 +46,40 @@ KvCache MakeCache() {
   return std::move(*cache);
 }
 
-// What a cache allocates: f32 keys and values per layer and slot, an i32 position per slot.
+// What a cache allocates: keys and values per layer and slot in its type (f32 4 bytes, f16 2,
+// q8_0 34 per 32 elements), an i32 position per slot.
 TEST(KvCacheTest, BytesAreWhatTheCacheHolds) {
-  EXPECT_EQ(KvCacheBytes(std::vector<int64_t>(30, 192), 2048),
+  const std::vector<int64_t> smollm(30, 192);
+  EXPECT_EQ(KvCacheBytes(smollm, 2048, KvType::kF32),
             2u * 30 * 2048 * 192 * 4 + 2048 * 4);  // 94,380,032
-  auto cache = KvCache::Create(3, 5, 7);
-  ASSERT_TRUE(cache.ok());
-  const uint64_t held =
-      2 * static_cast<uint64_t>(cache->keys(1) - cache->keys(0)) * 3 * sizeof(float) +
-      7 * sizeof(int32_t);
-  EXPECT_EQ(KvCacheBytes({5, 5, 5}, 7), held);
+  EXPECT_EQ(KvCacheBytes(smollm, 2048, KvType::kF16), 2u * 30 * 2048 * 192 * 2 + 2048 * 4);
+  EXPECT_EQ(KvCacheBytes(smollm, 2048, KvType::kQ8_0), 2u * 30 * 2048 * (192 / 32) * 34 + 2048 * 4);
+  for (const KvType type : {KvType::kF32, KvType::kF16, KvType::kQ8_0}) {
+    auto cache = KvCache::Create(3, 64, 7, type);
+    ASSERT_TRUE(cache.ok());
+    EXPECT_EQ(cache->type(), type);
+    const uint64_t layer_bytes = static_cast<uint64_t>(cache->keys(1).data - cache->keys(0).data);
+    EXPECT_EQ(layer_bytes, 7u * static_cast<uint64_t>(cache->row_bytes(0)));
+    EXPECT_EQ(KvCacheBytes({64, 64, 64}, 7, type), 2 * layer_bytes * 3 + 7 * sizeof(int32_t));
+  }
+}
+
+// q8_0 rows are whole blocks of 32: other widths are refused, by width or by head.
+TEST(KvCacheTest, Q8CachesNeedWholeBlocks) {
+  const absl::StatusOr<KvCache> narrow = KvCache::Create(2, 48, 4, KvType::kQ8_0);
+  EXPECT_EQ(narrow.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(narrow.status().message().find("multiples of 32"), absl::string_view::npos);
+  ModelConfig config;
+  config.num_layers = 2;
+  config.d_model = 64;
+  config.num_heads = 4;
+  config.num_kv_heads = 2;
+  config.head_dim = 16;  // kv_dim 32, but each head is half a block
+  const absl::StatusOr<KvCache> by_head = KvCache::Create(config, 4, KvType::kQ8_0);
+  EXPECT_EQ(by_head.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(by_head.status().message().find("16 wide"), absl::string_view::npos)
+      << by_head.status();
+  EXPECT_TRUE(KvCache::Create(config, 4, KvType::kF16).ok());
 }
 
 // Layers of different widths (gemma4's global and local layers): each layer's storage is
@@ -64,24 +88,29 @@ TEST(KvCacheTest, LayersOfDifferentWidths) {
   auto cache = KvCache::Create(std::vector<int64_t>{4, 2, 6}, 5);
   ASSERT_TRUE(cache.ok()) << cache.status();
   EXPECT_EQ(cache->kv_dim(1), 2);
-  EXPECT_EQ(cache->keys(1) - cache->keys(0), 5 * 4);
-  EXPECT_EQ(cache->keys(2) - cache->keys(1), 5 * 2);
-  EXPECT_EQ(KvCacheBytes({4, 2, 6}, 5), 2u * 5 * (4 + 2 + 6) * 4 + 5 * 4);
+  EXPECT_EQ(cache->keys(1).data - cache->keys(0).data, 5 * 4 * 4);
+  EXPECT_EQ(cache->keys(2).data - cache->keys(1).data, 5 * 2 * 4);
+  EXPECT_EQ(KvCacheBytes({4, 2, 6}, 5, KvType::kF32), 2u * 5 * (4 + 2 + 6) * 4 + 5 * 4);
   ASSERT_TRUE(cache->BeginPending(3).ok());
   for (int64_t layer = 0; layer < 3; ++layer) {
     const int64_t width = cache->kv_dim(layer);
+    std::vector<float> keys(3 * width), values(3 * width);
     for (int64_t i = 0; i < 3 * width; ++i) {
-      cache->keys(layer)[i] = static_cast<float>(100 * layer + i);
-      cache->values(layer)[i] = static_cast<float>(-100 * layer - i);
+      keys[i] = static_cast<float>(100 * layer + i);
+      values[i] = static_cast<float>(-100 * layer - i);
     }
+    cache->StoreRows(layer, 0, 3, keys.data(), values.data());
   }
   const int32_t keep[] = {2};  // pending slot 2 becomes slot 0
   ASSERT_TRUE(cache->CommitSlots(keep).ok());
   for (int64_t layer = 0; layer < 3; ++layer) {
     const int64_t width = cache->kv_dim(layer);
+    std::vector<float> keys(width), values(width);
+    cache->ReadKeys(layer, 0, 1, keys.data());
+    cache->ReadValues(layer, 0, 1, values.data());
     for (int64_t i = 0; i < width; ++i) {
-      EXPECT_EQ(cache->keys(layer)[i], static_cast<float>(100 * layer + 2 * width + i));
-      EXPECT_EQ(cache->values(layer)[i], static_cast<float>(-100 * layer - 2 * width - i));
+      EXPECT_EQ(keys[i], static_cast<float>(100 * layer + 2 * width + i));
+      EXPECT_EQ(values[i], static_cast<float>(-100 * layer - 2 * width - i));
     }
   }
   EXPECT_FALSE(KvCache::Create(std::vector<int64_t>{4, 0}, 5).ok());
@@ -199,39 +228,37 @@ TEST(KvCacheTest, DiscardAndClear) {
   EXPECT_TRUE(cache.BeginPending(kCapacity).ok());
 }
 
-TEST(KvCacheTest, Fp16RoundingRoundsTheGivenSlotsOfOneLayerOnly) {
-  auto rounded = KvCache::Create(kLayers, kKvDim, kCapacity, KvRounding::kFp16);
-  auto exact = KvCache::Create(kLayers, kKvDim, kCapacity);
-  ASSERT_TRUE(rounded.ok() && exact.ok());
-  EXPECT_EQ(rounded->rounding(), KvRounding::kFp16);
-  EXPECT_EQ(exact->rounding(), KvRounding::kNone);
+// An f16 cache holds the nearest half of what was stored (ties to even, overflow to infinity,
+// underflow to zero), in the slots and layer it was stored to only; commits move encoded rows.
+TEST(KvCacheTest, F16CacheHoldsTheNearestHalf) {
+  auto cache = KvCache::Create(kLayers, kKvDim, kCapacity, KvType::kF16);
+  ASSERT_TRUE(cache.ok());
   // 1 + 2^-12 is halfway between two fp16 values (ties to even: 1); 1 + 3 * 2^-12 rounds up to
   // 1 + 2^-10; 70000 overflows fp16 to infinity; 1e-8 underflows to zero.
-  const float inputs[kKvDim] = {1.0f + 0x1.0p-12f, 1.0f + 3 * 0x1.0p-12f, 70000.0f, 1e-8f};
-  const float expected[kKvDim] = {1.0f, 1.0f + 0x1.0p-10f, INFINITY, 0.0f};
-  for (KvCache* cache : {&*rounded, &*exact}) {
-    for (int64_t layer = 0; layer < kLayers; ++layer) {
-      for (int64_t slot = 0; slot < kCapacity; ++slot) {
-        for (int64_t d = 0; d < kKvDim; ++d) {
-          cache->keys(layer)[slot * kKvDim + d] = inputs[d];
-          cache->values(layer)[slot * kKvDim + d] = -inputs[d];
-        }
-      }
-    }
-    cache->RoundStored(1, 3, 2);  // layer 1, slots 3 and 4
+  const float inputs[2 * kKvDim] = {
+      1.0f + 0x1.0p-12f, 1.0f + 3 * 0x1.0p-12f, 70000.0f, 1e-8f, 0.5f, -2.0f, 3.0f, 0.25f};
+  const float expected[2 * kKvDim] = {1.0f, 1.0f + 0x1.0p-10f, INFINITY, 0.0f, 0.5f, -2.0f, 3.0f,
+                                      0.25f};
+  const std::vector<float> negated = {-inputs[0], -inputs[1], -inputs[2], -inputs[3],
+                                      -inputs[4], -inputs[5], -inputs[6], -inputs[7]};
+  FillSlots(*cache, 0, kCapacity);
+  ASSERT_TRUE(cache->BeginPending(2).ok());
+  cache->StoreRows(1, 0, 2, inputs, negated.data());  // layer 1, slots 0 and 1
+  const int32_t keep[] = {1};
+  ASSERT_TRUE(cache->CommitSlots(keep).ok());  // pending slot 1 becomes slot 0
+  std::vector<float> keys(kKvDim), values(kKvDim);
+  cache->ReadKeys(1, 0, 1, keys.data());
+  cache->ReadValues(1, 0, 1, values.data());
+  for (int64_t d = 0; d < kKvDim; ++d) {
+    EXPECT_EQ(keys[d], expected[kKvDim + d]) << d;
+    EXPECT_EQ(values[d], -expected[kKvDim + d]) << d;
   }
-  for (int64_t layer = 0; layer < kLayers; ++layer) {
-    for (int64_t slot = 0; slot < kCapacity; ++slot) {
-      const bool touched = layer == 1 && (slot == 3 || slot == 4);
-      for (int64_t d = 0; d < kKvDim; ++d) {
-        const float want = touched ? expected[d] : inputs[d];
-        EXPECT_EQ(rounded->keys(layer)[slot * kKvDim + d], want) << layer << " " << slot;
-        EXPECT_EQ(rounded->values(layer)[slot * kKvDim + d], -want) << layer << " " << slot;
-        EXPECT_EQ(exact->keys(layer)[slot * kKvDim + d], inputs[d]);
-        EXPECT_EQ(exact->values(layer)[slot * kKvDim + d], -inputs[d]);
-      }
-    }
-  }
+  // Layer 0's slot 0 now holds what FillSlots wrote to slot 1 (a whole half).
+  cache->ReadKeys(0, 0, 1, keys.data());
+  EXPECT_EQ(keys[0], Tag(0, 1, false));
+  cache->StoreRows(1, 2, 1, inputs, negated.data());
+  cache->ReadKeys(1, 2, 1, keys.data());
+  for (int64_t d = 0; d < kKvDim; ++d) EXPECT_EQ(keys[d], expected[d]) << d;
 }
 
 }  // namespace

@@ -1,11 +1,11 @@
 // Forward pass of the real SmolLM2 model: batch invariance (bit-exact across batch sizes,
 // thread counts and tree layouts), KV compaction after tree verification, input validation.
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "common/model/llama_model.h"
-#include "common/util/fp16.h"
 #include "gtest/gtest.h"
 #include "tests/testing/paths.h"
 
@@ -30,9 +30,9 @@ struct RunResult {
   KvCache cache;
 };
 
-RunResult RunChunked(LlamaModel& model, size_t chunk) {
+RunResult RunChunked(LlamaModel& model, size_t chunk, KvType kv_type = KvType::kF32) {
   const int64_t vocab = model.config().vocab_size;
-  auto cache = model.NewKvCache(kCapacity);
+  auto cache = model.NewKvCache(kCapacity, kv_type);
   EXPECT_TRUE(cache.ok()) << cache.status();
   std::vector<float> prefix_logits(vocab);
   Batch prefill = Batch::Causal(kPrefix, 0);
@@ -57,13 +57,15 @@ bool SameBits(const float* a, const float* b, size_t n) {
   return std::memcmp(a, b, n * sizeof(float)) == 0;
 }
 
-// Committed slots of both caches hold identical bits in every layer.
+// Committed slots of both caches hold identical bytes in every layer.
 void ExpectSameCommittedCache(const KvCache& a, const KvCache& b) {
   ASSERT_EQ(a.committed_length(), b.committed_length());
+  ASSERT_EQ(a.type(), b.type());
   for (int64_t layer = 0; layer < a.num_layers(); ++layer) {
-    const size_t n = static_cast<size_t>(a.committed_length() * a.kv_dim(layer));
-    EXPECT_TRUE(SameBits(a.keys(layer), b.keys(layer), n)) << "keys of layer " << layer;
-    EXPECT_TRUE(SameBits(a.values(layer), b.values(layer), n)) << "values of layer " << layer;
+    const size_t n = static_cast<size_t>(a.committed_length() * a.row_bytes(layer));
+    EXPECT_EQ(std::memcmp(a.keys(layer).data, b.keys(layer).data, n), 0) << "keys of " << layer;
+    EXPECT_EQ(std::memcmp(a.values(layer).data, b.values(layer).data, n), 0)
+        << "values of layer " << layer;
   }
 }
 
@@ -71,50 +73,67 @@ TEST(LlamaModelTest, LogitsAndCacheAreBatchAndThreadInvariant) {
   auto single_thread = LoadModel(1);
   ASSERT_NE(single_thread, nullptr);
   const int64_t vocab = single_thread->config().vocab_size;
-  const RunResult one_at_a_time = RunChunked(*single_thread, 1);
-
-  for (int threads : {1, 2, 3}) {
-    auto model = LoadModel(threads);
-    ASSERT_NE(model, nullptr);
-    for (size_t chunk : {size_t{16}, size_t{5}}) {
-      SCOPED_TRACE(::testing::Message() << threads << " threads, chunks of " << chunk);
-      const RunResult batched = RunChunked(*model, chunk);
-      for (size_t t = 0; t < kTokens.size(); ++t) {
-        EXPECT_TRUE(SameBits(batched.logits.data() + t * vocab,
-                             one_at_a_time.logits.data() + t * vocab, vocab))
-            << "logits of token " << t;
+  for (const KvType kv_type : {KvType::kF32, KvType::kF16, KvType::kQ8_0}) {
+    const RunResult one_at_a_time = RunChunked(*single_thread, 1, kv_type);
+    for (int threads : {1, 2, 3}) {
+      auto model = LoadModel(threads);
+      ASSERT_NE(model, nullptr);
+      for (size_t chunk : {size_t{16}, size_t{5}}) {
+        SCOPED_TRACE(::testing::Message() << KvTypeName(kv_type) << " cache, " << threads
+                                          << " threads, chunks of " << chunk);
+        const RunResult batched = RunChunked(*model, chunk, kv_type);
+        for (size_t t = 0; t < kTokens.size(); ++t) {
+          EXPECT_TRUE(SameBits(batched.logits.data() + t * vocab,
+                               one_at_a_time.logits.data() + t * vocab, vocab))
+              << "logits of token " << t;
+        }
+        ExpectSameCommittedCache(batched.cache, one_at_a_time.cache);
       }
-      ExpectSameCommittedCache(batched.cache, one_at_a_time.cache);
     }
   }
 }
 
-// A cache that rounds to fp16 (the CUDA backend's precision) holds, in the first layer, exactly
-// the fp16 rounding of what an exact cache holds: that layer's keys and values do not depend on
-// the cache. Later layers read the rounded values, so their contents and the logits move.
-TEST(LlamaModelTest, Fp16RoundingCacheHoldsTheRoundedFirstLayer) {
+// An f16 or q8_0 cache holds, in the first layer, exactly the encoding of what an f32 cache
+// holds: that layer's keys and values do not depend on the cache. Later layers read the encoded
+// values, so their contents and the logits move, the q8_0 cache's further than the f16 one's.
+TEST(LlamaModelTest, EncodedCachesHoldTheEncodedFirstLayer) {
   auto model = LoadModel(2);
   ASSERT_NE(model, nullptr);
   const int64_t vocab = model->config().vocab_size;
+  const int64_t tokens = static_cast<int64_t>(kTokens.size());
   auto exact = model->NewKvCache(kCapacity);
-  auto rounded = model->NewKvCache(kCapacity, KvRounding::kFp16);
-  ASSERT_TRUE(exact.ok() && rounded.ok());
-  std::vector<float> exact_logits(kTokens.size() * vocab), rounded_logits(kTokens.size() * vocab);
+  ASSERT_TRUE(exact.ok());
+  std::vector<float> exact_logits(kTokens.size() * vocab);
   ASSERT_TRUE(model->Forward(Batch::Causal(kTokens, 0), *exact, exact_logits).ok());
-  ASSERT_TRUE(model->Forward(Batch::Causal(kTokens, 0), *rounded, rounded_logits).ok());
-  const int64_t n = static_cast<int64_t>(kTokens.size()) * model->config().KvDim(0);
-  int changed = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    for (const auto& [e, r] : {std::pair(exact->keys(0)[i], rounded->keys(0)[i]),
-                               std::pair(exact->values(0)[i], rounded->values(0)[i])}) {
-      ASSERT_EQ(r, Fp16ToFp32(Fp32ToFp16(e))) << i;
-      changed += r != e ? 1 : 0;
+  const int64_t kv_dim = model->config().KvDim(0);
+  std::vector<float> exact_keys(tokens * kv_dim);
+  exact->ReadKeys(0, 0, tokens, exact_keys.data());
+  double max_change[2] = {0, 0};
+  for (const KvType type : {KvType::kF16, KvType::kQ8_0}) {
+    SCOPED_TRACE(KvTypeName(type));
+    auto encoded = model->NewKvCache(kCapacity, type);
+    ASSERT_TRUE(encoded.ok());
+    std::vector<float> logits(kTokens.size() * vocab);
+    ASSERT_TRUE(model->Forward(Batch::Causal(kTokens, 0), *encoded, logits).ok());
+    // The f32 keys, encoded then decoded outside the cache.
+    std::vector<uint8_t> bytes(static_cast<size_t>(tokens * encoded->row_bytes(0)));
+    ops::EncodeKvRows(type, exact_keys.data(), tokens, kv_dim, bytes.data());
+    std::vector<float> want(exact_keys.size()), got(exact_keys.size());
+    for (int64_t t = 0; t < tokens; ++t) {
+      ops::DecodeKvElements(type, bytes.data() + t * encoded->row_bytes(0), 0, kv_dim,
+                            want.data() + t * kv_dim);
     }
+    encoded->ReadKeys(0, 0, tokens, got.data());
+    ASSERT_TRUE(SameBits(want.data(), got.data(), want.size()));
+    EXPECT_FALSE(SameBits(exact_keys.data(), got.data(), got.size()));
+    double change = 0;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      change = std::max(change, static_cast<double>(std::fabs(logits[i] - exact_logits[i])));
+    }
+    max_change[type == KvType::kF16 ? 0 : 1] = change;
+    EXPECT_GT(change, 0.0);
   }
-  EXPECT_GT(changed, n);  // most f32 values are not fp16 values
-  const int64_t last = model->config().num_layers - 1;
-  EXPECT_FALSE(SameBits(exact->keys(last), rounded->keys(last), static_cast<size_t>(n)));
-  EXPECT_FALSE(SameBits(exact_logits.data(), rounded_logits.data(), exact_logits.size()));
+  EXPECT_LT(max_change[0], max_change[1]);
 }
 
 TEST(LlamaModelTest, SelectedLogitRowsEqualTheFullRows) {

@@ -294,6 +294,15 @@ TEST(VramPlanTest, EightBKvCacheAndScratch) {
             LlamaConstants(s, request.embedding_bytes, kContext).slab);  // 269 pages
   ExpectScratch(plan->scratch, Scratch(s, kRows, kContext));             // 54,102,016
   EXPECT_EQ(plan->total_bytes, LlamaTotal(s, kB2AsymG64, kContext, 4, kRows));
+  // q8_0: 34 bytes per 32 values, 68 KiB per token; the rest of the plan unchanged.
+  request.kv_type = ops::KvType::kQ8_0;
+  auto q8 = PlanVram(request, 80 * kGiB);
+  ASSERT_TRUE(q8.ok()) << q8.status();
+  const uint64_t q8_row = s.kv_dim() / 32 * 34;
+  EXPECT_EQ(q8->kv_bytes_per_token, 2 * s.layers * q8_row);
+  EXPECT_EQ(q8->kv_bytes_per_session, Pages(2 * Aligned(s.layers * kContext * q8_row)) * kPage);
+  EXPECT_EQ(q8->total_bytes,
+            plan->total_bytes - 4 * plan->kv_bytes_per_session + 4 * q8->kv_bytes_per_session);
 }
 
 // A gemma3-1B-shaped config: what the device holds beyond the llama layer (every per-layer
@@ -455,6 +464,42 @@ TEST(VramPlanTest, SessionsThatFitTheBudget) {
   EXPECT_THAT(std::string(none.status().message()), HasSubstr("1 sessions x 2048 tokens"));
 }
 
+// The embedding table goes to the device only when that costs nothing: the request fits with it
+// and, with sessions chosen by the budget, no session is lost to it.
+TEST(VramPlanTest, EmbeddingGoesToTheDeviceOnlyWhenItCostsNothing) {
+  VramRequest request;
+  request.config = SmolLm2Config();
+  request.base_format = SplitFormat::kB2Asym;
+  request.base_group = 64;
+  request.embedding_bytes = 12345;  // not read
+  request.context = 2048;
+  request.sessions = 1;
+  request.max_batch_rows = 64;
+  const uint64_t table = Q8_0EmbeddingBytes(kSmolLm2);  // 29.95 MiB, less than a session
+  const uint64_t session = KvSessionBytes(kSmolLm2, 2048);
+  ASSERT_LT(table, session);
+  const auto total = [&](uint64_t sessions, bool on_device) {
+    return LlamaTotal(kSmolLm2, kB2AsymG64, 2048, sessions, 64) -
+           LlamaConstants(kSmolLm2, Q8_0EmbeddingBytes(kSmolLm2), 2048).slab +
+           LlamaConstants(kSmolLm2, on_device ? table : 0, 2048).slab;
+  };
+  ASSERT_LT(total(1, false) + 4 * kMiB, total(1, true));
+  // One session asked for: on the device exactly when it fits there.
+  EXPECT_EQ(PlacedEmbeddingBytes(request, table, total(1, true), 8), table);
+  EXPECT_EQ(PlacedEmbeddingBytes(request, table, total(1, true) - 1, 8), 0u);
+  EXPECT_EQ(PlacedEmbeddingBytes(request, table, total(1, false), 8), 0u);
+  // A type only the host gathers stays there.
+  EXPECT_EQ(PlacedEmbeddingBytes(request, 0, total(1, true) + kGiB, 8), 0u);
+  // Sessions from the budget: room for 5 either way puts it on the device; a budget that holds 5
+  // sessions only without it keeps it on the host; at the cap both hold the cap.
+  request.sessions = 0;
+  EXPECT_EQ(PlacedEmbeddingBytes(request, table, total(5, true), 256), table);
+  EXPECT_EQ(PlacedEmbeddingBytes(request, table, total(5, false), 256), 0u);
+  EXPECT_EQ(PlacedEmbeddingBytes(request, table, total(5, false), 4), table);
+  // Nothing fits either way: the host (the refusal then comes from PlanVram).
+  EXPECT_EQ(PlacedEmbeddingBytes(request, table, total(1, false) - 1, 256), 0u);
+}
+
 TEST(VramPlanTest, RefusesAndSaysWhatFits) {
   VramRequest request;
   request.config = EightBClassConfig();
@@ -567,8 +612,15 @@ TEST(VramPlanTest, RejectsMalformedRequests) {
   r.context = 16384;
   expect_invalid(r, "exceeds the model's context length of 8192");
   r = good;
-  r.kv_element_bytes = 1;
-  expect_invalid(r, "KV cache elements are 2 (fp16) or 4 (f32) bytes");
+  r.kv_type = ops::KvType::kF32;
+  expect_invalid(r, "the device's KV cache is f16 or q8_0, not f32");
+  r = good;
+  r.kv_type = ops::KvType::kQ8_0;
+  r.config.head_dim = 80;  // 32 heads of 80: q_dim 2560
+  r.config.rope_dims = 80;
+  expect_invalid(r,
+                 "a q8_0 KV cache needs head widths that are multiples of 32; layer 0's heads "
+                 "are 80 wide");
   r = good;
   r.base_format = SplitFormat::kR8;
   expect_invalid(r, "r8 is not a base format");

@@ -108,8 +108,8 @@ std::vector<std::pair<int64_t, int64_t>> Matrices(const Shape& s) {
   return m;
 }
 
-// One 8192-token session on `card` bytes of VRAM, the embedding table (`embedding` bytes, Q8_0)
-// gathered on the device.
+// One 8192-token session on `card` bytes of VRAM, the embedding table `embedding` bytes of Q8_0
+// (which the device can gather).
 OffloadRequest RequestFor(const model::ModelConfig& config, uint64_t card, uint64_t embedding) {
   OffloadRequest request;
   request.config = config;
@@ -149,76 +149,100 @@ TEST(OffloadPlanTest, FlagshipShapesPlanTheBytesTheirMatricesHold) {
     ASSERT_TRUE(file.ok()) << file.status();
     const auto config = model::ModelConfigFromGguf(**file);
     ASSERT_TRUE(config.ok()) << s.name << ": " << config.status();
-    // The embedding table, Q8_0: 34 bytes per 32 values, gathered on the device.
+    // The embedding table, Q8_0: 34 bytes per 32 values.
     const uint64_t embedding = static_cast<uint64_t>(s.vocab) * s.d_model / 32 * 34;
-    // KV cache of one 8192-token session, fp16 (gemma3's windowed layers hold the whole context
-    // too: the cache is not a ring).
-    const uint64_t kv = 2ull * 8192 * s.layers * s.kv_heads * s.head_dim * 2;
-    for (const uint64_t card : {16 * kGiB, 24 * kGiB}) {
-      const std::string what = absl::StrCat(s.name, " on ", card / kGiB, " GiB");
-      const OffloadRequest request = RequestFor(*config, card, embedding);
-      for (const SplitFormat base : {SplitFormat::kBTern, SplitFormat::kB2Asym,
-                                     SplitFormat::kB3Asym, SplitFormat::kB4Asym}) {
-        uint64_t base_bytes = 0, residual_bytes = 0;
-        for (const auto& [rows, cols] : Matrices(s)) {
-          base_bytes += model::AlignVram(static_cast<uint64_t>(rows) *
-                                         model::DeviceRowStride(base, 64, cols));
-          residual_bytes +=
-              static_cast<uint64_t>(rows) * quant::SplitRowBytes(ResidualForBase(base), 32, cols);
+    for (const ops::KvType kv_type : {ops::KvType::kF16, ops::KvType::kQ8_0}) {
+      // KV cache of one 8192-token session, f16 or q8_0 (34 bytes per 32 values; gemma3's
+      // windowed layers hold the whole context too: the cache is not a ring).
+      const uint64_t kv_values = 2ull * 8192 * s.layers * s.kv_heads * s.head_dim;
+      const uint64_t kv = kv_type == ops::KvType::kF16 ? kv_values * 2 : kv_values / 32 * 34;
+      for (const uint64_t card : {16 * kGiB, 24 * kGiB}) {
+        const std::string what = absl::StrCat(s.name, " on ", card / kGiB, " GiB, ",
+                                              std::string(ops::KvTypeName(kv_type)), " KV");
+        OffloadRequest request = RequestFor(*config, card, embedding);
+        request.kv_type = kv_type;
+        for (const SplitFormat base : {SplitFormat::kBTern, SplitFormat::kB2Asym,
+                                       SplitFormat::kB3Asym, SplitFormat::kB4Asym}) {
+          uint64_t base_bytes = 0, residual_bytes = 0;
+          for (const auto& [rows, cols] : Matrices(s)) {
+            base_bytes += model::AlignVram(static_cast<uint64_t>(rows) *
+                                           model::DeviceRowStride(base, 64, cols));
+            residual_bytes +=
+                static_cast<uint64_t>(rows) * quant::SplitRowBytes(ResidualForBase(base), 32, cols);
+          }
+          const absl::StatusOr<OffloadPlan> plan = PlanOffloadWith(request, base, base);
+          const std::string with = absl::StrCat(what, " ", quant::GetSplitFormatInfo(base).name);
+          // Base and KV alone over the budget: refused. With the embedding too and 1 GiB to spare
+          // for norms, tables and scratch (a few hundred MiB at these shapes): planned, the
+          // embedding on the device. With 1 GiB to spare only without it: planned, the embedding in
+          // RAM.
+          const uint64_t budget = request.vram_budget_bytes;
+          const uint64_t known = model::RoundVramSlab(base_bytes) + kv;
+          if (known > budget) {
+            EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << with;
+            continue;
+          }
+          if (known + embedding + kGiB < budget) {
+            ASSERT_TRUE(plan.ok()) << with << ": " << plan.status();
+            EXPECT_EQ(plan->host_embedding_bytes, 0u) << with;
+          } else if (known + kGiB < budget && known + embedding > budget) {
+            ASSERT_TRUE(plan.ok()) << with << ": " << plan.status();
+            EXPECT_EQ(plan->host_embedding_bytes, embedding) << with;
+          }
+          if (!plan.ok()) continue;
+          EXPECT_EQ(plan->vram.base_weights_bytes, model::RoundVramSlab(base_bytes)) << with;
+          EXPECT_EQ(plan->residual_bytes, residual_bytes) << with;
+          EXPECT_EQ(plan->host_embedding_bytes, plan->vram.embedding_bytes > 0 ? 0u : embedding)
+              << with;
+          EXPECT_LE(plan->vram.total_bytes, request.vram_budget_bytes) << with;
+          // A verify of a dense model reads every residual byte once, whatever its rows.
+          EXPECT_DOUBLE_EQ(plan->residual_read_bytes, static_cast<double>(residual_bytes)) << with;
+          EXPECT_GE(plan->tokens_per_second, plan->tokens_per_second_without_speculation) << with;
         }
-        const absl::StatusOr<OffloadPlan> plan = PlanOffloadWith(request, base, base);
-        const std::string with = absl::StrCat(what, " ", quant::GetSplitFormatInfo(base).name);
-        // Base, embedding and KV alone over the budget: refused; with 1 GiB to spare for norms,
-        // tables and scratch (a few hundred MiB at these shapes): planned.
-        const uint64_t known = model::RoundVramSlab(base_bytes) + embedding + kv;
-        if (known > request.vram_budget_bytes) {
-          EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << with;
-          continue;
+        // The chosen plan is the fastest of those that fit.
+        const absl::StatusOr<OffloadPlan> best = PlanOffload(request);
+        double fastest = 0;
+        for (const SplitFormat base : {SplitFormat::kBTern, SplitFormat::kB2Asym,
+                                       SplitFormat::kB3Asym, SplitFormat::kB4Asym}) {
+          if (auto p = PlanOffloadWith(request, base, base); p.ok()) {
+            fastest = std::max(fastest, p->tokens_per_second);
+          }
         }
-        if (known + kGiB < request.vram_budget_bytes) {
-          ASSERT_TRUE(plan.ok()) << with << ": " << plan.status();
+        if (fastest == 0) {
+          EXPECT_EQ(best.status().code(), absl::StatusCode::kResourceExhausted) << what;
+          EXPECT_THAT(best.status().message(), HasSubstr("fewest base bits")) << what;
+        } else {
+          ASSERT_TRUE(best.ok()) << what;
+          EXPECT_EQ(best->tokens_per_second, fastest) << what;
         }
-        if (!plan.ok()) continue;
-        EXPECT_EQ(plan->vram.base_weights_bytes, model::RoundVramSlab(base_bytes)) << with;
-        EXPECT_EQ(plan->residual_bytes, residual_bytes) << with;
-        EXPECT_EQ(plan->host_embedding_bytes, 0u) << with;
-        EXPECT_LE(plan->vram.total_bytes, request.vram_budget_bytes) << with;
-        // A verify of a dense model reads every residual byte once, whatever its rows.
-        EXPECT_DOUBLE_EQ(plan->residual_read_bytes, static_cast<double>(residual_bytes)) << with;
-        EXPECT_GE(plan->tokens_per_second, plan->tokens_per_second_without_speculation) << with;
-      }
-      // The chosen plan is the fastest of those that fit.
-      const absl::StatusOr<OffloadPlan> best = PlanOffload(request);
-      double fastest = 0;
-      for (const SplitFormat base : {SplitFormat::kBTern, SplitFormat::kB2Asym,
-                                     SplitFormat::kB3Asym, SplitFormat::kB4Asym}) {
-        if (auto p = PlanOffloadWith(request, base, base); p.ok()) {
-          fastest = std::max(fastest, p->tokens_per_second);
-        }
-      }
-      if (fastest == 0) {
-        EXPECT_EQ(best.status().code(), absl::StatusCode::kResourceExhausted) << what;
-        EXPECT_THAT(best.status().message(), HasSubstr("fewest base bits")) << what;
-      } else {
-        ASSERT_TRUE(best.ok()) << what;
-        EXPECT_EQ(best->tokens_per_second, fastest) << what;
       }
     }
   }
   // What the flagship case looks like today: a 70B's 2-bit base does not fit a 24 GB card with
   // one 8192-token session; a 32B's does, on 16 GB and 24 GB alike.
-  const auto plan_of = [](const Shape& s, uint64_t card, bool ternary = false) {
+  const auto plan_of = [](const Shape& s, uint64_t card, bool ternary = false,
+                          ops::KvType kv_type = ops::KvType::kF16) {
     const auto file = gguf::File::Open(ShapesOnlyGguf(s), gguf::TensorData::kMayBeAbsent);
     const auto config = model::ModelConfigFromGguf(**file);
     const uint64_t embedding = static_cast<uint64_t>(s.vocab) * s.d_model / 32 * 34;
     OffloadRequest request = RequestFor(*config, card, embedding);
     request.ternary = ternary;
+    request.kv_type = kv_type;
     return PlanOffload(request);
   };
   EXPECT_FALSE(plan_of(Shapes()[0], 24 * kGiB).ok());
   EXPECT_FALSE(plan_of(Shapes()[1], 24 * kGiB).ok());
   EXPECT_TRUE(plan_of(Shapes()[2], 16 * kGiB).ok());
   EXPECT_TRUE(plan_of(Shapes()[2], 24 * kGiB).ok());
+  // A q8_0 KV cache (1.33 GiB at 8192 tokens) and the embedding table in RAM make the 70B's and
+  // the 72B's b2 base fit 24 GB: 20.23 and 20.80 GiB of base beside 1.33 GiB of KV and scratch.
+  for (const Shape* s : {&Shapes()[0], &Shapes()[1]}) {
+    const absl::StatusOr<OffloadPlan> q8 = plan_of(*s, 24 * kGiB, false, ops::KvType::kQ8_0);
+    ASSERT_TRUE(q8.ok()) << s->name << ": " << q8.status();
+    EXPECT_EQ(q8->attention_base, SplitFormat::kB2Asym) << s->name;
+    EXPECT_EQ(q8->vram.embedding_bytes, 0u) << s->name;
+    EXPECT_EQ(q8->host_embedding_bytes, static_cast<uint64_t>(s->vocab) * s->d_model / 32 * 34);
+  }
   // The ternary base makes the 70B fit 24 GB. Every Llama-3.1-70B input width (8192, 28672) is
   // a multiple of 64, so a bt_sym/g64 row is cols / 32 x 7 code bytes + cols / 64 x 2 scale
   // bytes = cols / 4 bytes, a multiple of 4 (no device padding): 2 bits per weight, 17.5 GB of
@@ -271,17 +295,27 @@ TEST(OffloadPlanTest, PlanCommandPrintsThePlanOrSaysWhatFits) {
   EXPECT_THAT(too_big.err, HasSubstr("even the fewest base bits"));
   EXPECT_THAT(too_big.err, HasSubstr("the VRAM budget of"));
   EXPECT_THAT(too_big.err, HasSubstr("fits"));
-  // With the ternary base (the default) the 70B fits the same card.
+  // With the ternary base (the default) the 70B fits the same card; with a q8_0 KV cache its b2
+  // base does, the embedding table in RAM.
   const testing::CommandResult ternary =
       Plan({"plan", ShapesOnlyGguf(Shapes()[0]), "--vram", "24GiB", "--ram", "256GiB"});
   EXPECT_EQ(ternary.exit_code, 0) << ternary.err;
   EXPECT_THAT(ternary.out, HasSubstr("head base bt_sym/g64"));
+  const testing::CommandResult q8 = Plan({"plan", ShapesOnlyGguf(Shapes()[0]), "--vram", "24GiB",
+                                          "--ram", "256GiB", "--kv-type", "q8_0"});
+  EXPECT_EQ(q8.exit_code, 0) << q8.err;
+  for (const char* line : {"head base b2_asym/g64", "(embedding in RAM)", "(8192 tokens, q8_0)",
+                           "+ embedding table 1.04 GiB"}) {
+    EXPECT_THAT(q8.out, HasSubstr(line));
+  }
   // Bad input: one line, exit 2.
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"plan", qwen32, "--vram", "lots", "--ram", "64GiB"},
         std::vector<std::string>{"plan", "/nonexistent.gguf", "--vram", "16GiB", "--ram", "1GiB"},
         std::vector<std::string>{"plan", qwen32, "--vram", "16GiB", "--ram", "64GiB", "--context",
-                                 "0"}}) {
+                                 "0"},
+        std::vector<std::string>{"plan", qwen32, "--vram", "16GiB", "--ram", "64GiB", "--kv-type",
+                                 "q4"}}) {
     const testing::CommandResult bad = Plan(args);
     EXPECT_EQ(bad.exit_code, 2) << args[2];
     EXPECT_THAT(bad.err, HasSubstr("bitsplit plan: error:")) << args[2];

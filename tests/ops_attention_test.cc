@@ -16,6 +16,11 @@ constexpr int64_t kKvDim = 2 * 20;
 constexpr int64_t kPrefix = 5;
 constexpr int64_t kTokens = 4;
 
+// f32 cache rows of kKvDim elements.
+KvRows F32Rows(const std::vector<float>& rows) {
+  return {reinterpret_cast<const uint8_t*>(rows.data()), KvType::kF32, kKvDim * 4};
+}
+
 std::vector<float> Random(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -83,7 +88,7 @@ class AttentionTest : public ::testing::Test {
   std::vector<float> Run(const std::vector<uint8_t>& mask, int threads) {
     ThreadPool pool(threads);
     std::vector<float> out(kTokens * kQDim);
-    Attention(q_.data(), kTokens, keys_.data(), values_.data(), kPrefix, mask.data(), kShape,
+    Attention(q_.data(), kTokens, F32Rows(keys_), F32Rows(values_), kPrefix, mask.data(), kShape,
               out.data(), pool);
     return out;
   }
@@ -123,7 +128,7 @@ TEST_F(AttentionTest, TreeNodeMatchesItsPathRunAlone) {
     const int64_t path_prefix = static_cast<int64_t>(keys.size()) / kKvDim - 1;
     const uint8_t self = 1;
     std::vector<float> alone(kQDim);
-    Attention(q_.data() + t * kQDim, 1, keys.data(), values.data(), path_prefix, &self, kShape,
+    Attention(q_.data() + t * kQDim, 1, F32Rows(keys), F32Rows(values), path_prefix, &self, kShape,
               alone.data(), pool);
     EXPECT_EQ(std::memcmp(alone.data(), batched.data() + t * kQDim, kQDim * sizeof(float)), 0)
         << "token " << t;
@@ -141,7 +146,7 @@ TEST_F(AttentionTest, SlidingWindowKeepsTheLastWindowPositionsOfThePath) {
   ThreadPool pool(2);
   for (int64_t window : {1, 2, 3, 6, 100}) {
     std::vector<float> windowed(kTokens * kQDim);
-    AttentionWithContext(q_.data(), kTokens, keys_.data(), values_.data(), kPrefix, 0,
+    AttentionWithContext(q_.data(), kTokens, F32Rows(keys_), F32Rows(values_), kPrefix, 0,
                          kTreeMask.data(), kShape, windowed.data(), pool,
                          {.size = window,
                           .query_positions = query_positions.data(),
@@ -158,8 +163,8 @@ TEST_F(AttentionTest, SlidingWindowKeepsTheLastWindowPositionsOfThePath) {
       const int64_t path_prefix = static_cast<int64_t>(keys.size()) / kKvDim - 1;
       const uint8_t self = 1;
       std::vector<float> alone(kQDim);
-      Attention(q_.data() + t * kQDim, 1, keys.data(), values.data(), path_prefix, &self, kShape,
-                alone.data(), pool);
+      Attention(q_.data() + t * kQDim, 1, F32Rows(keys), F32Rows(values), path_prefix, &self,
+                kShape, alone.data(), pool);
       EXPECT_EQ(std::memcmp(alone.data(), windowed.data() + t * kQDim, kQDim * sizeof(float)), 0)
           << "window " << window << " token " << t;
     }

@@ -74,8 +74,9 @@ bool SameSampling(const model::SamplingParams& a, const model::SamplingParams& b
          std::tie(b.temperature, b.top_k, b.top_p, b.seed);
 }
 
-// The verifier's own non-speculative output after Prompt(): one token per forward (Batch::Causal),
-// the choice for sequence index i made with Sampler::Choose at position i. Computed once per
+// The verifier's own non-speculative output after Prompt() over an f16 KV cache (the drafter's
+// default --kv-type): one token per forward (Batch::Causal), the choice for sequence index i made
+// with Sampler::Choose at position i. Computed once per
 // sampling configuration and process.
 std::vector<int32_t> PlainDecode(const model::SamplingParams& params, int tokens) {
   static auto* cache = new std::vector<std::pair<model::SamplingParams, std::vector<int32_t>>>();
@@ -88,7 +89,7 @@ std::vector<int32_t> PlainDecode(const model::SamplingParams& params, int tokens
   auto model = model::LlamaModel::LoadSplit(paths.base, paths.residual, 1);
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return {};
-  auto cache_or = (*model)->NewKvCache(kMaxContext);
+  auto cache_or = (*model)->NewKvCache(kMaxContext, model::KvType::kF16);
   EXPECT_TRUE(cache_or.ok());
   model::KvCache& kv = *cache_or;
   const int64_t vocab = (*model)->config().vocab_size;
@@ -719,8 +720,12 @@ TEST_F(DrafterServiceTest, AutoSessionsFollowTheRamBudget) {
   auto model = model::LlamaModel::LoadSplit(paths_.base, "", 1);
   ASSERT_TRUE(model.ok()) << model.status();
   const model::ModelConfig& config = (*model)->config();
-  const uint64_t session_bytes =
-      2ull * config.num_layers * config.KvDim(0) * kMaxContext * 4 + 4ull * kMaxContext;
+  // Keys and values of every layer and a position per slot, in f16 (the default), f32 and q8_0
+  // (34 bytes per 32 values).
+  const uint64_t values_per_slot = 2ull * config.num_layers * config.KvDim(0);
+  const uint64_t session_bytes = values_per_slot * kMaxContext * 2 + 4ull * kMaxContext;
+  const uint64_t f32_session_bytes = values_per_slot * kMaxContext * 4 + 4ull * kMaxContext;
+  const uint64_t q8_session_bytes = values_per_slot / 32 * 34 * kMaxContext + 4ull * kMaxContext;
   auto args_with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), {"--max-sessions", "auto"});
     return DrafterArgs(std::move(extra));
@@ -741,8 +746,12 @@ TEST_F(DrafterServiceTest, AutoSessionsFollowTheRamBudget) {
     Release(held);
     return info->max_sessions();
   };
-  EXPECT_EQ(
-      served_sessions({"--ram-budget", std::to_string(3 * session_bytes + session_bytes / 2)}), 3);
+  const uint64_t budget = 3 * session_bytes + session_bytes / 2;
+  EXPECT_EQ(served_sessions({"--ram-budget", std::to_string(budget)}), 3);
+  EXPECT_EQ(served_sessions({"--ram-budget", std::to_string(budget), "--kv-type", "f32"}),
+            static_cast<int>(budget / f32_session_bytes));  // 1
+  EXPECT_EQ(served_sessions({"--ram-budget", std::to_string(budget), "--kv-type", "q8_0"}),
+            static_cast<int>(budget / q8_session_bytes));  // 6
   EXPECT_EQ(served_sessions({"--ram-budget", "64GiB", "--max-batch-rows", "20"}),
             20);  // the batch-row bound
   {
@@ -783,8 +792,8 @@ TEST_F(DrafterServiceTest, AutoSessionsFollowTheRamBudget) {
   }
 }
 
-// Bad --backend / --vram-budget combinations are command-line errors (exit 2), before any file
-// is read.
+// Bad --backend / --vram-budget / --kv-type values are command-line errors (exit 2), before any
+// file is read.
 TEST_F(DrafterServiceTest, BadBackendFlagsAreUsageErrors) {
   struct Case {
     std::vector<std::string> flags;
@@ -803,6 +812,8 @@ TEST_F(DrafterServiceTest, BadBackendFlagsAreUsageErrors) {
       {{"--max-sessions", "many"}, "--max-sessions \"many\" is neither auto nor at least 1"},
       {{"--max-batch-rows", "8"}, "--max-batch-rows 8 is outside [--max-tree-nodes 16, 4096]"},
       {{"--prefill-rows", "0"}, "--prefill-rows 0 must be at least 1"},
+      {{"--kv-type", "q4_0"},
+       "--kv-type: unknown KV cache type \"q4_0\"; expected f32, f16 or q8_0"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::PrintToString(c.flags));

@@ -215,6 +215,30 @@ TEST_F(SpeculationTest, SpeculativeOutputEqualsPlainDecoding) {
   EXPECT_GT(accepted_beyond_root, 100);
 }
 
+// The KV cache's type changes the verifier's outputs (its rows are rounded), not losslessness:
+// the draft and the verifier read the same rows, and the plain decoder reads rows of that type.
+TEST_F(SpeculationTest, EncodedKvCachesAreLossless) {
+  const std::vector<int32_t> prompt = OraclePrompts(24)[5];
+  constexpr int kTokens = 16;
+  for (const model::KvType kv_type : {model::KvType::kF16, model::KvType::kQ8_0}) {
+    for (const model::SamplingParams& sampling :
+         {model::SamplingParams{}, model::SamplingParams{.temperature = 0.8f, .seed = 4}}) {
+      const std::vector<int32_t> expected =
+          testing::PlainDecode(*model_, prompt, sampling, kTokens, kv_type);
+      for (const TreeShape& shape : {kTree16, kChain8}) {
+        for (model::ForwardMode draft : {model::ForwardMode::kDraft, model::ForwardMode::kVerify}) {
+          EXPECT_EQ(testing::SpeculativeDecode(*model_, prompt, sampling, kTokens, shape, draft,
+                                               DraftKv::kShared, nullptr, kv_type)
+                        .tokens,
+                    expected)
+              << model::KvTypeName(kv_type) << " T=" << sampling.temperature << " nodes "
+              << shape.nodes << " draft " << model::ForwardModeName(draft);
+        }
+      }
+    }
+  }
+}
+
 // A 128-node tree of depth up to 16 (twice the default depth cap, more rows than a 64-row
 // residual request): lossless greedy and sampled; with the verifier as a perfect drafter greedy
 // steps accept several tokens (best-first growth spends nodes on likely siblings too, so the
@@ -334,8 +358,8 @@ TEST_F(SpeculationTest, SequencesForwardedTogetherEqualEachForwardedAlone) {
   std::vector<model::KvCache> together, alone;
   std::vector<model::Batch> batches;
   for (int s = 0; s < kSequences; ++s) {
-    together.push_back(*model_->NewKvCache(64));
-    alone.push_back(*model_->NewKvCache(64));
+    together.push_back(*model_->NewKvCache(64, model::KvType::kF16));
+    alone.push_back(*model_->NewKvCache(64, model::KvType::kF16));
     // A committed prefix of s * 5 tokens first, the same in both caches.
     const std::vector<int32_t> prefix(prompts[s].begin(), prompts[s].begin() + 5 * s);
     if (!prefix.empty()) {
@@ -361,21 +385,20 @@ TEST_F(SpeculationTest, SequencesForwardedTogetherEqualEachForwardedAlone) {
     forwards.push_back({.batch = &batches[s], .cache = &together[s], .logits = logits_together[s]});
   }
   ASSERT_TRUE(model_->ForwardSequences(forwards, model::ForwardMode::kVerify).ok());
-  const int64_t kv = model_->config().KvDim(0);
   for (int s = 0; s < kSequences; ++s) {
     ASSERT_TRUE(
         model_->Forward(batches[s], alone[s], logits_alone[s], model::ForwardMode::kVerify).ok());
     EXPECT_EQ(logits_together[s], logits_alone[s]) << "sequence " << s;
     const int64_t first = alone[s].committed_length();
     for (int64_t layer = 0; layer < model_->config().num_layers; ++layer) {
-      const size_t n = static_cast<size_t>(batches[s].size() * kv);
-      EXPECT_TRUE(std::equal(together[s].keys(layer) + first * kv,
-                             together[s].keys(layer) + first * kv + n,
-                             alone[s].keys(layer) + first * kv))
+      const int64_t row_bytes = alone[s].row_bytes(layer);
+      const size_t n = static_cast<size_t>(batches[s].size() * row_bytes);
+      const size_t at = static_cast<size_t>(first * row_bytes);
+      EXPECT_EQ(std::memcmp(together[s].keys(layer).data + at, alone[s].keys(layer).data + at, n),
+                0)
           << "sequence " << s << " layer " << layer;
-      EXPECT_TRUE(std::equal(together[s].values(layer) + first * kv,
-                             together[s].values(layer) + first * kv + n,
-                             alone[s].values(layer) + first * kv));
+      EXPECT_EQ(
+          std::memcmp(together[s].values(layer).data + at, alone[s].values(layer).data + at, n), 0);
     }
   }
   // A cache twice, or a malformed sequence, is refused before anything runs.

@@ -556,16 +556,18 @@ absl::Status CudaModel::StoreKvAndAttend(int32_t layer, const ForwardPass& pass)
   for (size_t s = 0; s < pass.slices.size(); ++s) {
     const SequenceSlice& slice = pass.slices[s];
     const int64_t r0 = slice.first_row;
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.k_new + r0 * kv_dim, slice.rows, kv_dim,
-                                                     slice.cache->keys(layer), FirstSlotOnDevice(s),
-                                                     stream_));
-    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreHalf(d_.v_new + r0 * kv_dim, slice.rows, kv_dim,
-                                                     slice.cache->values(layer),
-                                                     FirstSlotOnDevice(s), stream_));
+    const kernels::KvStorage storage = slice.cache->storage();
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreKvRows(d_.k_new + r0 * kv_dim, slice.rows, kv_dim,
+                                                       storage, slice.cache->keys(layer),
+                                                       FirstSlotOnDevice(s), stream_));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::StoreKvRows(d_.v_new + r0 * kv_dim, slice.rows, kv_dim,
+                                                       storage, slice.cache->values(layer),
+                                                       FirstSlotOnDevice(s), stream_));
     kernels::AttentionArgs attention;
     attention.q = d_.q + r0 * q_dim;
     attention.keys = slice.cache->keys(layer);
     attention.values = slice.cache->values(layer);
+    attention.storage = storage;
     attention.mask = d_.mask + slice.mask_offset;
     attention.out = d_.attention + r0 * q_dim;
     attention.scores = d_.scores + r0 * c.num_heads * options_.context;

@@ -1,4 +1,4 @@
-// DeviceKvCache: a session's fp16 keys and values in VRAM, its slot ledger, and the model's
+// DeviceKvCache: a session's f16 or q8_0 keys and values in VRAM, its slot ledger, and the model's
 // count of the plan's caches in use.
 #include <algorithm>
 
@@ -6,7 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "common/cuda/cuda_model.h"
 #include "common/cuda/cuda_status.h"
-#include "common/util/fp16.h"
+#include "common/ops/kv_rows.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::cuda {
@@ -33,12 +33,12 @@ absl::Status DeviceKvCache::CommitSlots(std::span<const int32_t> pending_indices
                                      [&](int64_t dim) { return dim == layer_kv_dims_[0]; });
     if (uniform) {  // one launch over every layer
       BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::CommitSlots(
-          keys_, values_, positions_, num_layers_, capacity_ * layer_kv_dims_[0], layer_kv_dims_[0],
+          keys_, values_, positions_, num_layers_, capacity_ * row_bytes(0), row_bytes(0),
           slots_.committed_length(), indices, count, model_->stream_));
     } else {
       for (int64_t layer = 0; layer < num_layers_; ++layer) {
         BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::CommitSlots(
-            keys(layer), values(layer), layer == 0 ? positions_ : nullptr, 1, 0, kv_dim(layer),
+            keys(layer), values(layer), layer == 0 ? positions_ : nullptr, 1, 0, row_bytes(layer),
             slots_.committed_length(), indices, count, model_->stream_));
       }
     }
@@ -53,16 +53,20 @@ absl::Status DeviceKvCache::CopyToHost(int64_t layer, int64_t first, int64_t cou
   if (layer < 0 || layer >= num_layers_ || first < 0 || count < 0 || first + count > capacity_) {
     return absl::InvalidArgumentError("KV slots out of range");
   }
-  std::vector<uint16_t> halves(static_cast<size_t>(count * kv_dim(layer)));
+  const int64_t width = kv_dim(layer);
+  std::vector<uint8_t> rows(static_cast<size_t>(count * row_bytes(layer)));
   for (int side = 0; side < 2; ++side) {
-    const uint16_t* source =
-        (side == 0 ? this->keys(layer) : this->values(layer)) + first * kv_dim(layer);
+    const uint8_t* source =
+        (side == 0 ? this->keys(layer) : this->values(layer)) + first * row_bytes(layer);
     BITSPLIT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(model_->stream_));
-    BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpy(
-        halves.data(), source, halves.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(rows.data(), source, rows.size(), cudaMemcpyDeviceToHost));
     std::vector<float>* out = side == 0 ? keys : values;
-    out->resize(halves.size());
-    for (size_t i = 0; i < halves.size(); ++i) (*out)[i] = Fp16ToFp32(halves[i]);
+    out->resize(static_cast<size_t>(count * width));
+    for (int64_t s = 0; s < count; ++s) {
+      ops::DecodeKvElements(type_, rows.data() + s * row_bytes(layer), 0, width,
+                            out->data() + s * width);
+    }
   }
   return absl::OkStatus();
 }
@@ -95,16 +99,17 @@ absl::StatusOr<std::unique_ptr<DeviceKvCache>> CudaModel::NewKvCache() {
   cache->num_layers_ = config_.num_layers;
   cache->capacity_ = options_.context;
   cache->slots_ = model::KvSlotLedger(options_.context);
-  cache->keys_ = static_cast<uint16_t*>(cache->slab_);
-  // Layer after layer, each capacity x its KvDim (VramPlan's one side).
-  int64_t elements = 0;
+  cache->type_ = options_.kv_type;
+  cache->keys_ = static_cast<uint8_t*>(cache->slab_);
+  // Layer after layer, each capacity rows of its KvDim (VramPlan's one side).
+  int64_t bytes = 0;
   for (int64_t layer = 0; layer < config_.num_layers; ++layer) {
     cache->layer_kv_dims_.push_back(config_.KvDim(layer));
-    cache->layer_offsets_.push_back(elements);
-    elements += options_.context * config_.KvDim(layer);
+    cache->layer_offsets_.push_back(bytes);
+    bytes += options_.context * ops::KvRowBytes(options_.kv_type, config_.KvDim(layer));
   }
-  const uint64_t one_side = AlignVram(static_cast<uint64_t>(elements * 2));
-  cache->values_ = cache->keys_ + one_side / 2;
+  const uint64_t one_side = AlignVram(static_cast<uint64_t>(bytes));
+  cache->values_ = cache->keys_ + one_side;
   if (plan_.kv_positions_bytes > 0) {
     cache->positions_ =
         reinterpret_cast<int32_t*>(static_cast<uint8_t*>(cache->slab_) + 2 * one_side);

@@ -219,9 +219,7 @@ absl::Status CudaModel::PlanMemory(const model::EmbeddingAndNorms& embedding_and
   const model::ModelConfig& config = config_;
   const model::SplitQuantization& quantization = quantization_;
   const CudaModelOptions& options = options_;
-  // The embedding table goes to the device when the gather kernel reads its type.
   const ops::WeightMatrix& embedding = embedding_and_norms.token_embd;
-  embedding_on_device_ = model::EmbeddingGatheredOnDevice(embedding.type);
   embedding_type_ = static_cast<int32_t>(embedding.type);
   embedding_row_bytes_ = embedding.row_bytes;
   host_embedding_ = embedding_and_norms;
@@ -233,11 +231,10 @@ absl::Status CudaModel::PlanMemory(const model::EmbeddingAndNorms& embedding_and
   for (const auto& [name, formats] : quantization.tensor_formats) {
     request.base_tensor_formats.emplace(name, formats.base);
   }
-  request.embedding_bytes =
-      model::DeviceEmbeddingBytes(embedding.type, embedding.rows, embedding.row_bytes);
   request.context = options.context;
   request.sessions = options.sessions;
   request.max_batch_rows = options.max_batch_rows;
+  request.kv_type = options.kv_type;
   const uint64_t budget =
       options.vram_budget > 0 ? options.vram_budget : model::DefaultVramBudget(free_bytes);
   if (budget > free_bytes) {
@@ -245,6 +242,11 @@ absl::Status CudaModel::PlanMemory(const model::EmbeddingAndNorms& embedding_and
         absl::StrFormat("the VRAM budget of %s exceeds the %s free on %s",
                         model::FormatBytes(budget), model::FormatBytes(free_bytes), device_name_));
   }
+  // The embedding table goes to the device only when that costs no session (PlacedEmbeddingBytes).
+  request.embedding_bytes = model::PlacedEmbeddingBytes(
+      request, model::DeviceEmbeddingBytes(embedding.type, embedding.rows, embedding.row_bytes),
+      budget, options.max_sessions);
+  embedding_on_device_ = request.embedding_bytes > 0;
   if (request.sessions == 0) {
     absl::StatusOr<int64_t> sessions =
         model::VramSessionsThatFit(request, budget, options.max_sessions);

@@ -61,6 +61,7 @@ struct CudaModelOptions {
   int64_t max_batch_rows = 64;  // largest forward: tree nodes + 1, prefill chunk
   uint64_t vram_budget = 0;     // 0: model::DefaultVramBudget(free device memory)
   int host_threads = 0;         // threads of an in-process residual (<= 0: every hardware thread)
+  model::KvType kv_type = model::KvType::kF16;  // every KV cache's rows: f16 or q8_0
 };
 
 // Where one verify forward's time went (host clock and CUDA events).
@@ -89,8 +90,9 @@ std::vector<float> RopeTable(const float* freq_factors, int64_t positions, int64
 std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq_factors,
                              int64_t positions);
 
-// One session's KV cache in device memory, fp16, [layer][slot][the layer's kv_dim] for keys and
-// values (layer after layer, each at its own width), with
+// One session's KV cache in device memory, rows of f16 or q8_0 (the model's kv_type),
+// [layer][slot][a row of the layer's kv_dim values] for keys and values (layer after layer, each
+// at its own width), with
 // model::KvCache's committed / pending bookkeeping and errors; for a sliding-window model also
 // each slot's position (int32 [capacity], as KvCache::positions: what the window compares).
 // Must not outlive its CudaModel.
@@ -105,8 +107,13 @@ class DeviceKvCache {
   int64_t capacity() const { return capacity_; }
   int64_t committed_length() const { return slots_.committed_length(); }
   int64_t pending_length() const { return slots_.pending_length(); }
-  uint16_t* keys(int64_t layer) const { return keys_ + layer_offsets_[static_cast<size_t>(layer)]; }
-  uint16_t* values(int64_t layer) const {
+  model::KvType type() const { return type_; }
+  kernels::KvStorage storage() const {
+    return type_ == model::KvType::kQ8_0 ? kernels::KvStorage::kQ8_0 : kernels::KvStorage::kF16;
+  }
+  int64_t row_bytes(int64_t layer) const { return ops::KvRowBytes(type_, kv_dim(layer)); }
+  uint8_t* keys(int64_t layer) const { return keys_ + layer_offsets_[static_cast<size_t>(layer)]; }
+  uint8_t* values(int64_t layer) const {
     return values_ + layer_offsets_[static_cast<size_t>(layer)];
   }
   // Device memory; null unless the model has a sliding window.
@@ -135,12 +142,13 @@ class DeviceKvCache {
 
   CudaModel* model_ = nullptr;
   void* slab_ = nullptr;
-  uint16_t* keys_ = nullptr;
-  uint16_t* values_ = nullptr;
+  uint8_t* keys_ = nullptr;
+  uint8_t* values_ = nullptr;
   int32_t* positions_ = nullptr;
+  model::KvType type_ = model::KvType::kF16;
   int64_t num_layers_ = 0;
   std::vector<int64_t> layer_kv_dims_;  // [layer]
-  std::vector<int64_t> layer_offsets_;  // [layer]: elements into one side
+  std::vector<int64_t> layer_offsets_;  // [layer]: bytes into one side
   int64_t capacity_ = 0;
   model::KvSlotLedger slots_;
 };
@@ -257,8 +265,8 @@ class CudaModel {
     int64_t rows = 0;
     int64_t mask_width = 0;
     int64_t logit_rows = 0;
-    bool selects_rows = false;             // batch.logit_rows given (else every row)
-    const uint16_t* cache_keys = nullptr;  // identifies the KV cache (all have one layout)
+    bool selects_rows = false;            // batch.logit_rows given (else every row)
+    const uint8_t* cache_keys = nullptr;  // identifies the KV cache (all have one layout)
     bool operator==(const ForwardShape&) const = default;
   };
   // Where one sequence's rows are in the forward's scratch.

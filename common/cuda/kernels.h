@@ -114,14 +114,22 @@ cudaError_t ScaleInPlace(float* x, int64_t n, float scale, cudaStream_t stream);
 // device's tanhf, within 2 ulp of the CPU's std::tanh).
 cudaError_t SoftCap(float* x, int64_t n, float cap, cudaStream_t stream);
 
-// cache[(*first_slot + t) * kv_dim + i] = half(x[t * kv_dim + i]) (round to nearest even). The
-// slot is read from device memory when the kernel runs, so a captured CUDA graph serves every
-// step.
-cudaError_t StoreHalf(const float* x, int64_t rows, int64_t kv_dim, uint16_t* cache,
-                      const int64_t* first_slot, cudaStream_t stream);
+// The KV cache rows the kernels read and write (ops::KvType's f16 and q8_0): f16 rows of kv_dim
+// halves; q8_0 rows of kv_dim / 32 quant::BlockQ8_0 (34 bytes: fp16 scale, 32 int8 codes).
+enum class KvStorage : int32_t { kF16 = 0, kQ8_0 = 1 };
+__host__ __device__ inline int64_t KvStorageRowBytes(KvStorage storage, int64_t kv_dim) {
+  return storage == KvStorage::kF16 ? 2 * kv_dim : kv_dim / 32 * 34;
+}
+
+// Encodes rows t < rows of x ([rows][kv_dim] f32) into cache rows *first_slot + t: f16 as
+// half(x) (round to nearest even), q8_0 as ggml's quantize_row_q8_0_ref per 32 values
+// (quant::QuantizeQ8_0Row bit for bit; kv_dim a multiple of 32). The slot is read from device
+// memory when the kernel runs, so a captured CUDA graph serves every step.
+cudaError_t StoreKvRows(const float* x, int64_t rows, int64_t kv_dim, KvStorage storage,
+                        uint8_t* cache, const int64_t* first_slot, cudaStream_t stream);
 
 // slot_positions[*first_slot + t] = positions[t] (the KV cache's per-slot positions, which
-// sliding-window layers compare; the slot is read when the kernel runs, as in StoreHalf).
+// sliding-window layers compare; the slot is read when the kernel runs, as in StoreKvRows).
 cudaError_t StorePositions(const int32_t* positions, int64_t rows, int32_t* slot_positions,
                            const int64_t* first_slot, cudaStream_t stream);
 
@@ -145,15 +153,19 @@ struct VisibleSlotsArgs {
 };
 cudaError_t VisibleSlots(const VisibleSlotsArgs& args, cudaStream_t stream);
 
-// The attention of ops::AttentionWithContext over an fp16 cache: token i sees slots
+// The attention of ops::AttentionWithContext over an f16 or q8_0 cache (each value decoded as
+// ops::DecodeKvElements does, then simd::Dot's order): token i sees slots
 // [0, prefix_length) and slot prefix_length + j for every j < mask_width with
 // mask[i * mask_width + j] != 0, in ascending order; or, when visible_slots is set, the slots
 // VisibleSlots listed (a sliding window). `scores` is scratch of [rows][num_heads][score_stride]
 // floats (score_stride >= the visible count of every row).
 struct AttentionArgs {
-  const float* q = nullptr;        // [rows][num_heads * head_dim]
-  const uint16_t* keys = nullptr;  // one layer: [slots][num_kv_heads * head_dim] fp16
-  const uint16_t* values = nullptr;
+  const float* q = nullptr;  // [rows][num_heads * head_dim]
+  // One layer: [slots] rows of num_kv_heads * head_dim values in `storage` (q8_0: head_dim a
+  // multiple of 32).
+  const uint8_t* keys = nullptr;
+  const uint8_t* values = nullptr;
+  KvStorage storage = KvStorage::kF16;
   const uint8_t* mask = nullptr;  // [rows][mask_width]
   float* out = nullptr;           // [rows][num_heads * head_dim]
   float* scores = nullptr;
@@ -184,11 +196,11 @@ cudaError_t GatedActivationRows(const float* gate, const float* up, int64_t rows
                                 int64_t stride, bool gelu_tanh, float* out, cudaStream_t stream);
 
 // KvCache::CommitSlots on the device: for i in order, slot committed + i = slot committed +
-// pending_indices[i] in keys and values of every layer (`layer_stride` elements apart), and in
-// `positions` ([slots], may be null). The indices are strictly ascending, so the in-order copies
-// never read an overwritten slot.
-cudaError_t CommitSlots(uint16_t* keys, uint16_t* values, int32_t* positions, int64_t layers,
-                        int64_t layer_stride, int64_t kv_dim, int64_t committed,
+// pending_indices[i] in keys and values of every layer (`layer_stride` bytes apart, rows of
+// `row_bytes`), and in `positions` ([slots], may be null). The indices are strictly ascending, so
+// the in-order copies never read an overwritten slot.
+cudaError_t CommitSlots(uint8_t* keys, uint8_t* values, int32_t* positions, int64_t layers,
+                        int64_t layer_stride, int64_t row_bytes, int64_t committed,
                         const int32_t* pending_indices, int64_t count, cudaStream_t stream);
 
 // ---- Mixture of experts --------------------------------------------------------------------

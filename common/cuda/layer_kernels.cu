@@ -1,5 +1,5 @@
 // The non-linear parts of a layer on the device: embedding gather and scale, RMSNorm, RoPE (both
-// pairings), bias adds, the fp16 KV store and slot positions, sliding-window slot lists,
+// pairings), bias adds, the f16/q8_0 KV store and slot positions, sliding-window slot lists,
 // tree-masked attention, SiLU·mul and GeGLU (also on strided rows), and the KV commit (see
 // kernels.h for which are bit-exact with the CPU ops).
 #include <cuda_fp16.h>
@@ -125,10 +125,41 @@ __global__ void SoftCapKernel(float* x, int64_t n, float inverse_cap, float cap)
   if (i < n) x[i] = __fmul_rn(tanhf(__fmul_rn(x[i], inverse_cap)), cap);
 }
 
-__global__ void StoreHalfKernel(const float* x, int64_t n, int64_t kv_dim, uint16_t* cache,
+__global__ void StoreHalfKernel(const float* x, int64_t n, int64_t kv_dim, uint8_t* cache,
                                 const int64_t* first_slot) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) cache[*first_slot * kv_dim + i] = __half_as_ushort(__float2half_rn(x[i]));
+  if (i < n) {
+    reinterpret_cast<uint16_t*>(cache)[*first_slot * kv_dim + i] =
+        __half_as_ushort(__float2half_rn(x[i]));
+  }
+}
+
+// One warp per block of 32 values (the i-th of the batch's rows x kv_dim / 32), lane j its value
+// j: ggml's quantize_row_q8_0_ref with each operation rounded as the CPU rounds it. The maximum
+// of |x| does not depend on the order of the shuffles.
+__global__ void StoreQ8Kernel(const float* x, int64_t blocks, int64_t kv_dim, uint8_t* cache,
+                              const int64_t* first_slot) {
+  const int64_t block = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (block >= blocks) return;  // a whole warp: the shuffles below see all 32 lanes
+  const float value = x[block * 32 + lane];
+  float amax = fabsf(value);
+  for (int offset = 16; offset > 0; offset /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+  }
+  const float d = __fdiv_rn(amax, 127.0f);
+  const float inverse = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+  const int64_t blocks_per_row = kv_dim / 32;
+  const int64_t row = block / blocks_per_row;
+  uint8_t* out = cache + (*first_slot + row) * blocks_per_row * sizeof(quant::BlockQ8_0) +
+                 (block % blocks_per_row) * sizeof(quant::BlockQ8_0);
+  if (lane == 0) {
+    const uint16_t half = __half_as_ushort(__float2half_rn(d));
+    out[offsetof(quant::BlockQ8_0, d)] = static_cast<uint8_t>(half & 0xFF);
+    out[offsetof(quant::BlockQ8_0, d) + 1] = static_cast<uint8_t>(half >> 8);
+  }
+  out[offsetof(quant::BlockQ8_0, qs) + lane] =
+      static_cast<uint8_t>(static_cast<int8_t>(roundf(__fmul_rn(value, inverse))));
 }
 
 __global__ void StorePositionsKernel(const int32_t* positions, int64_t rows,
@@ -175,14 +206,41 @@ __global__ void __launch_bounds__(kSlotThreads) VisibleSlotsKernel(VisibleSlotsA
   if (threadIdx.x == 0) a.counts[row] = chunk_base;
 }
 
+// Value k of a head's slice of a cache row, decoded as ops::DecodeKvElements does.
 struct HalfLoader {
-  const uint16_t* values;
-  __device__ float operator()(int64_t k) const { return HalfBitsToFloat(values[k]); }
+  const uint8_t* slice;
+  __device__ float operator()(int64_t k) const {
+    return HalfBitsToFloat(reinterpret_cast<const uint16_t*>(slice)[k]);
+  }
+};
+struct Q8Loader {
+  const uint8_t* slice;  // starts at a block
+  __device__ float operator()(int64_t k) const {
+    using quant::BlockQ8_0;
+    const uint8_t* block = slice + (k / 32) * sizeof(BlockQ8_0);
+    const float d = HalfBitsToFloat(
+        *reinterpret_cast<const uint16_t*>(block + offsetof(BlockQ8_0, d)));  // 2-aligned
+    const int8_t q = static_cast<int8_t>(block[offsetof(BlockQ8_0, qs) + k % 32]);
+    return __fmul_rn(d, __int2float_rn(q));
+  }
 };
 
-// simd::Dot's order over an fp16 key.
-__device__ float DotWithHalf(const float* q, const uint16_t* key, int64_t n) {
-  return SimdOrderDot(q, HalfLoader{key}, n);
+// The head's slice of cache row `slot` (the head's first value is value `kv_offset` of the row).
+__device__ __forceinline__ const uint8_t* HeadSlice(const uint8_t* rows, KvStorage storage,
+                                                    int64_t kv_dim, int64_t slot,
+                                                    int64_t kv_offset) {
+  return rows + slot * KvStorageRowBytes(storage, kv_dim) +
+         (storage == KvStorage::kF16 ? 2 * kv_offset : kv_offset / 32 * 34);
+}
+
+// simd::Dot's order over a decoded key.
+__device__ float DotWithKey(const float* q, KvStorage storage, const uint8_t* key, int64_t n) {
+  return storage == KvStorage::kF16 ? SimdOrderDot(q, HalfLoader{key}, n)
+                                    : SimdOrderDot(q, Q8Loader{key}, n);
+}
+
+__device__ __forceinline__ float LoadValue(KvStorage storage, const uint8_t* value, int64_t d) {
+  return storage == KvStorage::kF16 ? HalfLoader{value}(d) : Q8Loader{value}(d);
 }
 
 // One CUDA block per (head, row). Shared memory: the query head, the visible mask columns and
@@ -222,8 +280,8 @@ __global__ void __launch_bounds__(kAttentionThreads) AttentionKernel(AttentionAr
 
   float local_max = -INFINITY;
   for (int64_t v = threadIdx.x; v < visible; v += kAttentionThreads) {
-    const float score = __fmul_rn(
-        DotWithHalf(query, a.keys + slot_of(v) * kv_dim + kv_offset, a.head_dim), a.scale);
+    const uint8_t* key = HeadSlice(a.keys, a.storage, kv_dim, slot_of(v), kv_offset);
+    const float score = __fmul_rn(DotWithKey(query, a.storage, key, a.head_dim), a.scale);
     scores[v] = score;
     local_max = fmaxf(local_max, score);
   }
@@ -241,8 +299,8 @@ __global__ void __launch_bounds__(kAttentionThreads) AttentionKernel(AttentionAr
     float acc = 0.0f;
     for (int64_t v = 0; v < visible; ++v) {
       const float weight = __fmul_rn(scores[v], inverse_sum);
-      acc = __fadd_rn(
-          acc, __fmul_rn(weight, HalfBitsToFloat(a.values[slot_of(v) * kv_dim + kv_offset + d])));
+      const uint8_t* value = HeadSlice(a.values, a.storage, kv_dim, slot_of(v), kv_offset);
+      acc = __fadd_rn(acc, __fmul_rn(weight, LoadValue(a.storage, value, d)));
     }
     a.out[row * q_dim + head * a.head_dim + d] = acc;
   }
@@ -271,14 +329,14 @@ __global__ void GatedRowsKernel(const float* gate, const float* up, int64_t rows
   out[i] = gelu_tanh ? GeluTanhMulValue(gate[in], up[in]) : SiluMulValue(gate[in], up[in]);
 }
 
-// One thread per (layer, keys or values, element), plus one for the positions: the slot copies
-// in order.
-__global__ void CommitSlotsKernel(uint16_t* keys, uint16_t* values, int32_t* positions,
-                                  int64_t layers, int64_t layer_stride, int64_t kv_dim,
+// One thread per (layer, keys or values, byte of a row), plus one for the positions: the slot
+// copies in order.
+__global__ void CommitSlotsKernel(uint8_t* keys, uint8_t* values, int32_t* positions,
+                                  int64_t layers, int64_t layer_stride, int64_t row_bytes,
                                   int64_t committed, const int32_t* pending_indices,
                                   int64_t count) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i == layers * 2 * kv_dim) {
+  if (i == layers * 2 * row_bytes) {
     if (positions != nullptr) {
       for (int64_t j = 0; j < count; ++j) {
         positions[committed + j] = positions[committed + pending_indices[j]];
@@ -286,13 +344,13 @@ __global__ void CommitSlotsKernel(uint16_t* keys, uint16_t* values, int32_t* pos
     }
     return;
   }
-  if (i > layers * 2 * kv_dim) return;
-  const int64_t element = i % kv_dim;
-  const int64_t side = (i / kv_dim) % 2;
-  const int64_t layer = i / (2 * kv_dim);
-  uint16_t* base = (side == 0 ? keys : values) + layer * layer_stride + element;
+  if (i > layers * 2 * row_bytes) return;
+  const int64_t byte = i % row_bytes;
+  const int64_t side = (i / row_bytes) % 2;
+  const int64_t layer = i / (2 * row_bytes);
+  uint8_t* base = (side == 0 ? keys : values) + layer * layer_stride + byte;
   for (int64_t j = 0; j < count; ++j) {
-    base[(committed + j) * kv_dim] = base[(committed + pending_indices[j]) * kv_dim];
+    base[(committed + j) * row_bytes] = base[(committed + pending_indices[j]) * row_bytes];
   }
 }
 
@@ -347,11 +405,18 @@ cudaError_t SoftCap(float* x, int64_t n, float cap, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t StoreHalf(const float* x, int64_t rows, int64_t kv_dim, uint16_t* cache,
-                      const int64_t* first_slot, cudaStream_t stream) {
+cudaError_t StoreKvRows(const float* x, int64_t rows, int64_t kv_dim, KvStorage storage,
+                        uint8_t* cache, const int64_t* first_slot, cudaStream_t stream) {
   if (rows * kv_dim == 0) return cudaSuccess;
-  StoreHalfKernel<<<Blocks(rows * kv_dim, 256), 256, 0, stream>>>(x, rows * kv_dim, kv_dim, cache,
-                                                                  first_slot);
+  if (storage == KvStorage::kF16) {
+    StoreHalfKernel<<<Blocks(rows * kv_dim, 256), 256, 0, stream>>>(x, rows * kv_dim, kv_dim, cache,
+                                                                    first_slot);
+  } else {
+    if (kv_dim % 32 != 0) return cudaErrorInvalidValue;
+    const int64_t blocks = rows * kv_dim / 32;
+    StoreQ8Kernel<<<Blocks(blocks * 32, 256), 256, 0, stream>>>(x, blocks, kv_dim, cache,
+                                                                first_slot);
+  }
   return cudaGetLastError();
 }
 
@@ -375,7 +440,8 @@ cudaError_t VisibleSlots(const VisibleSlotsArgs& args, cudaStream_t stream) {
 
 cudaError_t Attention(const AttentionArgs& args, cudaStream_t stream) {
   if (args.rows == 0) return cudaSuccess;
-  if (args.num_kv_heads < 1 || args.num_heads % args.num_kv_heads != 0) {
+  if (args.num_kv_heads < 1 || args.num_heads % args.num_kv_heads != 0 ||
+      (args.storage == KvStorage::kQ8_0 && args.head_dim % 32 != 0)) {
     return cudaErrorInvalidValue;
   }
   const size_t shared = kAttentionThreads * sizeof(double) + args.head_dim * sizeof(float) +
@@ -394,12 +460,12 @@ cudaError_t GatedActivationRows(const float* gate, const float* up, int64_t rows
   return cudaGetLastError();
 }
 
-cudaError_t CommitSlots(uint16_t* keys, uint16_t* values, int32_t* positions, int64_t layers,
-                        int64_t layer_stride, int64_t kv_dim, int64_t committed,
+cudaError_t CommitSlots(uint8_t* keys, uint8_t* values, int32_t* positions, int64_t layers,
+                        int64_t layer_stride, int64_t row_bytes, int64_t committed,
                         const int32_t* pending_indices, int64_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  CommitSlotsKernel<<<Blocks(layers * 2 * kv_dim + 1, 256), 256, 0, stream>>>(
-      keys, values, positions, layers, layer_stride, kv_dim, committed, pending_indices, count);
+  CommitSlotsKernel<<<Blocks(layers * 2 * row_bytes + 1, 256), 256, 0, stream>>>(
+      keys, values, positions, layers, layer_stride, row_bytes, committed, pending_indices, count);
   return cudaGetLastError();
 }
 

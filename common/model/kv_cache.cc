@@ -1,10 +1,10 @@
 #include "common/model/kv_cache.h"
 
 #include <algorithm>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "common/model/vram_plan.h"
-#include "common/util/fp16.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::model {
@@ -17,17 +17,29 @@ std::vector<int64_t> KvCache::LayerKvDims(const ModelConfig& config) {
   return dims;
 }
 
+absl::StatusOr<KvCache> KvCache::Create(const ModelConfig& config, int64_t capacity,
+                                        ops::KvType type) {
+  for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+    if (!ops::KvTypeFitsHead(type, config.HeadDim(layer))) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "a %s KV cache needs head widths that are multiples of %d; layer %d's heads are %d wide",
+          std::string(ops::KvTypeName(type)), ops::kKvQ8Block, layer, config.HeadDim(layer)));
+    }
+  }
+  return Create(LayerKvDims(config), capacity, type);
+}
+
 absl::StatusOr<KvCache> KvCache::Create(int64_t num_layers, int64_t kv_dim, int64_t capacity,
-                                        KvRounding rounding) {
+                                        ops::KvType type) {
   if (num_layers <= 0 || num_layers > (int64_t{1} << 20)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("KV cache sizes must be positive (layers %d)", num_layers));
   }
-  return Create(std::vector<int64_t>(static_cast<size_t>(num_layers), kv_dim), capacity, rounding);
+  return Create(std::vector<int64_t>(static_cast<size_t>(num_layers), kv_dim), capacity, type);
 }
 
 absl::StatusOr<KvCache> KvCache::Create(std::vector<int64_t> layer_kv_dims, int64_t capacity,
-                                        KvRounding rounding) {
+                                        ops::KvType type) {
   const int64_t num_layers = static_cast<int64_t>(layer_kv_dims.size());
   int64_t widest = 0;
   for (const int64_t kv_dim : layer_kv_dims) {
@@ -39,36 +51,65 @@ absl::StatusOr<KvCache> KvCache::Create(std::vector<int64_t> layer_kv_dims, int6
         absl::StrFormat("KV cache sizes must be positive (layers %d, kv_dim %d, capacity %d)",
                         num_layers, widest, capacity));
   }
-  // Guard the size arithmetic; 2^40 floats (4 TiB) is far beyond any real cache.
+  // Guard the size arithmetic; 2^40 elements (4 TiB in f32) is far beyond any real cache.
   if (num_layers > (int64_t{1} << 20) || widest > (int64_t{1} << 20) ||
       capacity > (int64_t{1} << 40) / (num_layers * widest)) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "KV cache of %d layers x %d slots x %d floats is too large", num_layers, capacity, widest));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("KV cache of %d layers x %d slots x %d elements is too large", num_layers,
+                        capacity, widest));
   }
-  return KvCache(std::move(layer_kv_dims), capacity, rounding);
+  for (const int64_t kv_dim : layer_kv_dims) {
+    if (!ops::KvTypeFitsHead(type, kv_dim)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("a %s KV cache needs widths that are multiples of %d, not %d",
+                          std::string(ops::KvTypeName(type)), ops::kKvQ8Block, kv_dim));
+    }
+  }
+  return KvCache(std::move(layer_kv_dims), capacity, type);
 }
 
-KvCache::KvCache(std::vector<int64_t> layer_kv_dims, int64_t capacity, KvRounding rounding)
+KvCache::KvCache(std::vector<int64_t> layer_kv_dims, int64_t capacity, ops::KvType type)
     : layer_kv_dims_(std::move(layer_kv_dims)),
-      rounding_(rounding),
+      type_(type),
       slots_(capacity),
       positions_(static_cast<size_t>(capacity), 0) {
   layer_offsets_.push_back(0);
   for (const int64_t kv_dim : layer_kv_dims_) {
-    layer_offsets_.push_back(layer_offsets_.back() + static_cast<size_t>(capacity * kv_dim));
+    layer_offsets_.push_back(layer_offsets_.back() +
+                             static_cast<size_t>(capacity * ops::KvRowBytes(type, kv_dim)));
   }
   keys_.resize(layer_offsets_.back());
   values_.resize(layer_offsets_.back());
 }
 
-void KvCache::RoundStored(int64_t layer, int64_t first_slot, int64_t count) {
-  if (rounding_ == KvRounding::kNone) return;
+void KvCache::StoreRows(int64_t layer, int64_t first_slot, int64_t count, const float* keys,
+                        const float* values) {
   BITSPLIT_CHECK(first_slot >= 0 && count >= 0 && first_slot + count <= slots_.capacity());
-  const int64_t width = kv_dim(layer);
-  for (float* storage : {keys(layer), values(layer)}) {
-    float* begin = storage + first_slot * width;
-    for (float* p = begin; p < begin + count * width; ++p) *p = Fp16ToFp32(Fp32ToFp16(*p));
+  const size_t offset = LayerOffset(layer) + static_cast<size_t>(first_slot * row_bytes(layer));
+  ops::EncodeKvRows(type_, keys, count, kv_dim(layer), keys_.data() + offset);
+  ops::EncodeKvRows(type_, values, count, kv_dim(layer), values_.data() + offset);
+}
+
+namespace {
+
+void DecodeRows(const ops::KvRows& rows, int64_t first_slot, int64_t count, int64_t kv_dim,
+                float* out) {
+  for (int64_t s = 0; s < count; ++s) {
+    ops::DecodeKvElements(rows.type, rows.data + (first_slot + s) * rows.row_bytes, 0, kv_dim,
+                          out + s * kv_dim);
   }
+}
+
+}  // namespace
+
+void KvCache::ReadKeys(int64_t layer, int64_t first_slot, int64_t count, float* out) const {
+  BITSPLIT_CHECK(first_slot >= 0 && count >= 0 && first_slot + count <= slots_.capacity());
+  DecodeRows(keys(layer), first_slot, count, kv_dim(layer), out);
+}
+
+void KvCache::ReadValues(int64_t layer, int64_t first_slot, int64_t count, float* out) const {
+  BITSPLIT_CHECK(first_slot >= 0 && count >= 0 && first_slot + count <= slots_.capacity());
+  DecodeRows(values(layer), first_slot, count, kv_dim(layer), out);
 }
 
 size_t KvCache::LayerOffset(int64_t layer) const {
@@ -137,7 +178,7 @@ absl::Status KvCache::CommitSlots(std::span<const int32_t> pending_indices) {
 
 void KvCache::MoveSlot(int64_t from, int64_t to) {
   for (int64_t layer = 0; layer < num_layers(); ++layer) {
-    const int64_t width = kv_dim(layer);
+    const int64_t width = row_bytes(layer);
     const size_t base = LayerOffset(layer);
     const size_t source = base + static_cast<size_t>(from * width);
     const size_t target = base + static_cast<size_t>(to * width);
@@ -147,11 +188,14 @@ void KvCache::MoveSlot(int64_t from, int64_t to) {
   positions_[static_cast<size_t>(to)] = positions_[static_cast<size_t>(from)];
 }
 
-uint64_t KvCacheBytes(const std::vector<int64_t>& layer_kv_dims, int64_t capacity) {
+uint64_t KvCacheBytes(const std::vector<int64_t>& layer_kv_dims, int64_t capacity,
+                      ops::KvType type) {
   const uint64_t slots = static_cast<uint64_t>(capacity);
-  uint64_t floats_per_slot = 0;
-  for (const int64_t kv_dim : layer_kv_dims) floats_per_slot += static_cast<uint64_t>(kv_dim);
-  return 2 * slots * floats_per_slot * sizeof(float) + slots * sizeof(int32_t);
+  uint64_t bytes_per_slot = 0;
+  for (const int64_t kv_dim : layer_kv_dims) {
+    bytes_per_slot += static_cast<uint64_t>(ops::KvRowBytes(type, kv_dim));
+  }
+  return 2 * slots * bytes_per_slot + slots * sizeof(int32_t);
 }
 
 uint64_t DefaultKvRamBudget(uint64_t available_bytes, uint64_t unlocked_weight_bytes) {

@@ -1,8 +1,9 @@
 #pragma once
-// Per-session key/value cache of a llama model (f32).
+// Per-session key/value cache of a llama model, in f32, f16 or q8_0 rows (ops::KvType).
 //
-// Layout: for each layer, keys and values are [capacity, kv_dim(layer)] (slot-major), so a batch's
-// rows go to consecutive slots with one copy. Keys are stored after RoPE. Layers may differ in
+// Layout: for each layer, keys and values are [capacity] rows of kv_dim(layer) elements encoded
+// in the cache's type (slot-major), so a batch's rows go to consecutive slots in one pass. Keys
+// are stored after RoPE. Layers may differ in
 // width (gemma4's global layers have other head counts and widths than its local ones).
 //
 // Slots [0, committed_length) hold the committed sequence: slot p is position p. A forward pass
@@ -20,8 +21,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/config.h"
+#include "common/ops/kv_rows.h"
 
 namespace bitsplit::model {
+
+// The cache's element types, named through the model layer for the services above it.
+using KvType = ops::KvType;
+using ops::KvTypeName;
+using ops::ParseKvType;
 
 // The slot bookkeeping of a KV cache: the committed prefix [0, committed_length) and the pending
 // slots after it. Shared by the host cache below and the device cache of common/cuda, which
@@ -54,23 +61,19 @@ class KvSlotLedger {
   int64_t pending_length_ = 0;
 };
 
-// How a forward pass stores the batch's keys and values: as computed, or rounded to the nearest
-// fp16 (storage stays f32). kFp16 reproduces the CUDA backend's half-precision cache on the CPU,
-// so the two engines can be compared with the same cache precision.
-enum class KvRounding { kNone, kFp16 };
-
 class KvCache {
  public:
-  // INVALID_ARGUMENT unless every size is positive. `layer_kv_dims` has one width per layer.
+  // INVALID_ARGUMENT unless every size is positive and every width holds whole rows of `type`
+  // (q8_0: a multiple of 32). `layer_kv_dims` has one width per layer.
   static absl::StatusOr<KvCache> Create(std::vector<int64_t> layer_kv_dims, int64_t capacity,
-                                        KvRounding rounding = KvRounding::kNone);
+                                        ops::KvType type = ops::KvType::kF32);
   // Every layer kv_dim wide.
   static absl::StatusOr<KvCache> Create(int64_t num_layers, int64_t kv_dim, int64_t capacity,
-                                        KvRounding rounding = KvRounding::kNone);
+                                        ops::KvType type = ops::KvType::kF32);
+  // INVALID_ARGUMENT also when a head of `config` is not whole rows of `type` (q8_0 needs head
+  // widths that are multiples of 32).
   static absl::StatusOr<KvCache> Create(const ModelConfig& config, int64_t capacity,
-                                        KvRounding rounding = KvRounding::kNone) {
-    return Create(LayerKvDims(config), capacity, rounding);
-  }
+                                        ops::KvType type = ops::KvType::kF32);
   // The width of every layer's keys (and values) in a model of `config`.
   static std::vector<int64_t> LayerKvDims(const ModelConfig& config);
 
@@ -80,17 +83,20 @@ class KvCache {
   int64_t capacity() const { return slots_.capacity(); }
   int64_t committed_length() const { return slots_.committed_length(); }
   int64_t pending_length() const { return slots_.pending_length(); }
-  KvRounding rounding() const { return rounding_; }
+  ops::KvType type() const { return type_; }
+  int64_t row_bytes(int64_t layer) const { return ops::KvRowBytes(type_, kv_dim(layer)); }
 
-  // Applies the cache's rounding to the keys and values of slots [first_slot, first_slot + count)
-  // of one layer: what a forward pass calls once it has written them.
-  void RoundStored(int64_t layer, int64_t first_slot, int64_t count);
+  // Encodes `count` f32 rows of keys and of values, [count, kv_dim(layer)] each, into slots
+  // [first_slot, first_slot + count) of one layer.
+  void StoreRows(int64_t layer, int64_t first_slot, int64_t count, const float* keys,
+                 const float* values);
+  // Decodes slots [first_slot, first_slot + count) of one layer to f32, [count, kv_dim(layer)].
+  void ReadKeys(int64_t layer, int64_t first_slot, int64_t count, float* out) const;
+  void ReadValues(int64_t layer, int64_t first_slot, int64_t count, float* out) const;
 
-  // One layer's storage, [capacity, kv_dim(layer)].
-  float* keys(int64_t layer) { return keys_.data() + LayerOffset(layer); }
-  float* values(int64_t layer) { return values_.data() + LayerOffset(layer); }
-  const float* keys(int64_t layer) const { return keys_.data() + LayerOffset(layer); }
-  const float* values(int64_t layer) const { return values_.data() + LayerOffset(layer); }
+  // One layer's rows, [capacity] of row_bytes(layer), as attention reads them.
+  ops::KvRows keys(int64_t layer) const { return {KeyBytes(layer), type_, row_bytes(layer)}; }
+  ops::KvRows values(int64_t layer) const { return {ValueBytes(layer), type_, row_bytes(layer)}; }
 
   // The RoPE position of every slot, [capacity]: what a forward wrote with the slot's keys
   // (sliding-window attention reads it). Commits move it with the slot.
@@ -118,24 +124,27 @@ class KvCache {
   void Clear() { slots_.Clear(); }
 
  private:
-  KvCache(std::vector<int64_t> layer_kv_dims, int64_t capacity, KvRounding rounding);
+  KvCache(std::vector<int64_t> layer_kv_dims, int64_t capacity, ops::KvType type);
   size_t LayerOffset(int64_t layer) const;
+  const uint8_t* KeyBytes(int64_t layer) const { return keys_.data() + LayerOffset(layer); }
+  const uint8_t* ValueBytes(int64_t layer) const { return values_.data() + LayerOffset(layer); }
   // Copies slot `from` to slot `to` in every layer, keys and values.
   void MoveSlot(int64_t from, int64_t to);
 
   std::vector<int64_t> layer_kv_dims_;
-  std::vector<size_t> layer_offsets_;  // [num_layers + 1], prefix sums of capacity * kv_dim
-  KvRounding rounding_;
+  std::vector<size_t> layer_offsets_;  // [num_layers + 1], prefix sums of capacity * row_bytes
+  ops::KvType type_;
   KvSlotLedger slots_;
-  std::vector<float> keys_;         // per layer [capacity, kv_dim(layer)], back to back
-  std::vector<float> values_;       // the same
+  std::vector<uint8_t> keys_;       // per layer [capacity] rows of row_bytes(layer), back to back
+  std::vector<uint8_t> values_;     // the same
   std::vector<int32_t> positions_;  // [capacity]
 };
 
-// Host memory a KvCache of `capacity` tokens holds (keys, values and positions).
-uint64_t KvCacheBytes(const std::vector<int64_t>& layer_kv_dims, int64_t capacity);
-inline uint64_t KvCacheBytes(const ModelConfig& config, int64_t capacity) {
-  return KvCacheBytes(KvCache::LayerKvDims(config), capacity);
+// Host memory a KvCache of `capacity` tokens in `type` holds (keys, values and positions).
+uint64_t KvCacheBytes(const std::vector<int64_t>& layer_kv_dims, int64_t capacity,
+                      ops::KvType type);
+inline uint64_t KvCacheBytes(const ModelConfig& config, int64_t capacity, ops::KvType type) {
+  return KvCacheBytes(KvCache::LayerKvDims(config), capacity, type);
 }
 
 // The host memory the CPU backend's KV caches may take when no budget is given: half of what

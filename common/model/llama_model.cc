@@ -456,10 +456,8 @@ void LlamaModel::StoreKvAndAttend(int32_t layer, ForwardPass& pass) {
     const Batch& batch = *slice.batch;
     KvCache& cache = *slice.cache;
     const size_t from = static_cast<size_t>(slice.first_row * kv_dim);
-    const size_t count = static_cast<size_t>(slice.rows * kv_dim);
-    std::copy_n(pass.keys.data() + from, count, cache.keys(layer) + slice.first_slot * kv_dim);
-    std::copy_n(pass.values.data() + from, count, cache.values(layer) + slice.first_slot * kv_dim);
-    cache.RoundStored(layer, slice.first_slot, slice.rows);
+    cache.StoreRows(layer, slice.first_slot, slice.rows, pass.keys.data() + from,
+                    pass.values.data() + from);
     const ops::SlidingWindow window{.size = c.AttentionWindow(layer),
                                     .query_positions = batch.positions.data(),
                                     .slot_positions = cache.positions()};

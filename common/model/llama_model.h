@@ -123,10 +123,10 @@ class LlamaModel {
     return backends_[static_cast<size_t>(mode)].get();
   }
 
-  // A cache shaped for this model holding up to `capacity` tokens (the same for every mode).
-  absl::StatusOr<KvCache> NewKvCache(int64_t capacity,
-                                     KvRounding rounding = KvRounding::kNone) const {
-    return KvCache::Create(config_, capacity, rounding);
+  // A cache shaped for this model holding up to `capacity` tokens (the same for every mode) in
+  // rows of `type`.
+  absl::StatusOr<KvCache> NewKvCache(int64_t capacity, ops::KvType type = ops::KvType::kF32) const {
+    return KvCache::Create(config_, capacity, type);
   }
 
   // Runs the batch after the committed prefix of `cache`: writes the batch's keys/values to the

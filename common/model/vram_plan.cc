@@ -1,6 +1,7 @@
 #include "common/model/vram_plan.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "absl/algorithm/container.h"
@@ -62,9 +63,17 @@ absl::Status ValidateRequest(const VramRequest& r) {
         absl::StrFormat("a session of %d tokens exceeds the model's context length of %d",
                         r.context, r.config.context_length));
   }
-  if (r.kv_element_bytes != 2 && r.kv_element_bytes != 4) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV cache elements are 2 (fp16) or 4 (f32) bytes, got ", r.kv_element_bytes));
+  if (r.kv_type != ops::KvType::kF16 && r.kv_type != ops::KvType::kQ8_0) {
+    return absl::InvalidArgumentError(absl::StrCat("the device's KV cache is f16 or q8_0, not ",
+                                                   std::string(ops::KvTypeName(r.kv_type))));
+  }
+  for (int64_t layer = 0; layer < r.config.num_layers; ++layer) {
+    if (!ops::KvTypeFitsHead(r.kv_type, r.config.HeadDim(layer))) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "a q8_0 KV cache needs head widths that are multiples of %d; layer %d's heads are %d "
+          "wide",
+          ops::kKvQ8Block, layer, r.config.HeadDim(layer)));
+    }
   }
   const quant::SplitFormatInfo& info = quant::GetSplitFormatInfo(r.base_format);
   if (!info.is_base && r.base_format != quant::SplitFormat::kQ8_0) {
@@ -90,10 +99,10 @@ VramPlan Compute(const VramRequest& r, uint64_t base_bytes) {
   plan.base_weights_bytes = RoundVramSlab(base_bytes);
   plan.embedding_bytes = AlignVram(r.embedding_bytes);
   uint64_t vector_floats = U(c.d_model);  // output norm, every layer's norms and biases
-  uint64_t kv_floats_per_token = 0;       // keys of every layer (values as many)
+  uint64_t kv_row_bytes = 0;              // a slot's keys in every layer (values as many)
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     for (const LayerVectorSpec& spec : LayerVectorSpecs(c, layer)) vector_floats += U(spec.length);
-    kv_floats_per_token += U(c.KvDim(layer));
+    kv_row_bytes += U(ops::KvRowBytes(r.kv_type, c.KvDim(layer)));
   }
   plan.norms_bytes = AlignVram(4 * vector_floats);
   // The routers stay at source precision so that the verifier routes as the full model does.
@@ -111,8 +120,8 @@ VramPlan Compute(const VramRequest& r, uint64_t base_bytes) {
   plan.constants_slab_bytes =
       RoundVramSlab(plan.embedding_bytes + plan.norms_bytes + plan.router_bytes +
                     plan.rope_table_bytes + plan.hadamard_bytes);
-  plan.kv_bytes_per_token = 2 * kv_floats_per_token * U(r.kv_element_bytes);
-  const uint64_t one_side = AlignVram(U(r.context) * kv_floats_per_token * U(r.kv_element_bytes));
+  plan.kv_bytes_per_token = 2 * kv_row_bytes;
+  const uint64_t one_side = AlignVram(U(r.context) * kv_row_bytes);
   if (c.sliding_window > 0) plan.kv_positions_bytes = AlignVram(4 * U(r.context));
   plan.kv_bytes_per_session = RoundVramSlab(2 * one_side + plan.kv_positions_bytes);
   plan.kv_cache_bytes = plan.kv_bytes_per_session * U(r.sessions);
@@ -214,7 +223,8 @@ ForwardScratchLayout ForwardScratchLayout::For(const ModelConfig& c, int64_t max
 std::vector<VramItem> VramPlan::Items() const {
   return {
       {"base weights", base_weights_bytes},
-      {"embedding, norms and tables", constants_slab_bytes},
+      {embedding_bytes > 0 ? "embedding, norms and tables" : "norms and tables (embedding in RAM)",
+       constants_slab_bytes},
       {absl::StrFormat("KV cache (%d sessions x %d tokens)", sessions, context), kv_cache_bytes},
       {absl::StrFormat("scratch (forwards of up to %d tokens)", max_batch_rows),
        scratch_slab_bytes}};
@@ -222,11 +232,12 @@ std::vector<VramItem> VramPlan::Items() const {
 
 std::string VramPlan::ToString() const {
   return absl::StrFormat(
-      "base weights %s, embedding/norms/tables %s, KV cache %d x %s (%d tokens), scratch %s: %s of "
-      "%s",
-      FormatBytes(base_weights_bytes), FormatBytes(constants_slab_bytes), sessions,
-      FormatBytes(kv_bytes_per_session), context, FormatBytes(scratch_slab_bytes),
-      FormatBytes(total_bytes), FormatBytes(budget_bytes));
+      "base weights %s, embedding/norms/tables %s%s, KV cache %d x %s (%d tokens), scratch %s: %s "
+      "of %s",
+      FormatBytes(base_weights_bytes), FormatBytes(constants_slab_bytes),
+      embedding_bytes > 0 ? "" : " (embedding in RAM)", sessions, FormatBytes(kv_bytes_per_session),
+      context, FormatBytes(scratch_slab_bytes), FormatBytes(total_bytes),
+      FormatBytes(budget_bytes));
 }
 
 absl::StatusOr<uint64_t> VramTotalBytes(const VramRequest& request) {
@@ -334,6 +345,19 @@ bool EmbeddingGatheredOnDevice(GgmlType type) {
 
 uint64_t DeviceEmbeddingBytes(GgmlType type, int64_t rows, int64_t row_bytes) {
   return EmbeddingGatheredOnDevice(type) ? U(rows) * U(row_bytes) : 0;
+}
+
+uint64_t PlacedEmbeddingBytes(const VramRequest& request, uint64_t table_device_bytes,
+                              uint64_t budget_bytes, int64_t max_sessions) {
+  if (table_device_bytes == 0) return 0;
+  VramRequest on_device = request;
+  on_device.embedding_bytes = table_device_bytes;
+  if (request.sessions > 0) return PlanVram(on_device, budget_bytes).ok() ? table_device_bytes : 0;
+  VramRequest on_host = request;
+  on_host.embedding_bytes = 0;
+  const absl::StatusOr<int64_t> with = VramSessionsThatFit(on_device, budget_bytes, max_sessions);
+  const absl::StatusOr<int64_t> without = VramSessionsThatFit(on_host, budget_bytes, max_sessions);
+  return with.ok() && without.ok() && *with >= *without ? table_device_bytes : 0;
 }
 
 uint64_t DefaultVramBudget(uint64_t free_bytes) {

@@ -1,6 +1,7 @@
 #pragma once
 // The VRAM plan of the CUDA drafter backend: where the device memory goes (base weights, the
-// embedding table, norms and tables, every session's fp16 KV cache, the scratch of one forward)
+// embedding table, norms and tables, every session's f16 or q8_0 KV cache, the scratch of one
+// forward)
 // and whether it fits a budget. Pure arithmetic, so it is tested without a GPU; the CUDA backend
 // allocates exactly the buffers counted here (ForwardScratchLayout is its scratch layout), so the
 // plan is what the device holds, up to the CUDA runtime's own use (the budget's margin).
@@ -18,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "common/io/ggml_type.h"
 #include "common/model/config.h"
+#include "common/ops/kv_rows.h"
 #include "common/quant/split_format.h"
 
 namespace bitsplit::model {
@@ -99,10 +101,11 @@ struct VramRequest {
   // The embedding table's bytes on the device; 0 when the backend gathers embedding rows on
   // the host (a type its gather kernel does not read).
   uint64_t embedding_bytes = 0;
-  int64_t context = 2048;        // tokens per session (the KV cache capacity)
-  int64_t sessions = 1;          // KV caches held at once
-  int64_t max_batch_rows = 64;   // largest forward: tree nodes + 1, prefill chunk
-  int64_t kv_element_bytes = 2;  // fp16
+  int64_t context = 2048;       // tokens per session (the KV cache capacity)
+  int64_t sessions = 1;         // KV caches held at once
+  int64_t max_batch_rows = 64;  // largest forward: tree nodes + 1, prefill chunk
+  // The KV cache's rows: f16 or q8_0 (the device kernels read those two).
+  ops::KvType kv_type = ops::KvType::kF16;
 };
 
 struct VramItem {
@@ -158,6 +161,16 @@ absl::StatusOr<uint64_t> VramTotalBytes(const VramRequest& request);
 // (F32, F16, Q8_0), else 0 (the backend gathers rows on the host).
 bool EmbeddingGatheredOnDevice(GgmlType type);
 uint64_t DeviceEmbeddingBytes(GgmlType type, int64_t rows, int64_t row_bytes);
+
+// Where the embedding table goes, as request.embedding_bytes: `table_device_bytes`
+// (DeviceEmbeddingBytes; 0 for a type only the host gathers) or 0, the table in host RAM, where
+// the CPU dequantizes each step's rows and only they cross PCIe (llama.cpp keeps token_embd on
+// the CPU too). On the device a draft step runs as one CUDA graph; that is worth no session and
+// no base bit, so the table goes there only when it costs nothing: the request fits
+// `budget_bytes` with it, and when request.sessions is 0 (as many as fit, at most
+// `max_sessions`) as many sessions fit with it as without. request.embedding_bytes is not read.
+uint64_t PlacedEmbeddingBytes(const VramRequest& request, uint64_t table_device_bytes,
+                              uint64_t budget_bytes, int64_t max_sessions);
 
 // The default budget: free device memory minus a margin for the CUDA runtime and other users
 // (5% of the free memory, at least 512 MiB); 0 when less than the margin is free.

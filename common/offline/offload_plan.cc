@@ -119,9 +119,9 @@ absl::StatusOr<OffloadPlan> PlanOffloadWith(const OffloadRequest& request,
   vram.config = c;
   vram.base_format = attention_base;
   vram.base_group = kBaseGroup;
-  vram.embedding_bytes = request.embedding_device_bytes;
   vram.context = request.context;
   vram.sessions = request.sessions;
+  vram.kv_type = request.kv_type;
   vram.max_batch_rows = std::min(request.max_batch_rows, request.context);
   OffloadPlan plan;
   plan.attention_base = attention_base;
@@ -141,9 +141,10 @@ absl::StatusOr<OffloadPlan> PlanOffloadWith(const OffloadRequest& request,
       token_bits += g.token_share * weights * Bits(base);
     }
   }
+  vram.embedding_bytes = model::PlacedEmbeddingBytes(vram, request.embedding_device_bytes,
+                                                     request.vram_budget_bytes, vram.sessions);
   BITSPLIT_ASSIGN_OR_RETURN(plan.vram, model::PlanVram(vram, request.vram_budget_bytes));
-  plan.host_embedding_bytes =
-      request.embedding_device_bytes > 0 ? 0 : request.embedding_table_bytes;
+  plan.host_embedding_bytes = vram.embedding_bytes > 0 ? 0 : request.embedding_table_bytes;
   // Bytes of residual and base a forward of `rows` rows reads.
   const auto read = [&](double rows, double& residual_bytes, double& base_bytes) {
     residual_bytes = base_bytes = 0;

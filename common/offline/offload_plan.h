@@ -47,15 +47,16 @@ struct OffloadMachine {
 struct OffloadRequest {
   model::ModelConfig config;
   uint64_t vram_budget_bytes = 0;
-  // The embedding table's bytes on the device (model::DeviceEmbeddingBytes); 0 keeps it on the
-  // host, where the backend gathers each step's rows.
+  // The embedding table's bytes were it on the device (model::DeviceEmbeddingBytes; 0: a type
+  // only the host gathers). Each plan places it by model::PlacedEmbeddingBytes.
   uint64_t embedding_device_bytes = 0;
   uint64_t embedding_table_bytes = 0;  // the table's bytes in the source
   int64_t context = 8192;
   int64_t sessions = 1;
   int64_t max_batch_rows = 64;
   OffloadMachine machine;
-  bool ternary = true;  // whether PlanOffload considers the ternary base bt_sym
+  bool ternary = true;                      // whether PlanOffload considers the ternary base bt_sym
+  ops::KvType kv_type = ops::KvType::kF16;  // the KV cache's rows on the device
 };
 
 // One linear group's matrices, as the planner and the bench's llama.cpp projection see it.

@@ -10,16 +10,26 @@
 namespace bitsplit::ops {
 namespace {
 
+// One head's slice of a cache row as f32: in place for an f32 cache, else decoded into `scratch`.
+const float* HeadSlice(const KvRows& rows, int64_t slot, int64_t kv_offset, int64_t head_dim,
+                       std::vector<float>& scratch) {
+  const uint8_t* row = rows.data + slot * rows.row_bytes;
+  if (rows.type == KvType::kF32) return reinterpret_cast<const float*>(row) + kv_offset;
+  scratch.resize(static_cast<size_t>(head_dim));
+  DecodeKvElements(rows.type, row, kv_offset, head_dim, scratch.data());
+  return scratch.data();
+}
+
 // Attention of one query head of one token. `slots` lists the visible cache slots in ascending
-// order; `scores` is scratch of the same length.
-void AttendOneHead(const float* query, const float* keys, const float* values, int64_t kv_dim,
-                   int64_t kv_offset, int64_t head_dim, float scale,
-                   const std::vector<int64_t>& slots, std::vector<float>& scores, float* out) {
+// order; `scores` and `decoded` are scratch.
+void AttendOneHead(const float* query, const KvRows& keys, const KvRows& values, int64_t kv_offset,
+                   int64_t head_dim, float scale, const std::vector<int64_t>& slots,
+                   std::vector<float>& scores, std::vector<float>& decoded, float* out) {
   const size_t count = slots.size();
   scores.resize(count);
   float max_score = -INFINITY;
   for (size_t j = 0; j < count; ++j) {
-    const float* key = keys + slots[j] * kv_dim + kv_offset;
+    const float* key = HeadSlice(keys, slots[j], kv_offset, head_dim, decoded);
     scores[j] = simd::Dot(query, key, head_dim) * scale;
     max_score = std::max(max_score, scores[j]);
   }
@@ -32,7 +42,7 @@ void AttendOneHead(const float* query, const float* keys, const float* values, i
   std::fill(out, out + head_dim, 0.0f);
   for (size_t j = 0; j < count; ++j) {
     const float weight = scores[j] * inverse_sum;
-    const float* value = values + slots[j] * kv_dim + kv_offset;
+    const float* value = HeadSlice(values, slots[j], kv_offset, head_dim, decoded);
     // Independent per d: vectorizing this loop does not change any element's arithmetic.
     for (int64_t d = 0; d < head_dim; ++d) out[d] += weight * value[d];
   }
@@ -40,15 +50,15 @@ void AttendOneHead(const float* query, const float* keys, const float* values, i
 
 }  // namespace
 
-void Attention(const float* q, int64_t num_tokens, const float* keys, const float* values,
+void Attention(const float* q, int64_t num_tokens, const KvRows& keys, const KvRows& values,
                int64_t prefix_length, const uint8_t* mask, const AttentionShape& shape, float* out,
                ThreadPool& pool) {
   AttentionWithContext(q, num_tokens, keys, values, prefix_length, /*context=*/0, mask, shape, out,
                        pool);
 }
 
-void AttentionWithContext(const float* q, int64_t num_tokens, const float* keys,
-                          const float* values, int64_t prefix_length, int64_t context,
+void AttentionWithContext(const float* q, int64_t num_tokens, const KvRows& keys,
+                          const KvRows& values, int64_t prefix_length, int64_t context,
                           const uint8_t* mask, const AttentionShape& shape, float* out,
                           ThreadPool& pool, const SlidingWindow& window) {
   BITSPLIT_CHECK(window.size == 0 ||
@@ -57,10 +67,12 @@ void AttentionWithContext(const float* q, int64_t num_tokens, const float* keys,
   BITSPLIT_CHECK(shape.num_kv_heads > 0 && shape.num_heads % shape.num_kv_heads == 0);
   const int64_t heads_per_kv = shape.num_heads / shape.num_kv_heads;
   const int64_t q_dim = shape.num_heads * shape.head_dim;
-  const int64_t kv_dim = shape.num_kv_heads * shape.head_dim;
+  BITSPLIT_CHECK(KvTypeFitsHead(keys.type, shape.head_dim) &&
+                 KvTypeFitsHead(values.type, shape.head_dim));
   pool.ParallelFor(num_tokens * shape.num_heads, [&](int64_t begin, int64_t end, int) {
     thread_local std::vector<int64_t> slots;
     thread_local std::vector<float> scores;
+    thread_local std::vector<float> decoded;
     int64_t slots_token = -1;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t token = task / shape.num_heads;
@@ -84,8 +96,8 @@ void AttentionWithContext(const float* q, int64_t num_tokens, const float* keys,
         slots_token = token;
       }
       const int64_t kv_offset = (head / heads_per_kv) * shape.head_dim;
-      AttendOneHead(q + token * q_dim + head * shape.head_dim, keys, values, kv_dim, kv_offset,
-                    shape.head_dim, shape.scale, slots, scores,
+      AttendOneHead(q + token * q_dim + head * shape.head_dim, keys, values, kv_offset,
+                    shape.head_dim, shape.scale, slots, scores, decoded,
                     out + token * q_dim + head * shape.head_dim);
     }
   });

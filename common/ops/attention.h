@@ -3,6 +3,7 @@
 // heads and an explicit in-batch mask (causal chains and draft trees alike).
 #include <cstdint>
 
+#include "common/ops/kv_rows.h"
 #include "common/util/thread_pool.h"
 
 namespace bitsplit::ops {
@@ -24,16 +25,16 @@ struct SlidingWindow {
 };
 
 // q and out are [num_tokens, num_heads * head_dim]. keys and values are one layer of the cache,
-// [slots, num_kv_heads * head_dim], already holding the batch's own keys/values at slots
-// [prefix_length, prefix_length + num_tokens). Batch token i attends to every prefix slot
-// [0, prefix_length) and to batch token j (slot prefix_length + j) iff mask[i * num_tokens + j]
-// is nonzero; it must see at least one slot.
+// [slots, num_kv_heads * head_dim] rows of their KvType (head_dim must fit it), already holding the
+// batch's own keys/values at slots [prefix_length, prefix_length + num_tokens). Batch token i
+// attends to every prefix slot [0, prefix_length) and to batch token j (slot prefix_length + j) iff
+// mask[i * num_tokens + j] is nonzero; it must see at least one slot.
 //
 // Batch invariance: the visible slots are visited in ascending order, and scores, softmax and
 // the weighted sum of values depend only on that sequence of keys/values, not on the slot
 // numbers, the other tokens in the batch, or the thread count. So a tree node gets the same bits
 // as the same path run alone as a causal sequence. Parallel over (token, head) pairs.
-void Attention(const float* q, int64_t num_tokens, const float* keys, const float* values,
+void Attention(const float* q, int64_t num_tokens, const KvRows& keys, const KvRows& values,
                int64_t prefix_length, const uint8_t* mask, const AttentionShape& shape, float* out,
                ThreadPool& pool);
 
@@ -44,8 +45,8 @@ void Attention(const float* q, int64_t num_tokens, const float* keys, const floa
 // With a `window` of nonzero size, a slot outside a query's window is dropped from its visible
 // list, which keeps the invariance: a tree node and the same token decoded alone see the same
 // slots.
-void AttentionWithContext(const float* q, int64_t num_tokens, const float* keys,
-                          const float* values, int64_t prefix_length, int64_t context,
+void AttentionWithContext(const float* q, int64_t num_tokens, const KvRows& keys,
+                          const KvRows& values, int64_t prefix_length, int64_t context,
                           const uint8_t* mask, const AttentionShape& shape, float* out,
                           ThreadPool& pool, const SlidingWindow& window = {});
 

@@ -63,11 +63,13 @@ absl::StatusOr<std::unique_ptr<CpuSpeculativeSession>> CpuSpeculativeSession::Cr
         absl::StrFormat("a session of %d tokens exceeds the model's context length of %d",
                         options.capacity, t.context_length));
   }
-  BITSPLIT_ASSIGN_OR_RETURN(model::KvCache cache, target.NewKvCache(options.capacity));
+  BITSPLIT_ASSIGN_OR_RETURN(model::KvCache cache,
+                            target.NewKvCache(options.capacity, options.kv_type));
   std::unique_ptr<CpuSpeculativeSession> session(
       new CpuSpeculativeSession(target, target_mode, draft, draft_mode, options, std::move(cache)));
   if (options.draft_kv == DraftKv::kOwn) {
-    BITSPLIT_ASSIGN_OR_RETURN(model::KvCache own, draft.NewKvCache(options.capacity));
+    BITSPLIT_ASSIGN_OR_RETURN(model::KvCache own,
+                              draft.NewKvCache(options.capacity, options.kv_type));
     session->draft_cache_ = std::make_unique<model::KvCache>(std::move(own));
   }
   return session;

@@ -23,6 +23,7 @@ class CpuSpeculativeSession final : public SpeculativeSession {
     int64_t capacity = 2048;  // tokens the session may hold (prompt + output + a tree)
     DraftKv draft_kv = DraftKv::kShared;
     int64_t own_kv_chunk = 64;  // own KV: rows of each draft forward that catches it up
+    model::KvType kv_type = model::KvType::kF32;  // the KV caches' rows
   };
 
   // `target` runs in `target_mode` (verify for a split model), `draft` in `draft_mode` (draft for

@@ -22,6 +22,10 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(const CpuEngineOpti
   EngineInfo& info = engine->info_;
   info = SplitModelInfo(*model.split_files(), options.base_path, options.residual_path);
   info.name = "cpu";
+  info.kv_type = std::string(model::KvTypeName(options.kv_type));
+  // A q8_0 cache needs whole blocks per head: refuse at start, not at the first request.
+  BITSPLIT_RETURN_IF_ERROR(
+      model::KvCache::Create(model.config(), /*capacity=*/1, options.kv_type).status());
   info.threads = model.num_threads();
   // Every forward reads all of the base (and the in-process residual): fault them in now, so
   // that the first request runs as fast as the second.
@@ -45,15 +49,16 @@ absl::Status CpuEngine::SetResidualSource(model::ResidualSource* source) {
 
 absl::StatusOr<std::unique_ptr<speculation::SpeculativeSession>> CpuEngine::NewSession(
     int64_t context) {
-  BITSPLIT_ASSIGN_OR_RETURN(std::unique_ptr<speculation::CpuSpeculativeSession> session,
-                            speculation::CpuSpeculativeSession::Create(
-                                *model_, model::ForwardMode::kVerify, *model_,
-                                model::ForwardMode::kDraft, {.capacity = context}));
+  BITSPLIT_ASSIGN_OR_RETURN(
+      std::unique_ptr<speculation::CpuSpeculativeSession> session,
+      speculation::CpuSpeculativeSession::Create(
+          *model_, model::ForwardMode::kVerify, *model_, model::ForwardMode::kDraft,
+          {.capacity = context, .kv_type = options_.kv_type}));
   return session;
 }
 
 uint64_t CpuEngine::SessionHostBytes(int64_t context) const {
-  return model::KvCacheBytes(model_->config(), context);
+  return model::KvCacheBytes(model_->config(), context, options_.kv_type);
 }
 
 void CpuEngine::Step(std::span<speculation::SpeculativeSession* const> sessions,

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/model/kv_cache.h"
 #include "common/model/llama_model.h"
 #include "common/speculation/cpu_session.h"
 #include "services/gpu-drafter/drafter_engine.h"
@@ -17,8 +18,9 @@ namespace bitsplit::drafter {
 
 struct CpuEngineOptions {
   std::string base_path;
-  std::string residual_path;  // non-empty: the residual is computed in process
-  int threads = 0;            // forward threads (<= 0: every hardware thread)
+  std::string residual_path;                    // non-empty: the residual is computed in process
+  int threads = 0;                              // forward threads (<= 0: every hardware thread)
+  model::KvType kv_type = model::KvType::kF16;  // every session's KV cache rows
 };
 
 class CpuEngine final : public DrafterEngine {

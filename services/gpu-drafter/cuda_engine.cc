@@ -49,7 +49,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const CudaEngineO
                   .max_sessions = options.max_sessions,
                   .max_batch_rows = std::max(options.max_batch_rows, options.max_tree_nodes + 1),
                   .vram_budget = options.vram_budget,
-                  .host_threads = options.threads}));
+                  .host_threads = options.threads,
+                  .kv_type = options.kv_type}));
   if (files.residual_linear() != nullptr) {
     backend->in_process_residual_ =
         std::make_unique<model::InProcessResidual>(*files.residual_linear());
@@ -59,6 +60,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const CudaEngineO
   EngineInfo& info = backend->info_;
   info = SplitModelInfo(files, options.base_path, options.residual_path);
   info.name = "cuda";
+  info.kv_type = std::string(model::KvTypeName(options.kv_type));
   info.threads = options.threads > 0
                      ? options.threads
                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/cuda/cuda_model.h"
+#include "common/model/kv_cache.h"
 #include "common/model/split_backend.h"
 #include "common/model/split_model.h"
 #include "services/gpu-drafter/drafter_engine.h"
@@ -38,6 +39,7 @@ struct CudaEngineOptions {
   int64_t max_tree_nodes = 129;  // largest tree, root included (--max-tree-nodes)
   int64_t max_batch_rows = 256;  // rows of one scheduler iteration (--max-batch-rows)
   uint64_t vram_budget = 0;      // 0: free device memory minus model::DefaultVramBudget's margin
+  model::KvType kv_type = model::KvType::kF16;  // f16 or q8_0 (--kv-type)
 };
 
 class CudaEngine final : public DrafterEngine {

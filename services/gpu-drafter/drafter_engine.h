@@ -31,6 +31,7 @@ struct EngineInfo {
   std::string model_name;            // the source GGUF's general.name
   model::ModelConfig config;         // of the target (the split model)
   std::string base_format;           // one line (SplitQuantizationString)
+  std::string kv_type;               // the KV cache's element type: "f16", "q8_0", "f32"
   std::string fingerprint;           // 64 hex digits of the base file
   int threads = 0;                   // forward threads
   uint64_t base_bytes = 0;           // size of the mapped base file

@@ -2,7 +2,7 @@
 //
 //   bitsplit-drafter MODEL.base.bsplit [--residual-socket unix:PATH | --residual-file RESIDUAL]
 //                    [--socket PATH | --tcp HOST:PORT] [--backend auto|cpu|cuda] [--threads N]
-//                    [--vram-budget BYTES|auto] [--ram-budget BYTES|auto]
+//                    [--vram-budget BYTES|auto] [--ram-budget BYTES|auto] [--kv-type f16|q8_0|f32]
 //                    [--max-sessions N|auto] [--max-context 2048]
 //                    [--max-tree-nodes 129] [--prefill-rows 64] [--max-batch-rows 256]
 //                    [--max-batch-generations 0]
@@ -97,6 +97,7 @@ struct Flags {
   std::string vram_budget_text = "auto";
   std::string ram_budget_text = "auto";
   std::string max_sessions_text = "auto";
+  std::string kv_type_text = "f16";
   int threads = 0;
   int residual_timeout_ms = 5000;
   int shutdown_grace_ms = 200;
@@ -132,6 +133,10 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "cpu: host memory the sessions' KV caches may use, BYTES (or N KiB/MiB/GiB) or "
                  "auto (half of MemAvailable at start less the unlocked weights: the base on "
                  "cpu and the residual unless cpu-residual locked it)")
+      ->capture_default_str();
+  app.add_option("--kv-type", flags.kv_type_text,
+                 "the KV cache's element type: f16, q8_0 (heads a multiple of 32 wide) or f32 "
+                 "(cpu only)")
       ->capture_default_str();
   app.add_option("--max-sessions", flags.max_sessions_text,
                  "sessions open at once, or auto: as many KV caches of --max-context tokens as "
@@ -169,6 +174,7 @@ struct Settings {
   uint64_t vram_budget = 0;           // 0: the planner's default
   uint64_t ram_budget = 0;            // 0: model::DefaultKvRamBudget
   bool sessions_from_budget = false;  // --max-sessions auto
+  model::KvType kv_type = model::KvType::kF16;
 };
 
 // Checks the command line (an error is a usage error, exit status 2). Turns a bare
@@ -193,6 +199,11 @@ absl::StatusOr<Settings> CheckFlags(Flags& flags) {
                             ParseBudget("--vram-budget", flags.vram_budget_text));
   BITSPLIT_ASSIGN_OR_RETURN(settings.ram_budget,
                             ParseBudget("--ram-budget", flags.ram_budget_text));
+  absl::StatusOr<model::KvType> kv_type = model::ParseKvType(flags.kv_type_text);
+  if (!kv_type.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-type: ", kv_type.status().message()));
+  }
+  settings.kv_type = *kv_type;
   settings.sessions_from_budget = flags.max_sessions_text == "auto";
   if (!settings.sessions_from_budget &&
       (!absl::SimpleAtoi(flags.max_sessions_text, &scheduling.max_sessions) ||
@@ -253,6 +264,9 @@ absl::StatusOr<std::unique_ptr<DrafterEngine>> CreateBackend(const Flags& flags,
                                                              bool use_cuda) {
   const DrafterServiceOptions& service_options = flags.service_options;
   const SchedulerOptions& scheduling = service_options.scheduling;
+  if (use_cuda && settings.kv_type == model::KvType::kF32) {
+    return absl::InvalidArgumentError("--kv-type f32: the cuda backend's KV cache is f16 or q8_0");
+  }
   if (use_cuda) {
 #ifdef BITSPLIT_HAVE_CUDA
     auto cuda_engine =
@@ -264,7 +278,8 @@ absl::StatusOr<std::unique_ptr<DrafterEngine>> CreateBackend(const Flags& flags,
                             .max_sessions = scheduling.max_batch_rows,
                             .max_tree_nodes = service_options.max_tree_nodes,
                             .max_batch_rows = scheduling.max_batch_rows,
-                            .vram_budget = settings.vram_budget});
+                            .vram_budget = settings.vram_budget,
+                            .kv_type = settings.kv_type});
     if (cuda_engine.ok()) return std::unique_ptr<DrafterEngine>(*std::move(cuda_engine));
     if (flags.backend_name != "auto" || !absl::IsUnimplemented(cuda_engine.status())) {
       return cuda_engine.status();
@@ -275,7 +290,8 @@ absl::StatusOr<std::unique_ptr<DrafterEngine>> CreateBackend(const Flags& flags,
   }
   auto cpu_engine = CpuEngine::Create({.base_path = flags.base_path,
                                        .residual_path = flags.residual_file,
-                                       .threads = flags.threads});
+                                       .threads = flags.threads,
+                                       .kv_type = settings.kv_type});
   if (!cpu_engine.ok()) return cpu_engine.status();
   return std::unique_ptr<DrafterEngine>(*std::move(cpu_engine));
 }
@@ -313,9 +329,10 @@ absl::StatusOr<int64_t> SessionsFromBudget(const Flags& flags, const Settings& s
         absl::StrCat("--max-sessions auto: ", sessions.status().message(), budget_source,
                      "; lower --max-context or set --max-sessions"));
   }
-  spdlog::debug("--max-sessions auto: {} sessions of {} tokens ({} each) in a RAM budget of {}{}",
-                *sessions, context, model::FormatBytes(engine.SessionHostBytes(context)),
-                model::FormatBytes(budget), budget_source);
+  spdlog::debug(
+      "--max-sessions auto: {} sessions of {} tokens ({} of {} KV each) in a RAM budget of {}{}",
+      *sessions, context, model::FormatBytes(engine.SessionHostBytes(context)), info.kv_type,
+      model::FormatBytes(budget), budget_source);
   return sessions;
 }
 

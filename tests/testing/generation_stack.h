@@ -119,6 +119,8 @@ class GenerationStack {
     int threads = 1;                            // per service, and for the reference decoder
     std::vector<std::string> coordinator_args;  // e.g. --max-active / --max-queue
     std::vector<std::string> drafter_args;      // e.g. --max-sessions
+    // The drafter's --kv-type; the reference decoder's cache has the same type.
+    model::KvType kv_type = model::KvType::kF16;
   };
 
   GenerationStack()
@@ -169,7 +171,9 @@ class GenerationStack {
                                      "--threads",
                                      std::to_string(options_.threads),
                                      "--backend",
-                                     "cpu"};
+                                     "cpu",
+                                     "--kv-type",
+                                     std::string(model::KvTypeName(options_.kv_type))};
     args.insert(args.end(), options_.drafter_args.begin(), options_.drafter_args.end());
     if (!drafter.Start(args) || !drafter.WaitServing(DrafterTarget(), std::chrono::seconds(120))) {
       ADD_FAILURE() << "bitsplit-drafter did not start:\n" << drafter.Stderr();
@@ -232,13 +236,15 @@ class GenerationStack {
     return tokens;
   }
 
-  // Plain decoding with the split model's verifier (base + residual in process): prefill, then
+  // Plain decoding with the split model's verifier (base + residual in process) over a KV cache of
+  // the drafter's type: prefill, then
   // one token at a time; the token for sequence index p is Sampler::Choose(logits, params, p).
   // Stops after `max_tokens` tokens or before an end-of-generation token.
   std::vector<int32_t> PlainDecode(const std::vector<int32_t>& prompt,
                                    const model::SamplingParams& params, int max_tokens) const {
     const int64_t vocab = model_->config().vocab_size;
-    auto cache = model_->NewKvCache(static_cast<int64_t>(prompt.size()) + max_tokens + 1);
+    auto cache =
+        model_->NewKvCache(static_cast<int64_t>(prompt.size()) + max_tokens + 1, options_.kv_type);
     EXPECT_TRUE(cache.ok()) << cache.status();
     std::vector<float> logits(vocab);
     model::Batch prefill = model::Batch::Causal(prompt, 0);

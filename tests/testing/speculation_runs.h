@@ -16,10 +16,11 @@ namespace bitsplit::testing {
 // of index i - 1 (what `bitsplit generate` does). The prompt is prefilled in one batch.
 inline std::vector<int32_t> PlainDecode(model::LlamaModel& model,
                                         const std::vector<int32_t>& prompt,
-                                        const model::SamplingParams& sampling, int count) {
+                                        const model::SamplingParams& sampling, int count,
+                                        model::KvType kv_type = model::KvType::kF32) {
   using model::Batch;
   using model::ForwardMode;
-  model::KvCache cache = *model.NewKvCache(static_cast<int64_t>(prompt.size()) + count);
+  model::KvCache cache = *model.NewKvCache(static_cast<int64_t>(prompt.size()) + count, kv_type);
   const int64_t vocab = model.config().vocab_size;
   std::vector<float> logits(static_cast<size_t>(vocab));
   Batch batch = Batch::Causal(prompt, 0);
@@ -49,17 +50,18 @@ struct SpecRun {
 
 // Speculation steps of one session (a batch of one) with `draft_mode` drafting (kVerify: a
 // perfect drafter): `model`'s own weights, or `draft` (e.g. a separate GGUF in reference mode)
-// when given. The prompt is prefilled in chunks of 16.
+// when given. The prompt is prefilled in chunks of 16. Both decoders take the KV cache's type.
 inline SpecRun SpeculativeDecode(model::LlamaModel& model, const std::vector<int32_t>& prompt,
                                  const model::SamplingParams& sampling, int count,
                                  const speculation::TreeShape& shape, model::ForwardMode draft_mode,
                                  speculation::DraftKv draft_kv = speculation::DraftKv::kShared,
-                                 model::LlamaModel* draft = nullptr) {
+                                 model::LlamaModel* draft = nullptr,
+                                 model::KvType kv_type = model::KvType::kF32) {
   SpecRun run;
   const int64_t capacity = static_cast<int64_t>(prompt.size()) + count + shape.nodes + 8;
   auto session = speculation::CpuSpeculativeSession::Create(
       model, model::ForwardMode::kVerify, draft != nullptr ? *draft : model, draft_mode,
-      {.capacity = capacity, .draft_kv = draft_kv, .own_kv_chunk = 16});
+      {.capacity = capacity, .draft_kv = draft_kv, .own_kv_chunk = 16, .kv_type = kv_type});
   EXPECT_TRUE(session.ok()) << session.status();
   if (!session.ok()) return run;
   speculation::CpuSpeculativeSession& s = **session;

@@ -16,6 +16,7 @@
 #include "common/model/config.h"
 #include "common/model/vram_plan.h"
 #include "common/offline/offload_plan.h"
+#include "common/ops/kv_rows.h"
 #include "tools/bitsplit/commands.h"
 
 namespace bitsplit::cli {
@@ -31,6 +32,7 @@ struct PlanOptions {
   double ram_gbps = 60;
   double vram_gbps = 1000;
   bool ternary = true;
+  std::string kv_type = "f16";
 };
 
 // The error after what was printed so far (stdout is buffered, stderr is not).
@@ -58,6 +60,10 @@ int RunPlan(const PlanOptions& options) {
                 "--context, --sessions, --max-batch-rows, --ram-gbps and --vram-gbps must be "
                 "positive");
   }
+  const absl::StatusOr<ops::KvType> kv_type = ops::ParseKvType(options.kv_type);
+  if (!kv_type.ok()) {
+    return Fail(kExitBadInput, absl::StrCat("--kv-type: ", kv_type.status().message()));
+  }
   auto file = gguf::File::Open(options.model_path, gguf::TensorData::kMayBeAbsent);
   if (!file.ok()) return Fail(kExitBadInput, std::string(file.status().message()));
   auto config = model::ModelConfigFromGguf(**file);
@@ -80,7 +86,8 @@ int RunPlan(const PlanOptions& options) {
       .max_batch_rows = options.max_batch_rows,
       .machine = {.ram_bytes_per_second = options.ram_gbps * 1e9,
                   .vram_bytes_per_second = options.vram_gbps * 1e9},
-      .ternary = options.ternary};
+      .ternary = options.ternary,
+      .kv_type = *kv_type};
 
   double linear_weights = 0;
   for (const offline::LinearGroupShape& g : offline::LinearGroupShapes(c)) {
@@ -116,13 +123,14 @@ int RunPlan(const PlanOptions& options) {
   const model::VramPlan& v = p.vram;
   std::printf(
       "VRAM: base weights %.2f GiB, embedding/norms/tables %.2f GiB%s, KV cache %lld x %.2f GiB "
-      "(%lld tokens), scratch %.2f GiB: %.2f of %.2f GiB\n",
+      "(%lld tokens, %s), scratch %.2f GiB: %.2f of %.2f GiB\n",
       GiB(static_cast<double>(v.base_weights_bytes)),
       GiB(static_cast<double>(v.constants_slab_bytes)),
-      request.embedding_device_bytes > 0 ? " (embedding on the GPU)" : " (embedding in RAM)",
+      v.embedding_bytes > 0 ? " (embedding on the GPU)" : " (embedding in RAM)",
       static_cast<long long>(v.sessions), GiB(static_cast<double>(v.kv_bytes_per_session)),
-      static_cast<long long>(v.context), GiB(static_cast<double>(v.scratch_slab_bytes)),
-      GiB(static_cast<double>(v.total_bytes)), GiB(static_cast<double>(v.budget_bytes)));
+      static_cast<long long>(v.context), options.kv_type.c_str(),
+      GiB(static_cast<double>(v.scratch_slab_bytes)), GiB(static_cast<double>(v.total_bytes)),
+      GiB(static_cast<double>(v.budget_bytes)));
   const auto fits = [&](int64_t context, int64_t sessions) {
     offline::OffloadRequest r = request;
     r.context = context;
@@ -183,6 +191,9 @@ Command AddPlanCommand(CLI::App& app) {
   sub->add_option("--ram-gbps", options->ram_gbps, "RAM bandwidth of the projection, GB/s")
       ->capture_default_str();
   sub->add_option("--vram-gbps", options->vram_gbps, "VRAM bandwidth of the projection, GB/s")
+      ->capture_default_str();
+  sub->add_option("--kv-type", options->kv_type,
+                  "the KV cache's rows on the GPU: f16 or q8_0 (drafter --kv-type)")
       ->capture_default_str();
   sub->add_flag("--ternary,!--no-ternary", options->ternary,
                 "consider the ternary base bt_sym (2.0 bits per weight at group 64, a weak draft) "

@@ -30,6 +30,7 @@
 #include "common/offline/offload_plan.h"
 #include "common/offline/plan_check.h"
 #include "common/offline/split_quantizer.h"
+#include "common/ops/kv_rows.h"
 #include "common/quant/split_format.h"
 #include "common/util/status_macros.h"
 #include "tools/bitsplit/commands.h"
@@ -62,7 +63,8 @@ struct QuantizeOptions {
   std::string quality = "q8_0";
   int64_t plan_context = 2048;  // the drafter's --max-context default
   int64_t plan_sessions = 1;
-  int64_t plan_batch_rows = 256;  // the drafter's --max-batch-rows default
+  std::string plan_kv_type = "f16";  // the drafter's --kv-type default
+  int64_t plan_batch_rows = 256;     // the drafter's --max-batch-rows default
   double ram_gbps = 60;
   double vram_gbps = 1000;
   std::optional<std::string> plan_json_path;
@@ -206,6 +208,16 @@ absl::StatusOr<uint64_t> BudgetBytes(const std::string& text, const model::VramR
       "for the base weights)"));
 }
 
+// --plan-kv-type: a type the device's KV cache holds.
+absl::StatusOr<ops::KvType> PlanKvType(const std::string& text) {
+  absl::StatusOr<ops::KvType> type = ops::ParseKvType(text);
+  if (!type.ok() || *type == ops::KvType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--plan-kv-type \"", text, "\" is neither f16 nor q8_0"));
+  }
+  return type;
+}
+
 // What --vram-budget plans with: the source's weights, the candidates and the request, checked
 // (an impossible budget refused) before the slow calibration and measurement.
 struct BudgetPlanning {
@@ -236,14 +248,15 @@ absl::StatusOr<std::unique_ptr<BudgetPlanning>> PrepareBudget(
     request.prior.low_bits_tau = offline::kTernaryTreeTau;
   }
   BITSPLIT_ASSIGN_OR_RETURN(request.error_factor, QualityFactor(options.quality));
-  const model::ModelWeights& weights = planning->weights;
   request.vram.config = planning->config;
   request.vram.base_format = candidates.bases.front();
   request.vram.base_group = quantization.base_group;
-  request.vram.embedding_bytes = model::DeviceEmbeddingBytes(
-      weights.token_embd.type, weights.token_embd.rows, weights.token_embd.row_bytes);
+  // The allocator spends the whole budget on base bits, so the drafter keeps the embedding table
+  // in RAM (model::PlacedEmbeddingBytes puts it on the device only where it costs nothing).
+  request.vram.embedding_bytes = 0;
   request.vram.context = options.plan_context;
   request.vram.sessions = options.plan_sessions;
+  BITSPLIT_ASSIGN_OR_RETURN(request.vram.kv_type, PlanKvType(options.plan_kv_type));
   request.vram.max_batch_rows = std::min(options.plan_batch_rows, options.plan_context);
   BITSPLIT_ASSIGN_OR_RETURN(request.budget_bytes, BudgetBytes(*options.vram_budget, request.vram));
   request.machine.ram_bytes_per_second = options.ram_gbps * 1e9;
@@ -469,6 +482,9 @@ Command AddQuantizeCommand(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--plan-sessions", options->plan_sessions,
                   "with --vram-budget: KV caches the VRAM plan holds")
+      ->capture_default_str();
+  sub->add_option("--plan-kv-type", options->plan_kv_type,
+                  "with --vram-budget: the KV cache's rows, f16 or q8_0 (drafter --kv-type)")
       ->capture_default_str();
   sub->add_option("--plan-batch-rows", options->plan_batch_rows,
                   "with --vram-budget: rows of the largest forward (drafter --max-batch-rows)")
