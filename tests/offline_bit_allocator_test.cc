@@ -30,6 +30,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/gguf_builder.h"
+#include "tests/testing/paths.h"
 #include "tests/testing/speculation_runs.h"
 #include "tests/testing/synthetic_weights.h"
 
@@ -76,9 +77,8 @@ std::string WriteTinyModel() {
       add(p + "ffn_up.weight", {128, 256}, 0.2, 0.0);
       add(p + "ffn_down.weight", {256, 128}, 0.15, 0.0);
     }
-    const std::string file = (std::filesystem::temp_directory_path() /
-                              absl::StrCat("bitsplit-tiny-plan-", getpid(), ".gguf"))
-                                 .string();
+    const std::string file =
+        (testing::TestTempDir() / absl::StrCat("bitsplit-tiny-plan-", getpid(), ".gguf")).string();
     EXPECT_TRUE(testing::WriteFileBytes(file, b.Build()));
     return file;
   }();
@@ -142,8 +142,7 @@ model::SplitQuantization MixedPlan() {
 }
 
 std::string TempPrefix(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / absl::StrCat("bitsplit-", name, "-", getpid()))
-      .string();
+  return (testing::TestTempDir() / absl::StrCat("bitsplit-", name, "-", getpid())).string();
 }
 
 // ---- The plan in the record -----------------------------------------------------------------

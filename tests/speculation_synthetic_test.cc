@@ -27,6 +27,7 @@
 #include "common/ops/softmax.h"
 #include "common/speculation/cpu_session.h"
 #include "gtest/gtest.h"
+#include "tests/testing/paths.h"
 #include "tests/testing/speculation_runs.h"
 #include "tests/testing/split_fixture.h"
 #include "tests/testing/synthetic_weights.h"
@@ -54,9 +55,9 @@ class SyntheticSplitTest : public ::testing::TestWithParam<SplitCase> {
     if (files.source != nullptr) return;
     files.source = std::make_unique<testing::SyntheticModelFile>(GetParam().fixture);
     ASSERT_TRUE(files.source->ok());
-    files.prefix = (std::filesystem::temp_directory_path() /
-                    absl::StrCat("bitsplit-split-", GetParam().name, "-", getpid()))
-                       .string();
+    files.prefix =
+        (testing::TestTempDir() / absl::StrCat("bitsplit-split-", GetParam().name, "-", getpid()))
+            .string();
     const model::SplitQuantization q = testing::SplitFixtureQuantization();
     auto summary = offline::QuantizeSplitModel(
         files.source->path(), model::SplitBasePath(files.prefix),

@@ -137,18 +137,39 @@ void AsymmetricCodes(const GroupData& g, float d, float m, int levels, uint8_t* 
 void BaseGroupFitter::Sort(const GroupData& g) {
   BITSPLIT_CHECK(g.n > 0 && g.n % 32 == 0);
   n_ = g.n;
-  // Sorting 64-bit keys (the value's bits made order-preserving as unsigned, then its index)
-  // instead of indices compared through the values: half the quantizer's time went to the
-  // indirect sort. -0 sorts before +0; both get the same code, so the order of equal values
-  // does not matter.
+  // The value's bits made order-preserving, as signed 32-bit keys (-0 sorts before +0; both get
+  // the same code, so the order of equal values does not matter).
   keys_.resize(n_);
   for (int i = 0; i < n_; ++i) {
     uint32_t bits;
     std::memcpy(&bits, &g.w[i], sizeof(bits));
-    bits ^= (bits >> 31) != 0 ? 0xffffffffu : 0x80000000u;
-    keys_[i] = (static_cast<uint64_t>(bits) << 32) | static_cast<uint32_t>(i);
+    bits ^= (bits >> 31) != 0 ? 0x7fffffffu : 0u;
+    keys_[i] = static_cast<int32_t>(bits);
   }
-  std::sort(keys_.begin(), keys_.end());
+  // The permutation by rank: value i goes to position #{j : key j < key i} + #{j < i : key j =
+  // key i}, counted eight keys at a time. For a group (64 values) that is 512 compares with no
+  // branch, where a comparison sort mispredicts about one branch in two; the sort was a quarter
+  // of the quantizer's time.
+  order_.resize(n_);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int i = 0; i < n_; ++i) {
+    const __m256i key = _mm256_set1_epi32(keys_[i]);
+    const __m256i index = _mm256_set1_epi32(i);
+    __m256i count = _mm256_setzero_si256();
+    for (int j = 0; j < n_; j += 8) {
+      const __m256i other = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&keys_[j]));
+      const __m256i before =
+          _mm256_cmpgt_epi32(index, _mm256_add_epi32(lane, _mm256_set1_epi32(j)));
+      const __m256i less = _mm256_cmpgt_epi32(key, other);
+      const __m256i tie = _mm256_and_si256(_mm256_cmpeq_epi32(key, other), before);
+      count = _mm256_sub_epi32(count, _mm256_or_si256(less, tie));  // a true lane is -1
+    }
+    const __m128i quad =
+        _mm_add_epi32(_mm256_castsi256_si128(count), _mm256_extracti128_si256(count, 1));
+    const __m128i pair = _mm_add_epi32(quad, _mm_unpackhi_epi64(quad, quad));
+    const int rank = _mm_cvtsi128_si32(_mm_add_epi32(pair, _mm_shuffle_epi32(pair, 1)));
+    order_[rank] = i;
+  }
   sorted_.resize(n_);
   codes_.resize(n_);
   prefix_.resize(3 * static_cast<size_t>(n_ + 1));
@@ -157,7 +178,7 @@ void BaseGroupFitter::Sort(const GroupData& g) {
   double* aww = aw + (n_ + 1);
   a[0] = aw[0] = aww[0] = 0.0;
   for (int i = 0; i < n_; ++i) {
-    const auto index = static_cast<uint32_t>(keys_[i]);
+    const int index = order_[i];
     const double w = g.w[index], weight = g.a[index];
     sorted_[i] = g.w[index];
     a[i + 1] = a[i] + weight;

@@ -86,7 +86,8 @@ class BaseGroupFitter {
   std::vector<float> sorted_;   // the group's values, ascending
   std::vector<double> prefix_;  // 3 (n + 1): running sums of a, a w, a w^2 in sorted order
   std::vector<uint8_t> codes_;  // scratch: a candidate's codes of the sorted values
-  std::vector<uint64_t> keys_;  // scratch of the sort
+  std::vector<int32_t> keys_;   // scratch of the sort: order-preserving bits of each value
+  std::vector<int> order_;      // scratch of the sort: the index of the value of each rank
 };
 
 }  // namespace bitsplit::quant
