@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""Renders every chat template of the pinned llama.cpp tree with jinja2 over fixed conversations.
+
+The oracle of the C++ Jinja engine (common/text/jinja.h, tests/text_jinja_test.cc): the 70
+templates of vendor/llama.cpp/models/templates/*.jinja in the llama-cpp-python 0.3.36 sdist (the
+pin of tests/oracle/requirements.txt) are rendered the way Hugging Face transformers renders a
+chat template (transformers.utils.chat_template_utils._compile_jinja_template):
+ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True) with the loopcontrols
+extension and a `{% generation %}` tag that renders its body, a `tojson` filter that is
+json.dumps(x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys), and
+the globals raise_exception (raises TemplateError with the message) and strftime_now. strftime_now
+formats a fixed date (STRFTIME_NOW_DATE) instead of the clock so that the fixture is reproducible;
+the C++ side is given the same date.
+
+Each (template, conversation, add_generation_prompt) case names its conversation and records
+add_generation_prompt, and either the rendered string or the exception (its type and message);
+the context passed to the template is that conversation's messages (and tools, where it has
+them), add_generation_prompt, and the fixture's bos_token and eos_token. A template that
+does not compile records one compile error for the template.
+
+Regenerate (system python3 has jinja2 3.1.6; the sdist is fetched by pip, hash-checked):
+    python3 tests/oracle/chat_template_corpus.py
+or with an already downloaded copy of the sdist (its sha256 is checked against the pin):
+    python3 tests/oracle/chat_template_corpus.py --sdist PATH/llama_cpp_python-0.3.36.tar.gz
+It writes tests/fixtures/chat_templates/corpus.json.
+"""
+import argparse
+import datetime
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+from importlib.metadata import version
+from pathlib import Path
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.sandbox
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIREMENTS = ROOT / "tests/oracle/requirements.txt"
+OUTPUT = ROOT / "tests/fixtures/chat_templates/corpus.json"
+TEMPLATE_DIR = "vendor/llama.cpp/models/templates/"
+STRFTIME_NOW_DATE = "2026-01-15"
+BOS_TOKEN = "<s>"
+EOS_TOKEN = "</s>"
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city (°C).",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "The city, e.g. Zürich"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Get the current time.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+TOOL_CALL = {
+    "id": "call_0001",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}},
+}
+
+CONVERSATIONS = {
+    "system_user": {
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "Hello! How are you?"},
+        ],
+    },
+    "multi_turn": {
+        "messages": [
+            {"role": "user", "content": "What is 2 + 2?"},
+            {"role": "assistant", "content": "2 + 2 = 4."},
+            {"role": "user", "content": "And times 3, café?"},
+        ],
+    },
+    "system_multi_turn": {
+        "messages": [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "Blue."},
+            {"role": "user", "content": "Another one."},
+        ],
+    },
+    "tools": {
+        "messages": [
+            {"role": "system", "content": "You can call tools."},
+            {"role": "user", "content": "What is the weather in Zürich?"},
+        ],
+        "tools": [WEATHER_TOOL, TIME_TOOL],
+    },
+    "tool_calls": {
+        "messages": [
+            {"role": "user", "content": "What is the weather in Zürich?"},
+            {"role": "assistant", "content": "", "tool_calls": [TOOL_CALL]},
+            {"role": "tool", "tool_call_id": "call_0001", "name": "get_weather",
+             "content": "{\"temperature\": 21, \"sky\": \"sunny\"}"},
+            {"role": "assistant", "content": "It is 21 °C and sunny in Zürich."},
+            {"role": "user", "content": "Thanks!"},
+        ],
+        "tools": [WEATHER_TOOL],
+    },
+}
+
+
+class GenerationTag(jinja2.ext.Extension):
+    """transformers' AssistantTracker without the tracking: `{% generation %}` renders its body."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render", []), [], [], body).set_lineno(
+            lineno)
+
+    def _render(self, caller):
+        return caller()
+
+
+def make_environment():
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def strftime_now(format):
+        return datetime.datetime.strptime(STRFTIME_NOW_DATE, "%Y-%m-%d").strftime(format)
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+def pinned_requirement():
+    for line in REQUIREMENTS.read_text().splitlines():
+        if line.startswith("llama_cpp_python=="):
+            match = re.search(r"--hash=sha256:([0-9a-f]{64})", line)
+            return line, match.group(1)
+    sys.exit(f"no llama_cpp_python line in {REQUIREMENTS}")
+
+
+def sdist_path(given, workdir):
+    line, sha256 = pinned_requirement()
+    if given is None:
+        requirement = Path(workdir) / "requirement.txt"
+        requirement.write_text(line + "\n")
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
+                        "--no-binary=:all:", "--require-hashes", "-d", workdir, "-r",
+                        str(requirement)], check=True)
+        given = next(Path(workdir).glob("llama_cpp_python-*.tar.gz"))
+    digest = hashlib.sha256(Path(given).read_bytes()).hexdigest()
+    if digest != sha256:
+        sys.exit(f"{given}: sha256 {digest}, the pin says {sha256}")
+    return Path(given)
+
+
+def read_templates(sdist):
+    templates = {}
+    with tarfile.open(sdist) as tar:
+        for member in tar.getmembers():
+            parts = member.name.split("/", 1)
+            if (member.isfile() and len(parts) == 2 and parts[1].startswith(TEMPLATE_DIR)
+                    and parts[1].endswith(".jinja") and "/" not in parts[1][len(TEMPLATE_DIR):]):
+                templates[parts[1][len(TEMPLATE_DIR):]] = tar.extractfile(member).read()
+    return dict(sorted(templates.items()))
+
+
+def render_cases(env, source):
+    try:
+        template = env.from_string(source)
+    except Exception as error:  # a compile error refuses the whole template
+        return {"compile_error": f"{type(error).__name__}: {error}"}
+    cases = []
+    for name, conversation in CONVERSATIONS.items():
+        for add_generation_prompt in (False, True):
+            context = {"messages": conversation["messages"],
+                       "add_generation_prompt": add_generation_prompt,
+                       "bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN}
+            if "tools" in conversation:
+                context["tools"] = conversation["tools"]
+            case = {"conversation": name, "add_generation_prompt": add_generation_prompt}
+            try:
+                case["output"] = template.render(**context)
+            except Exception as error:
+                case["error_type"] = type(error).__name__
+                case["error"] = str(error)
+            cases.append(case)
+    return {"cases": cases}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sdist", help="an already downloaded llama_cpp_python-0.3.36.tar.gz")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as workdir:
+        sdist = sdist_path(args.sdist, workdir)
+        templates = read_templates(sdist)
+    env = make_environment()
+    entries = []
+    for file_name, raw in templates.items():
+        source = raw.decode("utf-8")
+        entry = {"file": file_name, "sha256": hashlib.sha256(raw).hexdigest(), "source": source}
+        entry.update(render_cases(env, source))
+        entries.append(entry)
+    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
+    OUTPUT.write_text(json.dumps({
+        "generator": "tests/oracle/chat_template_corpus.py",
+        "templates_from": f"llama-cpp-python 0.3.36 sdist, {TEMPLATE_DIR}",
+        "jinja2": version("jinja2"),
+        "strftime_now_date": STRFTIME_NOW_DATE,
+        "bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN,
+        "conversations": CONVERSATIONS,
+        "templates": entries,
+    }, indent=1, ensure_ascii=False) + "\n")
+    rendered = sum(1 for e in entries for c in e.get("cases", []) if "output" in c)
+    failed = sum(1 for e in entries for c in e.get("cases", []) if "error" in c)
+    refused = sum(1 for e in entries if "compile_error" in e)
+    print(f"{len(entries)} templates ({refused} do not compile), {rendered} cases rendered, "
+          f"{failed} raised -> {OUTPUT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
