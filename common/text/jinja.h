@@ -1,0 +1,56 @@
+#pragma once
+// A Jinja engine for chat templates (GGUF tokenizer.chat_template): the subset of Jinja2 that
+// model templates use, rendering what Hugging Face transformers renders with jinja2 for the same
+// context, byte for byte: ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+// with loop controls, `{% generation %}` blocks, tojson as json.dumps(ensure_ascii=False) and
+// the globals raise_exception and strftime_now. tests/text_jinja_test.cc checks it against
+// jinja2's renderings of llama.cpp's template collection (tests/oracle/chat_template_corpus.py).
+//
+// Not supported (an error rather than different text): {% call %} blocks, {% include %} and
+// template inheritance, recursive loops, macro varargs/kwargs, format specs in str.format,
+// the % string operator. Known divergences: upper/lower/title/capitalize change ASCII letters
+// only; str.isprintable() (repr() of strings in containers) knows only the common invisible
+// characters.
+#include <ctime>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "common/text/jinja_value.h"
+
+namespace bitsplit::text::jinja {
+
+class Template {
+ public:
+  struct Options {
+    bool trim_blocks = true;
+    bool lstrip_blocks = true;
+    // What strftime_now() formats; unset: the local time at the call.
+    std::optional<std::tm> now;
+  };
+
+  // Parses the source; a syntax error or a tag the engine does not support is an
+  // INVALID_ARGUMENT naming the line, so that a model's template can be refused when it loads.
+  static absl::StatusOr<Template> Parse(std::string_view source, Options options);
+  static absl::StatusOr<Template> Parse(std::string_view source) { return Parse(source, {}); }
+
+  // Renders with the variables of `context` (a dict). A template error (raise_exception, an
+  // undefined value used where Python raises, a type error) is an INVALID_ARGUMENT naming the
+  // line; for raise_exception the message ends with the template's own message.
+  absl::StatusOr<std::string> Render(const Value& context) const;
+
+ private:
+  struct Parsed;
+  Template(std::shared_ptr<const Parsed> parsed, Options options)
+      : parsed_(std::move(parsed)), options_(std::move(options)) {}
+
+  std::shared_ptr<const Parsed> parsed_;
+  Options options_;
+};
+
+// Parse and render in one step.
+absl::StatusOr<std::string> RenderChatTemplate(std::string_view source, const Value& context);
+
+}  // namespace bitsplit::text::jinja

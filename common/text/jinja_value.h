@@ -1,0 +1,148 @@
+#pragma once
+// The values a Jinja chat template computes with, with Python's semantics where they show in the
+// rendered text: str() of numbers, booleans and None, repr() of strings inside containers,
+// json.dumps as transformers' tojson calls it, truthiness and equality (True == 1).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace bitsplit::text::jinja {
+
+class Value;
+
+struct CallArgs {
+  std::vector<Value> positional;
+  std::vector<std::pair<std::string, Value>> keyword;
+};
+
+using Callable = std::function<absl::StatusOr<Value>(const CallArgs&)>;
+
+// A Python dict with string keys: insertion order is what json.dumps and iteration show.
+struct Dict {
+  std::vector<std::pair<std::string, Value>> items;
+  // Jinja's namespace(): attributes assignable with {% set ns.name = ... %}; not a mapping.
+  bool is_namespace = false;
+
+  const Value* Find(std::string_view key) const;
+  void Set(std::string key, Value value);
+};
+
+class Value {
+ public:
+  enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kCallable };
+  using List = std::vector<Value>;
+
+  // Undefined, remembering what was looked up for the error an operation on it raises.
+  Value() : data_(UndefinedName{}) {}
+  static Value Undefined(std::string what) { return Value(UndefinedName{std::move(what)}); }
+  static Value None() { return Value(NoneTag{}); }
+  Value(bool b) : data_(b) {}                           // NOLINT(google-explicit-constructor)
+  Value(int i) : data_(int64_t{i}) {}                   // NOLINT(google-explicit-constructor)
+  Value(int64_t i) : data_(i) {}                        // NOLINT(google-explicit-constructor)
+  Value(double d) : data_(d) {}                         // NOLINT(google-explicit-constructor)
+  Value(std::string s) : data_(std::move(s)) {}         // NOLINT(google-explicit-constructor)
+  Value(std::string_view s) : data_(std::string(s)) {}  // NOLINT(google-explicit-constructor)
+  Value(const char* s) : data_(std::string(s)) {}       // NOLINT(google-explicit-constructor)
+  Value(List list)                                      // NOLINT(google-explicit-constructor)
+      : data_(std::make_shared<const List>(std::move(list))) {}
+  Value(Dict dict)  // NOLINT(google-explicit-constructor)
+      : data_(std::make_shared<Dict>(std::move(dict))) {}
+  Value(Callable callable)  // NOLINT(google-explicit-constructor)
+      : data_(std::make_shared<const Callable>(std::move(callable))) {}
+
+  Kind kind() const { return static_cast<Kind>(data_.index()); }
+  bool is_undefined() const { return kind() == Kind::kUndefined; }
+  bool is_none() const { return kind() == Kind::kNone; }
+  bool is_bool() const { return kind() == Kind::kBool; }
+  bool is_int() const { return kind() == Kind::kInt; }
+  bool is_float() const { return kind() == Kind::kFloat; }
+  // Python's numbers: bool is an int.
+  bool is_number() const { return is_bool() || is_int() || is_float(); }
+  bool is_string() const { return kind() == Kind::kString; }
+  bool is_list() const { return kind() == Kind::kList; }
+  bool is_dict() const { return kind() == Kind::kDict && !std::get<DictPtr>(data_)->is_namespace; }
+  bool is_namespace() const {
+    return kind() == Kind::kDict && std::get<DictPtr>(data_)->is_namespace;
+  }
+  bool is_callable() const { return kind() == Kind::kCallable; }
+
+  bool as_bool() const { return std::get<bool>(data_); }
+  // ints and bools as an integer.
+  int64_t as_int() const { return is_bool() ? int64_t{as_bool()} : std::get<int64_t>(data_); }
+  double as_double() const {
+    return is_float() ? std::get<double>(data_) : static_cast<double>(as_int());
+  }
+  const std::string& as_string() const { return std::get<std::string>(data_); }
+  const List& as_list() const { return *std::get<ListPtr>(data_); }
+  const Dict& as_dict() const { return *std::get<DictPtr>(data_); }
+  // Namespaces are the one mutable value: every copy shares the attributes.
+  Dict& mutable_namespace() const { return *std::get<DictPtr>(data_); }
+  const Callable& as_callable() const { return *std::get<CallablePtr>(data_); }
+  const std::string& undefined_name() const { return std::get<UndefinedName>(data_).name; }
+
+  // Python's bool(x); Undefined is false.
+  bool Truthy() const;
+  // Python's str(x) (Undefined: ""), as {{ x }} renders it.
+  std::string Str() const;
+  // Python's repr(x).
+  std::string Repr() const;
+  // A name for error messages, as Python's type names read ("str", "dict", "NoneType").
+  std::string TypeName() const;
+
+ private:
+  struct UndefinedName {
+    std::string name;
+  };
+  struct NoneTag {};
+  using ListPtr = std::shared_ptr<const List>;
+  using DictPtr = std::shared_ptr<Dict>;
+  using CallablePtr = std::shared_ptr<const Callable>;
+
+  explicit Value(UndefinedName u) : data_(std::move(u)) {}
+  explicit Value(NoneTag n) : data_(n) {}
+
+  // The order of the alternatives is the order of Kind.
+  std::variant<UndefinedName, NoneTag, bool, int64_t, double, std::string, ListPtr, DictPtr,
+               CallablePtr>
+      data_;
+};
+
+// Python's ==, where 1 == 1.0 == True and containers compare element by element.
+bool Equals(const Value& a, const Value& b);
+// Python's <, for numbers, strings and lists; an error for anything else.
+absl::StatusOr<bool> Less(const Value& a, const Value& b);
+
+// Python's repr(float): the shortest digits that read back, "1.0", "1e+16", "inf".
+std::string FloatRepr(double value);
+
+struct JsonOptions {
+  // json.dumps's indent: none (one line), a count of spaces, or a string.
+  std::optional<std::string> indent;
+  std::string item_separator = ", ";
+  std::string key_separator = ": ";
+  bool sort_keys = false;
+  bool ensure_ascii = false;
+};
+// json.dumps(x, ...) as Python writes it; an error for Undefined and callables.
+absl::StatusOr<std::string> ToJson(const Value& value, const JsonOptions& options);
+
+// Converts parsed JSON text (e.g. a request's messages) to Values; objects keep their order.
+absl::StatusOr<Value> ValueFromJson(std::string_view json_text);
+
+// Code points of UTF-8 text (an invalid byte stands for itself, as U+DC80 + byte would in
+// Python's surrogateescape, but keeping its value), and back.
+std::vector<uint32_t> DecodeUtf8(std::string_view text);
+void AppendUtf8(uint32_t code_point, std::string& out);
+std::string EncodeUtf8(const std::vector<uint32_t>& code_points);
+// Python's str.isspace() for one code point: what str.strip() and str.split() remove.
+bool IsPythonSpace(uint32_t code_point);
+
+}  // namespace bitsplit::text::jinja
