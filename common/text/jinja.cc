@@ -81,6 +81,33 @@ class Args {
   absl::Status error_;
 };
 
+// markupsafe.escape.
+std::string HtmlEscape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out.push_back(c);
+    }
+  }
+  return out;
+}
+
 size_t PyLen(const Value& v) {
   if (v.is_string()) return PyLength(v.as_string());
   if (v.is_list()) return v.as_list().size();
@@ -92,6 +119,7 @@ size_t PyLen(const Value& v) {
 // empty, as jinja2's Undefined iterates.
 absl::StatusOr<Value::List> Iterate(const Value& v) {
   if (v.is_list()) return v.as_list();
+  if (v.is_generator()) return v.ConsumeGenerator();
   if (v.is_undefined()) return Value::List{};
   if (v.is_dict()) {
     Value::List keys;
@@ -663,6 +691,11 @@ class Renderer {
                                 "' and '", b.TypeName(), "'"));
     };
     if (op == "+") {
+      if (a.is_string() && b.is_string() && (a.is_markup() || b.is_markup())) {
+        const std::string left = a.is_markup() ? a.as_string() : HtmlEscape(a.as_string());
+        const std::string right = b.is_markup() ? b.as_string() : HtmlEscape(b.as_string());
+        return Value::Markup(left + right);
+      }
       if (numbers)
         return floats ? Value(a.as_double() + b.as_double()) : Value(a.as_int() + b.as_int());
       if (a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
@@ -736,6 +769,10 @@ class Renderer {
             absl::StrCat("'in <string>' requires string as left operand, not ", item.TypeName()));
       }
       return container.as_string().find(item.as_string()) != std::string::npos;
+    }
+    if (container.is_generator()) {
+      // Consumes the generator (all of it, where Python stops at the first match).
+      return Contains(Value(container.ConsumeGenerator()), item);
     }
     if (container.is_list()) {
       for (const Value& v : container.as_list()) {
@@ -1016,7 +1053,9 @@ class Renderer {
     if (name == "none") return v.is_none();
     if (name == "string") return v.is_string();
     if (name == "mapping") return v.is_dict();
-    if (name == "iterable") return v.is_list() || v.is_dict() || v.is_string() || v.is_undefined();
+    if (name == "iterable") {
+      return v.is_list() || v.is_dict() || v.is_string() || v.is_generator() || v.is_undefined();
+    }
     if (name == "sequence") return v.is_list() || v.is_dict() || v.is_string();
     if (name == "number") return v.is_number();
     if (name == "integer") return v.is_int();
@@ -1121,6 +1160,8 @@ class Renderer {
 
   absl::StatusOr<Value> Select(const Value& input, const CallArgs& call, bool by_attribute,
                                bool keep_when) {
+    // jinja2 selects from a false value (None, an empty list) nothing, without iterating it.
+    if (!input.Truthy()) return Value::Generator({});
     JINJA_ASSIGN_OR_RETURN(Value::List items, Iterate(input));
     size_t first_test_arg = by_attribute ? 1 : 0;
     if (by_attribute && call.positional.empty()) return Error("selectattr needs an attribute");
@@ -1143,7 +1184,7 @@ class Renderer {
       }
       if (passes == keep_when) out.push_back(item);
     }
-    return Value(std::move(out));
+    return Value::Generator(std::move(out));
   }
 
   absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& v, const CallArgs& call) {
@@ -1203,6 +1244,10 @@ class Renderer {
       return Value(std::move(out));
     }
     if (name == "first" || name == "last") {
+      if (v.is_generator()) {
+        if (name == "last") return Error("'generator' object is not reversible");
+        return v.NextOfGenerator();
+      }
       JINJA_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
       if (items.empty())
         return Value::Undefined(absl::StrCat("No ", name, " item, sequence was empty."));
@@ -1224,6 +1269,7 @@ class Renderer {
       return DictMethod(v, "items", {});
     }
     if (name == "map") {
+      if (!v.Truthy()) return Value::Generator({});
       JINJA_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
       Value::List out;
       std::optional<std::string> attribute;
@@ -1245,7 +1291,7 @@ class Renderer {
         JINJA_ASSIGN_OR_RETURN(Value mapped, ApplyFilter(call.positional[0].Str(), item, rest));
         out.push_back(std::move(mapped));
       }
-      return Value(std::move(out));
+      return Value::Generator(std::move(out));
     }
     if (name == "selectattr") return Select(v, call, true, true);
     if (name == "rejectattr") return Select(v, call, true, false);
@@ -1263,31 +1309,9 @@ class Renderer {
                              args.has(2) && !args.get(2).is_none() ? args.get(2).as_int() : -1));
     }
     if (name == "string") return Value(v.Str());
-    if (name == "safe") return v;
+    if (name == "safe") return v.is_markup() ? v : Value::Markup(v.Str());
     if (name == "escape" || name == "e") {
-      std::string out;
-      for (char c : v.Str()) {
-        switch (c) {
-          case '&':
-            out += "&amp;";
-            break;
-          case '<':
-            out += "&lt;";
-            break;
-          case '>':
-            out += "&gt;";
-            break;
-          case '"':
-            out += "&#34;";
-            break;
-          case '\'':
-            out += "&#39;";
-            break;
-          default:
-            out.push_back(c);
-        }
-      }
-      return Value(std::move(out));
+      return v.is_markup() ? v : Value::Markup(HtmlEscape(v.Str()));
     }
     if (name == "int" || name == "float") {
       Args args(call, {"default", "base"}, name);
@@ -1361,7 +1385,7 @@ class Renderer {
         seen.push_back(k);
         out.push_back(item);
       }
-      return Value(std::move(out));
+      return Value::Generator(std::move(out));
     }
     if (name == "min" || name == "max") {
       Args args(call, {"case_sensitive", "attribute"}, name);

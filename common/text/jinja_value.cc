@@ -188,6 +188,25 @@ std::string FloatRepr(double value) {
   return out + digits.substr(0, int_digits) + "." + digits.substr(int_digits);
 }
 
+Value Value::Generator(List items) {
+  auto state = std::make_shared<GeneratorState>();
+  state->items = std::move(items);
+  return Value(std::move(state));
+}
+
+Value::List Value::ConsumeGenerator() const {
+  GeneratorState& state = *std::get<GeneratorPtr>(data_);
+  List rest(state.items.begin() + state.position, state.items.end());
+  state.position = state.items.size();
+  return rest;
+}
+
+Value Value::NextOfGenerator() const {
+  GeneratorState& state = *std::get<GeneratorPtr>(data_);
+  if (state.position == state.items.size()) return Undefined("generator exhausted");
+  return state.items[state.position++];
+}
+
 bool Value::Truthy() const {
   switch (kind()) {
     case Kind::kUndefined:
@@ -206,6 +225,7 @@ bool Value::Truthy() const {
     case Kind::kDict:
       return is_namespace() || !as_dict().items.empty();
     case Kind::kCallable:
+    case Kind::kGenerator:
       return true;
   }
   return false;
@@ -241,6 +261,8 @@ std::string Value::Repr() const {
       return ContainerRepr(*this);
     case Kind::kCallable:
       return "<function>";
+    case Kind::kGenerator:
+      return "<generator object>";
   }
   return "";
 }
@@ -265,6 +287,8 @@ std::string Value::TypeName() const {
       return is_namespace() ? "Namespace" : "dict";
     case Kind::kCallable:
       return "function";
+    case Kind::kGenerator:
+      return "generator";
   }
   return "";
 }
@@ -302,6 +326,8 @@ bool Equals(const Value& a, const Value& b) {
     }
     case Value::Kind::kCallable:
       return &a.as_callable() == &b.as_callable();
+    case Value::Kind::kGenerator:
+      return false;
     default:
       return false;
   }

@@ -37,7 +37,18 @@ struct Dict {
 
 class Value {
  public:
-  enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kCallable };
+  enum class Kind {
+    kUndefined,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kList,
+    kDict,
+    kCallable,
+    kGenerator,
+  };
   using List = std::vector<Value>;
 
   // Undefined, remembering what was looked up for the error an operation on it raises.
@@ -58,7 +69,8 @@ class Value {
   Value(Callable callable)  // NOLINT(google-explicit-constructor)
       : data_(std::make_shared<const Callable>(std::move(callable))) {}
 
-  Kind kind() const { return static_cast<Kind>(data_.index()); }
+  // Markup is a kind of string.
+  Kind kind() const { return is_markup() ? Kind::kString : static_cast<Kind>(data_.index()); }
   bool is_undefined() const { return kind() == Kind::kUndefined; }
   bool is_none() const { return kind() == Kind::kNone; }
   bool is_bool() const { return kind() == Kind::kBool; }
@@ -73,6 +85,18 @@ class Value {
     return kind() == Kind::kDict && std::get<DictPtr>(data_)->is_namespace;
   }
   bool is_callable() const { return kind() == Kind::kCallable; }
+  // What jinja2's map, select, reject, selectattr, rejectattr and unique return: a Python
+  // generator, iterable once, always true, without len() and not JSON serializable.
+  bool is_generator() const { return kind() == Kind::kGenerator; }
+  static Value Generator(List items);
+  // markupsafe's Markup, what |safe and |escape return: a string that, concatenated with + to a
+  // plain string, HTML-escapes the plain one (Markup.__add__), even without autoescaping.
+  static Value Markup(std::string text) { return Value(MarkupText{std::move(text)}); }
+  bool is_markup() const { return std::holds_alternative<MarkupText>(data_); }
+  // The items not consumed yet, consuming them (a second loop over a generator is empty).
+  List ConsumeGenerator() const;
+  // The next item (Undefined at the end), as next(iter(g)).
+  Value NextOfGenerator() const;
 
   bool as_bool() const { return std::get<bool>(data_); }
   // ints and bools as an integer.
@@ -80,7 +104,9 @@ class Value {
   double as_double() const {
     return is_float() ? std::get<double>(data_) : static_cast<double>(as_int());
   }
-  const std::string& as_string() const { return std::get<std::string>(data_); }
+  const std::string& as_string() const {
+    return is_markup() ? std::get<MarkupText>(data_).text : std::get<std::string>(data_);
+  }
   const List& as_list() const { return *std::get<ListPtr>(data_); }
   const Dict& as_dict() const { return *std::get<DictPtr>(data_); }
   // Namespaces are the one mutable value: every copy shares the attributes.
@@ -105,13 +131,23 @@ class Value {
   using ListPtr = std::shared_ptr<const List>;
   using DictPtr = std::shared_ptr<Dict>;
   using CallablePtr = std::shared_ptr<const Callable>;
+  struct GeneratorState {
+    List items;
+    size_t position = 0;
+  };
+  using GeneratorPtr = std::shared_ptr<GeneratorState>;
+  struct MarkupText {
+    std::string text;
+  };
 
   explicit Value(UndefinedName u) : data_(std::move(u)) {}
   explicit Value(NoneTag n) : data_(n) {}
+  explicit Value(GeneratorPtr g) : data_(std::move(g)) {}
+  explicit Value(MarkupText m) : data_(std::move(m)) {}
 
-  // The order of the alternatives is the order of Kind.
+  // The order of the alternatives is the order of Kind; MarkupText, last, is a kString.
   std::variant<UndefinedName, NoneTag, bool, int64_t, double, std::string, ListPtr, DictPtr,
-               CallablePtr>
+               CallablePtr, GeneratorPtr, MarkupText>
       data_;
 };
 
