@@ -99,6 +99,17 @@ TEST(JinjaEvalTest, ArithmeticAndComparisonAsPython) {
   EXPECT_FALSE(RenderError("{{ missing + 1 }}").ok());
 }
 
+// Dict literals may have numbers as keys (ByteDance-Seed-OSS's budget table); json.dumps
+// writes them as strings, sorted as numbers.
+TEST(JinjaEvalTest, NonStringDictKeys) {
+  EXPECT_EQ(
+      Render("{% set d = {0: 'a', 512: 'b', 'k': 1} %}{{ d[512] }}|{{ d | tojson }}|{{ d }}|"
+             "{% for k, v in {10: 1, 2: 2} | dictsort %}{{ k }},{% endfor %}|"
+             "{{ {1: 'x'}[true] }}|{{ 512 in d }}|{{ {2: 1, 10: 2} | tojson(sort_keys=true) }}"),
+      "b|{\"0\": \"a\", \"512\": \"b\", \"k\": 1}|{0: 'a', 512: 'b', 'k': 1}|2,10,|x|True|"
+      "{\"2\": 1, \"10\": 2}");
+}
+
 TEST(JinjaEvalTest, SubscriptsSlicesAndAttributes) {
   const char* context = R"({"m": [{"role": "user", "content": "hi"}, {"role": "assistant"}]})";
   EXPECT_EQ(Render("{{ [1, 2, 3, 4][1:] }} {{ 'héllo'[::-1] }} {{ [1, 2, 3][-1] }} {{ 'abc'[1] }}"),
@@ -265,6 +276,7 @@ const std::set<std::string>& ExpectedIdentical() {
       "Apertus-8B-Instruct.jinja",
       "Apriel-1.6-15b-Thinker-fixed.jinja",
       "Bielik-11B-v3.0-Instruct.jinja",
+      "ByteDance-Seed-OSS.jinja",
       "Cohere2MoE.jinja",
       "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
       "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",

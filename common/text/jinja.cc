@@ -178,7 +178,7 @@ class Renderer {
  public:
   Renderer(const Template::Options& options, const Value& context) : options_(options) {
     if (context.is_dict()) {
-      for (const auto& [key, value] : context.as_dict().items) root_.vars[key] = value;
+      for (const auto& [key, value] : context.as_dict().items) root_.vars[key.Str()] = value;
     }
     chain_.push_back(&root_);
     InstallGlobals();
@@ -215,7 +215,7 @@ class Renderer {
         if (!v.is_dict()) return Error("namespace() takes a dict or keyword arguments");
         for (const auto& [key, item] : v.as_dict().items) ns.Set(key, item);
       }
-      for (const auto& [key, item] : call.keyword) ns.Set(key, item);
+      for (const auto& [key, item] : call.keyword) ns.Set(Value(key), item);
       return Value(std::move(ns));
     }));
     globals_["dict"] = Value(Callable([](const CallArgs& call) -> absl::StatusOr<Value> {
@@ -224,7 +224,7 @@ class Renderer {
         if (!v.is_dict()) return Error("dict() takes a dict or keyword arguments");
         for (const auto& [key, item] : v.as_dict().items) dict.Set(key, item);
       }
-      for (const auto& [key, item] : call.keyword) dict.Set(key, item);
+      for (const auto& [key, item] : call.keyword) dict.Set(Value(key), item);
       return Value(std::move(dict));
     }));
     globals_["range"] = Value(Callable([](const CallArgs& call) -> absl::StatusOr<Value> {
@@ -311,7 +311,7 @@ class Renderer {
           if (!target.is_namespace()) {
             return Error("cannot assign attribute on non-namespace object");
           }
-          target.mutable_namespace().Set(node.attribute, std::move(v));
+          target.mutable_namespace().Set(Value(node.attribute), std::move(v));
           return Flow::kNormal;
         }
         JINJA_RETURN_IF_ERROR(AssignTargets(node.targets, v));
@@ -480,8 +480,10 @@ class Renderer {
         for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
           JINJA_ASSIGN_OR_RETURN(Value key, Eval(*e.args[i]));
           JINJA_ASSIGN_OR_RETURN(Value value, Eval(*e.args[i + 1]));
-          if (!key.is_string()) return Error("only string keys are supported in dict literals");
-          dict.Set(key.as_string(), std::move(value));
+          if (!key.is_string() && !key.is_number() && !key.is_none()) {
+            return Error(absl::StrCat("unhashable type: '", key.TypeName(), "'"));
+          }
+          dict.Set(std::move(key), std::move(value));
         }
         return Value(std::move(dict));
       }
@@ -584,12 +586,12 @@ class Renderer {
   absl::StatusOr<Value> GetAttr(const Value& object, const std::string& name) {
     if (object.is_undefined()) return UndefinedError(object);
     if (object.is_namespace()) {
-      if (const Value* v = object.as_dict().Find(name)) return *v;
+      if (const Value* v = object.as_dict().Find(Value(name))) return *v;
       return Value::Undefined(absl::StrCat("'Namespace' object has no attribute '", name, "'"));
     }
     if (IsMethodOf(object, name)) return BoundMethod(object, name);
     if (object.is_dict()) {
-      if (const Value* v = object.as_dict().Find(name)) return *v;
+      if (const Value* v = object.as_dict().Find(Value(name))) return *v;
     }
     return Value::Undefined(
         absl::StrCat("'", object.TypeName(), " object' has no attribute '", name, "'"));
@@ -598,9 +600,12 @@ class Renderer {
   // jinja2's getitem: the item first, then the attribute.
   absl::StatusOr<Value> GetItem(const Value& object, const Value& key) {
     if (object.is_undefined()) return UndefinedError(object);
+    if (object.is_dict()) {
+      if (const Value* v = object.as_dict().Find(key)) return *v;
+    }
     if (key.is_string()) {
-      if (object.is_dict() || object.is_namespace()) {
-        if (const Value* v = object.as_dict().Find(key.as_string())) return *v;
+      if (object.is_namespace()) {
+        if (const Value* v = object.as_dict().Find(key)) return *v;
       }
       if (!object.is_namespace() && IsMethodOf(object, key.as_string())) {
         return BoundMethod(object, key.as_string());
@@ -781,7 +786,7 @@ class Renderer {
       return false;
     }
     if (container.is_dict()) {
-      return item.is_string() && container.as_dict().Find(item.as_string()) != nullptr;
+      return container.as_dict().Find(item) != nullptr;
     }
     if (container.is_undefined()) return false;
     return Error(absl::StrCat("argument of type '", container.TypeName(), "' is not iterable"));
@@ -848,15 +853,12 @@ class Renderer {
       Args args(call, {"key", "default"}, "get");
       JINJA_RETURN_IF_ERROR(args.status());
       if (!args.has(0)) return Error("get() takes at least 1 argument");
-      if (args.get(0).is_string()) {
-        if (const Value* v = dict.Find(args.get(0).as_string())) return *v;
-      }
+      if (const Value* v = dict.Find(args.get(0))) return *v;
       return args.get_or(1, Value::None());
     }
     if (name == "items") {
       Value::List items;
-      for (const auto& [key, value] : dict.items)
-        items.emplace_back(Value::List{Value(key), value});
+      for (const auto& [key, value] : dict.items) items.emplace_back(Value::List{key, value});
       return Value(std::move(items));
     }
     if (name == "keys") {

@@ -11,16 +11,16 @@
 
 namespace bitsplit::text::jinja {
 
-const Value* Dict::Find(std::string_view key) const {
+const Value* Dict::Find(const Value& key) const {
   for (const auto& [k, v] : items) {
-    if (k == key) return &v;
+    if (Equals(k, key)) return &v;
   }
   return nullptr;
 }
 
-void Dict::Set(std::string key, Value value) {
+void Dict::Set(Value key, Value value) {
   for (auto& [k, v] : items) {
-    if (k == key) {
+    if (Equals(k, key)) {
       v = std::move(value);
       return;
     }
@@ -150,7 +150,7 @@ std::string ContainerRepr(const Value& value) {
   for (const auto& [key, item] : value.as_dict().items) {
     if (!first) out += ", ";
     first = false;
-    out += StringRepr(key) + ": " + item.Repr();
+    out += key.Repr() + ": " + item.Repr();
   }
   return out + (value.is_namespace() ? "}>" : "}");
 }
@@ -451,14 +451,28 @@ absl::Status AppendJson(const Value& value, const JsonOptions& options, int dept
         return absl::OkStatus();
       }
       if (options.sort_keys) {
-        std::stable_sort(items.begin(), items.end(),
-                         [](const auto& a, const auto& b) { return a.first < b.first; });
+        // As sorted(d.items()): by the keys themselves, so 2 before 10.
+        std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) {
+          auto less = Less(a.first, b.first);
+          return less.ok() && *less;
+        });
       }
       out.push_back('{');
       for (size_t i = 0; i < items.size(); ++i) {
         if (i > 0) out += options.item_separator;
         newline(depth + 1);
-        AppendJsonString(items[i].first, options.ensure_ascii, out);
+        // json.dumps writes other keys as JSON strings of their JSON form (1 -> "1").
+        const Value& key = items[i].first;
+        if (key.is_string()) {
+          AppendJsonString(key.as_string(), options.ensure_ascii, out);
+        } else if (key.is_number() || key.is_none()) {
+          auto text = ToJson(key, options);
+          if (!text.ok()) return text.status();
+          AppendJsonString(*text, options.ensure_ascii, out);
+        } else {
+          return absl::InvalidArgumentError(
+              absl::StrCat("keys must be str, int, float, bool or None, not ", key.TypeName()));
+        }
         out += options.key_separator;
         if (auto status = AppendJson(items[i].second, options, depth + 1, out); !status.ok()) {
           return status;
@@ -495,7 +509,8 @@ Value FromJson(const nlohmann::ordered_json& json) {
     }
     case nlohmann::ordered_json::value_t::object: {
       Dict dict;
-      for (const auto& [key, item] : json.items()) dict.items.emplace_back(key, FromJson(item));
+      for (const auto& [key, item] : json.items())
+        dict.items.emplace_back(Value(key), FromJson(item));
       return Value(std::move(dict));
     }
     default:

@@ -25,14 +25,15 @@ struct CallArgs {
 
 using Callable = std::function<absl::StatusOr<Value>(const CallArgs&)>;
 
-// A Python dict with string keys: insertion order is what json.dumps and iteration show.
+// A Python dict: insertion order is what json.dumps and iteration show. Keys are strings,
+// numbers, booleans or None, equal as Python's (1, 1.0 and True are one key).
 struct Dict {
-  std::vector<std::pair<std::string, Value>> items;
+  std::vector<std::pair<Value, Value>> items;
   // Jinja's namespace(): attributes assignable with {% set ns.name = ... %}; not a mapping.
   bool is_namespace = false;
 
-  const Value* Find(std::string_view key) const;
-  void Set(std::string key, Value value);
+  const Value* Find(const Value& key) const;
+  void Set(Value key, Value value);
 };
 
 class Value {
