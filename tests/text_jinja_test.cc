@@ -370,7 +370,7 @@ TEST(JinjaCorpusTest, LlamaCppTemplatesRenderAsJinja2) {
   const char* show_differences = std::getenv("JINJA_CORPUS_SHOW");
 
   int identical_templates = 0, partial_templates = 0, failing_templates = 0, refused = 0;
-  int identical_outputs = 0, outputs = 0, matched_errors = 0, errors = 0;
+  int identical_outputs = 0, outputs = 0, matched_errors = 0, errors = 0, same_messages = 0;
   std::ostringstream table;
   std::set<std::string> fully_identical;
   for (const auto& entry : corpus["templates"]) {
@@ -403,6 +403,8 @@ TEST(JinjaCorpusTest, LlamaCppTemplatesRenderAsJinja2) {
                 absl::EndsWith(rendered.status().message(), c["error"].get<std::string>()));
         ++errors;
         matched_errors += same;
+        same_messages += !rendered.ok() &&
+                         absl::EndsWith(rendered.status().message(), c["error"].get<std::string>());
       }
       if (!same && show_differences && file == show_differences) {
         std::printf(
@@ -450,9 +452,10 @@ TEST(JinjaCorpusTest, LlamaCppTemplatesRenderAsJinja2) {
   std::printf("%s", table.str().c_str());
   std::printf(
       "templates: %d identical in all cases, %d in some, %d in none (%d refused at parse); "
-      "%d of %d rendered cases identical, %d of %d cases where jinja2 raised raise too\n",
+      "%d of %d rendered cases identical, %d of %d cases where jinja2 raised raise too (%d with "
+      "its message)\n",
       identical_templates, partial_templates, failing_templates, refused, identical_outputs,
-      outputs, matched_errors, errors);
+      outputs, matched_errors, errors, same_messages);
   for (const std::string& file : fully_identical) {
     if (!ExpectedIdentical().count(file)) {
       std::printf("note: %s renders identically but is not in ExpectedIdentical()\n", file.c_str());

@@ -118,6 +118,38 @@ CONVERSATIONS = {
         ],
         "tools": [WEATHER_TOOL],
     },
+    # OpenAI's shape: tool-call arguments as a JSON string, content None beside tool calls, two
+    # calls in one turn, and two tool results in a row.
+    "tool_calls_json_arguments": {
+        "messages": [
+            {"role": "system", "content": "Use tools when needed."},
+            {"role": "user", "content": "Weather and time in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_a", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+                {"id": "call_b", "type": "function",
+                 "function": {"name": "get_time", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_a", "content": "18 °C, cloudy"},
+            {"role": "tool", "tool_call_id": "call_b", "content": "14:05"},
+        ],
+        "tools": [WEATHER_TOOL, TIME_TOOL],
+    },
+    # Content as a list of typed parts, as multimodal APIs send text.
+    "content_parts": {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Describe this:"},
+                                         {"type": "text", "text": "a red square."}]},
+        ],
+    },
+    # White space and characters that strip/trim and escaping treat specially.
+    "awkward_text": {
+        "messages": [
+            {"role": "system", "content": "  Be terse.\n\n"},
+            {"role": "user", "content": "\tQuote \"this\" & <that>\u3000\n"},
+            {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nOK: 'done'  "},
+            {"role": "user", "content": "Again \U0001F600"},
+        ],
+    },
 }
 
 
