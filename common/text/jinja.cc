@@ -378,6 +378,9 @@ class Renderer {
     }
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      // What one iteration sets, the next does not see: jinja2 starts each from the loop's
+      // enclosing scope.
+      frame.vars.clear();
       JINJA_RETURN_IF_ERROR(AssignTargets(node.targets, items[i]));
       Dict loop;
       loop.items = {{"index0", Value(i)},
@@ -473,6 +476,7 @@ class Renderer {
           JINJA_ASSIGN_OR_RETURN(Value v, Eval(*item));
           list.push_back(std::move(v));
         }
+        if (e.kind == Expr::Kind::kTuple) return Value::Tuple(std::move(list));
         return Value(std::move(list));
       }
       case Expr::Kind::kDict: {
@@ -858,7 +862,7 @@ class Renderer {
     }
     if (name == "items") {
       Value::List items;
-      for (const auto& [key, value] : dict.items) items.emplace_back(Value::List{key, value});
+      for (const auto& [key, value] : dict.items) items.push_back(Value::Tuple({key, value}));
       return Value(std::move(items));
     }
     if (name == "keys") {

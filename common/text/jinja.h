@@ -8,9 +8,13 @@
 //
 // Not supported (an error rather than different text): {% call %} blocks, {% include %} and
 // template inheritance, recursive loops, macro varargs/kwargs, format specs in str.format,
-// the % string operator. Known divergences: upper/lower/title/capitalize change ASCII letters
-// only; str.isprintable() (repr() of strings in containers) knows only the common invisible
-// characters.
+// the % string operator, filters and methods outside the set jinja.cc implements. Known
+// divergences: upper/lower/title/capitalize change ASCII letters only; str.isprintable()
+// (repr() of strings in containers) knows only the common invisible characters; a generator
+// (what map, select and the like return) prints as "<generator object>" without Python's
+// address, and `in` consumes all of it where Python stops at the first match; Markup is kept
+// only through + and the filters that return their input; lists are accepted where Python
+// wants a tuple (str.startswith).
 #include <ctime>
 #include <memory>
 #include <optional>

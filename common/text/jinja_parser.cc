@@ -38,21 +38,14 @@ absl::Status ErrorAt(int line, const std::string& message) {
   return absl::InvalidArgumentError(absl::StrCat("line ", line, ": ", message));
 }
 
-// Python's str.splitlines() separators, each one line break.
+// jinja2's newline_re: \r\n, \r and \n are line breaks (U+2028 and the other separators of
+// str.splitlines() are not).
 size_t LineBreakLength(std::string_view s, size_t i) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  if (c == '\r') return i + 1 < s.size() && s[i + 1] == '\n' ? 2 : 1;
-  if (c == '\n' || c == 0x0b || c == 0x0c || (c >= 0x1c && c <= 0x1e)) return 1;
-  if (c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0x85) return 2;
-  if (c == 0xe2 && i + 2 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0x80 &&
-      (static_cast<unsigned char>(s[i + 2]) == 0xa8 ||
-       static_cast<unsigned char>(s[i + 2]) == 0xa9)) {
-    return 3;
-  }
-  return 0;
+  if (s[i] == '\r') return i + 1 < s.size() && s[i + 1] == '\n' ? 2 : 1;
+  return s[i] == '\n' ? 1 : 0;
 }
 
-// "\n".join(source.splitlines()), with the final line break kept only if asked.
+// Every line break as \n, the final one dropped unless kept, as jinja2's lexer does.
 std::string NormalizeNewlines(std::string_view source, bool keep_trailing_newline) {
   std::string out;
   out.reserve(source.size());

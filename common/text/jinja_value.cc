@@ -136,13 +136,14 @@ std::string StringRepr(const std::string& s) {
 std::string ContainerRepr(const Value& value) {
   std::string out;
   if (value.is_list()) {
-    out = "[";
+    out = value.is_tuple() ? "(" : "[";
     bool first = true;
     for (const Value& item : value.as_list()) {
       if (!first) out += ", ";
       first = false;
       out += item.Repr();
     }
+    if (value.is_tuple()) return out + (value.as_list().size() == 1 ? ",)" : ")");
     return out + "]";
   }
   out = value.is_namespace() ? "<Namespace {" : "{";
@@ -306,6 +307,7 @@ bool Equals(const Value& a, const Value& b) {
     case Value::Kind::kString:
       return a.as_string() == b.as_string();
     case Value::Kind::kList: {
+      if (a.is_tuple() != b.is_tuple()) return false;
       const auto& x = a.as_list();
       const auto& y = b.as_list();
       if (x.size() != y.size()) return false;

@@ -71,7 +71,11 @@ class Value {
       : data_(std::make_shared<const Callable>(std::move(callable))) {}
 
   // Markup is a kind of string.
-  Kind kind() const { return is_markup() ? Kind::kString : static_cast<Kind>(data_.index()); }
+  Kind kind() const {
+    if (is_markup()) return Kind::kString;
+    if (is_tuple()) return Kind::kList;
+    return static_cast<Kind>(data_.index());
+  }
   bool is_undefined() const { return kind() == Kind::kUndefined; }
   bool is_none() const { return kind() == Kind::kNone; }
   bool is_bool() const { return kind() == Kind::kBool; }
@@ -94,6 +98,12 @@ class Value {
   // plain string, HTML-escapes the plain one (Markup.__add__), even without autoescaping.
   static Value Markup(std::string text) { return Value(MarkupText{std::move(text)}); }
   bool is_markup() const { return std::holds_alternative<MarkupText>(data_); }
+  // A Python tuple (a tuple literal, the pairs of items() and dictsort): a list that repr()
+  // writes in parentheses and that never equals a list.
+  static Value Tuple(List items) {
+    return Value(TupleItems{std::make_shared<const List>(std::move(items))});
+  }
+  bool is_tuple() const { return std::holds_alternative<TupleItems>(data_); }
   // The items not consumed yet, consuming them (a second loop over a generator is empty).
   List ConsumeGenerator() const;
   // The next item (Undefined at the end), as next(iter(g)).
@@ -108,7 +118,9 @@ class Value {
   const std::string& as_string() const {
     return is_markup() ? std::get<MarkupText>(data_).text : std::get<std::string>(data_);
   }
-  const List& as_list() const { return *std::get<ListPtr>(data_); }
+  const List& as_list() const {
+    return is_tuple() ? *std::get<TupleItems>(data_).items : *std::get<ListPtr>(data_);
+  }
   const Dict& as_dict() const { return *std::get<DictPtr>(data_); }
   // Namespaces are the one mutable value: every copy shares the attributes.
   Dict& mutable_namespace() const { return *std::get<DictPtr>(data_); }
@@ -137,6 +149,9 @@ class Value {
     size_t position = 0;
   };
   using GeneratorPtr = std::shared_ptr<GeneratorState>;
+  struct TupleItems {
+    ListPtr items;
+  };
   struct MarkupText {
     std::string text;
   };
@@ -145,10 +160,12 @@ class Value {
   explicit Value(NoneTag n) : data_(n) {}
   explicit Value(GeneratorPtr g) : data_(std::move(g)) {}
   explicit Value(MarkupText m) : data_(std::move(m)) {}
+  explicit Value(TupleItems t) : data_(std::move(t)) {}
 
-  // The order of the alternatives is the order of Kind; MarkupText, last, is a kString.
+  // The order of the alternatives is the order of Kind; MarkupText is a kString and TupleItems
+  // a kList.
   std::variant<UndefinedName, NoneTag, bool, int64_t, double, std::string, ListPtr, DictPtr,
-               CallablePtr, GeneratorPtr, MarkupText>
+               CallablePtr, GeneratorPtr, MarkupText, TupleItems>
       data_;
 };
 

@@ -12,6 +12,9 @@ the globals raise_exception (raises TemplateError with the message) and strftime
 formats a fixed date (STRFTIME_NOW_DATE) instead of the clock so that the fixture is reproducible;
 the C++ side is given the same date.
 
+PROBES, small templates that pin one rule each, are rendered the same way with PROBE_CONTEXT and
+recorded beside the templates.
+
 Each (template, conversation, add_generation_prompt) case names its conversation and records
 add_generation_prompt, and either the rendered string or the exception (its type and message);
 the context passed to the template is that conversation's messages (and tools, where it has
@@ -153,6 +156,85 @@ CONVERSATIONS = {
 }
 
 
+# Small templates that pin one rule each, rendered with PROBE_CONTEXT: the corners of jinja2's and
+# Python's semantics that real templates may reach and the conversations above do not.
+PROBE_CONTEXT = {
+    "messages": [{"role": "user", "content": "Hi"},
+                 {"role": "assistant", "content": None, "tool_calls": []}],
+    "n": 3, "x": 2.5, "big": 10**16, "s": "  Héllo wörld \u2028", "empty": "", "items": [3, 1, 2],
+    "d": {"b": 1, "a": {"c": [1, 2]}}, "t": True, "nothing": None,
+}
+PROBES = [
+    # Scoping: a set in a loop body is local to the loop, seen by later iterations.
+    "{% for i in [1, 2] %}{% if i == 2 %}{{ y }}{% endif %}{% set y = i %}{% endfor %}[{{ y }}]",
+    "{% set y = 0 %}{% for i in [1, 2] %}{{ y }}{% set y = i %}{% endfor %}{{ y }}",
+    "{% macro m() %}{% set z = 1 %}{{ z }}{% endmacro %}{{ m() }}[{{ z }}]",
+    "{% set ns = namespace(a=[]) %}{% for i in items %}{% set ns.a = ns.a + [i] %}{% endfor %}{{ ns.a }}",
+    "{% macro f(k) %}{% if k > 0 %}{{ k }}{{ f(k - 1) }}{% endif %}{% endmacro %}{{ f(3) }}",
+    "{% for a in [1, 2] %}{% for b in 'xy' %}{{ loop.index }}{{ b }}{% endfor %}{{ loop.index }}{% endfor %}",
+    "{% for i in items %}{{ loop.previtem }}-{{ loop.nextitem }}-{{ loop.revindex }};{% endfor %}",
+    "{% for i in items %}{{ loop.cycle('a', 'b') }}{% endfor %}",
+    "{% for k in d %}{{ k }}{% endfor %}{% for k, v in d.items() %}{{ v }}{% endfor %}",
+    # Values as str() and repr() show them.
+    "{{ x }} {{ big }} {{ 1e16 }} {{ 0.1 + 0.2 }} {{ 10 / 4 }} {{ 10 / 5 }} {{ 2 ** -1 }} {{ -0.0 }}",
+    "{{ [s] }} {{ {'k': nothing} }} {{ [t, 1.0, \"it's\", 'a\\\\b'] }} {{ ('a', 1) | list }}",
+    "{{ n * 'ab' }} {{ items * 2 }} {{ n - x }} {{ n // 2 }} {{ -n % 2 }} {{ x // 1 }} {{ 7.5 % 2 }}",
+    "{{ items[::-1] }} {{ items[5:] }} {{ items[-2:] }} {{ s[1:4] }} {{ 'abcdef'[::2] }}",
+    "{{ d.a.c[1] }} {{ d['a']['c'] | length }} {{ d.b.c }}|{{ messages[0].role }}",
+    "{{ nothing }} {{ nothing is none }} {{ nothing | string }} {{ nothing | default('x') }}",
+    "{{ n > 2 and 'yes' or 'no' }} {{ not t }} {{ 1 if nothing else 2 }} {{ 'a' ~ 1 ~ 2.0 }}",
+    "{{ 'H' in s }} {{ 'z' not in d }} {{ 1 in items }} {{ [1] in [[1]] }}",
+    # Strings.
+    "[{{ s.strip() }}] [{{ s | trim }}] [{{ s.lstrip() }}] [{{ s.rstrip() }}] {{ s.split() }}",
+    "{{ s.upper() }} {{ s.lower() }} {{ s.title() }} {{ 'mIXed' | capitalize }} {{ 'a-b c' | title }}",
+    "{{ 'a,b'.split(',', 1) }} {{ 'a b  c'.split(' ') }} {{ 'x'.join(['1', '2']) }}",
+    "{{ '{} is {}'.format('a', 2) }} {{ '{0}-{1}-{0}'.format('p', 'q') }} {{ '{{x}}'.format() }}",
+    "{{ 'line1\nline2\r\nline3' | indent(2) }}|{{ 'a\n\nb' | indent(2, blank=true) }}",
+    "{{ 'abcabc' | replace('b', 'B', 1) }} {{ 'aaa'.count('a') }} {{ 'hello'.find('l') }}",
+    "{{ s | length }} {{ s | wordcount }} {{ 'é' | upper }} {{ s | list | length }}",
+    "{{ \"<tag> & 'q'\" | e }} {{ ('<b>' | safe) + '&' }}",
+    # Filters.
+    "{{ items | sort }} {{ items | sort(reverse=true) }} {{ ['b', 'A', 'c'] | sort }} {{ items | max }}",
+    "{{ [{'n': 2}, {'n': 1}] | sort(attribute='n') | map(attribute='n') | list }}",
+    "{{ d | dictsort(reverse=true) }} {{ {'B': 1, 'a': 2} | dictsort(true) }}",
+    "{{ items | join }} {{ items | join(', ') }} {{ [{'a': 1}, {'a': 2}] | join('/', attribute='a') }}",
+    "{{ items | first }} {{ items | last }} {{ [] | first }} {{ 'xyz' | first }} {{ items | sum }}",
+    "{{ ['a', 'A', 'b'] | unique | list }} {{ [1, 2, 1] | unique | list }} {{ items | reverse | list }}",
+    "{{ [1, 0, none, 'x'] | select | list }} {{ [1, 2, 3] | reject('odd') | list }}",
+    "{{ messages | selectattr('content') | list | length }} {{ messages | map(attribute='role') | join(',') }}",
+    "{{ messages | selectattr('tool_calls', 'defined') | list | length }} {{ messages | rejectattr('content', 'none') | list | length }}",
+    "{{ '3' | int }} {{ '3.7' | int }} {{ 3.7 | int }} {{ 'x' | int(5) }} {{ '2.5' | float }} {{ -2 | abs }}",
+    "{{ 2.567 | round(2) }} {{ 2.5 | round }} {{ 3.5 | round }}",
+    "{{ d | tojson }} {{ d | tojson(indent=2) }} {{ [] | tojson }} {{ 'é\u2028' | tojson }}",
+    "{{ {'a': 1.0, 'b': -0.5, 'c': 1e-7} | tojson }} {{ nothing | tojson }} {{ t | tojson }}",
+    "{{ d | items | list }} {{ d.keys() | list }} {{ d.get('zz', 'dflt') }} {{ d.get('b') }}",
+    "{{ 'abc' | list }} {{ d | list }} {{ d | length }} {{ '' | default('e', true) }}",
+    # Tests.
+    "{{ n is odd }} {{ n is even }} {{ n is divisibleby 3 }} {{ x is number }} {{ t is number }}",
+    "{{ items is sequence }} {{ d is sequence }} {{ s is iterable }} {{ n is iterable }} {{ d is mapping }}",
+    "{{ t is true }} {{ 1 is true }} {{ nothing is false }} {{ n is integer }} {{ t is integer }}",
+    "{{ 'a' is lower }} {{ 'A' is upper }} {{ n is gt 2 }} {{ n is lt 2 }} {{ n is ne 3 }}",
+    # White space control.
+    "a\n{% if t %}\n  b\n{% endif %}\nc\n",
+    "a\n  {%- if t -%}\n  b\n  {%- endif %}\n  c",
+    "{% for i in items -%}\n  {{ i }}\n{%- endfor %}",
+    "x {#- comment -#} y\n  {# own line #}\nz",
+    "{%- set a = 1 -%}\n\n{{ a }}\n\n{%- set b = 2 %}\n{{ b }}",
+    "  {{- 'left' }}\n  {{ 'keep' -}}\n\n   end",
+    "{% raw %}  {{ x }}\n{% endraw %}\n{{ 'after' }}",
+    "{% if t %}A{% elif n %}B{% else %}C{% endif %}{% if not t %}A{% elif n == 3 %}B{% endif %}",
+    # Errors.
+    "{{ raise_exception('custom failure') }}",
+    "{{ undefined_name.attr }}",
+    "{{ items + 'x' }}",
+    "{{ d.b.strip() }}",
+    "{% for a, b in items %}{% endfor %}",
+    "{{ n | length }}",
+    "{{ items.append(4) }}",
+    "{{ 1 / 0 }}",
+]
+
+
 class GenerationTag(jinja2.ext.Extension):
     """transformers' AssistantTracker without the tracking: `{% generation %}` renders its body."""
     tags = {"generation"}
@@ -267,6 +349,19 @@ def main():
         "conversations": CONVERSATIONS,
         "templates": entries,
     }, indent=1, ensure_ascii=False) + "\n")
+    probes = []
+    for source in PROBES:
+        probe = {"source": source}
+        try:
+            probe["output"] = env.from_string(source).render(**PROBE_CONTEXT)
+        except Exception as error:
+            probe["error_type"] = type(error).__name__
+            probe["error"] = str(error)
+        probes.append(probe)
+    data = json.loads(OUTPUT.read_text())
+    data["probe_context"] = PROBE_CONTEXT
+    data["probes"] = probes
+    OUTPUT.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     rendered = sum(1 for e in entries for c in e.get("cases", []) if "output" in c)
     failed = sum(1 for e in entries for c in e.get("cases", []) if "error" in c)
     refused = sum(1 for e in entries if "compile_error" in e)
