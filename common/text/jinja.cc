@@ -921,8 +921,8 @@ class Renderer {
       }
       return Value(false);
     }
-    if (name == "upper") return Value(AsciiUpper(s));
-    if (name == "lower" || name == "casefold") return Value(AsciiLower(s));
+    if (name == "upper") return Value(PyUpper(s));
+    if (name == "lower" || name == "casefold") return Value(PyLower(s));
     if (name == "title") return Value(PyTitle(s));
     if (name == "capitalize") return Value(PyCapitalize(s));
     if (name == "replace") {
@@ -983,8 +983,8 @@ class Renderer {
     bool any_cased = false;
     for (uint32_t cp : DecodeUtf8(s)) {
       const bool digit = cp >= '0' && cp <= '9';
-      const bool upper = cp >= 'A' && cp <= 'Z';
-      const bool lower = cp >= 'a' && cp <= 'z';
+      const bool upper = IsUpperLetter(cp);
+      const bool lower = IsLowerLetter(cp);
       if (name == "isdigit" && !digit) return false;
       if (name == "isalpha" && !(upper || lower)) return false;
       if (name == "isalnum" && !(upper || lower || digit)) return false;
@@ -1127,7 +1127,7 @@ class Renderer {
 
   // Sort keys as jinja2 builds them: strings lowered unless case_sensitive.
   static Value SortKey(const Value& v, bool case_sensitive) {
-    if (!case_sensitive && v.is_string()) return Value(AsciiLower(v.as_string()));
+    if (!case_sensitive && v.is_string()) return Value(PyLower(v.as_string()));
     return v;
   }
 
@@ -1303,10 +1303,10 @@ class Renderer {
     if (name == "rejectattr") return Select(v, call, true, false);
     if (name == "select") return Select(v, call, false, true);
     if (name == "reject") return Select(v, call, false, false);
-    if (name == "upper") return Value(AsciiUpper(v.Str()));
-    if (name == "lower") return Value(AsciiLower(v.Str()));
+    if (name == "upper") return Value(PyUpper(v.Str()));
+    if (name == "lower") return Value(PyLower(v.Str()));
     if (name == "capitalize") return Value(PyCapitalize(v.Str()));
-    if (name == "title") return Value(PyTitle(v.Str()));
+    if (name == "title") return Value(JinjaTitle(v.Str()));
     if (name == "replace") {
       Args args(call, {"old", "new", "count"}, name);
       JINJA_RETURN_IF_ERROR(args.status());

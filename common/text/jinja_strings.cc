@@ -143,38 +143,142 @@ std::string PyReplace(std::string_view s, std::string_view old, std::string_view
   return out;
 }
 
-std::string AsciiUpper(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
+namespace {
+
+// Simple case mappings (one code point to one) of the scripts PyUpper names.
+uint32_t LowerOf(uint32_t cp) {
+  if ((cp >= 'A' && cp <= 'Z') || (cp >= 0xc0 && cp <= 0xde && cp != 0xd7)) return cp + 32;
+  if ((cp >= 0x100 && cp <= 0x137) || (cp >= 0x14a && cp <= 0x177)) {
+    return cp == 0x130 ? 'i' : cp | 1;
   }
+  if ((cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17e)) {
+    return cp % 2 == 1 ? cp + 1 : cp;
+  }
+  if (cp == 0x178) return 0xff;
+  if (cp == 0x386) return 0x3ac;
+  if (cp >= 0x388 && cp <= 0x38a) return cp + 37;
+  if (cp == 0x38c) return 0x3cc;
+  if (cp == 0x38e || cp == 0x38f) return cp + 63;
+  if ((cp >= 0x391 && cp <= 0x3a1) || (cp >= 0x3a3 && cp <= 0x3ab)) return cp + 32;
+  if (cp >= 0x400 && cp <= 0x40f) return cp + 80;
+  if (cp >= 0x410 && cp <= 0x42f) return cp + 32;
+  return cp;
+}
+
+uint32_t UpperOf(uint32_t cp) {
+  if ((cp >= 'a' && cp <= 'z') || (cp >= 0xe0 && cp <= 0xfe && cp != 0xf7)) return cp - 32;
+  if (cp == 0xff) return 0x178;
+  if (cp == 0xb5) return 0x39c;
+  if (cp == 0x131) return 'I';
+  if (cp == 0x17f) return 'S';
+  if ((cp >= 0x100 && cp <= 0x137) || (cp >= 0x14a && cp <= 0x177)) {
+    return cp == 0x130 ? cp : cp & ~1u;
+  }
+  if ((cp >= 0x139 && cp <= 0x148) || (cp >= 0x179 && cp <= 0x17e)) {
+    return cp % 2 == 0 ? cp - 1 : cp;
+  }
+  if (cp == 0x3ac) return 0x386;
+  if (cp >= 0x3ad && cp <= 0x3af) return cp - 37;
+  if (cp == 0x3cc) return 0x38c;
+  if (cp == 0x3cd || cp == 0x3ce) return cp - 63;
+  if (cp == 0x3c2) return 0x3a3;
+  if ((cp >= 0x3b1 && cp <= 0x3c1) || (cp >= 0x3c3 && cp <= 0x3cb)) return cp - 32;
+  if (cp >= 0x430 && cp <= 0x44f) return cp - 32;
+  if (cp >= 0x450 && cp <= 0x45f) return cp - 80;
+  return cp;
+}
+
+// Python's full mappings where one code point becomes several.
+void AppendUpper(uint32_t cp, std::string& out) {
+  if (cp == 0xdf) {
+    out += "SS";
+  } else if (cp == 0x149) {
+    AppendUtf8(0x2bc, out);
+    out.push_back('N');
+  } else {
+    AppendUtf8(UpperOf(cp), out);
+  }
+}
+
+void AppendLower(uint32_t cp, std::string& out) {
+  AppendUtf8(LowerOf(cp), out);
+  if (cp == 0x130) AppendUtf8(0x307, out);  // İ lowers to i and a combining dot
+}
+
+void AppendTitle(uint32_t cp, std::string& out) {
+  if (cp == 0xdf) {
+    out += "Ss";
+  } else {
+    AppendUpper(cp, out);
+  }
+}
+
+bool IsCased(uint32_t cp) { return IsUpperLetter(cp) || IsLowerLetter(cp); }
+
+}  // namespace
+
+bool IsUpperLetter(uint32_t cp) { return LowerOf(cp) != cp || cp == 0x130; }
+
+bool IsLowerLetter(uint32_t cp) {
+  return UpperOf(cp) != cp || cp == 0xdf || cp == 0x138 || cp == 0x149;
+}
+
+std::string PyUpper(std::string_view s) {
+  std::string out;
+  for (uint32_t cp : DecodeUtf8(s)) AppendUpper(cp, out);
   return out;
 }
 
-std::string AsciiLower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
+std::string PyLower(std::string_view s) {
+  std::string out;
+  for (uint32_t cp : DecodeUtf8(s)) AppendLower(cp, out);
   return out;
 }
 
 std::string PyTitle(std::string_view s) {
-  std::string out(s);
+  std::string out;
   bool previous_cased = false;
-  for (char& c : out) {
-    const bool lower = c >= 'a' && c <= 'z';
-    const bool upper = c >= 'A' && c <= 'Z';
-    if (lower && !previous_cased) c = static_cast<char>(c - 'a' + 'A');
-    if (upper && previous_cased) c = static_cast<char>(c - 'A' + 'a');
-    previous_cased = lower || upper;
+  for (uint32_t cp : DecodeUtf8(s)) {
+    if (previous_cased) {
+      AppendLower(cp, out);
+    } else {
+      AppendTitle(cp, out);
+    }
+    previous_cased = IsCased(cp);
   }
   return out;
 }
 
 std::string PyCapitalize(std::string_view s) {
-  std::string out = AsciiLower(s);
-  if (!out.empty() && out[0] >= 'a' && out[0] <= 'z') out[0] = static_cast<char>(out[0] - 32);
+  std::string out;
+  bool first = true;
+  for (uint32_t cp : DecodeUtf8(s)) {
+    if (first) {
+      AppendTitle(cp, out);
+    } else {
+      AppendLower(cp, out);
+    }
+    first = false;
+  }
+  return out;
+}
+
+std::string JinjaTitle(std::string_view s) {
+  std::string out;
+  bool word_start = true;
+  for (uint32_t cp : DecodeUtf8(s)) {
+    const bool separator =
+        cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || IsPythonSpace(cp);
+    if (separator) {
+      AppendUtf8(cp, out);
+      word_start = true;
+    } else if (word_start) {
+      AppendUpper(cp, out);
+      word_start = false;
+    } else {
+      AppendLower(cp, out);
+    }
+  }
   return out;
 }
 

@@ -20,12 +20,18 @@ std::vector<std::string> PySplitlines(std::string_view s);
 // str.replace(old, new, count), count < 0: all.
 std::string PyReplace(std::string_view s, std::string_view old, std::string_view replacement,
                       long long count);
-// ASCII case mappings (other letters are left as they are).
-std::string AsciiUpper(std::string_view s);
-std::string AsciiLower(std::string_view s);
-// str.title() and str.capitalize() over ASCII letters.
+// str.upper(), str.lower(), str.title() and str.capitalize() for Latin (ASCII, Latin-1,
+// Latin Extended-A), Greek and Cyrillic letters; other letters are left as they are.
+std::string PyUpper(std::string_view s);
+std::string PyLower(std::string_view s);
 std::string PyTitle(std::string_view s);
 std::string PyCapitalize(std::string_view s);
+// jinja2's title filter: each piece after a run of "-", white space, "(", "{", "[" or "<"
+// gets its first character upper-cased and the rest lower-cased.
+std::string JinjaTitle(std::string_view s);
+// Whether the code point is upper-case (lower-case) in the scripts above.
+bool IsUpperLetter(uint32_t code_point);
+bool IsLowerLetter(uint32_t code_point);
 // Length in code points, as len(str).
 size_t PyLength(std::string_view s);
 // Non-overlapping occurrences, as str.count.

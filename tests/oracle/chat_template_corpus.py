@@ -185,6 +185,10 @@ PROBES = [
     "{{ n > 2 and 'yes' or 'no' }} {{ not t }} {{ 1 if nothing else 2 }} {{ 'a' ~ 1 ~ 2.0 }}",
     "{{ 'H' in s }} {{ 'z' not in d }} {{ 1 in items }} {{ [1] in [[1]] }}",
     # Strings.
+    "{% set u = 'àéîõü ÿ ÀÉÎÕÜ Āā Ĺĺ Łł Ÿ Źź ſ ı İ ΑΒΓ αβγ άέΏ ς ЀЁАБВ абв ѐё ß ŉ x2y' %}"
+    "{{ u.upper() }}|{{ u.lower() }}|{{ u.title() }}|{{ u | capitalize }}|{{ u | title }}|"
+    "{{ u | upper }}|{{ u | lower }}",
+    "{{ 'hello world2abc (x) [y] <z> {w}' | title }}|{{ 'hello world2abc'.title() }}",
     "[{{ s.strip() }}] [{{ s | trim }}] [{{ s.lstrip() }}] [{{ s.rstrip() }}] {{ s.split() }}",
     "{{ s.upper() }} {{ s.lower() }} {{ s.title() }} {{ 'mIXed' | capitalize }} {{ 'a-b c' | title }}",
     "{{ 'a,b'.split(',', 1) }} {{ 'a b  c'.split(' ') }} {{ 'x'.join(['1', '2']) }}",
