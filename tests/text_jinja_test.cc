@@ -256,6 +256,35 @@ TEST(JinjaGlobalsTest, RaiseExceptionNamespaceRangeStrftime) {
   EXPECT_EQ(*rendered, "15 January 2026, Thursday");
 }
 
+TEST(JinjaParseTest, DeepNestingAndRecursionAreErrorsNotCrashes) {
+  EXPECT_FALSE(
+      Template::Parse("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}").ok());
+  std::string long_chain = "{{ 1";
+  for (int i = 0; i < 100000; ++i) long_chain += "+1";
+  EXPECT_FALSE(Template::Parse(long_chain + " }}").ok());
+  EXPECT_FALSE(Template::Parse("{{ x" + std::string(50000, '|') + " }}").ok());
+  std::string filters = "{{ x";
+  for (int i = 0; i < 50000; ++i) filters += "|trim";
+  EXPECT_FALSE(Template::Parse(filters + " }}").ok());
+  EXPECT_FALSE(Template::Parse("{{ " + std::string(100000, '-') + "1 }}").ok());
+  std::string nots = "{{ ";
+  for (int i = 0; i < 100000; ++i) nots += "not ";
+  EXPECT_FALSE(Template::Parse(nots + "1 }}").ok());
+  std::string sum = "{{ 1";
+  for (int i = 0; i < 300; ++i) sum += " + 1";
+  EXPECT_EQ(Render(sum + " }}"), "301");
+  std::string nested_ifs;
+  for (int i = 0; i < 1000; ++i) nested_ifs += "{% if true %}";
+  for (int i = 0; i < 1000; ++i) nested_ifs += "{% endif %}";
+  EXPECT_FALSE(Template::Parse(nested_ifs).ok());
+  EXPECT_TRUE(absl::StrContains(
+      RenderError("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").message(),
+      "recursion"));
+  EXPECT_EQ(Render("{% macro f(n) %}{% if n < 50 %}{{ f(n + 1) }}{% else %}{{ n }}{% endif %}"
+                   "{% endmacro %}{{ f(0) }}"),
+            "50");
+}
+
 TEST(JinjaParseTest, SyntaxErrorsNameTheLine) {
   for (const char* source :
        {"{% if x %}\nno end", "a\n{{ 1 + }}", "{% for x %}{% endfor %}", "{% endif %}",

@@ -413,6 +413,14 @@ class Renderer {
 
   Value MakeMacro(const Node& node) {
     return Value(Callable([this, &node](const CallArgs& call) -> absl::StatusOr<Value> {
+      // A macro that recurses over its data (a JSON schema, say) is bounded, as Python's
+      // recursion limit bounds jinja2, before it exhausts the stack.
+      if (macro_depth_ >= kMaxMacroDepth) return Error("maximum macro recursion depth exceeded");
+      ++macro_depth_;
+      struct Unwind {
+        int& depth;
+        ~Unwind() { --depth; }
+      } unwind{macro_depth_};
       if (call.positional.size() > node.params.size()) {
         return Error(absl::StrCat("macro '", node.name, "' takes not more than ",
                                   node.params.size(), " argument(s)"));
@@ -1469,6 +1477,8 @@ class Renderer {
   std::unordered_map<std::string, Value> globals_;
   std::vector<Frame*> chain_;
   const Value* block_input_ = nullptr;
+  static constexpr int kMaxMacroDepth = 100;
+  int macro_depth_ = 0;
 };
 
 }  // namespace

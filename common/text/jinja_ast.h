@@ -43,6 +43,7 @@ struct Expr {
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
   std::vector<std::string> ops;
   bool negated = false;
+  int depth = 1;  // 1 + the deepest child's
 };
 
 struct Node;

@@ -498,6 +498,8 @@ class Parser {
   absl::StatusOr<NodePtr> ParseStatement() {
     auto node = std::make_unique<Node>();
     node->line = Cur().line;
+    NestingGuard guard(depth_);
+    if (depth_ > kMaxNesting) return ErrorAt(node->line, "blocks nested too deeply");
     if (Cur().type != TokenType::kName) return Unexpected();
     const std::string keyword = Cur().value;
     Next();
@@ -658,6 +660,23 @@ class Parser {
     return ErrorAt(node->line, absl::StrCat("unknown or unsupported tag '", keyword, "'"));
   }
 
+  // Children go in through these, which keep each node's depth: rendering and destroying an
+  // expression recurse once per level, so a template deeper than kMaxExpressionDepth (a chain of
+  // ten thousand '+', say) is refused before it is built further.
+  void Attach(Expr& parent, ExprPtr child) {
+    if (child) parent.depth = std::max(parent.depth, child->depth + 1);
+    if (parent.depth > kMaxExpressionDepth) too_deep_ = true;
+    parent.args.push_back(std::move(child));
+  }
+  void AttachKeyword(Expr& parent, std::string name, ExprPtr child) {
+    parent.depth = std::max(parent.depth, child->depth + 1);
+    if (parent.depth > kMaxExpressionDepth) too_deep_ = true;
+    parent.kwargs.emplace_back(std::move(name), std::move(child));
+  }
+  absl::Status CheckDepth(int line) const {
+    return too_deep_ ? ErrorAt(line, "expression nested too deeply") : absl::OkStatus();
+  }
+
   ExprPtr Make(Expr::Kind kind, int line) {
     auto e = std::make_unique<Expr>();
     e->kind = kind;
@@ -690,7 +709,7 @@ class Parser {
     }
     if (!saw_comma) return std::move(items[0]);
     auto tuple = Make(Expr::Kind::kTuple, line);
-    tuple->args = std::move(items);
+    for (ExprPtr& item : items) Attach(*tuple, std::move(item));
     return tuple;
   }
 
@@ -711,9 +730,9 @@ class Parser {
         otherwise = std::move(*e);
       }
       auto ternary = Make(Expr::Kind::kTernary, line);
-      ternary->args.push_back(std::move(*condition));
-      ternary->args.push_back(std::move(*expr));
-      ternary->args.push_back(std::move(otherwise));
+      Attach(*ternary, std::move(*condition));
+      Attach(*ternary, std::move(*expr));
+      Attach(*ternary, std::move(otherwise));
       *expr = std::move(ternary);
     }
     return expr;
@@ -728,8 +747,8 @@ class Parser {
       auto right = ParseAnd();
       if (!right.ok()) return right;
       auto e = Make(Expr::Kind::kOr, line);
-      e->args.push_back(std::move(*left));
-      e->args.push_back(std::move(*right));
+      Attach(*e, std::move(*left));
+      Attach(*e, std::move(*right));
       *left = std::move(e);
     }
     return left;
@@ -744,8 +763,8 @@ class Parser {
       auto right = ParseNot();
       if (!right.ok()) return right;
       auto e = Make(Expr::Kind::kAnd, line);
-      e->args.push_back(std::move(*left));
-      e->args.push_back(std::move(*right));
+      Attach(*e, std::move(*left));
+      Attach(*e, std::move(*right));
       *left = std::move(e);
     }
     return left;
@@ -754,11 +773,13 @@ class Parser {
   absl::StatusOr<ExprPtr> ParseNot() {
     if (IsName("not")) {
       const int line = Cur().line;
+      NestingGuard guard(depth_);
+      if (depth_ > kMaxNesting) return ErrorAt(line, "expressions nested too deeply");
       Next();
       auto operand = ParseNot();
       if (!operand.ok()) return operand;
       auto e = Make(Expr::Kind::kNot, line);
-      e->args.push_back(std::move(*operand));
+      Attach(*e, std::move(*operand));
       return e;
     }
     return ParseCompare();
@@ -790,10 +811,10 @@ class Parser {
       if (!operand.ok()) return operand;
       if (!compare) {
         compare = Make(Expr::Kind::kCompare, line);
-        compare->args.push_back(std::move(*first));
+        Attach(*compare, std::move(*first));
       }
       compare->ops.push_back(op);
-      compare->args.push_back(std::move(*operand));
+      Attach(*compare, std::move(*operand));
     }
     if (compare) return compare;
     return first;
@@ -810,8 +831,8 @@ class Parser {
       Next();
       auto right = (this->*operand)();
       if (!right.ok()) return right;
-      e->args.push_back(std::move(*left));
-      e->args.push_back(std::move(*right));
+      Attach(*e, std::move(*left));
+      Attach(*e, std::move(*right));
       *left = std::move(e);
     }
     return left;
@@ -829,14 +850,17 @@ class Parser {
   absl::StatusOr<ExprPtr> ParseUnaryFiltered() { return ParseUnary(true); }
 
   absl::StatusOr<ExprPtr> ParseUnary(bool with_filter) {
-    absl::StatusOr<ExprPtr> node;
     const int line = Cur().line;
+    NestingGuard guard(depth_);
+    if (depth_ > kMaxNesting) return ErrorAt(line, "expressions nested too deeply");
+    if (auto status = CheckDepth(line); !status.ok()) return status;
+    absl::StatusOr<ExprPtr> node;
     if (IsOp("-")) {
       Next();
       auto operand = ParseUnary(false);
       if (!operand.ok()) return operand;
       auto e = Make(Expr::Kind::kNegate, line);
-      e->args.push_back(std::move(*operand));
+      Attach(*e, std::move(*operand));
       node = std::move(e);
     } else if (IsOp("+")) {
       Next();
@@ -899,7 +923,7 @@ class Parser {
         }
         auto item = ParseExpression(true);
         if (!item.ok()) return item;
-        list->args.push_back(std::move(*item));
+        Attach(*list, std::move(*item));
       }
       Next();
       return list;
@@ -917,8 +941,8 @@ class Parser {
         if (auto s = ExpectOp(":"); !s.ok()) return s;
         auto value = ParseExpression(true);
         if (!value.ok()) return value;
-        dict->args.push_back(std::move(*key));
-        dict->args.push_back(std::move(*value));
+        Attach(*dict, std::move(*key));
+        Attach(*dict, std::move(*value));
       }
       Next();
       return dict;
@@ -935,12 +959,13 @@ class Parser {
   absl::StatusOr<ExprPtr> ParsePostfix(ExprPtr node) {
     while (true) {
       const int line = Cur().line;
+      if (auto status = CheckDepth(line); !status.ok()) return status;
       if (IsOp(".")) {
         Next();
         if (Cur().type == TokenType::kInt) {
           auto e = Make(Expr::Kind::kGetItem, line);
-          e->args.push_back(std::move(node));
-          e->args.push_back(Literal(Value(static_cast<int64_t>(std::stoll(Cur().value))), line));
+          Attach(*e, std::move(node));
+          Attach(*e, Literal(Value(static_cast<int64_t>(std::stoll(Cur().value))), line));
           Next();
           node = std::move(e);
           continue;
@@ -949,7 +974,7 @@ class Parser {
         if (!name.ok()) return name.status();
         auto e = Make(Expr::Kind::kGetAttr, line);
         e->name = *name;
-        e->args.push_back(std::move(node));
+        Attach(*e, std::move(node));
         node = std::move(e);
       } else if (IsOp("[")) {
         Next();
@@ -989,14 +1014,14 @@ class Parser {
     if (!is_slice) {
       if (!bounds[0]) return ErrorAt(line, "empty subscript");
       auto e = Make(Expr::Kind::kGetItem, line);
-      e->args.push_back(std::move(object));
-      e->args.push_back(std::move(bounds[0]));
+      Attach(*e, std::move(object));
+      Attach(*e, std::move(bounds[0]));
       return e;
     }
     auto e = Make(Expr::Kind::kSlice, line);
-    e->args.push_back(std::move(object));
+    Attach(*e, std::move(object));
     bounds.resize(3);
-    for (auto& b : bounds) e->args.push_back(std::move(b));
+    for (auto& b : bounds) Attach(*e, std::move(b));
     return e;
   }
 
@@ -1016,7 +1041,7 @@ class Parser {
         Next();
         auto value = ParseExpression(true);
         if (!value.ok()) return value.status();
-        target.kwargs.emplace_back(std::move(name), std::move(*value));
+        AttachKeyword(target, std::move(name), std::move(*value));
         continue;
       }
       if (!target.kwargs.empty()) {
@@ -1024,7 +1049,7 @@ class Parser {
       }
       auto value = ParseExpression(true);
       if (!value.ok()) return value.status();
-      target.args.push_back(std::move(*value));
+      Attach(target, std::move(*value));
     }
     Next();
     return absl::OkStatus();
@@ -1032,7 +1057,7 @@ class Parser {
 
   absl::StatusOr<ExprPtr> ParseCall(ExprPtr callee) {
     auto e = Make(Expr::Kind::kCall, Cur().line);
-    e->args.push_back(std::move(callee));
+    Attach(*e, std::move(callee));
     if (auto s = ParseArgs(*e); !s.ok()) return s;
     return e;
   }
@@ -1051,7 +1076,7 @@ class Parser {
     }
     auto e = Make(Expr::Kind::kFilter, line);
     e->name = full;
-    e->args.push_back(std::move(input));
+    Attach(*e, std::move(input));
     if (IsOp("(")) {
       if (auto s = ParseArgs(*e); !s.ok()) return s;
     }
@@ -1064,6 +1089,7 @@ class Parser {
     }
     auto node = ParseFilter(std::move(input));
     while (node.ok() && IsOp("|")) {
+      if (auto status = CheckDepth(Cur().line); !status.ok()) return status;
       Next();
       node = ParseFilter(std::move(*node));
     }
@@ -1072,6 +1098,7 @@ class Parser {
 
   absl::StatusOr<ExprPtr> ParseFilterExpr(ExprPtr node) {
     while (true) {
+      if (auto status = CheckDepth(Cur().line); !status.ok()) return status;
       if (IsOp("|")) {
         Next();
         auto e = ParseFilter(std::move(node));
@@ -1088,7 +1115,7 @@ class Parser {
         auto name = ExpectName();
         if (!name.ok()) return name.status();
         e->name = *name;
-        e->args.push_back(std::move(node));
+        Attach(*e, std::move(node));
         const Token& t = Cur();
         if (IsOp("(")) {
           if (auto s = ParseArgs(*e); !s.ok()) return s;
@@ -1100,7 +1127,7 @@ class Parser {
           if (!arg.ok()) return arg;
           arg = ParsePostfix(std::move(*arg));
           if (!arg.ok()) return arg;
-          e->args.push_back(std::move(*arg));
+          Attach(*e, std::move(*arg));
         }
         node = std::move(e);
       } else if (IsOp("(")) {
@@ -1113,8 +1140,20 @@ class Parser {
     }
   }
 
+  // The parser recurses once per nesting level; a bound keeps a hostile template from
+  // exhausting the stack.
+  static constexpr int kMaxNesting = 200;
+  static constexpr int kMaxExpressionDepth = 1000;
+  struct NestingGuard {
+    explicit NestingGuard(int& depth) : depth(depth) { ++depth; }
+    ~NestingGuard() { --depth; }
+    int& depth;
+  };
+
   std::vector<Token> tokens_;
   size_t index_ = 0;
+  int depth_ = 0;
+  bool too_deep_ = false;
 };
 
 }  // namespace
