@@ -285,6 +285,27 @@ TEST(JinjaParseTest, DeepNestingAndRecursionAreErrorsNotCrashes) {
             "50");
 }
 
+// Every filter and test SupportedFilters/SupportedTests name is one Render dispatches, and
+// UnknownNames finds the others anywhere in the template.
+TEST(JinjaParseTest, SupportedNamesMatchTheRendererAndUnknownNamesAreFound) {
+  for (std::string_view filter : SupportedFilters()) {
+    auto rendered = RenderChatTemplate("{{ 'x' | " + std::string(filter) + " }}", Value(Dict{}));
+    EXPECT_TRUE(rendered.ok() || !absl::StrContains(rendered.status().message(), "No filter"))
+        << filter << ": " << rendered.status();
+  }
+  for (std::string_view test : SupportedTests()) {
+    auto rendered = RenderChatTemplate("{{ 'x' is " + std::string(test) + " }}", Value(Dict{}));
+    EXPECT_TRUE(rendered.ok() || !absl::StrContains(rendered.status().message(), "No test"))
+        << test << ": " << rendered.status();
+  }
+  auto parsed = Template::Parse(
+      "{% macro m(a=x | shout) %}{% endmacro %}{% if y %}{{ z | from_json | trim }}"
+      "{% elif w is prime %}{% endif %}{% for i in l if i is odd %}{% endfor %}");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->UnknownNames(),
+            (std::vector<std::string>{"filter 'from_json'", "filter 'shout'", "test 'prime'"}));
+}
+
 TEST(JinjaParseTest, SyntaxErrorsNameTheLine) {
   for (const char* source :
        {"{% if x %}\nno end", "a\n{{ 1 + }}", "{% for x %}{% endfor %}", "{% endif %}",
@@ -402,6 +423,7 @@ TEST(JinjaCorpusTest, LlamaCppTemplatesRenderAsJinja2) {
   int identical_outputs = 0, outputs = 0, matched_errors = 0, errors = 0, same_messages = 0;
   std::ostringstream table;
   std::set<std::string> fully_identical;
+  std::map<std::string, std::vector<std::string>> unknown_names;
   for (const auto& entry : corpus["templates"]) {
     const std::string file = entry["file"].get<std::string>();
     auto parsed = Template::Parse(entry["source"].get<std::string>(), options);
@@ -469,6 +491,9 @@ TEST(JinjaCorpusTest, LlamaCppTemplatesRenderAsJinja2) {
       ++failing_templates;
       verdict = "differs";
     }
+    if (parsed.ok() && !parsed->UnknownNames().empty()) {
+      for (const std::string& name : parsed->UnknownNames()) unknown_names[name].push_back(file);
+    }
     char line[512];
     std::snprintf(line, sizeof(line), "%-50s %-9s %2d/%-2d %s\n", file.c_str(), verdict.c_str(),
                   matched, cases, first_difference.substr(0, 100).c_str());
@@ -485,6 +510,10 @@ TEST(JinjaCorpusTest, LlamaCppTemplatesRenderAsJinja2) {
       "its message)\n",
       identical_templates, partial_templates, failing_templates, refused, identical_outputs,
       outputs, matched_errors, errors, same_messages);
+  for (const auto& [name, files] : unknown_names) {
+    std::printf("unsupported %s in %zu template(s), e.g. %s\n", name.c_str(), files.size(),
+                files[0].c_str());
+  }
   for (const std::string& file : fully_identical) {
     if (!ExpectedIdentical().count(file)) {
       std::printf("note: %s renders identically but is not in ExpectedIdentical()\n", file.c_str());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <unordered_map>
 
 #include "absl/status/status.h"
@@ -16,6 +17,27 @@ namespace bitsplit::text::jinja {
 struct Template::Parsed {
   Body body;
 };
+
+const std::set<std::string_view>& SupportedFilters() {
+  static const std::set<std::string_view> kFilters = {
+      "abs",        "capitalize", "count",    "d",       "default", "dictsort", "e",
+      "escape",     "first",      "float",    "indent",  "int",     "items",    "join",
+      "last",       "length",     "list",     "lower",   "map",     "max",      "min",
+      "reject",     "rejectattr", "replace",  "reverse", "round",   "safe",     "select",
+      "selectattr", "sort",       "string",   "sum",     "title",   "tojson",   "trim",
+      "unique",     "upper",      "wordcount"};
+  return kFilters;
+}
+
+const std::set<std::string_view>& SupportedTests() {
+  static const std::set<std::string_view> kTests = {
+      "boolean", "callable", "defined",  "divisibleby", "eq",          "equalto",
+      "even",    "false",    "float",    "ge",          "greaterthan", "gt",
+      "in",      "integer",  "iterable", "le",          "lessthan",    "lower",
+      "lt",      "mapping",  "ne",       "none",        "number",      "odd",
+      "sameas",  "sequence", "string",   "true",        "undefined",   "upper"};
+  return kTests;
+}
 
 namespace {
 
@@ -1500,6 +1522,44 @@ absl::StatusOr<std::string> Template::Render(const Value& context) const {
   std::string out;
   if (auto status = renderer.Render(parsed_->body, out); !status.ok()) return status;
   return out;
+}
+
+namespace {
+
+void CollectUnknown(const Expr* e, std::set<std::string>& unknown) {
+  if (e == nullptr) return;
+  if (e->kind == Expr::Kind::kFilter && !SupportedFilters().count(e->name)) {
+    unknown.insert("filter '" + e->name + "'");
+  }
+  if (e->kind == Expr::Kind::kTest && !SupportedTests().count(e->name)) {
+    unknown.insert("test '" + e->name + "'");
+  }
+  for (const ExprPtr& child : e->args) CollectUnknown(child.get(), unknown);
+  for (const auto& [name, child] : e->kwargs) CollectUnknown(child.get(), unknown);
+}
+
+void CollectUnknown(const Body& body, std::set<std::string>& unknown) {
+  for (const NodePtr& node : body) {
+    CollectUnknown(node->expr.get(), unknown);
+    CollectUnknown(node->condition.get(), unknown);
+    for (const auto& [condition, branch] : node->branches) {
+      CollectUnknown(condition.get(), unknown);
+      CollectUnknown(branch, unknown);
+    }
+    for (const auto& [name, default_value] : node->params) {
+      CollectUnknown(default_value.get(), unknown);
+    }
+    CollectUnknown(node->body, unknown);
+    CollectUnknown(node->else_body, unknown);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> Template::UnknownNames() const {
+  std::set<std::string> unknown;
+  CollectUnknown(parsed_->body, unknown);
+  return std::vector<std::string>(unknown.begin(), unknown.end());
 }
 
 absl::StatusOr<std::string> RenderChatTemplate(std::string_view source, const Value& context) {

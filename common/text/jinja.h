@@ -19,8 +19,10 @@
 #include <ctime>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/text/jinja_value.h"
@@ -46,6 +48,11 @@ class Template {
   // line; for raise_exception the message ends with the template's own message.
   absl::StatusOr<std::string> Render(const Value& context) const;
 
+  // The filters and tests the template names that the engine does not implement ("filter
+  // 'from_json'"), sorted. jinja2 fails on them only when rendering reaches them; a caller can
+  // refuse such a template when it loads instead.
+  std::vector<std::string> UnknownNames() const;
+
  private:
   struct Parsed;
   Template(std::shared_ptr<const Parsed> parsed, Options options)
@@ -54,6 +61,10 @@ class Template {
   std::shared_ptr<const Parsed> parsed_;
   Options options_;
 };
+
+// The filters and tests Render implements.
+const std::set<std::string_view>& SupportedFilters();
+const std::set<std::string_view>& SupportedTests();
 
 // Parse and render in one step.
 absl::StatusOr<std::string> RenderChatTemplate(std::string_view source, const Value& context);
