@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/text/jinja_ast.h"
 #include "common/text/jinja_strings.h"
+#include "common/util/status_macros.h"
 
 namespace bitsplit::text::jinja {
 
@@ -48,19 +49,6 @@ absl::Status AtLine(absl::Status status, int line) {
   if (status.ok() || absl::StartsWith(status.message(), "line ")) return status;
   return absl::Status(status.code(), absl::StrCat("line ", line, ": ", status.message()));
 }
-
-#define JINJA_ASSIGN_OR_RETURN(lhs, expr)            \
-  auto JINJA_CONCAT(result_, __LINE__) = expr;       \
-  if (!JINJA_CONCAT(result_, __LINE__).ok()) {       \
-    return JINJA_CONCAT(result_, __LINE__).status(); \
-  }                                                  \
-  lhs = std::move(*JINJA_CONCAT(result_, __LINE__))
-#define JINJA_CONCAT_INNER(a, b) a##b
-#define JINJA_CONCAT(a, b) JINJA_CONCAT_INNER(a, b)
-#define JINJA_RETURN_IF_ERROR(expr)                    \
-  do {                                                 \
-    if (absl::Status s_ = (expr); !s_.ok()) return s_; \
-  } while (false)
 
 absl::Status UndefinedError(const Value& value) {
   const std::string& name = value.undefined_name();
@@ -160,6 +148,9 @@ absl::StatusOr<Value::List> Iterate(const Value& v) {
   return Error(absl::StrCat("'", v.TypeName(), "' object is not iterable"));
 }
 
+// The attribute names that are methods of Python's dict, str and list: jinja2 looks an attribute
+// up before an item, so `message.items` is the method even where the dict has an "items" key.
+// Methods that mutate are found here and refused when called, as the immutable sandbox does.
 bool IsMethodOf(const Value& v, std::string_view name) {
   static const std::vector<std::string_view> kDict = {
       "items", "keys", "values", "get", "pop", "update", "setdefault", "clear", "copy", "popitem"};
@@ -173,9 +164,11 @@ bool IsMethodOf(const Value& v, std::string_view name) {
   static const std::vector<std::string_view> kList = {"append", "pop",   "extend", "insert",
                                                       "remove", "clear", "sort",   "reverse",
                                                       "index",  "count", "copy"};
-  const auto& names = v.is_dict() ? kDict : v.is_string() ? kString : v.is_list() ? kList : kDict;
-  if (!v.is_dict() && !v.is_string() && !v.is_list()) return false;
-  return std::find(names.begin(), names.end(), name) != names.end();
+  const std::vector<std::string_view>* names = v.is_dict()     ? &kDict
+                                               : v.is_string() ? &kString
+                                               : v.is_list()   ? &kList
+                                                               : nullptr;
+  return names != nullptr && std::find(names->begin(), names->end(), name) != names->end();
 }
 
 std::optional<int64_t> NormalizeIndex(int64_t index, size_t size) {
@@ -187,8 +180,6 @@ std::optional<int64_t> NormalizeIndex(int64_t index, size_t size) {
 std::string PyFormatError(const std::string& what) {
   return absl::StrCat("str.format: ", what, " is not supported");
 }
-
-class Renderer;
 
 struct Frame {
   std::unordered_map<std::string, Value> vars;
@@ -291,7 +282,7 @@ class Renderer {
       Assign(targets[0], value);
       return absl::OkStatus();
     }
-    JINJA_ASSIGN_OR_RETURN(Value::List items, Iterate(value));
+    BITSPLIT_ASSIGN_OR_RETURN(Value::List items, Iterate(value));
     if (items.size() != targets.size()) {
       return Error(absl::StrCat("cannot unpack ", items.size(), " values into ", targets.size()));
     }
@@ -314,20 +305,20 @@ class Renderer {
         out += node.text;
         return Flow::kNormal;
       case Node::Kind::kOutput: {
-        JINJA_ASSIGN_OR_RETURN(Value v, Eval(*node.expr));
+        BITSPLIT_ASSIGN_OR_RETURN(Value v, Eval(*node.expr));
         out += v.Str();
         return Flow::kNormal;
       }
       case Node::Kind::kIf:
         for (const auto& [condition, body] : node.branches) {
-          JINJA_ASSIGN_OR_RETURN(Value c, Eval(*condition));
+          BITSPLIT_ASSIGN_OR_RETURN(Value c, Eval(*condition));
           if (c.Truthy()) return RenderBody(body, out);
         }
         return RenderBody(node.else_body, out);
       case Node::Kind::kFor:
         return RenderFor(node, out);
       case Node::Kind::kSet: {
-        JINJA_ASSIGN_OR_RETURN(Value v, Eval(*node.expr));
+        BITSPLIT_ASSIGN_OR_RETURN(Value v, Eval(*node.expr));
         if (!node.attribute.empty()) {
           Value target = Lookup(node.targets[0]);
           if (!target.is_namespace()) {
@@ -336,16 +327,16 @@ class Renderer {
           target.mutable_namespace().Set(Value(node.attribute), std::move(v));
           return Flow::kNormal;
         }
-        JINJA_RETURN_IF_ERROR(AssignTargets(node.targets, v));
+        BITSPLIT_RETURN_IF_ERROR(AssignTargets(node.targets, v));
         return Flow::kNormal;
       }
       case Node::Kind::kSetBlock: {
         std::string captured;
-        JINJA_ASSIGN_OR_RETURN(Flow flow, RenderBody(node.body, captured));
+        BITSPLIT_ASSIGN_OR_RETURN(Flow flow, RenderBody(node.body, captured));
         (void)flow;
         Value v(std::move(captured));
         if (node.expr) {
-          JINJA_ASSIGN_OR_RETURN(v, EvalWithBlockInput(*node.expr, v));
+          BITSPLIT_ASSIGN_OR_RETURN(v, EvalWithBlockInput(*node.expr, v));
         }
         Assign(node.targets[0], std::move(v));
         return Flow::kNormal;
@@ -359,9 +350,10 @@ class Renderer {
         return Flow::kContinue;
       case Node::Kind::kFilterBlock: {
         std::string captured;
-        JINJA_ASSIGN_OR_RETURN(Flow flow, RenderBody(node.body, captured));
+        BITSPLIT_ASSIGN_OR_RETURN(Flow flow, RenderBody(node.body, captured));
         (void)flow;
-        JINJA_ASSIGN_OR_RETURN(Value v, EvalWithBlockInput(*node.expr, Value(std::move(captured))));
+        BITSPLIT_ASSIGN_OR_RETURN(Value v,
+                                  EvalWithBlockInput(*node.expr, Value(std::move(captured))));
         out += v.Str();
         return Flow::kNormal;
       }
@@ -380,8 +372,8 @@ class Renderer {
   }
 
   absl::StatusOr<Flow> RenderFor(const Node& node, std::string& out) {
-    JINJA_ASSIGN_OR_RETURN(Value iterable, Eval(*node.expr));
-    JINJA_ASSIGN_OR_RETURN(Value::List all, Iterate(iterable));
+    BITSPLIT_ASSIGN_OR_RETURN(Value iterable, Eval(*node.expr));
+    BITSPLIT_ASSIGN_OR_RETURN(Value::List all, Iterate(iterable));
     Frame frame;
     chain_.push_back(&frame);
     struct Pop {
@@ -391,8 +383,8 @@ class Renderer {
     Value::List items;
     if (node.condition) {
       for (const Value& item : all) {
-        JINJA_RETURN_IF_ERROR(AssignTargets(node.targets, item));
-        JINJA_ASSIGN_OR_RETURN(Value keep, Eval(*node.condition));
+        BITSPLIT_RETURN_IF_ERROR(AssignTargets(node.targets, item));
+        BITSPLIT_ASSIGN_OR_RETURN(Value keep, Eval(*node.condition));
         if (keep.Truthy()) items.push_back(item);
       }
     } else {
@@ -403,7 +395,7 @@ class Renderer {
       // What one iteration sets, the next does not see: jinja2 starts each from the loop's
       // enclosing scope.
       frame.vars.clear();
-      JINJA_RETURN_IF_ERROR(AssignTargets(node.targets, items[i]));
+      BITSPLIT_RETURN_IF_ERROR(AssignTargets(node.targets, items[i]));
       Dict loop;
       loop.items = {{"index0", Value(i)},
                     {"index", Value(i + 1)},
@@ -423,11 +415,11 @@ class Renderer {
                                 return call.positional[i % call.positional.size()];
                               })));
       frame.vars["loop"] = Value(std::move(loop));
-      JINJA_ASSIGN_OR_RETURN(Flow flow, RenderBody(node.body, out));
+      BITSPLIT_ASSIGN_OR_RETURN(Flow flow, RenderBody(node.body, out));
       if (flow == Flow::kBreak) break;
     }
     if (n == 0) {
-      JINJA_ASSIGN_OR_RETURN(Flow flow, RenderBody(node.else_body, out));
+      BITSPLIT_ASSIGN_OR_RETURN(Flow flow, RenderBody(node.else_body, out));
       (void)flow;
     }
     return Flow::kNormal;
@@ -466,7 +458,7 @@ class Renderer {
         if (kw != call.keyword.end()) {
           frame.vars[name] = kw->second;
         } else if (default_value) {
-          JINJA_ASSIGN_OR_RETURN(frame.vars[name], Eval(*default_value));
+          BITSPLIT_ASSIGN_OR_RETURN(frame.vars[name], Eval(*default_value));
         } else {
           frame.vars[name] = Value::Undefined(absl::StrCat("'", name, "' is undefined"));
         }
@@ -479,7 +471,7 @@ class Renderer {
         }
       }
       std::string out;
-      JINJA_ASSIGN_OR_RETURN(Flow flow, RenderBody(node.body, out));
+      BITSPLIT_ASSIGN_OR_RETURN(Flow flow, RenderBody(node.body, out));
       (void)flow;
       return Value(std::move(out));
     }));
@@ -503,7 +495,7 @@ class Renderer {
       case Expr::Kind::kTuple: {
         Value::List list;
         for (const ExprPtr& item : e.args) {
-          JINJA_ASSIGN_OR_RETURN(Value v, Eval(*item));
+          BITSPLIT_ASSIGN_OR_RETURN(Value v, Eval(*item));
           list.push_back(std::move(v));
         }
         if (e.kind == Expr::Kind::kTuple) return Value::Tuple(std::move(list));
@@ -512,8 +504,8 @@ class Renderer {
       case Expr::Kind::kDict: {
         Dict dict;
         for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
-          JINJA_ASSIGN_OR_RETURN(Value key, Eval(*e.args[i]));
-          JINJA_ASSIGN_OR_RETURN(Value value, Eval(*e.args[i + 1]));
+          BITSPLIT_ASSIGN_OR_RETURN(Value key, Eval(*e.args[i]));
+          BITSPLIT_ASSIGN_OR_RETURN(Value value, Eval(*e.args[i + 1]));
           if (!key.is_string() && !key.is_number() && !key.is_none()) {
             return Error(absl::StrCat("unhashable type: '", key.TypeName(), "'"));
           }
@@ -522,19 +514,19 @@ class Renderer {
         return Value(std::move(dict));
       }
       case Expr::Kind::kGetAttr: {
-        JINJA_ASSIGN_OR_RETURN(Value object, Eval(*e.args[0]));
+        BITSPLIT_ASSIGN_OR_RETURN(Value object, Eval(*e.args[0]));
         return GetAttr(object, e.name);
       }
       case Expr::Kind::kGetItem: {
-        JINJA_ASSIGN_OR_RETURN(Value object, Eval(*e.args[0]));
-        JINJA_ASSIGN_OR_RETURN(Value key, Eval(*e.args[1]));
+        BITSPLIT_ASSIGN_OR_RETURN(Value object, Eval(*e.args[0]));
+        BITSPLIT_ASSIGN_OR_RETURN(Value key, Eval(*e.args[1]));
         return GetItem(object, key);
       }
       case Expr::Kind::kSlice:
         return EvalSlice(e);
       case Expr::Kind::kCall: {
-        JINJA_ASSIGN_OR_RETURN(Value callee, Eval(*e.args[0]));
-        JINJA_ASSIGN_OR_RETURN(CallArgs call, EvalArgs(e));
+        BITSPLIT_ASSIGN_OR_RETURN(Value callee, Eval(*e.args[0]));
+        BITSPLIT_ASSIGN_OR_RETURN(CallArgs call, EvalArgs(e));
         if (callee.is_undefined()) return UndefinedError(callee);
         if (!callee.is_callable()) {
           return Error(absl::StrCat("'", callee.TypeName(), "' object is not callable"));
@@ -544,57 +536,57 @@ class Renderer {
       case Expr::Kind::kFilter: {
         Value input;
         if (e.args[0]) {
-          JINJA_ASSIGN_OR_RETURN(input, Eval(*e.args[0]));
+          BITSPLIT_ASSIGN_OR_RETURN(input, Eval(*e.args[0]));
         } else {
           input = *block_input_;
         }
-        JINJA_ASSIGN_OR_RETURN(CallArgs call, EvalArgs(e));
+        BITSPLIT_ASSIGN_OR_RETURN(CallArgs call, EvalArgs(e));
         return ApplyFilter(e.name, input, call);
       }
       case Expr::Kind::kTest: {
-        JINJA_ASSIGN_OR_RETURN(Value input, Eval(*e.args[0]));
-        JINJA_ASSIGN_OR_RETURN(CallArgs call, EvalArgs(e));
-        JINJA_ASSIGN_OR_RETURN(bool result, ApplyTest(e.name, input, call.positional));
+        BITSPLIT_ASSIGN_OR_RETURN(Value input, Eval(*e.args[0]));
+        BITSPLIT_ASSIGN_OR_RETURN(CallArgs call, EvalArgs(e));
+        BITSPLIT_ASSIGN_OR_RETURN(bool result, ApplyTest(e.name, input, call.positional));
         return Value(result != e.negated);
       }
       case Expr::Kind::kNot: {
-        JINJA_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
+        BITSPLIT_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
         return Value(!v.Truthy());
       }
       case Expr::Kind::kNegate: {
-        JINJA_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
+        BITSPLIT_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
         if (v.is_float()) return Value(-v.as_double());
         if (v.is_int() || v.is_bool()) return Value(-v.as_int());
         if (v.is_undefined()) return UndefinedError(v);
         return Error(absl::StrCat("bad operand type for unary -: '", v.TypeName(), "'"));
       }
       case Expr::Kind::kBinary: {
-        JINJA_ASSIGN_OR_RETURN(Value a, Eval(*e.args[0]));
-        JINJA_ASSIGN_OR_RETURN(Value b, Eval(*e.args[1]));
+        BITSPLIT_ASSIGN_OR_RETURN(Value a, Eval(*e.args[0]));
+        BITSPLIT_ASSIGN_OR_RETURN(Value b, Eval(*e.args[1]));
         return Binary(e.name, a, b);
       }
       case Expr::Kind::kAnd: {
-        JINJA_ASSIGN_OR_RETURN(Value a, Eval(*e.args[0]));
+        BITSPLIT_ASSIGN_OR_RETURN(Value a, Eval(*e.args[0]));
         if (!a.Truthy()) return a;
         return Eval(*e.args[1]);
       }
       case Expr::Kind::kOr: {
-        JINJA_ASSIGN_OR_RETURN(Value a, Eval(*e.args[0]));
+        BITSPLIT_ASSIGN_OR_RETURN(Value a, Eval(*e.args[0]));
         if (a.Truthy()) return a;
         return Eval(*e.args[1]);
       }
       case Expr::Kind::kCompare: {
-        JINJA_ASSIGN_OR_RETURN(Value left, Eval(*e.args[0]));
+        BITSPLIT_ASSIGN_OR_RETURN(Value left, Eval(*e.args[0]));
         for (size_t i = 0; i < e.ops.size(); ++i) {
-          JINJA_ASSIGN_OR_RETURN(Value right, Eval(*e.args[i + 1]));
-          JINJA_ASSIGN_OR_RETURN(bool holds, Compare(e.ops[i], left, right));
+          BITSPLIT_ASSIGN_OR_RETURN(Value right, Eval(*e.args[i + 1]));
+          BITSPLIT_ASSIGN_OR_RETURN(bool holds, Compare(e.ops[i], left, right));
           if (!holds) return Value(false);
           left = std::move(right);
         }
         return Value(true);
       }
       case Expr::Kind::kTernary: {
-        JINJA_ASSIGN_OR_RETURN(Value c, Eval(*e.args[0]));
+        BITSPLIT_ASSIGN_OR_RETURN(Value c, Eval(*e.args[0]));
         if (c.Truthy()) return Eval(*e.args[1]);
         if (e.args[2]) return Eval(*e.args[2]);
         return Value::Undefined("the conditional expression had no else");
@@ -606,11 +598,11 @@ class Renderer {
   absl::StatusOr<CallArgs> EvalArgs(const Expr& e) {
     CallArgs call;
     for (size_t i = 1; i < e.args.size(); ++i) {
-      JINJA_ASSIGN_OR_RETURN(Value v, Eval(*e.args[i]));
+      BITSPLIT_ASSIGN_OR_RETURN(Value v, Eval(*e.args[i]));
       call.positional.push_back(std::move(v));
     }
     for (const auto& [name, expr] : e.kwargs) {
-      JINJA_ASSIGN_OR_RETURN(Value v, Eval(*expr));
+      BITSPLIT_ASSIGN_OR_RETURN(Value v, Eval(*expr));
       call.keyword.emplace_back(name, std::move(v));
     }
     return call;
@@ -668,11 +660,11 @@ class Renderer {
   }
 
   absl::StatusOr<Value> EvalSlice(const Expr& e) {
-    JINJA_ASSIGN_OR_RETURN(Value object, Eval(*e.args[0]));
+    BITSPLIT_ASSIGN_OR_RETURN(Value object, Eval(*e.args[0]));
     std::optional<int64_t> bounds[3];
     for (int k = 0; k < 3; ++k) {
       if (!e.args[k + 1]) continue;
-      JINJA_ASSIGN_OR_RETURN(Value b, Eval(*e.args[k + 1]));
+      BITSPLIT_ASSIGN_OR_RETURN(Value b, Eval(*e.args[k + 1]));
       if (b.is_none()) continue;
       if (!b.is_int() && !b.is_bool()) return Error("slice indices must be integers or None");
       bounds[k] = b.as_int();
@@ -831,7 +823,7 @@ class Renderer {
     if (op == "!=") return !Equals(a, b);
     if (op == "in") return Contains(b, a);
     if (op == "notin") {
-      JINJA_ASSIGN_OR_RETURN(bool in, Contains(b, a));
+      BITSPLIT_ASSIGN_OR_RETURN(bool in, Contains(b, a));
       return !in;
     }
     if (a.is_undefined()) return UndefinedError(a);
@@ -839,11 +831,11 @@ class Renderer {
     if (op == "<") return Less(a, b);
     if (op == ">") return Less(b, a);
     if (op == "<=") {
-      JINJA_ASSIGN_OR_RETURN(bool greater, Less(b, a));
+      BITSPLIT_ASSIGN_OR_RETURN(bool greater, Less(b, a));
       return !greater;
     }
     if (op == ">=") {
-      JINJA_ASSIGN_OR_RETURN(bool less, Less(a, b));
+      BITSPLIT_ASSIGN_OR_RETURN(bool less, Less(a, b));
       return !less;
     }
     return Error(absl::StrCat("unknown comparison ", op));
@@ -885,7 +877,7 @@ class Renderer {
     const Dict& dict = object.as_dict();
     if (name == "get") {
       Args args(call, {"key", "default"}, "get");
-      JINJA_RETURN_IF_ERROR(args.status());
+      BITSPLIT_RETURN_IF_ERROR(args.status());
       if (!args.has(0)) return Error("get() takes at least 1 argument");
       if (const Value* v = dict.Find(args.get(0))) return *v;
       return args.get_or(1, Value::None());
@@ -920,7 +912,7 @@ class Renderer {
                                      const CallArgs& call) {
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
       Args args(call, {"chars"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
+      BITSPLIT_RETURN_IF_ERROR(args.status());
       const StripSide side = name == "strip"    ? StripSide::kBoth
                              : name == "lstrip" ? StripSide::kLeft
                                                 : StripSide::kRight;
@@ -928,7 +920,7 @@ class Renderer {
     }
     if (name == "split" || name == "rsplit") {
       Args args(call, {"sep", "maxsplit"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
+      BITSPLIT_RETURN_IF_ERROR(args.status());
       const std::optional<std::string> sep = args.opt_string(0);
       if (sep && sep->empty()) return Error("empty separator");
       const long long maxsplit = args.has(1) ? args.get(1).as_int() : -1;
@@ -957,15 +949,15 @@ class Renderer {
     if (name == "capitalize") return Value(PyCapitalize(s));
     if (name == "replace") {
       Args args(call, {"old", "new", "count"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
-      JINJA_ASSIGN_OR_RETURN(std::string old, StringArg(args, 0, name));
-      JINJA_ASSIGN_OR_RETURN(std::string replacement, StringArg(args, 1, name));
+      BITSPLIT_RETURN_IF_ERROR(args.status());
+      BITSPLIT_ASSIGN_OR_RETURN(std::string old, StringArg(args, 0, name));
+      BITSPLIT_ASSIGN_OR_RETURN(std::string replacement, StringArg(args, 1, name));
       return Value(PyReplace(s, old, replacement, args.has(2) ? args.get(2).as_int() : -1));
     }
     if (name == "find" || name == "rfind" || name == "index" || name == "count") {
       Args args(call, {"sub"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
-      JINJA_ASSIGN_OR_RETURN(std::string sub, StringArg(args, 0, name));
+      BITSPLIT_RETURN_IF_ERROR(args.status());
+      BITSPLIT_ASSIGN_OR_RETURN(std::string sub, StringArg(args, 0, name));
       if (name == "count") return Value(static_cast<int64_t>(PyCount(s, sub)));
       const size_t at = name == "rfind" ? s.rfind(sub) : s.find(sub);
       if (at == std::string::npos) {
@@ -976,7 +968,7 @@ class Renderer {
     }
     if (name == "join") {
       if (call.positional.size() != 1) return Error("join() takes 1 argument");
-      JINJA_ASSIGN_OR_RETURN(Value::List items, Iterate(call.positional[0]));
+      BITSPLIT_ASSIGN_OR_RETURN(Value::List items, Iterate(call.positional[0]));
       std::vector<std::string> parts;
       for (const Value& v : items) {
         if (!v.is_string()) return Error("sequence item: expected str instance");
@@ -991,8 +983,8 @@ class Renderer {
     }
     if (name == "removeprefix" || name == "removesuffix") {
       Args args(call, {"affix"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
-      JINJA_ASSIGN_OR_RETURN(std::string affix, StringArg(args, 0, name));
+      BITSPLIT_RETURN_IF_ERROR(args.status());
+      BITSPLIT_ASSIGN_OR_RETURN(std::string affix, StringArg(args, 0, name));
       if (name == "removeprefix" && absl::StartsWith(s, affix))
         return Value(s.substr(affix.size()));
       if (name == "removesuffix" && absl::EndsWith(s, affix)) {
@@ -1101,16 +1093,16 @@ class Renderer {
     if (name == "false") return v.is_bool() && !v.as_bool();
     if (name == "callable") return v.is_callable();
     if (name == "eq" || name == "equalto" || name == "sameas") {
-      JINJA_ASSIGN_OR_RETURN(Value other, arg());
+      BITSPLIT_ASSIGN_OR_RETURN(Value other, arg());
       return Equals(v, other);
     }
     if (name == "ne") {
-      JINJA_ASSIGN_OR_RETURN(Value other, arg());
+      BITSPLIT_ASSIGN_OR_RETURN(Value other, arg());
       return !Equals(v, other);
     }
     if (name == "lt" || name == "lessthan" || name == "gt" || name == "greaterthan" ||
         name == "le" || name == "ge") {
-      JINJA_ASSIGN_OR_RETURN(Value other, arg());
+      BITSPLIT_ASSIGN_OR_RETURN(Value other, arg());
       const std::string op = name == "lt" || name == "lessthan"      ? "<"
                              : name == "gt" || name == "greaterthan" ? ">"
                              : name == "le"                          ? "<="
@@ -1118,7 +1110,7 @@ class Renderer {
       return Compare(op, v, other);
     }
     if (name == "in") {
-      JINJA_ASSIGN_OR_RETURN(Value other, arg());
+      BITSPLIT_ASSIGN_OR_RETURN(Value other, arg());
       return Contains(other, v);
     }
     if (name == "odd" || name == "even") {
@@ -1126,7 +1118,7 @@ class Renderer {
       return (v.as_int() % 2 != 0) == (name == "odd");
     }
     if (name == "divisibleby") {
-      JINJA_ASSIGN_OR_RETURN(Value other, arg());
+      BITSPLIT_ASSIGN_OR_RETURN(Value other, arg());
       if (other.as_int() == 0) return Error("integer division or modulo by zero");
       return v.as_int() % other.as_int() == 0;
     }
@@ -1149,7 +1141,7 @@ class Renderer {
                                                [](char c) { return c >= '0' && c <= '9'; })
                       ? Value(static_cast<int64_t>(std::stoll(part)))
                       : Value(part);
-      JINJA_ASSIGN_OR_RETURN(current, GetItem(current, key));
+      BITSPLIT_ASSIGN_OR_RETURN(current, GetItem(current, key));
       if (dot == std::string::npos) return current;
       start = dot + 1;
     }
@@ -1176,7 +1168,7 @@ class Renderer {
       const std::function<absl::StatusOr<Value>(const Value&)>& key) {
     std::vector<std::pair<Value, Value>> keyed;
     for (Value& item : items) {
-      JINJA_ASSIGN_OR_RETURN(Value k, key(item));
+      BITSPLIT_ASSIGN_OR_RETURN(Value k, key(item));
       keyed.emplace_back(std::move(k), std::move(item));
     }
     absl::Status error;
@@ -1188,7 +1180,7 @@ class Renderer {
       }
       return *less;
     });
-    JINJA_RETURN_IF_ERROR(error);
+    BITSPLIT_RETURN_IF_ERROR(error);
     Value::List out;
     for (auto& [k, item] : keyed) out.push_back(std::move(item));
     return out;
@@ -1198,7 +1190,7 @@ class Renderer {
                                bool keep_when) {
     // jinja2 selects from a false value (None, an empty list) nothing, without iterating it.
     if (!input.Truthy()) return Value::Generator({});
-    JINJA_ASSIGN_OR_RETURN(Value::List items, Iterate(input));
+    BITSPLIT_ASSIGN_OR_RETURN(Value::List items, Iterate(input));
     size_t first_test_arg = by_attribute ? 1 : 0;
     if (by_attribute && call.positional.empty()) return Error("selectattr needs an attribute");
     std::optional<std::string> test;
@@ -1210,11 +1202,11 @@ class Renderer {
     for (const Value& item : items) {
       Value subject = item;
       if (by_attribute) {
-        JINJA_ASSIGN_OR_RETURN(subject, Attribute(item, call.positional[0].Str()));
+        BITSPLIT_ASSIGN_OR_RETURN(subject, Attribute(item, call.positional[0].Str()));
       }
       bool passes;
       if (test) {
-        JINJA_ASSIGN_OR_RETURN(passes, ApplyTest(*test, subject, test_args));
+        BITSPLIT_ASSIGN_OR_RETURN(passes, ApplyTest(*test, subject, test_args));
       } else {
         passes = subject.Truthy();
       }
@@ -1232,13 +1224,13 @@ class Renderer {
     }
     if (name == "trim") {
       Args args(call, {"chars"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
+      BITSPLIT_RETURN_IF_ERROR(args.status());
       return Value(PyStrip(v.Str(), args.opt_string(0), StripSide::kBoth));
     }
     if (name == "tojson") {
       // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
       Args args(call, {"ensure_ascii", "indent", "separators", "sort_keys"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
+      BITSPLIT_RETURN_IF_ERROR(args.status());
       JsonOptions options;
       options.ensure_ascii = args.flag(0, false);
       options.sort_keys = args.flag(3, false);
@@ -1260,20 +1252,20 @@ class Renderer {
         options.key_separator = separators.as_list()[1].Str();
       }
       if (v.is_undefined()) return Error("Object of type Undefined is not JSON serializable");
-      JINJA_ASSIGN_OR_RETURN(std::string json, ToJson(v, options));
+      BITSPLIT_ASSIGN_OR_RETURN(std::string json, ToJson(v, options));
       return Value(std::move(json));
     }
     if (name == "join") {
       Args args(call, {"d", "attribute"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
-      JINJA_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
+      BITSPLIT_RETURN_IF_ERROR(args.status());
+      BITSPLIT_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
       std::string out;
       const std::string separator = args.has(0) ? args.get(0).Str() : "";
       for (size_t i = 0; i < items.size(); ++i) {
         if (i > 0) out += separator;
         Value item = items[i];
         if (args.has(1)) {
-          JINJA_ASSIGN_OR_RETURN(item, Attribute(item, args.get(1).Str()));
+          BITSPLIT_ASSIGN_OR_RETURN(item, Attribute(item, args.get(1).Str()));
         }
         out += item.Str();
       }
@@ -1284,19 +1276,19 @@ class Renderer {
         if (name == "last") return Error("'generator' object is not reversible");
         return v.NextOfGenerator();
       }
-      JINJA_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
+      BITSPLIT_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
       if (items.empty())
         return Value::Undefined(absl::StrCat("No ", name, " item, sequence was empty."));
       return name == "first" ? items.front() : items.back();
     }
     if (name == "default" || name == "d") {
       Args args(call, {"default_value", "boolean"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
+      BITSPLIT_RETURN_IF_ERROR(args.status());
       const bool use_default = args.flag(1, false) ? !v.Truthy() : v.is_undefined();
       return use_default ? args.get_or(0, Value("")) : v;
     }
     if (name == "list") {
-      JINJA_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
+      BITSPLIT_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
       return Value(std::move(items));
     }
     if (name == "items") {
@@ -1306,7 +1298,7 @@ class Renderer {
     }
     if (name == "map") {
       if (!v.Truthy()) return Value::Generator({});
-      JINJA_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
+      BITSPLIT_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
       Value::List out;
       std::optional<std::string> attribute;
       std::optional<Value> fallback;
@@ -1316,7 +1308,7 @@ class Renderer {
       }
       for (const Value& item : items) {
         if (attribute) {
-          JINJA_ASSIGN_OR_RETURN(Value mapped, Attribute(item, *attribute));
+          BITSPLIT_ASSIGN_OR_RETURN(Value mapped, Attribute(item, *attribute));
           if (mapped.is_undefined() && fallback) mapped = *fallback;
           out.push_back(std::move(mapped));
           continue;
@@ -1324,7 +1316,7 @@ class Renderer {
         if (call.positional.empty()) return Error("map needs a filter name or an attribute");
         CallArgs rest;
         rest.positional.assign(call.positional.begin() + 1, call.positional.end());
-        JINJA_ASSIGN_OR_RETURN(Value mapped, ApplyFilter(call.positional[0].Str(), item, rest));
+        BITSPLIT_ASSIGN_OR_RETURN(Value mapped, ApplyFilter(call.positional[0].Str(), item, rest));
         out.push_back(std::move(mapped));
       }
       return Value::Generator(std::move(out));
@@ -1339,7 +1331,7 @@ class Renderer {
     if (name == "title") return Value(JinjaTitle(v.Str()));
     if (name == "replace") {
       Args args(call, {"old", "new", "count"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
+      BITSPLIT_RETURN_IF_ERROR(args.status());
       if (!args.has(0) || !args.has(1)) return Error("replace needs old and new");
       return Value(PyReplace(v.Str(), args.get(0).Str(), args.get(1).Str(),
                              args.has(2) && !args.get(2).is_none() ? args.get(2).as_int() : -1));
@@ -1351,7 +1343,7 @@ class Renderer {
     }
     if (name == "int" || name == "float") {
       Args args(call, {"default", "base"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
+      BITSPLIT_RETURN_IF_ERROR(args.status());
       const Value fallback = args.get_or(0, name == "int" ? Value(0) : Value(0.0));
       double d;
       if (v.is_number()) {
@@ -1381,38 +1373,38 @@ class Renderer {
     }
     if (name == "dictsort") {
       Args args(call, {"case_sensitive", "by", "reverse"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
+      BITSPLIT_RETURN_IF_ERROR(args.status());
       if (!v.is_dict()) return Error("dictsort needs a mapping");
-      JINJA_ASSIGN_OR_RETURN(Value items, DictMethod(v, "items", {}));
+      BITSPLIT_ASSIGN_OR_RETURN(Value items, DictMethod(v, "items", {}));
       const bool case_sensitive = args.flag(0, false);
       const int by = args.has(1) && args.get(1).Str() == "value" ? 1 : 0;
-      JINJA_ASSIGN_OR_RETURN(Value::List sorted,
-                             SortedBy(items.as_list(), args.flag(2, false),
-                                      [&](const Value& pair) -> absl::StatusOr<Value> {
-                                        return SortKey(pair.as_list()[by], case_sensitive);
-                                      }));
+      BITSPLIT_ASSIGN_OR_RETURN(Value::List sorted,
+                                SortedBy(items.as_list(), args.flag(2, false),
+                                         [&](const Value& pair) -> absl::StatusOr<Value> {
+                                           return SortKey(pair.as_list()[by], case_sensitive);
+                                         }));
       return Value(std::move(sorted));
     }
     if (name == "sort") {
       Args args(call, {"reverse", "case_sensitive", "attribute"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
-      JINJA_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
+      BITSPLIT_RETURN_IF_ERROR(args.status());
+      BITSPLIT_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
       const bool case_sensitive = args.flag(1, false);
       const std::optional<std::string> attribute = args.opt_string(2);
-      JINJA_ASSIGN_OR_RETURN(Value::List sorted, SortedBy(std::move(items), args.flag(0, false),
-                                                          KeyOf(attribute, case_sensitive)));
+      BITSPLIT_ASSIGN_OR_RETURN(Value::List sorted, SortedBy(std::move(items), args.flag(0, false),
+                                                             KeyOf(attribute, case_sensitive)));
       return Value(std::move(sorted));
     }
     if (name == "unique") {
       Args args(call, {"case_sensitive", "attribute"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
-      JINJA_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
+      BITSPLIT_RETURN_IF_ERROR(args.status());
+      BITSPLIT_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
       Value::List out;
       std::vector<Value> seen;
       for (const Value& item : items) {
         Value k = item;
         if (args.opt_string(1)) {
-          JINJA_ASSIGN_OR_RETURN(k, Attribute(item, *args.opt_string(1)));
+          BITSPLIT_ASSIGN_OR_RETURN(k, Attribute(item, *args.opt_string(1)));
         }
         k = SortKey(k, args.flag(0, false));
         if (std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return Equals(s, k); })) {
@@ -1425,13 +1417,14 @@ class Renderer {
     }
     if (name == "min" || name == "max") {
       Args args(call, {"case_sensitive", "attribute"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
-      JINJA_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
+      BITSPLIT_RETURN_IF_ERROR(args.status());
+      BITSPLIT_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
       if (items.empty())
         return Value::Undefined(absl::StrCat("No aggregated item, sequence was empty."));
       const std::optional<std::string> attribute = args.opt_string(1);
-      JINJA_ASSIGN_OR_RETURN(Value::List sorted, SortedBy(std::move(items), name == "max",
-                                                          KeyOf(attribute, args.flag(0, false))));
+      BITSPLIT_ASSIGN_OR_RETURN(
+          Value::List sorted,
+          SortedBy(std::move(items), name == "max", KeyOf(attribute, args.flag(0, false))));
       return sorted.front();
     }
     if (name == "reverse") {
@@ -1440,27 +1433,27 @@ class Renderer {
         std::reverse(cps.begin(), cps.end());
         return Value(EncodeUtf8(cps));
       }
-      JINJA_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
+      BITSPLIT_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
       std::reverse(items.begin(), items.end());
       return Value(std::move(items));
     }
     if (name == "sum") {
       Args args(call, {"attribute", "start"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
-      JINJA_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
+      BITSPLIT_RETURN_IF_ERROR(args.status());
+      BITSPLIT_ASSIGN_OR_RETURN(Value::List items, Iterate(v));
       Value total = args.get_or(1, Value(0));
       for (const Value& item : items) {
         Value term = item;
         if (args.opt_string(0)) {
-          JINJA_ASSIGN_OR_RETURN(term, Attribute(item, *args.opt_string(0)));
+          BITSPLIT_ASSIGN_OR_RETURN(term, Attribute(item, *args.opt_string(0)));
         }
-        JINJA_ASSIGN_OR_RETURN(total, Binary("+", total, term));
+        BITSPLIT_ASSIGN_OR_RETURN(total, Binary("+", total, term));
       }
       return total;
     }
     if (name == "indent") {
       Args args(call, {"width", "first", "blank"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
+      BITSPLIT_RETURN_IF_ERROR(args.status());
       std::string indentation = "    ";
       if (args.has(0)) {
         indentation = args.get(0).is_string()
@@ -1486,7 +1479,7 @@ class Renderer {
     }
     if (name == "round") {
       Args args(call, {"precision", "method"}, name);
-      JINJA_RETURN_IF_ERROR(args.status());
+      BITSPLIT_RETURN_IF_ERROR(args.status());
       if (!v.is_number()) return Error("round needs a number");
       const double scale = std::pow(10.0, args.has(0) ? args.get(0).as_int() : 0);
       return Value(std::nearbyint(v.as_double() * scale) / scale);
