@@ -177,10 +177,6 @@ std::optional<int64_t> NormalizeIndex(int64_t index, size_t size) {
   return index;
 }
 
-std::string PyFormatError(const std::string& what) {
-  return absl::StrCat("str.format: ", what, " is not supported");
-}
-
 struct Frame {
   std::unordered_map<std::string, Value> vars;
 };
@@ -282,9 +278,16 @@ class Renderer {
       Assign(targets[0], value);
       return absl::OkStatus();
     }
+    if (!value.is_list() && !value.is_dict() && !value.is_string() && !value.is_generator()) {
+      return Error(absl::StrCat("cannot unpack non-iterable ", value.TypeName(), " object"));
+    }
     BITSPLIT_ASSIGN_OR_RETURN(Value::List items, Iterate(value));
-    if (items.size() != targets.size()) {
-      return Error(absl::StrCat("cannot unpack ", items.size(), " values into ", targets.size()));
+    if (items.size() > targets.size()) {
+      return Error(absl::StrCat("too many values to unpack (expected ", targets.size(), ")"));
+    }
+    if (items.size() < targets.size()) {
+      return Error(absl::StrCat("not enough values to unpack (expected ", targets.size(), ", got ",
+                                items.size(), ")"));
     }
     for (size_t i = 0; i < targets.size(); ++i) Assign(targets[i], items[i]);
     return absl::OkStatus();
@@ -613,14 +616,27 @@ class Renderer {
     if (object.is_undefined()) return UndefinedError(object);
     if (object.is_namespace()) {
       if (const Value* v = object.as_dict().Find(Value(name))) return *v;
-      return Value::Undefined(absl::StrCat("'Namespace' object has no attribute '", name, "'"));
+      return MissingAttribute(object, Value(name));
     }
     if (IsMethodOf(object, name)) return BoundMethod(object, name);
     if (object.is_dict()) {
       if (const Value* v = object.as_dict().Find(Value(name))) return *v;
     }
-    return Value::Undefined(
-        absl::StrCat("'", object.TypeName(), " object' has no attribute '", name, "'"));
+    return MissingAttribute(object, Value(name));
+  }
+
+  // jinja2's object_type_repr: None is "None", anything else "<type> object".
+  static std::string ObjectTypeRepr(const Value& object) {
+    return object.is_none() ? "None" : object.TypeName() + " object";
+  }
+
+  // The Undefined of a failed lookup, with jinja2's message for when it is used.
+  static Value MissingAttribute(const Value& object, const Value& key) {
+    if (key.is_string()) {
+      return Value::Undefined(
+          absl::StrCat("'", ObjectTypeRepr(object), "' has no attribute ", key.Repr()));
+    }
+    return Value::Undefined(absl::StrCat(ObjectTypeRepr(object), " has no element ", key.Repr()));
   }
 
   // jinja2's getitem: the item first, then the attribute.
@@ -636,8 +652,7 @@ class Renderer {
       if (!object.is_namespace() && IsMethodOf(object, key.as_string())) {
         return BoundMethod(object, key.as_string());
       }
-      return Value::Undefined(absl::StrCat("'", object.TypeName(), " object' has no attribute '",
-                                           key.as_string(), "'"));
+      return MissingAttribute(object, key);
     }
     if (key.is_int() || key.is_bool()) {
       if (object.is_list()) {
@@ -652,11 +667,8 @@ class Renderer {
           return Value(std::move(c));
         }
       }
-      return Value::Undefined(
-          absl::StrCat("'", object.TypeName(), " object' has no attribute '", key.as_int(), "'"));
     }
-    return Value::Undefined(
-        absl::StrCat("'", object.TypeName(), " object' has no item ", key.Repr()));
+    return MissingAttribute(object, key);
   }
 
   absl::StatusOr<Value> EvalSlice(const Expr& e) {
@@ -735,8 +747,10 @@ class Renderer {
         list.insert(list.end(), b.as_list().begin(), b.as_list().end());
         return Value(std::move(list));
       }
-      if (a.is_string()) {
-        return Error(absl::StrCat("can only concatenate str (not \"", b.TypeName(), "\") to str"));
+      if (a.is_string() || a.is_list()) {
+        const std::string type = a.is_string() ? "str" : a.is_tuple() ? "tuple" : "list";
+        return Error(
+            absl::StrCat("can only concatenate ", type, " (not \"", b.TypeName(), "\") to ", type));
       }
       return type_error();
     }
@@ -1047,7 +1061,8 @@ class Renderer {
         conversion = bang + 1 < field.size() ? field[bang + 1] : 's';
         field.resize(bang);
       }
-      if (field.find(':') != std::string::npos) return Error(PyFormatError("a format spec"));
+      if (field.find(':') != std::string::npos)
+        return Error("str.format: format specs are not supported");
       Value v;
       if (field.empty()) {
         if (next_auto >= call.positional.size()) return Error("Replacement index out of range");
@@ -1125,7 +1140,7 @@ class Renderer {
     if (name == "lower" || name == "upper") {
       return StringPredicate(v.Str(), name == "lower" ? "islower" : "isupper");
     }
-    return Error(absl::StrCat("No test named '", name, "'."));
+    return Error(absl::StrCat("No test named '", name, "' found."));
   }
 
   // ---- filters ----
@@ -1293,7 +1308,7 @@ class Renderer {
     }
     if (name == "items") {
       if (v.is_undefined()) return Value(Value::List{});
-      if (!v.is_dict()) return Error("items filter needs a mapping");
+      if (!v.is_dict()) return Error("Can only get item pairs from a mapping.");
       return DictMethod(v, "items", {});
     }
     if (name == "map") {
@@ -1484,7 +1499,7 @@ class Renderer {
       const double scale = std::pow(10.0, args.has(0) ? args.get(0).as_int() : 0);
       return Value(std::nearbyint(v.as_double() * scale) / scale);
     }
-    return Error(absl::StrCat("No filter named '", name, "'."));
+    return Error(absl::StrCat("No filter named '", name, "' found."));
   }
 
   const Template::Options& options_;
