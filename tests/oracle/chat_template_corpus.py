@@ -227,8 +227,36 @@ PROBES = [
     "  {{- 'left' }}\n  {{ 'keep' -}}\n\n   end",
     "{% raw %}  {{ x }}\n{% endraw %}\n{{ 'after' }}",
     "{% if t %}A{% elif n %}B{% else %}C{% endif %}{% if not t %}A{% elif n == 3 %}B{% endif %}",
+    # Literals, undefined values and conversions templates lean on.
+    "{{ '\\x41\\u00e9\\t|' }}{{ \"a\\\\b\" }}{{ 'it\\'s' }}",
+    "{{ 5 // 2.0 }} {{ 2 ** 0.5 }} {{ 0.1 * 3 }} {{ 1e300 * 1e10 }} {{ 'a' < 'B' }} {{ 3 * 0.5 }}",
+    "{{ none == none }} {{ undefined_var == none }} {{ undefined_var | length }} "
+    "{{ undefined_var | list }}{% for q in undefined_var %}x{% endfor %}{% if undefined_var %}y{% endif %}",
+    "[{{ 'abc'[10] }}][{{ items[10] }}][{{ d['missing'] }}][{{ 3 if false }}][{{ 'a' * 0 }}]",
+    "{{ true and none }} {{ '' or [] }} {{ 0 or 0.0 }} {{ [] | join(',') }} {{ 10 | string + 'x' }}",
+    "{% set a = [1, 2] %}{% set b = a + [3] %}{{ a }}{{ b }} {{ dict(a=1, b=[2]) | tojson }} "
+    "{{ namespace(a=1).a }}",
+    "{% set v = undefined_var | default('dflt') %}{{ v }} {{ '  x  ' | trim('x ') }}|"
+    "{{ 'Hello' | replace('l', '') }}",
+    "{% for m in messages if m.role == 'assistant' %}{{ loop.index }}/{{ loop.length }}"
+    "{{ loop.last }}{% else %}none{% endfor %}"
+    "{% for m in messages if m.role == 'system' %}x{% else %}none{% endfor %}",
+    "{% set ns = namespace(found=false) %}{% for m in messages %}{% if m.role == 'user' %}"
+    "{% set ns.found = true %}{% endif %}{% endfor %}{{ ns.found }} {{ ns is mapping }}",
+    "{{ messages | length }} {{ messages[-1]['role'] }} {{ messages[0].content.strip() }} "
+    "{{ messages[1].content is none }} {{ messages[1].tool_calls | length }}",
+    "{%- macro show(m) -%}\n  <{{ m.role }}>\n{%- endmacro -%}\n{% for m in messages %}"
+    "{{ show(m) }}\n{% endfor %}",
+    "{{ [{'type': 'text', 'text': 'a'}, {'type': 'image'}, {'type': 'text', 'text': 'b'}] | "
+    "selectattr('type', 'equalto', 'text') | map(attribute='text') | join('\\n') }}",
+    "{{ range(3) | list }} {{ range(3) | length }} {{ range(5, 0, -2) | list }}",
+    "{{ d | tojson(indent=4) }}|{{ [1, [2, []], {}] | tojson(indent='\\t') }}",
+    "{{ 'a' ~ none ~ true ~ 1.50 ~ [1] }} {{ 1 == '1' }} {{ [1, 2] == [1, 2] }} {{ (1, 2) == [1, 2] }}",
+    "{% if not (t is defined and n > 5) %}ok{% endif %}{% if n is defined and not x is none %}!{% endif %}",
     # Errors.
     "{{ raise_exception('custom failure') }}",
+    "{{ undefined_var.attr is defined }}",
+    "{{ d['missing']['x'] }}",
     "{{ undefined_name.attr }}",
     "{{ items + 'x' }}",
     "{{ d.b.strip() }}",
