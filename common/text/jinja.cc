@@ -21,12 +21,12 @@ struct Template::Parsed {
 
 const std::set<std::string_view>& SupportedFilters() {
   static const std::set<std::string_view> kFilters = {
-      "abs",        "capitalize", "count",    "d",       "default", "dictsort", "e",
-      "escape",     "first",      "float",    "indent",  "int",     "items",    "join",
-      "last",       "length",     "list",     "lower",   "map",     "max",      "min",
-      "reject",     "rejectattr", "replace",  "reverse", "round",   "safe",     "select",
-      "selectattr", "sort",       "string",   "sum",     "title",   "tojson",   "trim",
-      "unique",     "upper",      "wordcount"};
+      "abs",    "capitalize", "count",      "d",        "default", "dictsort", "e",
+      "escape", "first",      "float",      "format",   "indent",  "int",      "items",
+      "join",   "last",       "length",     "list",     "lower",   "map",      "max",
+      "min",    "reject",     "rejectattr", "replace",  "reverse", "round",    "safe",
+      "select", "selectattr", "sort",       "string",   "sum",     "title",    "tojson",
+      "trim",   "unique",     "upper",      "wordcount"};
   return kFilters;
 }
 
@@ -778,7 +778,10 @@ class Renderer {
       return type_error();
     }
     if (!numbers) {
-      if (op == "%" && a.is_string()) return Error("the % string operator is not supported");
+      if (op == "%" && a.is_string()) {
+        // A tuple supplies the arguments; anything else (a list too) is the one argument.
+        return PercentFormat(a.as_string(), b.is_tuple() ? b.as_list() : Value::List{b});
+      }
       return type_error();
     }
     if (op == "/") {
@@ -1080,6 +1083,85 @@ class Renderer {
       }
       out += conversion == 'r' ? v.Repr() : v.Str();
     }
+    return Value(std::move(out));
+  }
+
+  // Python's printf-style str % args for the conversions s r a d i u x X o f F e E g G and %%,
+  // with flags, width and precision; mapping keys and '*' widths are refused.
+  static absl::StatusOr<Value> PercentFormat(const std::string& format, const Value::List& args) {
+    std::string out;
+    size_t next = 0;
+    for (size_t i = 0; i < format.size(); ++i) {
+      if (format[i] != '%') {
+        out.push_back(format[i]);
+        continue;
+      }
+      if (++i >= format.size()) return Error("incomplete format");
+      if (format[i] == '%') {
+        out.push_back('%');
+        continue;
+      }
+      if (format[i] == '(' || format[i] == '*') {
+        return Error("% formatting with mapping keys or '*' is not supported");
+      }
+      std::string flags;
+      while (i < format.size() && std::string_view("-+ 0#").find(format[i]) != std::string::npos) {
+        flags.push_back(format[i++]);
+      }
+      std::string width;
+      while (i < format.size() && format[i] >= '0' && format[i] <= '9')
+        width.push_back(format[i++]);
+      std::optional<size_t> precision;
+      if (i < format.size() && format[i] == '.') {
+        std::string digits;
+        for (++i; i < format.size() && format[i] >= '0' && format[i] <= '9'; ++i) {
+          digits.push_back(format[i]);
+        }
+        precision = digits.empty() ? 0 : std::stoul(digits);
+      }
+      while (i < format.size() && (format[i] == 'h' || format[i] == 'l' || format[i] == 'L')) ++i;
+      if (i >= format.size()) return Error("incomplete format");
+      const char conversion = format[i];
+      if (next >= args.size()) return Error("not enough arguments for format string");
+      const Value& arg = args[next++];
+      if (conversion == 's' || conversion == 'r' || conversion == 'a') {
+        std::vector<uint32_t> cps = DecodeUtf8(conversion == 's' ? arg.Str() : arg.Repr());
+        if (precision && cps.size() > *precision) cps.resize(*precision);
+        const size_t w = width.empty() ? 0 : std::stoul(width);
+        const std::string padding(w > cps.size() ? w - cps.size() : 0, ' ');
+        const bool left = flags.find('-') != std::string::npos;
+        out += (left ? "" : padding) + EncodeUtf8(cps) + (left ? padding : "");
+        continue;
+      }
+      const bool integer = std::string_view("diuxXo").find(conversion) != std::string::npos;
+      const bool real = std::string_view("fFeEgG").find(conversion) != std::string::npos;
+      if (!integer && !real) {
+        return Error(
+            absl::StrCat("unsupported format character '", std::string(1, conversion), "'"));
+      }
+      const bool needs_integer = conversion == 'x' || conversion == 'X' || conversion == 'o';
+      if (!arg.is_number() || (needs_integer && arg.is_float())) {
+        return Error(absl::StrCat("%", std::string(1, conversion),
+                                  " format: ", needs_integer ? "an integer" : "a real number",
+                                  " is required, not ", arg.TypeName()));
+      }
+      if (conversion == 'o' && flags.find('#') != std::string::npos) {
+        return Error("%#o is not supported");
+      }
+      std::string spec = "%" + flags + width;
+      if (precision) spec += "." + std::to_string(*precision);
+      char buf[512];
+      if (integer) {
+        const long long n = arg.is_float() ? static_cast<long long>(arg.as_double()) : arg.as_int();
+        spec += std::string("ll") + (conversion == 'i' || conversion == 'u' ? 'd' : conversion);
+        std::snprintf(buf, sizeof(buf), spec.c_str(), n);
+      } else {
+        spec.push_back(conversion);
+        std::snprintf(buf, sizeof(buf), spec.c_str(), arg.as_double());
+      }
+      out += buf;
+    }
+    if (next < args.size()) return Error("not all arguments converted during string formatting");
     return Value(std::move(out));
   }
 
@@ -1488,6 +1570,10 @@ class Renderer {
       }
       if (args.flag(1, false)) out = indentation + out;
       return Value(std::move(out));
+    }
+    if (name == "format") {
+      if (!call.keyword.empty()) return Error("format with keyword arguments is not supported");
+      return PercentFormat(v.Str(), call.positional);
     }
     if (name == "wordcount") {
       return Value(static_cast<int64_t>(PySplit(v.Str(), std::nullopt, -1).size()));

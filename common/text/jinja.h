@@ -8,7 +8,8 @@
 //
 // Not supported (an error rather than different text): {% call %} blocks, {% include %} and
 // template inheritance, recursive loops, macro varargs/kwargs, format specs in str.format,
-// the % string operator, filters and methods outside the set jinja.cc implements. Known
+// mapping keys and '*' in % formatting, filters and methods outside the set jinja.cc
+// implements (UnknownNames lists a template's). Known
 // divergences: upper/lower/title/capitalize change Latin (ASCII, Latin-1, Latin Extended-A),
 // Greek and Cyrillic letters only, without Greek's final sigma; str.isprintable()
 // (repr() of strings in containers) knows only the common invisible characters; a generator

@@ -253,6 +253,15 @@ PROBES = [
     "{{ d | tojson(indent=4) }}|{{ [1, [2, []], {}] | tojson(indent='\\t') }}",
     "{{ 'a' ~ none ~ true ~ 1.50 ~ [1] }} {{ 1 == '1' }} {{ [1, 2] == [1, 2] }} {{ (1, 2) == [1, 2] }}",
     "{% if not (t is defined and n > 5) %}ok{% endif %}{% if n is defined and not x is none %}!{% endif %}",
+    # printf-style formatting: the % operator and the format filter.
+    "{{ '%s|%5s|%-5s|%.2s' % ('abc', 'ab', 'ab', 'xyz') }}",
+    "{{ '%d %i %05d %+d %x %o %%' % (42, 7.9, 3, 5, 255, 8) }}",
+    "{{ '%.2f %f %e %g %.3g %10.1f' % (3.14159, 1.5, 12345.678, 0.0001, 2.5, -2.25) }}",
+    "{{ '%s' % none }} {{ '%s' % [1, 'a'] }} {{ '%r' % 'x' }} {{ '%s and %s' | format('a', 2) }}",
+    "{{ '%s' % (1,) }} {{ 'x%sy' % 'z' }} {{ '%5s|' % 'é' }}",
+    "{{ '%d' % 'x' }}",
+    "{{ '%s %s' % ('a',) }}",
+    "{{ '%s' % ('a', 'b') }}",
     # Errors.
     "{{ raise_exception('custom failure') }}",
     "{{ undefined_var.attr is defined }}",
