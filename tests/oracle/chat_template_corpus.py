@@ -380,16 +380,6 @@ def main():
         entry = {"file": file_name, "sha256": hashlib.sha256(raw).hexdigest(), "source": source}
         entry.update(render_cases(env, source))
         entries.append(entry)
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(json.dumps({
-        "generator": "tests/oracle/chat_template_corpus.py",
-        "templates_from": f"llama-cpp-python 0.3.36 sdist, {TEMPLATE_DIR}",
-        "jinja2": version("jinja2"),
-        "strftime_now_date": STRFTIME_NOW_DATE,
-        "bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN,
-        "conversations": CONVERSATIONS,
-        "templates": entries,
-    }, indent=1, ensure_ascii=False) + "\n")
     probes = []
     for source in PROBES:
         probe = {"source": source}
@@ -399,15 +389,23 @@ def main():
             probe["error_type"] = type(error).__name__
             probe["error"] = str(error)
         probes.append(probe)
-    data = json.loads(OUTPUT.read_text())
-    data["probe_context"] = PROBE_CONTEXT
-    data["probes"] = probes
-    OUTPUT.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
+    OUTPUT.write_text(json.dumps({
+        "generator": "tests/oracle/chat_template_corpus.py",
+        "templates_from": f"llama-cpp-python 0.3.36 sdist, {TEMPLATE_DIR}",
+        "jinja2": version("jinja2"),
+        "strftime_now_date": STRFTIME_NOW_DATE,
+        "bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN,
+        "conversations": CONVERSATIONS,
+        "templates": entries,
+        "probe_context": PROBE_CONTEXT,
+        "probes": probes,
+    }, indent=1, ensure_ascii=False) + "\n")
     rendered = sum(1 for e in entries for c in e.get("cases", []) if "output" in c)
     failed = sum(1 for e in entries for c in e.get("cases", []) if "error" in c)
     refused = sum(1 for e in entries if "compile_error" in e)
     print(f"{len(entries)} templates ({refused} do not compile), {rendered} cases rendered, "
-          f"{failed} raised -> {OUTPUT.relative_to(ROOT)}")
+          f"{failed} raised; {len(probes)} probes -> {OUTPUT.relative_to(ROOT)}")
     return 0
 
 
