@@ -9,14 +9,18 @@
 // Not supported (an error rather than different text): {% call %} blocks, {% include %} and
 // template inheritance, recursive loops, macro varargs/kwargs, format specs in str.format,
 // mapping keys and '*' in % formatting, filters and methods outside the set jinja.cc
-// implements (UnknownNames lists a template's). Known
-// divergences: upper/lower/title/capitalize change Latin (ASCII, Latin-1, Latin Extended-A),
-// Greek and Cyrillic letters only, without Greek's final sigma; str.isprintable()
+// implements (UnknownNames lists a template's). Limits, errors as well: macro recursion past
+// 100 calls deep, range() past 100000 items, expressions past 1000 levels deep.
+//
+// Known divergences: upper/lower/title/capitalize change Latin (ASCII, Latin-1, Latin
+// Extended-A), Greek and Cyrillic letters only, without Greek's final sigma; str.isprintable()
 // (repr() of strings in containers) knows only the common invisible characters; a generator
 // (what map, select and the like return) prints as "<generator object>" without Python's
-// address, and `in` consumes all of it where Python stops at the first match; Markup is kept
-// only through + and the filters that return their input; lists are accepted where Python
-// wants a tuple (str.startswith).
+// address, and `in` consumes all of it where Python stops at the first match; range() is a
+// list (it prints as one); Markup is kept only through + and the filters that return their
+// input; lists are accepted where Python wants a tuple (str.startswith).
+//
+// A parsed Template is immutable: it may render on several threads at once.
 #include <ctime>
 #include <memory>
 #include <optional>
