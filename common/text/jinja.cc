@@ -451,7 +451,9 @@ class Renderer {
         ~Restore() { chain = saved; }
       } restore{chain_, saved};
       for (size_t i = 0; i < node.params.size(); ++i) {
-        const auto& [name, default_value] = node.params[i];
+        // Named members, not a structured binding: clang before 16 cannot capture one.
+        const std::string& name = node.params[i].first;
+        const auto& default_value = node.params[i].second;
         if (i < call.positional.size()) {
           frame.vars[name] = call.positional[i];
           continue;
@@ -466,7 +468,8 @@ class Renderer {
           frame.vars[name] = Value::Undefined(absl::StrCat("'", name, "' is undefined"));
         }
       }
-      for (const auto& [key, value] : call.keyword) {
+      for (const auto& keyword : call.keyword) {
+        const std::string& key = keyword.first;
         if (std::none_of(node.params.begin(), node.params.end(),
                          [&](const auto& p) { return p.first == key; })) {
           return Error(
