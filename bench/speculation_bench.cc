@@ -134,7 +134,7 @@ std::vector<Prompt> LoadPrompts(const std::string& path, const LlamaModel& model
   // A pretrained GGUF without a template (gemma-3-270m) gets its family's format, as the
   // coordinator does.
   const text::ChatTemplate::Choice choice =
-      OrDie(text::ChatTemplate::FromGgufOrArchitecture(model.gguf_metadata()));
+      OrDie(text::ChatTemplate::FromGgufOrArchitecture(model.gguf_metadata(), *tokenizer));
   if (choice.from_architecture) std::fprintf(stderr, "%s\n", choice.note.c_str());
   const text::ChatTemplate& chat = choice.chat_template;
   std::ifstream in(path);
@@ -151,7 +151,8 @@ std::vector<Prompt> LoadPrompts(const std::string& path, const LlamaModel& model
     const text::ChatMessage message{.role = "user", .content = text};
     std::vector<int32_t> tokens =
         raw ? tokenizer->Encode(text, /*parse_special=*/false)
-            : tokenizer->Encode(chat.Render(std::span(&message, 1), true), /*parse_special=*/true);
+            : tokenizer->Encode(OrDie(chat.Render(std::span(&message, 1), true)),
+                                /*parse_special=*/true);
     if (tokenizer->add_bos() && tokenizer->bos_id() >= 0) {
       tokens.insert(tokens.begin(), tokenizer->bos_id());
     }

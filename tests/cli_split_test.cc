@@ -278,11 +278,12 @@ TEST(SplitModelTextTest, TheBaseFileCarriesTheSourceTokenizerAndChatTemplate) {
   }
   EXPECT_EQ((*actual)->bos_id(), (*expected)->bos_id());
   EXPECT_EQ((*actual)->eos_id(), (*expected)->eos_id());
-  auto expected_template = text::ChatTemplate::FromGguf(**source);
-  auto actual_template = text::ChatTemplate::FromGguf((*split)->gguf_metadata());
+  auto expected_template = text::ChatTemplate::FromGguf(**source, **expected);
+  auto actual_template = text::ChatTemplate::FromGguf((*split)->gguf_metadata(), **actual);
   ASSERT_TRUE(expected_template.ok() && actual_template.ok());
+  EXPECT_EQ(actual_template->source(), expected_template->source());
   const std::vector<text::ChatMessage> messages = {{"user", "Why is the sky blue?"}};
-  EXPECT_EQ(actual_template->Render(messages, true), expected_template->Render(messages, true));
+  EXPECT_EQ(*actual_template->Render(messages, true), *expected_template->Render(messages, true));
 }
 
 }  // namespace

@@ -1,92 +1,94 @@
 #pragma once
-// Chat prompt rendering. GGUF files carry a Jinja chat template (tokenizer.chat_template); we do
-// not embed a Jinja engine but recognize the templates we support and render them natively:
-// ChatML byte for byte what Jinja would produce (tests compare against jinja2 output), the gemma
-// turn format byte for byte what llama.cpp's built-in "gemma" template produces (tests compare
-// against llama_chat_apply_template). Anything unrecognized is an error rather than a silently
-// different prompt.
-#include <optional>
+// Chat prompts as the model ships them: the GGUF's tokenizer.chat_template rendered by the Jinja
+// engine (jinja.h) with the context Hugging Face transformers gives it (messages,
+// add_generation_prompt, bos_token, eos_token, tools when there are any). A template the engine
+// cannot render is refused when it loads, never rendered differently.
+//
+// BOS/EOS: many templates write {{ bos_token }} themselves while the tokenizer adds BOS too; as
+// llama.cpp does, a rendered prompt loses a leading BOS text when the tokenizer adds BOS, and a
+// trailing EOS text when it adds EOS, so the prompt is encoded with exactly one of each.
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
 #include "common/io/gguf.h"
+#include "common/text/jinja.h"
+#include "common/text/tokenizer.h"
 
 namespace bitsplit::text {
 
 struct ChatMessage {
-  std::string role;  // "system", "user", "assistant", ... (rendered verbatim)
+  std::string role;  // "system", "user", "assistant", ... (given to the template verbatim)
   std::string content;
 };
 
 class ChatTemplate {
  public:
-  enum class Kind {
-    // <|im_start|>{role}\n{content}<|im_end|>\n per message, optionally preceded by a default
-    // system message when the conversation does not start with one (SmolLM2, Qwen2).
-    kChatMl,
-    // <start_of_turn>{user|model}\n{content}<end_of_turn>\n per message ("assistant" is rendered
-    // "model"), the generation prompt <start_of_turn>model\n; contents trimmed of ASCII
-    // whitespace; system messages (trimmed, concatenated) go in front of the next non-model turn
-    // followed by "\n\n". No BOS: the tokenizer adds it (gemma2/gemma3).
-    kGemma,
-    // Gemma 4's template (google-gemma-4-31B-it.jinja) for text chats without tools or thinking:
-    // a first system (or developer) message as <|turn>system\n{content}<turn|>\n, then
-    // <|turn>{role}\n{content}<turn|>\n per message ("assistant" is "model"; a model message
-    // right after another continues its turn without a header; "tool" messages render nothing),
-    // contents trimmed of Unicode white space as Python's str.strip, thinking channels
-    // (<|channel>...<channel|>) cut from model messages; the generation prompt
-    // <|turn>model\n<|channel>thought\n<channel|> (thinking off). No BOS: the tokenizer adds it.
-    kGemma4,
+  // The special-token texts the template sees, and whether the tokenizer adds them itself.
+  struct SpecialTokens {
+    std::string bos_token = {};
+    std::string eos_token = {};
+    bool tokenizer_adds_bos = false;
+    bool tokenizer_adds_eos = false;
   };
 
   // What FromGgufOrArchitecture chose.
   struct Choice;
 
-  // From tokenizer.chat_template. NOT_FOUND when the file has no template, UNIMPLEMENTED when
-  // the template is not one we can render exactly.
-  static absl::StatusOr<ChatTemplate> FromGguf(const gguf::File& file);
-  // From Jinja source text; errors as FromGguf. A template that is not one of the ChatML shapes
-  // but contains "<start_of_turn>" is kGemma, as llama.cpp decides for its built-in templates;
-  // one that contains "<|turn>" is kGemma4.
-  static absl::StatusOr<ChatTemplate> FromSource(std::string_view jinja_source);
-  // FromGguf, or, when the file has no tokenizer.chat_template, the format of its model family
-  // (general.architecture gemma, gemma2, gemma3, gemma3n: kGemma; gemma4: kGemma4), with
-  // Choice::note saying so
-  // for the caller to show. NOT_FOUND when there is neither a template nor a known family.
-  static absl::StatusOr<Choice> FromGgufOrArchitecture(const gguf::File& file);
-  // Plain ChatML, with an optional default system prompt.
-  static ChatTemplate ChatMl(std::optional<std::string> default_system_prompt = std::nullopt);
-  static ChatTemplate Gemma();
-  static ChatTemplate Gemma4();
-
-  Kind kind() const { return kind_; }
-  const std::optional<std::string>& default_system_prompt() const { return default_system_prompt_; }
+  // Parses `source`. INVALID_ARGUMENT for a syntax error or a construct the engine does not
+  // implement; UNIMPLEMENTED when the template names filters or tests the engine lacks, or when
+  // it cannot render a one-message conversation (so a template that would fail every request
+  // fails at load instead).
+  static absl::StatusOr<ChatTemplate> FromSource(std::string_view source,
+                                                 SpecialTokens special_tokens);
+  // From tokenizer.chat_template, with `tokenizer`'s BOS/EOS. NOT_FOUND when the file has none;
+  // other errors as FromSource, prefixed with the file's name.
+  static absl::StatusOr<ChatTemplate> FromGguf(const gguf::File& file, const Tokenizer& tokenizer);
+  // FromGguf, or, when the file has no tokenizer.chat_template, the template its model family
+  // publishes (general.architecture gemma, gemma2, gemma3, gemma3n: Gemma 3's instruction
+  // template), with Choice::note saying so for the caller to show. NOT_FOUND when there is
+  // neither a template nor a known family.
+  static absl::StatusOr<Choice> FromGgufOrArchitecture(const gguf::File& file,
+                                                       const Tokenizer& tokenizer);
 
   // The prompt for `messages`; with `add_generation_prompt` it ends with the opening of an
-  // assistant turn. Message text is inserted verbatim: text that spells a control token (e.g.
-  // "<|im_end|>") becomes that token if the prompt is encoded with parse_special.
-  std::string Render(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  // assistant turn. Message text is inserted verbatim: text that spells a control token becomes
+  // that token if the prompt is encoded with parse_special. INVALID_ARGUMENT when the template
+  // refuses the conversation (raise_exception: e.g. roles that do not alternate).
+  absl::StatusOr<std::string> Render(std::span<const ChatMessage> messages,
+                                     bool add_generation_prompt) const;
+  // The same with the messages (and the tools, when not None) as template values, for
+  // conversations that carry more than role and content.
+  absl::StatusOr<std::string> Render(const jinja::Value& messages, const jinja::Value& tools,
+                                     bool add_generation_prompt) const;
+
+  const std::string& source() const { return *source_; }
+  const SpecialTokens& special_tokens() const { return special_tokens_; }
 
  private:
-  ChatTemplate(Kind kind, std::optional<std::string> default_system_prompt)
-      : kind_(kind), default_system_prompt_(std::move(default_system_prompt)) {}
+  ChatTemplate(std::shared_ptr<const std::string> source, jinja::Template parsed,
+               SpecialTokens special_tokens)
+      : source_(std::move(source)),
+        parsed_(std::move(parsed)),
+        special_tokens_(std::move(special_tokens)) {}
 
-  std::string RenderChatMl(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
-  std::string RenderGemma(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
-  std::string RenderGemma4(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
-
-  Kind kind_;
-  std::optional<std::string> default_system_prompt_;
+  std::shared_ptr<const std::string> source_;
+  jinja::Template parsed_;
+  SpecialTokens special_tokens_;
 };
 
 struct ChatTemplate::Choice {
   ChatTemplate chat_template;
-  // True when the file has no template and the format was picked from general.architecture.
+  // True when the file has no template and the family's was used.
   bool from_architecture = false;
-  // For from_architecture, one line naming the file, the architecture and the format used.
+  // For from_architecture, one line naming the file, the architecture and the template used.
   std::string note;
 };
+
+// Gemma 3's published instruction template: the template of the gemma family's GGUFs that carry
+// none (pretrained checkpoints).
+std::string_view GemmaDefaultTemplate();
 
 }  // namespace bitsplit::text

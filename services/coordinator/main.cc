@@ -181,7 +181,8 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& model_path) {
   BITSPLIT_ASSIGN_OR_RETURN(loaded.files, model::SplitModelFiles::Open(model_path, ""));
   const gguf::File& metadata = loaded.files->gguf_metadata();
   BITSPLIT_ASSIGN_OR_RETURN(loaded.tokenizer, text::Tokenizer::FromGguf(metadata));
-  if (auto parsed = text::ChatTemplate::FromGgufOrArchitecture(metadata); parsed.ok()) {
+  if (auto parsed = text::ChatTemplate::FromGgufOrArchitecture(metadata, *loaded.tokenizer);
+      parsed.ok()) {
     loaded.chat_template = parsed->chat_template;
     if (parsed->from_architecture) spdlog::info("{}", parsed->note);
     loaded.chat_template_source = metadata.GetString("tokenizer.chat_template").value_or("");

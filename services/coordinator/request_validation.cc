@@ -130,7 +130,13 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& req
         }
         messages.push_back({message.role(), message.content()});
       }
-      prompt_text = chat_template->Render(messages, /*add_generation_prompt=*/true);
+      absl::StatusOr<std::string> rendered =
+          chat_template->Render(messages, /*add_generation_prompt=*/true);
+      if (!rendered.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the model's chat template refuses the conversation: ", rendered.status().message()));
+      }
+      prompt_text = *std::move(rendered);
       // The template's control tokens must become tokens, as in `bitsplit generate --chat`.
       parse_special = true;
       break;
@@ -187,6 +193,7 @@ absl::StatusOr<GenerationPlan> ValidateRequest(const v1::GenerateRequest& reques
                                                       limits.max_logprobs, request.logprobs()));
   }
   plan.logprobs = request.logprobs();
+  plan.skip_prefix_cache = request.skip_prefix_cache();
   plan.stop_strings.assign(request.stop().begin(), request.stop().end());
   if (absl::Status status = text::ValidateStopStrings(plan.stop_strings); !status.ok()) {
     return Prefixed("stop: ", status);

@@ -49,7 +49,8 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   auto tokenizer = text::Tokenizer::FromGguf(*loaded->file);
   if (!tokenizer.ok()) Die(std::string(tokenizer.status().message()));
   loaded->tokenizer = std::move(*tokenizer);
-  if (auto chat = text::ChatTemplate::FromGgufOrArchitecture(*loaded->file); chat.ok()) {
+  if (auto chat = text::ChatTemplate::FromGgufOrArchitecture(*loaded->file, *loaded->tokenizer);
+      chat.ok()) {
     loaded->chat_template = chat->chat_template;
   }
   // As the coordinator sets them for SmolLM2 behind a drafter of 2048 slots and 64 tree nodes.

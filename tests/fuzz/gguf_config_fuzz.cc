@@ -67,10 +67,12 @@ void CheckTokenizer(const gguf::File& file) {
     }
   }
   for (int32_t id : {0, t.vocab_size() - 1, t.vocab_size(), -1}) (void)t.TokenToPiece(id, true);
-  auto chat = text::ChatTemplate::FromGgufOrArchitecture(file);
+  auto chat = text::ChatTemplate::FromGgufOrArchitecture(file, t);
   if (chat.ok()) {
     const text::ChatMessage messages[] = {{"system", "s"}, {"user", "u"}, {"assistant", "a"}};
-    (void)t.Encode(chat->chat_template.Render(messages, true), true);
+    if (auto prompt = chat->chat_template.Render(messages, true); prompt.ok()) {
+      (void)t.Encode(*prompt, true);
+    }
   }
 }
 

@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
-"""Renders real chat templates with jinja2 (as Hugging Face does) for the project's chats.
+"""Renders chat templates with jinja2 (as Hugging Face does) for the project's chats.
 
-Gemma 4's template (models/templates/google-gemma-4-31B-it.jinja of the pinned llama.cpp tree,
-llama-cpp-python 0.3.36's vendor/llama.cpp) renders every conversation of
-tests/oracle/tokenizer_strings.json that has a message and a few that exercise its rules (a system turn, model turns
-in a row, thinking in a model turn, padding whitespace). bos_token is empty: bitsplit's tokenizer
-adds BOS itself. tests/text_chat_template_test.cc renders the same chats with
-text::ChatTemplate and compares.
+Two templates: Gemma 4's (models/templates/google-gemma-4-31B-it.jinja of the pinned llama.cpp
+tree, llama-cpp-python 0.3.36's vendor/llama.cpp) and the gemma family's default that bitsplit
+compiles in for GGUFs without a template (common/text/templates/gemma.jinja, Gemma 3's published
+template). Each renders every conversation of tests/oracle/tokenizer_strings.json and a few that
+exercise its rules (a system turn, model turns in a row, thinking in a model turn, padding
+whitespace); a conversation the template refuses (raise_exception) is recorded with jinja2's
+message instead of a prompt (raise_exception as transformers defines it). bos_token is "<bos>".
+tests/text_chat_template_test.cc renders the same chats with text::ChatTemplate and compares.
 
-Rerun (the oracle environment has jinja2; the tree is the unpacked pinned sdist):
-    $(scripts/oracle-env.sh) tests/oracle/gen_chat_template_fixtures.py \\
-        LLAMA_CPP_PYTHON_SDIST/vendor/llama.cpp
+Rerun (any Python with jinja2; the tree is the unpacked pinned sdist):
+    python3 tests/oracle/gen_chat_template_fixtures.py LLAMA_CPP_PYTHON_SDIST/vendor/llama.cpp
 """
 import json
 import sys
@@ -21,7 +22,7 @@ import jinja2
 import jinja2.sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
-TEMPLATES = {"gemma4": "models/templates/google-gemma-4-31B-it.jinja"}
+BOS = "<bos>"
 EXTRA = [
     {"messages": [{"role": "system", "content": "  Be brief. \n"},
                   {"role": "user", "content": "\tHi there  "},
@@ -46,26 +47,46 @@ EXTRA = [
 ]
 
 
+def render_cases(source, conversations):
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+    def raise_exception(message):  # as transformers defines it
+        raise jinja2.exceptions.TemplateError(message)
+
+    env.globals["raise_exception"] = raise_exception
+    template = env.from_string(source)
+    cases = []
+    for c in conversations:
+        case = {"messages": c["messages"], "add_generation_prompt": c["add_generation_prompt"]}
+        try:
+            case["prompt"] = template.render(messages=c["messages"],
+                                             add_generation_prompt=c["add_generation_prompt"],
+                                             bos_token=BOS)
+        except jinja2.exceptions.TemplateError as error:
+            case["error"] = str(error)
+        cases.append(case)
+    return cases
+
+
 def main() -> int:
     tree = Path(sys.argv[1])
-    # The template reads messages[0]: an empty conversation is an error there, so none is kept.
-    conversations = [c for c in json.loads((ROOT / "tests/oracle/tokenizer_strings.json")
-                                           .read_text())["conversations"] if c["messages"]] + EXTRA
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    for name, relative in TEMPLATES.items():
-        source = (tree / relative).read_text()
-        template = env.from_string(source)
-        cases = [{"messages": c["messages"], "add_generation_prompt": c["add_generation_prompt"],
-                  "prompt": template.render(messages=c["messages"],
-                                            add_generation_prompt=c["add_generation_prompt"],
-                                            bos_token="")}
-                 for c in conversations]
+    conversations = json.loads((ROOT / "tests/oracle/tokenizer_strings.json")
+                               .read_text())["conversations"] + EXTRA
+    templates = {
+        "gemma4": ("models/templates/google-gemma-4-31B-it.jinja",
+                   "llama-cpp-python 0.3.36 (vendor/llama.cpp)", tree),
+        "gemma_default": ("common/text/templates/gemma.jinja", "bitsplit", ROOT),
+    }
+    for name, (relative, origin, base) in templates.items():
+        source = (base / relative).read_text()
+        cases = render_cases(source, conversations)
         out = ROOT / f"tests/fixtures/chat/{name}_template.json"
         out.write_text(json.dumps({
-            "template": relative, "source": "llama-cpp-python 0.3.36 (vendor/llama.cpp)",
-            "jinja2": version("jinja2"), "bos_token": "", "chat_template": source,
-            "cases": cases}, indent=1, ensure_ascii=False) + "\n")
-        print(f"{name}: {len(cases)} chats -> {out.relative_to(ROOT)}")
+            "template": relative, "source": origin, "jinja2": version("jinja2"),
+            "bos_token": BOS, "chat_template": source, "cases": cases},
+            indent=1, ensure_ascii=False) + "\n")
+        errors = sum("error" in c for c in cases)
+        print(f"{name}: {len(cases)} chats ({errors} refused) -> {out.relative_to(ROOT)}")
     return 0
 
 

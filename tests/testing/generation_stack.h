@@ -151,9 +151,14 @@ class GenerationStack {
     }
     model_ = std::move(*loaded);
     auto tokenizer = text::Tokenizer::FromGguf(model_->gguf_metadata());
-    auto chat_template = text::ChatTemplate::FromGgufOrArchitecture(model_->gguf_metadata());
-    if (!tokenizer.ok() || !chat_template.ok()) {
-      ADD_FAILURE() << tokenizer.status() << " " << chat_template.status();
+    if (!tokenizer.ok()) {
+      ADD_FAILURE() << tokenizer.status();
+      return false;
+    }
+    auto chat_template =
+        text::ChatTemplate::FromGgufOrArchitecture(model_->gguf_metadata(), **tokenizer);
+    if (!chat_template.ok()) {
+      ADD_FAILURE() << chat_template.status();
       return false;
     }
     tokenizer_ = std::move(*tokenizer);
@@ -227,9 +232,14 @@ class GenerationStack {
   // coordinator's code): plain text without special tokens, chat through the model's template
   // with special tokens; BOS first when the tokenizer asks for it.
   std::vector<int32_t> ReferencePromptTokens(const Prompt& prompt) const {
-    std::vector<int32_t> tokens =
-        prompt.text ? tokenizer_->Encode(*prompt.text, false)
-                    : tokenizer_->Encode(chat_template_->Render(prompt.messages, true), true);
+    std::vector<int32_t> tokens;
+    if (prompt.text) {
+      tokens = tokenizer_->Encode(*prompt.text, false);
+    } else {
+      const absl::StatusOr<std::string> rendered = chat_template_->Render(prompt.messages, true);
+      EXPECT_TRUE(rendered.ok()) << rendered.status();
+      tokens = tokenizer_->Encode(rendered.value_or(""), true);
+    }
     if (tokenizer_->add_bos() && tokenizer_->bos_id() >= 0) {
       tokens.insert(tokens.begin(), tokenizer_->bos_id());
     }

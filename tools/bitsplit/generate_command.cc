@@ -93,13 +93,16 @@ int RunGenerate(const GenerateOptions& options) {
 
   std::string prompt_text;
   if (options.chat) {
-    auto chat_template = text::ChatTemplate::FromGgufOrArchitecture((*model)->gguf_metadata());
+    auto chat_template =
+        text::ChatTemplate::FromGgufOrArchitecture((*model)->gguf_metadata(), **tokenizer);
     if (!chat_template.ok()) {
       return Fail(kExitBadInput, std::string(chat_template.status().message()));
     }
     if (chat_template->from_architecture) std::fprintf(stderr, "%s\n", chat_template->note.c_str());
     std::vector<text::ChatMessage> messages = {{"user", *options.chat}};
-    prompt_text = chat_template->chat_template.Render(messages, /*add_generation_prompt=*/true);
+    auto rendered = chat_template->chat_template.Render(messages, /*add_generation_prompt=*/true);
+    if (!rendered.ok()) return Fail(kExitBadInput, std::string(rendered.status().message()));
+    prompt_text = *std::move(rendered);
   } else {
     prompt_text = *options.prompt;
   }
