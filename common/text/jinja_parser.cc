@@ -738,36 +738,28 @@ class Parser {
     return expr;
   }
 
-  absl::StatusOr<ExprPtr> ParseOr() {
-    auto left = ParseAnd();
+  // `operand (keyword operand)*`, left-associative: the levels of `or` and `and`.
+  absl::StatusOr<ExprPtr> ParseKeywordLevel(std::string_view keyword, Expr::Kind kind,
+                                            absl::StatusOr<ExprPtr> (Parser::*operand)()) {
+    auto left = (this->*operand)();
     if (!left.ok()) return left;
-    while (IsName("or")) {
+    while (IsName(keyword)) {
       const int line = Cur().line;
       Next();
-      auto right = ParseAnd();
+      auto right = (this->*operand)();
       if (!right.ok()) return right;
-      auto e = Make(Expr::Kind::kOr, line);
+      auto e = Make(kind, line);
       Attach(*e, std::move(*left));
       Attach(*e, std::move(*right));
       *left = std::move(e);
     }
     return left;
   }
-
+  absl::StatusOr<ExprPtr> ParseOr() {
+    return ParseKeywordLevel("or", Expr::Kind::kOr, &Parser::ParseAnd);
+  }
   absl::StatusOr<ExprPtr> ParseAnd() {
-    auto left = ParseNot();
-    if (!left.ok()) return left;
-    while (IsName("and")) {
-      const int line = Cur().line;
-      Next();
-      auto right = ParseNot();
-      if (!right.ok()) return right;
-      auto e = Make(Expr::Kind::kAnd, line);
-      Attach(*e, std::move(*left));
-      Attach(*e, std::move(*right));
-      *left = std::move(e);
-    }
-    return left;
+    return ParseKeywordLevel("and", Expr::Kind::kAnd, &Parser::ParseNot);
   }
 
   absl::StatusOr<ExprPtr> ParseNot() {
