@@ -1,0 +1,208 @@
+#pragma once
+// Tool calls in a model's generated text, turned back into OpenAI's shape: the plain content and
+// a list of calls {id, name, arguments as a JSON-object string}.
+//
+// A model asked to call tools answers in the syntax its own chat template writes tool calls into
+// the history with, which differs per family. Recognized (the template source picks one, see
+// DetectToolCallFormat):
+//
+//   kLlama3Json        Llama 3.1 / 3.2 / 3.3. The message itself is the call:
+//                      {"name": "f", "parameters": {...}} ("arguments" is accepted too, and a
+//                      "type": "function" member), optionally after <|python_tag|>. Several calls
+//                      may be separated by ";" (small Llama models do that, though the template
+//                      renders one call per message). A JSON object counts as a call only at the
+//                      start of the message, after <|python_tag|> or after another call; elsewhere
+//                      it is content. Llama 3.1's built-in tools:
+//                      <|python_tag|>brave_search.call(query="...") gives {"query": "..."}.
+//   kHermes            Hermes 2 Pro / 3, Qwen 2.5 / 3, QwQ, Granite 4, and other templates writing
+//                      <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call> blocks, any
+//                      number of them, with free text before.
+//   kQwen3CoderXml     Qwen3-Coder, Qwen 3.5, Nemotron 3 Nano, Step 3.5:
+//                      <tool_call>\n<function=f>\n<parameter=x>\nvalue\n</parameter>\n</function>
+//                      \n</tool_call>. A value is typed by the parameter's JSON schema when the
+//                      tools are given (options.tools): a string parameter keeps the raw text,
+//                      boolean takes true/false in any case (the template writes Python's True),
+//                      null takes null/None, number/integer/object/array parse as JSON; a value
+//                      that does not fit stays a string. Without a schema a value that parses as a
+//                      JSON number, boolean, null, object or array is that; anything else a string.
+//   kMistralJsonArray  Mistral Nemo 2407: [TOOL_CALLS][{"name": "f", "arguments": {...},
+//                      "id": "abcdefghi"}, ...].
+//   kMistralNameArgs   Mistral Small 3.2, Devstral, Ministral 3: [TOOL_CALLS]f[ARGS]{...}, with
+//                      [CALL_ID]id between name and [ARGS] where the template writes one (Small
+//                      3.2). Both Mistral formats accept both syntaxes; they differ in detection.
+//   kGemma4            Gemma 4: <|tool_call>call:f{key:value,...}<tool_call|>. Strings are
+//                      delimited by <|"|> (no escaping inside), keys are bare (or <|"|>-quoted),
+//                      values are strings, numbers, true/false, null (or None, which the template
+//                      writes for Python's None), {...} and [...]; the arguments are rebuilt as
+//                      JSON.
+//
+// What counts as a call: the complete syntax of the format, with a function name and an
+// arguments object. Anything else - malformed JSON, an unterminated block at the end of the
+// stream, a call to a tool that is not among options.tools (when given) - stays content, byte for
+// byte; no call is invented. White space right before and right after a call belongs to the call
+// (templates put newlines there), not to the content. Arguments are re-serialized compactly in
+// the model's member order (so {"a": 1} comes back as {"a":1}).
+//
+// Ids: Mistral's model-written ids ("id" in the array, [CALL_ID]) are kept. Otherwise an id is
+// drawn from options.next_id, or, when that is empty, from ToolCallIdGenerator(options.id_seed,
+// DefaultIdStyle(format)): "call_" + 24 alphanumerics (OpenAI's shape), or 9 alphanumerics for
+// the Mistral formats, whose templates refuse any other id when the call is sent back.
+//
+// Streaming: ToolCallStreamParser takes the generated text in chunks of any size and returns
+// what is safe to show now: content that can no longer be part of a call (text that could still
+// be the start of a marker, and white space that may precede one, is held back until the next
+// chunk decides it or the stream ends), and tool-call deltas in OpenAI's streaming shape. A call
+// is delivered once its closing syntax has arrived, as two deltas: {index, id, name} and then
+// {index, arguments} with the whole arguments string. Arguments are not streamed fragment by
+// fragment because until the call closes its text may still turn out malformed and then must be
+// content; this keeps the streamed result identical to ParseToolCalls over the whole text for
+// every chunking (that is how ParseToolCalls is built). The cost: a long call (a file written
+// through a tool) shows up at once when it ends, and a long JSON answer at the start of a Llama
+// message is held until its object closes.
+//
+// Limits: JSON nested deeper than 256 levels (64 in Gemma's syntax) is not a call. Reasoning blocks
+// (<think>, Gemma's <|channel>thought) are not separated here; they are content to this module.
+// Other families' syntaxes (GLM's <arg_key>, MiniMax's <invoke>, Functionary, DeepSeek, Kimi,
+// gpt-oss channels, Command R, Granite 3, Apriel's <tool_calls>) are refused by
+// DetectToolCallFormat. Llama 3.1's code_interpreter (raw Python after <|python_tag|>) stays
+// content. Qwen3-Coder calls that omit the opening <tool_call> are not recognized. Content and
+// arguments are passed through as bytes; chunks that split UTF-8 characters give content deltas
+// that split them too.
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace bitsplit::text {
+
+enum class ToolCallFormat {
+  kLlama3Json,
+  kHermes,
+  kQwen3CoderXml,
+  kMistralJsonArray,
+  kMistralNameArgs,
+  kGemma4,
+};
+
+// "llama3_json", "hermes", "qwen3_coder_xml", "mistral_json_array", "mistral_name_args",
+// "gemma4": the names the test fixtures use.
+std::string_view ToolCallFormatName(ToolCallFormat format);
+// INVALID_ARGUMENT for a name ToolCallFormatName does not return.
+absl::StatusOr<ToolCallFormat> ToolCallFormatFromName(std::string_view name);
+
+// The tool-call syntax a chat template writes, from its source text. UNIMPLEMENTED when the
+// template renders tool calls in a syntax this module does not parse; NOT_FOUND when it mentions
+// no tools at all.
+absl::StatusOr<ToolCallFormat> DetectToolCallFormat(std::string_view template_source);
+
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // a JSON object, compact
+
+  bool operator==(const ToolCall&) const = default;
+};
+
+struct ParsedToolCalls {
+  std::string content;
+  std::vector<ToolCall> tool_calls;
+
+  bool operator==(const ParsedToolCalls&) const = default;
+};
+
+enum class ToolCallIdStyle {
+  kOpenAi,   // "call_" + 24 alphanumerics
+  kMistral,  // 9 alphanumerics
+};
+
+ToolCallIdStyle DefaultIdStyle(ToolCallFormat format);
+
+// Deterministic ids: the same seed gives the same sequence, so a test (or a request replayed
+// with the same seed) sees the same ids. The caller seeds it per request (e.g. from the request
+// id) so that ids differ between the turns of a conversation.
+class ToolCallIdGenerator {
+ public:
+  ToolCallIdGenerator(uint64_t seed, ToolCallIdStyle style) : seed_(seed), style_(style) {}
+  std::string Next();
+
+ private:
+  uint64_t seed_;
+  uint64_t counter_ = 0;
+  ToolCallIdStyle style_;
+};
+
+struct ToolCallParserOptions {
+  // The request's `tools` in OpenAI's shape ([{"type": "function", "function": {"name": ...,
+  // "parameters": {...}}}]), or null. When it lists tools, a call to any other name is content,
+  // and Qwen3-Coder values are typed by the parameters' schemas.
+  nlohmann::json tools;
+  // Ids for calls whose text carries none; empty: ToolCallIdGenerator(id_seed, the format's
+  // DefaultIdStyle).
+  std::function<std::string()> next_id;
+  uint64_t id_seed = 0;
+};
+
+// One piece of a streamed call, as OpenAI's `delta.tool_calls[i]`: a call's first delta has its
+// id and name and empty arguments, the following ones (same index) carry arguments fragments.
+struct ToolCallDelta {
+  size_t index = 0;
+  std::string id;
+  std::string name;
+  std::string arguments;
+
+  bool operator==(const ToolCallDelta&) const = default;
+};
+
+struct ToolCallStreamDelta {
+  std::string content;
+  std::vector<ToolCallDelta> tool_calls;
+
+  bool empty() const { return content.empty() && tool_calls.empty(); }
+};
+
+class ToolCallStreamParser {
+ public:
+  // INVALID_ARGUMENT when options.tools is neither null nor an array of function tools each
+  // with a string name.
+  static absl::StatusOr<ToolCallStreamParser> Create(ToolCallFormat format,
+                                                     ToolCallParserOptions options);
+
+  ToolCallStreamParser(ToolCallStreamParser&&) noexcept;
+  ToolCallStreamParser& operator=(ToolCallStreamParser&&) noexcept;
+  ~ToolCallStreamParser();
+
+  // Feeds the next chunk of generated text; returns what it decided.
+  ToolCallStreamDelta Feed(std::string_view text);
+  // The end of the generation: decides everything held back (an unfinished call is content).
+  // Feed after Finish is a bug.
+  ToolCallStreamDelta Finish();
+
+  // Bytes fed but not yet decided.
+  size_t held_bytes() const;
+
+ private:
+  struct State;
+  explicit ToolCallStreamParser(std::unique_ptr<State> state);
+  ToolCallStreamDelta Run(bool at_end);
+
+  std::unique_ptr<State> state_;
+};
+
+// The whole generated text at once; the same result as feeding it to a ToolCallStreamParser in
+// any chunks and putting the deltas together. Errors as ToolCallStreamParser::Create.
+absl::StatusOr<ParsedToolCalls> ParseToolCalls(ToolCallFormat format, std::string_view text,
+                                               ToolCallParserOptions options);
+
+// Puts streamed deltas together into the non-streaming result: content concatenated, each
+// call's id and name from its first delta and its arguments the concatenation of its fragments.
+// INTERNAL when the deltas break the streaming shape (an index that skips one, a name twice).
+absl::Status AppendToolCallStreamDelta(const ToolCallStreamDelta& delta, ParsedToolCalls& message);
+
+}  // namespace bitsplit::text
