@@ -1,15 +1,14 @@
 #include "common/text/json_constraint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
-#include <numeric>
 #include <set>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 
 namespace bitsplit::text {
 namespace json_constraint_internal {
@@ -307,7 +306,7 @@ class Machine {
     const int open_containers = s.size() - 1;
     for (const uint32_t alternative : program_.nodes[node_id].alternatives) {
       const SchemaNode& node = program_.nodes[alternative];
-      Frame frame;
+      Frame frame{};
       if (node.literal_root != kNone) {
         const uint32_t child = TrieChild(program_, node.literal_root, b);
         if (child == kNone) continue;
@@ -396,7 +395,7 @@ class Machine {
       case kObjectOpen:
       case kObjectAfterComma:
         if (b == '"') {
-          Frame key;
+          Frame key{};
           const int open_containers = s.size() - 1;
           if (node.free_keys) {
             if (node.free_keys_forbidden ||
@@ -801,7 +800,7 @@ bool HasJsonType(const Json& value, uint8_t types) {
     case Json::value_t::number_float: {
       if (types & kNumberType) return true;
       const double v = value.get<double>();
-      return (types & kIntegerType) && v == static_cast<double>(static_cast<int64_t>(v));
+      return (types & kIntegerType) && std::isfinite(v) && std::trunc(v) == v;
     }
     default:
       return false;
@@ -1343,7 +1342,7 @@ JsonConstraintState JsonConstraint::Start() const { return JsonConstraintState(p
 // JsonConstraintState
 
 JsonConstraintState::JsonConstraintState(const Program* program) : program_(program) {
-  json_constraint_internal::Frame root;
+  json_constraint_internal::Frame root{};
   root.kind = json_constraint_internal::kRoot;
   FrameStack stack;
   stack.push(root);
@@ -1360,12 +1359,30 @@ bool JsonConstraintState::IsComplete() const {
 
 bool JsonConstraintState::Advance(std::string_view bytes) {
   if (ended_) return false;
-  if (bytes.empty()) return true;
   const Machine machine(*program_);
-  StackSet current = stacks_;
+  StackSet current;
+  size_t i = 0;
+  if (stacks_.size() == 1) {
+    // The usual case, one configuration: step it in place until (if ever) an anyOf branches.
+    FrameStack stack = stacks_.front();
+    for (; i < bytes.size(); ++i) {
+      current.clear();
+      machine.Step(stack, static_cast<uint8_t>(bytes[i]), current);
+      if (current.empty()) return false;
+      if (current.size() > 1) break;
+      stack = current.front();
+    }
+    if (i == bytes.size()) {
+      stacks_.front() = stack;
+      return true;
+    }
+    ++i;  // `current` holds the branches after byte i
+  } else {
+    current = stacks_;
+  }
   StackSet next;
-  for (const char c : bytes) {
-    json_constraint_internal::StepSet(machine, current, static_cast<uint8_t>(c), next);
+  for (; i < bytes.size(); ++i) {
+    json_constraint_internal::StepSet(machine, current, static_cast<uint8_t>(bytes[i]), next);
     if (next.empty()) return false;
     std::swap(current, next);
   }

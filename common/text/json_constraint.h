@@ -58,6 +58,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -120,16 +121,18 @@ namespace json_constraint_internal {
 
 struct Program;
 
-// One level of the pushdown automaton. Plain bytes, no padding, so stacks compare with memcmp.
+// One level of the pushdown automaton. Plain bytes, no padding, so stacks compare with memcmp;
+// no member initializers, so that a FrameStack's unused capacity costs nothing to construct
+// (create frames as Frame{}).
 struct Frame {
-  uint32_t node = 0;   // schema node (containers); trie node (enum literals and object keys)
-  uint32_t count = 0;  // array: elements so far; object: next property; number: digits so far
-  uint8_t kind = 0;
-  uint8_t stage = 0;
-  uint8_t whitespace = 0;  // progress through the whitespace run of the current gap
-  uint8_t flags = 0;       // string: escape and UTF-8 progress; number: integer only
+  uint32_t node;   // schema node (containers); trie node (enum literals and object keys)
+  uint32_t count;  // array: elements so far; object: next property; number: digits so far
+  uint8_t kind;
+  uint8_t stage;
+  uint8_t whitespace;  // progress through the whitespace run of the current gap
+  uint8_t flags;       // string: escape and UTF-8 progress; number: integer only
 };
-static_assert(sizeof(Frame) == 12);
+static_assert(sizeof(Frame) == 12 && std::is_trivially_default_constructible_v<Frame>);
 
 // The root frame, kMaxNestingDepth containers, and one string/number/literal/key on top.
 inline constexpr int kMaxFrames = kMaxNestingDepth + 2;
