@@ -217,6 +217,7 @@ struct HttpAnswer {
   std::string finish_reason;
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;
 };
 
 HttpAnswer ReadAnswer(const HttpResponse& response, bool stream, bool chat) {
@@ -234,6 +235,7 @@ HttpAnswer ReadAnswer(const HttpResponse& response, bool stream, bool chat) {
     answer.finish_reason = choice["finish_reason"];
     answer.prompt_tokens = body["usage"]["prompt_tokens"];
     answer.completion_tokens = body["usage"]["completion_tokens"];
+    answer.cached_tokens = body["usage"]["prompt_tokens_details"]["cached_tokens"];
     add_tokens(body);
     return answer;
   }
@@ -247,6 +249,7 @@ HttpAnswer ReadAnswer(const HttpResponse& response, bool stream, bool chat) {
     if (event.contains("usage") && event["usage"].is_object()) {
       answer.prompt_tokens = event["usage"]["prompt_tokens"];
       answer.completion_tokens = event["usage"]["completion_tokens"];
+      answer.cached_tokens = event["usage"]["prompt_tokens_details"]["cached_tokens"];
     }
     if (!event.contains("choices") || event["choices"].empty()) continue;
     const json& choice = event["choices"][0];
@@ -388,6 +391,61 @@ TEST_F(E2eHttpTest, AnswersEqualTheGrpcApiTokenForToken) {
     EXPECT_EQ(http.prompt_tokens, grpc.complete->usage().prompt_tokens());
     EXPECT_FALSE(http.tokens.empty());
   }
+}
+
+// The value of an unlabelled metric in a /metrics scrape.
+double MetricValue(int port, const std::string& name) {
+  const std::optional<HttpResponse> response = Request(port, "GET", "/metrics", "");
+  EXPECT_TRUE(response.has_value() && response->status == 200);
+  if (!response.has_value()) return -1;
+  for (absl::string_view line : absl::StrSplit(response->body, '\n')) {
+    if (absl::StartsWith(line, name + " ")) return std::stod(std::string(line.substr(name.size())));
+  }
+  ADD_FAILURE() << name << " not in /metrics";
+  return -1;
+}
+
+// A conversation's next turn takes the previous turn's session from the drafter's prefix cache:
+// usage reports the reused prompt tokens, the answer equals the one without the cache
+// (`cache_prompt: false`), and /metrics counts the hit.
+TEST_F(E2eHttpTest, NextTurnReusesThePreviousTurnsPrefixExactly) {
+  json messages = json::array({{{"role", "system"}, {"content", "You answer in one sentence."}},
+                               {{"role", "user"}, {"content", "Name a large river in Europe."}}});
+  const auto ask = [&](bool stream, bool cache_prompt) {
+    json body = {
+        {"model", "smollm2"},
+        {"messages", messages},
+        {"max_tokens", 24},
+        {"temperature", 0},
+        {"stream", stream},
+        {"cache_prompt", cache_prompt},
+        {"bitsplit",
+         {{"speculation", {{"mode", "tree"}, {"nodes", 6}, {"expansions", 2}, {"max_depth", 4}}}}}};
+    if (stream) body["stream_options"] = {{"include_usage", true}};
+    const std::optional<HttpResponse> response =
+        Request(port_, "POST", "/v1/chat/completions", body.dump());
+    EXPECT_TRUE(response.has_value());
+    if (!response.has_value()) return HttpAnswer();
+    EXPECT_EQ(response->status, 200) << response->body;
+    return ReadAnswer(*response, stream, /*chat=*/true);
+  };
+  const double hits_before = MetricValue(port_, "bitsplit:drafter_prefix_cache_hits_total");
+  const HttpAnswer first = ask(false, true);
+  ASSERT_FALSE(first.text.empty());
+  messages.push_back({{"role", "assistant"}, {"content", first.text}});
+  messages.push_back({{"role", "user"}, {"content", "How long is it?"}});
+  const HttpAnswer cached = ask(true, true);
+  const HttpAnswer fresh = ask(false, false);
+  // The first turn's prompt is a prefix of the second's (its last token may merge with the
+  // answer's first when the answer is encoded again).
+  EXPECT_GE(cached.cached_tokens, first.prompt_tokens - 1);
+  EXPECT_LT(cached.cached_tokens, cached.prompt_tokens);
+  EXPECT_EQ(fresh.cached_tokens, 0);
+  EXPECT_EQ(cached.text, fresh.text);
+  EXPECT_EQ(cached.prompt_tokens, fresh.prompt_tokens);
+  EXPECT_GE(MetricValue(port_, "bitsplit:drafter_prefix_cache_hits_total"), hits_before + 1);
+  EXPECT_GT(MetricValue(port_, "bitsplit:drafter_prefix_cache_hit_ratio"), 0.0);
+  EXPECT_GE(MetricValue(port_, "bitsplit:drafter_prefix_cache_tokens_total"), cached.cached_tokens);
 }
 
 TEST_F(E2eHttpTest, StreamIsServerSentEventsInChunksOnAKeptAliveConnection) {

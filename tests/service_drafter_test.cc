@@ -140,6 +140,7 @@ struct GenerateOutcome {
   int step_events = 0;
   bool context_full = false;
   std::vector<v1::StepReport> steps;
+  int cached = 0;  // prompt tokens the prefix cache held
 };
 
 GenerateOutcome RunGenerate(rpc::DrafterClient& client, const v1::GenerateRequest& request) {
@@ -157,6 +158,7 @@ GenerateOutcome RunGenerate(rpc::DrafterClient& client, const v1::GenerateReques
       ++outcome.prefill_events;
     }
     outcome.context_full = outcome.context_full || event.context_full();
+    outcome.cached += event.cached();
   }
   outcome.status = call->Finish();
   return outcome;
@@ -444,9 +446,13 @@ TEST_F(DrafterServiceTest, GenerateEqualsPlainDecodeAndEndsWhereAsked) {
   ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter, {"--prefill-rows", "5"}));
   for (int nodes : {0, 15}) {
     SCOPED_TRACE(nodes == 0 ? "off" : "tree");
-    const GenerateOutcome run = RunGenerate(*client_, GenerateRequestFor(kTokens, nodes));
+    // The whole prompt prefilled, not the first run's session reused.
+    v1::GenerateRequest request = GenerateRequestFor(kTokens, nodes);
+    request.set_skip_prefix_cache(true);
+    const GenerateOutcome run = RunGenerate(*client_, request);
     ASSERT_TRUE(run.status.ok()) << run.status;
     EXPECT_EQ(run.tokens, expected);
+    EXPECT_EQ(run.cached, 0);
     EXPECT_EQ(run.prefill_events, static_cast<int>((Prompt().size() - 1 + 4) / 5));
     ASSERT_FALSE(run.steps.empty());
     EXPECT_GT(run.steps.back().verify_ns(), 0);
@@ -549,6 +555,90 @@ TEST_F(DrafterServiceTest, SessionLimitAndACancelledStreamFreesItsSession) {
   Release(held);
   EXPECT_TRUE(WaitForOpenSessions(0));
   EXPECT_TRUE(WaitForReadiness(grpc::health::v1::HealthCheckResponse::SERVING));
+}
+
+// The prefix cache: a request whose prompt begins with what a finished generation committed takes
+// that session (its first event says how many prompt tokens it held) and emits exactly what a
+// fresh session does; kept sessions live only in the session slots no generation uses, the least
+// recently used evicted first.
+TEST_F(DrafterServiceTest, PrefixCacheReusesFinishedSessionsExactly) {
+  constexpr int kTokens = 10;
+  const model::SamplingParams sampled{.temperature = 0.8f, .seed = 7};
+  ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
+  ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter, {"--prefill-rows", "5"}));  // 2 sessions
+  const GenerateOutcome first = RunGenerate(*client_, GenerateRequestFor(kTokens, 15, sampled));
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  EXPECT_EQ(first.cached, 0);
+  ASSERT_EQ(first.tokens.size(), static_cast<size_t>(kTokens));
+
+  // The next turn: the prompt, the answer, then more text. The first session committed the
+  // prompt and every emitted token but the last (the root of a step never run).
+  std::vector<int32_t> next_turn = Prompt();
+  next_turn.insert(next_turn.end(), first.tokens.begin(), first.tokens.end());
+  next_turn.insert(next_turn.end(), Prompt().begin(), Prompt().begin() + 6);
+  v1::GenerateRequest next = GenerateRequestFor(kTokens, 15, sampled);
+  next.mutable_prompt()->Assign(next_turn.begin(), next_turn.end());
+  const GenerateOutcome reused = RunGenerate(*client_, next);
+  ASSERT_TRUE(reused.status.ok()) << reused.status;
+  EXPECT_EQ(reused.cached, static_cast<int>(Prompt().size()) + kTokens - 1);
+  next.set_skip_prefix_cache(true);
+  const GenerateOutcome fresh = RunGenerate(*client_, next);
+  ASSERT_TRUE(fresh.status.ok()) << fresh.status;
+  EXPECT_EQ(fresh.cached, 0);
+  EXPECT_EQ(reused.tokens, fresh.tokens);
+  // The same prompt once more, greedy: cut back to all but the prompt's last token.
+  v1::GenerateRequest again = GenerateRequestFor(kTokens, 6);
+  again.mutable_prompt()->Assign(next_turn.begin(), next_turn.end());
+  const GenerateOutcome repeated = RunGenerate(*client_, again);
+  ASSERT_TRUE(repeated.status.ok()) << repeated.status;
+  EXPECT_EQ(repeated.cached, static_cast<int>(next_turn.size()) - 1);
+  again.set_skip_prefix_cache(true);
+  EXPECT_EQ(RunGenerate(*client_, again).tokens, repeated.tokens);
+
+  auto info = client_->GetInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->prefix_cache());
+  EXPECT_EQ(info->cached_sessions(), 2);  // both slots, none in use
+  EXPECT_EQ(info->prefix_lookups(), 3);   // the skipping requests did not look
+  EXPECT_EQ(info->prefix_hits(), 2);
+  EXPECT_EQ(info->prefix_cached_tokens(), reused.cached + repeated.cached);
+  // The fourth generation's new session found both slots kept: the least recent went.
+  EXPECT_EQ(info->prefix_evictions(), 1);
+
+  // Generations in both slots evict every kept session; they share no prefix with them.
+  std::vector<std::unique_ptr<rpc::DrafterClient::GenerateCall>> held;
+  for (int i = 0; i < 2; ++i) {
+    v1::GenerateRequest unrelated = GenerateRequestFor(1 << 20);
+    unrelated.mutable_prompt()->Assign(Prompt().rbegin(), Prompt().rend());
+    ASSERT_NE(unrelated.prompt(0), Prompt()[0]);
+    held.push_back(client_->Generate(unrelated));
+    v1::GenerateEvent event;
+    EXPECT_TRUE(held.back()->Read(&event)) << held.back()->Finish();
+  }
+  info = client_->GetInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->cached_sessions(), 0);
+  EXPECT_EQ(info->prefix_evictions(), 3);
+  Release(held);
+  EXPECT_TRUE(WaitForOpenSessions(0));
+  const GenerateOutcome after = RunGenerate(*client_, next);
+  EXPECT_EQ(after.cached, 0);  // the request skips the cache; nothing of it was kept anyway
+  EXPECT_EQ(after.tokens, fresh.tokens);
+}
+
+TEST_F(DrafterServiceTest, NoPrefixCacheKeepsNothing) {
+  ServiceProcess residual(kResidualBinary), drafter(kDrafterBinary);
+  ASSERT_NO_FATAL_FAILURE(StartBoth(residual, drafter, {"--no-prefix-cache"}));
+  const GenerateOutcome first = RunGenerate(*client_, GenerateRequestFor(4));
+  const GenerateOutcome second = RunGenerate(*client_, GenerateRequestFor(4));
+  ASSERT_TRUE(second.status.ok()) << second.status;
+  EXPECT_EQ(second.cached, 0);
+  EXPECT_EQ(second.tokens, first.tokens);
+  auto info = client_->GetInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_FALSE(info->prefix_cache());
+  EXPECT_EQ(info->cached_sessions(), 0);
+  EXPECT_EQ(info->prefix_lookups(), 0);
 }
 
 // Two generations with different sampling and shapes, from two threads at once: batched into

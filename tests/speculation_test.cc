@@ -3,11 +3,13 @@
 // output equals plain decoding (one verifier token at a time, sampled at the token's index) for
 // every tree shape and sampling setting.
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/model/llama_model.h"
 #include "common/model/sampler.h"
 #include "common/speculation/cpu_session.h"
@@ -237,6 +239,106 @@ TEST_F(SpeculationTest, EncodedKvCachesAreLossless) {
       }
     }
   }
+}
+
+// Runs `session` from its committed tokens: prefills prompt[committed, n-1) in chunks of `chunk`,
+// then speculation steps from prompt's last token until at least `count` tokens are emitted; all
+// of them (the last step may emit beyond `count`).
+std::vector<int32_t> Continue(CpuSpeculativeSession& session, const std::vector<int32_t>& prompt,
+                              int64_t chunk, const model::SamplingParams& sampling, int count) {
+  const std::span<const int32_t> rest = std::span<const int32_t>(prompt).subspan(
+      static_cast<size_t>(session.committed_length()),
+      prompt.size() - 1 - static_cast<size_t>(session.committed_length()));
+  const absl::Status prefilled = PrefillInChunks(session, rest, chunk);
+  EXPECT_TRUE(prefilled.ok()) << prefilled;
+  std::vector<int32_t> tokens;
+  int32_t root = prompt.back();
+  while (static_cast<int>(tokens.size()) < count) {
+    SessionStep step{.root = root, .shape = kTree16, .sampling = sampling};
+    const absl::Status stepped = session.Step(step);
+    EXPECT_TRUE(stepped.ok()) << stepped;
+    if (!stepped.ok()) break;
+    tokens.insert(tokens.end(), step.walk.tokens.begin(), step.walk.tokens.end());
+    root = step.walk.tokens.back();
+  }
+  return tokens;
+}
+
+std::vector<int32_t> First(std::vector<int32_t> tokens, int count) {
+  tokens.resize(static_cast<size_t>(count));
+  return tokens;
+}
+
+// The prefix cache's premise: a session that served one request (a chunked prefill, then
+// speculation steps committing tree paths), cut back to a prefix and grown for a longer request,
+// holds exactly the KV rows a fresh prefill of that prefix writes, byte for byte, and continues
+// exactly as a fresh session does.
+TEST_F(SpeculationTest, AReusedSessionEqualsAFreshOne) {
+  const std::vector<std::vector<int32_t>> prompts = OraclePrompts(24);
+  constexpr int kTokens = 12;
+  for (const model::KvType kv_type : {model::KvType::kF16, model::KvType::kQ8_0}) {
+    for (const model::SamplingParams& sampling :
+         {model::SamplingParams{}, model::SamplingParams{.temperature = 0.8f, .seed = 5}}) {
+      SCOPED_TRACE(
+          absl::StrCat(std::string(model::KvTypeName(kv_type)), " T=", sampling.temperature));
+      const std::vector<int32_t>& first = prompts[1];
+      auto used = *CpuSpeculativeSession::Create(
+          *model_, model::ForwardMode::kVerify, *model_, model::ForwardMode::kDraft,
+          {.capacity = static_cast<int64_t>(first.size()) + kTokens + 17, .kv_type = kv_type});
+      const std::vector<int32_t> answer = Continue(*used, first, 7, sampling, kTokens);
+      // The next turn: the first prompt, its answer, then another prompt's tokens.
+      std::vector<int32_t> next = first;
+      next.insert(next.end(), answer.begin(), answer.end());
+      next.insert(next.end(), prompts[3].begin(), prompts[3].end());
+      const std::span<const int32_t> committed = used->committed_tokens();
+      ASSERT_TRUE(std::equal(committed.begin(), committed.end(), next.begin()));
+      const int64_t capacity = static_cast<int64_t>(next.size()) + kTokens + 17;
+      for (const int64_t kept : {used->committed_length(), int64_t{5}}) {
+        SCOPED_TRACE(absl::StrCat("kept ", kept));
+        ASSERT_TRUE(used->Reuse(kept, capacity).ok());
+        EXPECT_EQ(used->committed_length(), kept);
+        EXPECT_EQ(used->capacity(), capacity);
+        auto fresh = *CpuSpeculativeSession::Create(*model_, model::ForwardMode::kVerify, *model_,
+                                                    model::ForwardMode::kDraft,
+                                                    {.capacity = capacity, .kv_type = kv_type});
+        const absl::Status prefilled = PrefillInChunks(
+            *fresh, std::span<const int32_t>(next).first(static_cast<size_t>(kept)), 5);
+        ASSERT_TRUE(prefilled.ok()) << prefilled;
+        const model::KvCache& a = used->target_cache();
+        const model::KvCache& b = fresh->target_cache();
+        for (int64_t layer = 0; layer < a.num_layers(); ++layer) {
+          const size_t bytes = static_cast<size_t>(kept * a.row_bytes(layer));
+          EXPECT_EQ(std::memcmp(a.keys(layer).data, b.keys(layer).data, bytes), 0) << layer;
+          EXPECT_EQ(std::memcmp(a.values(layer).data, b.values(layer).data, bytes), 0) << layer;
+        }
+        EXPECT_TRUE(std::equal(a.positions(), a.positions() + kept, b.positions()));
+        const std::vector<int32_t> expected =
+            First(Continue(*fresh, next, 6, sampling, kTokens), kTokens);
+        EXPECT_EQ(First(Continue(*used, next, 6, sampling, kTokens), kTokens), expected);
+        EXPECT_EQ(expected, testing::PlainDecode(*model_, next, sampling, kTokens, kv_type));
+        // Back to the kept prefix for the next case.
+        ASSERT_TRUE(used->Reuse(kept, capacity).ok());
+      }
+    }
+  }
+}
+
+TEST_F(SpeculationTest, ReuseChecksItsArguments) {
+  auto session = *CpuSpeculativeSession::Create(*model_, model::ForwardMode::kVerify, *model_,
+                                                model::ForwardMode::kDraft, {.capacity = 32});
+  const std::vector<int32_t> prompt = OraclePrompts(8)[0];
+  ASSERT_TRUE(PrefillInChunks(*session, std::span<const int32_t>(prompt), 8).ok());
+  const int64_t length = session->committed_length();
+  EXPECT_EQ(session->Reuse(length + 1, 64).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session->Reuse(-1, 64).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session->Reuse(4, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session->Reuse(4, model_->config().context_length + 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session->committed_length(), length);  // refusals change nothing
+  ASSERT_TRUE(session->Reuse(4, 16).ok());         // smaller than the cache: the storage is kept
+  EXPECT_EQ(session->capacity(), 16);
+  EXPECT_EQ(session->target_cache().capacity(), 32);
+  EXPECT_EQ(session->committed_tokens().size(), 4u);
 }
 
 // A 128-node tree of depth up to 16 (twice the default depth cap, more rows than a 64-row

@@ -23,6 +23,20 @@ absl::StatusOr<std::unique_ptr<CudaSpeculativeSession>> CudaSpeculativeSession::
       new CudaSpeculativeSession(model, std::move(cache), capacity));
 }
 
+absl::Status CudaSpeculativeSession::Reuse(int64_t length, int64_t capacity) {
+  BITSPLIT_RETURN_IF_ERROR(speculation::ValidateReuse(length, capacity, committed_length(),
+                                                      model_.config().context_length));
+  if (capacity > cache_->capacity()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("context %d is beyond the %d tokens of the session's planned KV cache",
+                        capacity, cache_->capacity()));
+  }
+  BITSPLIT_RETURN_IF_ERROR(cache_->Truncate(length));
+  committed_tokens_.resize(static_cast<size_t>(length));
+  capacity_ = capacity;
+  return absl::OkStatus();
+}
+
 // RunBatchedStep over CudaSpeculativeSessions of one CudaModel; the draft's children and the
 // target's choices are picked on the device, per sequence, from the shared forward's logits.
 class CudaBatchedStep final : public speculation::BatchedStepModel {

@@ -36,6 +36,8 @@ class CudaSpeculativeSession final : public speculation::SpeculativeSession {
   int64_t committed_length() const override { return cache_->committed_length(); }
   int64_t capacity() const override { return capacity_; }
   std::span<const int32_t> committed_tokens() const override { return committed_tokens_; }
+  // Within the planned KV cache only (FAILED_PRECONDITION beyond it).
+  absl::Status Reuse(int64_t length, int64_t capacity) override;
   DeviceKvCache& cache() { return *cache_; }
 
   // speculation::RunBatchedStep over sessions of one CudaModel: each draft round and the verifier
@@ -56,7 +58,7 @@ class CudaSpeculativeSession final : public speculation::SpeculativeSession {
 
   CudaModel& model_;
   std::unique_ptr<DeviceKvCache> cache_;
-  const int64_t capacity_;  // <= cache_->capacity()
+  int64_t capacity_;  // <= cache_->capacity()
   std::vector<int32_t> committed_tokens_;
   model::Sampler sampler_;
   std::vector<float> logits_;

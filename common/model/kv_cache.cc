@@ -152,6 +152,25 @@ absl::Status KvSlotLedger::CheckCommitSlots(std::span<const int32_t> pending_ind
   return absl::OkStatus();
 }
 
+absl::Status KvCache::Grow(int64_t capacity) {
+  if (capacity <= slots_.capacity()) {
+    slots_.DiscardPending();
+    return absl::OkStatus();
+  }
+  BITSPLIT_ASSIGN_OR_RETURN(KvCache grown, Create(layer_kv_dims_, capacity, type_));
+  const int64_t committed = committed_length();
+  for (int64_t layer = 0; layer < num_layers(); ++layer) {
+    const size_t bytes = static_cast<size_t>(committed * row_bytes(layer));
+    std::copy_n(KeyBytes(layer), bytes, grown.keys_.data() + grown.LayerOffset(layer));
+    std::copy_n(ValueBytes(layer), bytes, grown.values_.data() + grown.LayerOffset(layer));
+  }
+  std::copy_n(positions_.begin(), committed, grown.positions_.begin());
+  BITSPLIT_RETURN_IF_ERROR(grown.slots_.BeginPending(committed));
+  BITSPLIT_RETURN_IF_ERROR(grown.slots_.Commit(committed));
+  *this = std::move(grown);
+  return absl::OkStatus();
+}
+
 absl::Status KvSlotLedger::Truncate(int64_t length) {
   if (length < 0 || length > committed_length_) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -122,6 +122,10 @@ class KvCache {
   absl::Status Truncate(int64_t length) { return slots_.Truncate(length); }
   // Forgets everything (committed and pending); the storage is kept.
   void Clear() { slots_.Clear(); }
+  // Makes room for `capacity` slots (none when it already has them), keeping the committed
+  // rows and dropping the pending ones: a cache kept for a prefix grows to the next request's
+  // size. RESOURCE_EXHAUSTED as Create for a size beyond any real cache.
+  absl::Status Grow(int64_t capacity);
 
  private:
   KvCache(std::vector<int64_t> layer_kv_dims, int64_t capacity, ops::KvType type);

@@ -85,7 +85,23 @@ CpuSpeculativeSession::CpuSpeculativeSession(model::LlamaModel& target,
       draft_(draft),
       draft_mode_(draft_mode),
       options_(options),
-      target_cache_(std::move(target_cache)) {}
+      target_cache_(std::move(target_cache)),
+      capacity_(target_cache_.capacity()) {}
+
+absl::Status CpuSpeculativeSession::Reuse(int64_t length, int64_t capacity) {
+  BITSPLIT_RETURN_IF_ERROR(
+      ValidateReuse(length, capacity, committed_length(), target_.config().context_length));
+  BITSPLIT_RETURN_IF_ERROR(target_cache_.Truncate(length));
+  BITSPLIT_RETURN_IF_ERROR(target_cache_.Grow(capacity));
+  if (draft_cache_ != nullptr) {
+    BITSPLIT_RETURN_IF_ERROR(
+        draft_cache_->Truncate(std::min(length, draft_cache_->committed_length())));
+    BITSPLIT_RETURN_IF_ERROR(draft_cache_->Grow(capacity));
+  }
+  committed_tokens_.resize(static_cast<size_t>(length));
+  capacity_ = capacity;
+  return absl::OkStatus();
+}
 
 absl::Status CpuSpeculativeSession::CatchUpDraftCache() {
   model::KvCache& cache = *draft_cache_;

@@ -34,8 +34,12 @@ class CpuSpeculativeSession final : public SpeculativeSession {
       model::ForwardMode draft_mode, const Options& options);
 
   int64_t committed_length() const override { return target_cache_.committed_length(); }
-  int64_t capacity() const override { return target_cache_.capacity(); }
+  int64_t capacity() const override { return capacity_; }
   std::span<const int32_t> committed_tokens() const override { return committed_tokens_; }
+  // Grows the KV caches when `capacity` needs it.
+  absl::Status Reuse(int64_t length, int64_t capacity) override;
+  // The verifier's KV cache (what the draft reads too, unless it keeps its own).
+  const model::KvCache& target_cache() const { return target_cache_; }
 
   // RunBatchedStep over sessions that share their target and draft models (their forwards are
   // model::LlamaModel::ForwardSequences).
@@ -58,6 +62,7 @@ class CpuSpeculativeSession final : public SpeculativeSession {
   const model::ForwardMode draft_mode_;
   const Options options_;
   model::KvCache target_cache_;
+  int64_t capacity_;                             // <= target_cache_.capacity()
   std::unique_ptr<model::KvCache> draft_cache_;  // own-KV mode only
   std::vector<int32_t> committed_tokens_;
   model::Sampler sampler_;

@@ -20,6 +20,24 @@ std::vector<int32_t> TargetTokens(std::span<const TargetChoice> choices) {
 
 }  // namespace
 
+absl::Status ValidateReuse(int64_t length, int64_t capacity, int64_t committed_length,
+                           int64_t context_length) {
+  if (length < 0 || length > committed_length) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cannot keep %d tokens of a session holding %d", length, committed_length));
+  }
+  if (capacity <= length) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a capacity of %d tokens leaves no room after the %d kept", capacity, length));
+  }
+  if (context_length > 0 && capacity > context_length) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("a session of %d tokens exceeds the model's context length of %d", capacity,
+                        context_length));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidatePrefill(std::span<const int32_t> tokens, int64_t vocab_size, int64_t length,
                              int64_t capacity) {
   for (size_t i = 0; i < tokens.size(); ++i) {

@@ -79,7 +79,19 @@ class SpeculativeSession {
   // Tokens the session accepts: prompt + output + one pending tree.
   virtual int64_t capacity() const = 0;
   virtual std::span<const int32_t> committed_tokens() const = 0;
+  // Keeps the first `length` committed tokens and their KV rows, drops the rest, and accepts up
+  // to `capacity` tokens from now on: a finished session serving a new request whose prompt
+  // starts with those tokens (the drafter's prefix cache). The kept rows are those a fresh
+  // prefill of the tokens writes (batch invariance), so the new request's tokens are the ones a
+  // fresh session gives. INVALID_ARGUMENT for a length beyond the committed one or a capacity
+  // not above it (or beyond the model's context); FAILED_PRECONDITION for a capacity the
+  // session's storage cannot hold (a CUDA session's planned KV cache).
+  virtual absl::Status Reuse(int64_t length, int64_t capacity) = 0;
 };
+
+// The checks Reuse shares across backends.
+absl::Status ValidateReuse(int64_t length, int64_t capacity, int64_t committed_length,
+                           int64_t context_length);
 
 // One session's share of one batched step: either a chunk of prompt to run and commit, or one
 // whole speculation step (grow a draft tree from `root`, verify it, walk it, commit the accepted

@@ -201,6 +201,7 @@ internal_v1::GenerateRequest DrafterRequest(const GenerationPlan& plan,
   *request.mutable_sampling() = ToProto(plan.sampling);
   request.set_logprobs(plan.logprobs);
   request.set_max_tokens(plan.max_tokens);
+  request.set_skip_prefix_cache(plan.skip_prefix_cache);
   for (int32_t id : tokenizer.end_of_generation_ids()) request.add_end_token_ids(id);
   for (int32_t id : plan.stop_token_ids) request.add_end_token_ids(id);
   if (plan.mode != SpeculationMode::kOff) {
@@ -254,6 +255,7 @@ absl::StatusOr<v1::GenerateComplete> RunGeneration(const GenerationPlan& plan,
   int64_t draft_ns = 0, verify_ns = 0;
   std::string policy_shape;  // the adaptive policy's last description
   std::optional<Clock::time_point> first_token_time;
+  int32_t cached_tokens = 0;
   Clock::time_point decode_start = Clock::now();  // once the prompt is in the cache
   internal_v1::GenerateEvent event;
   while (!emitter.finished()) {
@@ -273,7 +275,8 @@ absl::StatusOr<v1::GenerateComplete> RunGeneration(const GenerationPlan& plan,
       }
       break;
     }
-    if (!event.has_step()) {  // a prefill chunk
+    if (!event.has_step()) {  // a prefill chunk, or the prefix the cache held
+      cached_tokens += event.cached();
       if (event.prefilled() >= prompt_length - 1) decode_start = Clock::now();
       continue;
     }
@@ -304,6 +307,7 @@ absl::StatusOr<v1::GenerateComplete> RunGeneration(const GenerationPlan& plan,
   complete.set_finish_reason(emitter.finish_reason());
   complete.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(prompt_length));
   complete.mutable_usage()->set_completion_tokens(emitter.completion_tokens());
+  complete.mutable_usage()->set_cached_prompt_tokens(cached_tokens);
   v1::SpeculationStats& stats = *complete.mutable_speculation();
   switch (plan.mode) {
     case SpeculationMode::kOff:

@@ -277,6 +277,23 @@ std::string CoordinatorMetrics::Render(
   Single(out, "bitsplit:drafter_verify_rows_total", "counter",
          "Rows (tree nodes and prompt tokens, every session's) in those forwards.",
          info.verify_rows());
+  Single(out, "bitsplit:drafter_prefix_cache_sessions", "gauge",
+         "Finished sessions the drafter keeps for the prompt prefixes they hold.",
+         static_cast<int64_t>(info.cached_sessions()));
+  Single(out, "bitsplit:drafter_prefix_cache_lookups_total", "counter",
+         "Requests that looked for a cached prompt prefix.", info.prefix_lookups());
+  Single(out, "bitsplit:drafter_prefix_cache_hits_total", "counter",
+         "Requests that reused a cached prompt prefix.", info.prefix_hits());
+  Single(out, "bitsplit:drafter_prefix_cache_hit_ratio", "gauge",
+         "Hits over lookups since the drafter started (0 before the first lookup).",
+         info.prefix_lookups() > 0
+             ? static_cast<double>(info.prefix_hits()) / static_cast<double>(info.prefix_lookups())
+             : 0.0);
+  Single(out, "bitsplit:drafter_prefix_cache_tokens_total", "counter",
+         "Prompt tokens whose KV rows came from the prefix cache instead of a prefill.",
+         info.prefix_cached_tokens());
+  Single(out, "bitsplit:drafter_prefix_cache_evictions_total", "counter",
+         "Kept sessions destroyed to make room for new ones.", info.prefix_evictions());
   Single(out, "bitsplit:residual_up", "gauge",
          "1 when cpu-residual answered the drafter for this scrape.",
          static_cast<int64_t>(info.has_residual_stats() ? 1 : 0));

@@ -243,6 +243,10 @@ absl::Status ReadSampling(const json& body, v1::GenerateRequest& request) {
     if (*seed < 0) return Invalid("seed", "must be a non-negative integer");
     request.set_seed(static_cast<uint64_t>(*seed));
   }
+  // llama.cpp server's name for the prefix cache's switch (default on).
+  BITSPLIT_ASSIGN_OR_RETURN(const std::optional<bool> cache_prompt,
+                            BoolField(body, "cache_prompt"));
+  request.set_skip_prefix_cache(!cache_prompt.value_or(true));
   return ReadStops(body, request);
 }
 
@@ -332,7 +336,8 @@ json StatsJson(const v1::SpeculationStats& stats) {
 json UsageJson(const v1::Usage& usage) {
   return {{"prompt_tokens", usage.prompt_tokens()},
           {"completion_tokens", usage.completion_tokens()},
-          {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}};
+          {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()},
+          {"prompt_tokens_details", {{"cached_tokens", usage.cached_prompt_tokens()}}}};
 }
 
 }  // namespace

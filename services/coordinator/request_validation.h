@@ -54,6 +54,7 @@ struct GenerationPlan {
   int32_t logprobs = 0;
   SpeculationMode mode = SpeculationMode::kOff;
   speculation::TreeShape shape;  // kTree: the shape of every step; kAdaptive: the largest allowed
+  bool skip_prefix_cache = false;
 };
 
 // The prompt as token ids, tokenized as `bitsplit generate` does: plain prompts as text (control

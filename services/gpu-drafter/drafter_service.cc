@@ -122,6 +122,7 @@ absl::StatusOr<GenerationRequest> DrafterService::CheckRequest(
       return absl::InvalidArgumentError(absl::StrCat("adaptive: ", policy.status().message()));
     }
   }
+  g.skip_prefix_cache = request.skip_prefix_cache();
   return g;
 }
 
@@ -150,6 +151,12 @@ void DrafterService::FillInfo(v1::DrafterInfo* response) const {
   response->set_verify_ns_total(counters.verify_ns);
   response->set_verify_forwards(counters.verify_forwards);
   response->set_verify_rows(counters.verify_rows);
+  response->set_prefix_cache(options_.scheduling.prefix_cache);
+  response->set_cached_sessions(scheduler_.cached_sessions());
+  response->set_prefix_lookups(counters.prefix_lookups);
+  response->set_prefix_hits(counters.prefix_hits);
+  response->set_prefix_cached_tokens(counters.prefix_cached_tokens);
+  response->set_prefix_evictions(counters.prefix_evictions);
   if (residual_link_ == nullptr) {
     response->set_residual("in-process");
     response->set_residual_format(info.residual_format);

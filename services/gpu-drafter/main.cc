@@ -148,6 +148,11 @@ void AddFlags(CLI::App& app, Flags& flags) {
   app.add_option("--max-tree-nodes", service_options.max_tree_nodes,
                  "largest draft tree (root included) a request may ask for")
       ->capture_default_str();
+  app.add_flag("--prefix-cache,!--no-prefix-cache", scheduling.prefix_cache,
+               "keep finished sessions in the session slots no request uses, so that a request "
+               "whose prompt begins with a kept session's tokens (the conversation's previous "
+               "turn, a shared system prompt) prefills only the rest")
+      ->capture_default_str();
   app.add_option("--prefill-rows", scheduling.prefill_rows,
                  "prompt rows one scheduler iteration prefills, all requests together (a long "
                  "prompt enters in chunks between the other streams' steps)")

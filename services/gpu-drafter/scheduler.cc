@@ -160,6 +160,8 @@ void Scheduler::Loop() {
     Close(*generation);
     generation->stream->End(absl::UnavailableError("the drafter is shutting down"));
   }
+  prefix_cache_.clear();
+  cached_sessions_.store(0);
 }
 
 void Scheduler::RunIteration(std::vector<std::unique_ptr<Generation>>& active) {
@@ -201,21 +203,94 @@ void Scheduler::Admit(Generation& g) {
     g.End(residual);
     return;
   }
-  absl::StatusOr<std::unique_ptr<speculation::SpeculativeSession>> session =
-      engine_.NewSession(g.request.context);
-  if (!session.ok()) {
-    g.End(session.status());
-    return;
+  int64_t reused = 0;
+  if (options_.prefix_cache && !g.request.skip_prefix_cache) {
+    g.session = TakeCachedPrefix(g.request.prompt, g.request.context, reused);
+    std::lock_guard<std::mutex> lock(counters_mutex_);
+    ++counters_.prefix_lookups;
+    if (g.session != nullptr) {
+      ++counters_.prefix_hits;
+      counters_.prefix_cached_tokens += reused;
+    }
   }
-  g.session = *std::move(session);
+  if (g.session == nullptr) {
+    EvictFor(1);
+    absl::StatusOr<std::unique_ptr<speculation::SpeculativeSession>> session =
+        engine_.NewSession(g.request.context);
+    if (!session.ok()) {
+      g.End(session.status());
+      return;
+    }
+    g.session = *std::move(session);
+  }
   open_sessions_.fetch_add(1);
   if (g.request.adaptive) g.policy = policies_->For(g);
+  if (reused > 0) {
+    g.prefilled = static_cast<size_t>(reused);
+    v1::GenerateEvent event;
+    event.set_prefilled(static_cast<int32_t>(reused));
+    event.set_cached(static_cast<int32_t>(reused));
+    if (!g.stream->Send(std::move(event))) g.End(absl::CancelledError("the client went away"));
+  }
 }
 
 void Scheduler::Close(Generation& g) {
   if (g.session == nullptr) return;
+  // A session's committed rows are exact whatever ended the generation: a failed forward leaves
+  // them unchanged (speculation::RunBatchedStep).
+  if (options_.prefix_cache && g.session->committed_length() > 0) {
+    prefix_cache_.push_front(std::move(g.session));
+    cached_sessions_.fetch_add(1);
+  }
   g.session.reset();
   open_sessions_.fetch_sub(1);
+}
+
+std::unique_ptr<speculation::SpeculativeSession> Scheduler::TakeCachedPrefix(
+    const std::vector<int32_t>& prompt, int64_t context, int64_t& reused) {
+  reused = 0;
+  // All but the prompt's last token: that one is the first step's root, verified by the step.
+  const size_t limit = prompt.size() - 1;
+  auto best = prefix_cache_.end();
+  size_t best_length = 0;
+  for (auto it = prefix_cache_.begin(); it != prefix_cache_.end(); ++it) {
+    const std::span<const int32_t> tokens = (*it)->committed_tokens();
+    const size_t bound = std::min(limit, tokens.size());
+    const size_t length = static_cast<size_t>(
+        std::mismatch(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(bound),
+                      prompt.begin())
+            .first -
+        tokens.begin());
+    if (length > best_length) {  // strictly longer: ties go to the more recent
+      best = it;
+      best_length = length;
+    }
+  }
+  if (best == prefix_cache_.end()) return nullptr;
+  std::unique_ptr<speculation::SpeculativeSession> session = std::move(*best);
+  prefix_cache_.erase(best);
+  cached_sessions_.fetch_sub(1);
+  if (absl::Status status = session->Reuse(static_cast<int64_t>(best_length), context);
+      !status.ok()) {
+    spdlog::debug("prefix cache: a kept session cannot serve the request: {}", status.ToString());
+    return nullptr;
+  }
+  reused = static_cast<int64_t>(best_length);
+  return session;
+}
+
+void Scheduler::EvictFor(int free_slots) {
+  int evicted = 0;
+  while (!prefix_cache_.empty() &&
+         open_sessions_.load() + static_cast<int>(prefix_cache_.size()) + free_slots >
+             options_.max_sessions) {
+    prefix_cache_.pop_back();
+    cached_sessions_.fetch_sub(1);
+    ++evicted;
+  }
+  if (evicted == 0) return;
+  std::lock_guard<std::mutex> lock(counters_mutex_);
+  counters_.prefix_evictions += evicted;
 }
 
 std::vector<speculation::SessionStep> Scheduler::TakeWork(

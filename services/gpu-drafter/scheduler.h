@@ -13,6 +13,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -40,6 +41,7 @@ struct GenerationRequest {
   std::unordered_set<int32_t> end_tokens;
   speculation::TreeShape shape;  // every step's, or the adaptive policy's bounds
   bool adaptive = false;
+  bool skip_prefix_cache = false;  // prefill the whole prompt even if a cached prefix matches
 };
 
 struct SchedulerOptions {
@@ -53,6 +55,10 @@ struct SchedulerOptions {
   // Generations one iteration takes at most (0: every active one). 1 serializes them: one
   // generation's step per forward, in turn.
   int32_t max_batch_generations = 0;
+  // Keep finished sessions for the prefixes they hold: a request whose prompt starts with a kept
+  // session's tokens takes that session and prefills only the rest. Kept sessions occupy only
+  // the session slots (max_sessions) that no generation uses, least recently used evicted first.
+  bool prefix_cache = true;
 };
 
 // What the scheduler did since it started (GetInfo).
@@ -63,6 +69,10 @@ struct SchedulerCounters {
   int64_t verify_ns = 0;
   int64_t verify_forwards = 0;
   int64_t verify_rows = 0;
+  int64_t prefix_lookups = 0;        // admissions that looked for a cached prefix
+  int64_t prefix_hits = 0;           // ... and took one
+  int64_t prefix_cached_tokens = 0;  // prompt tokens the hits did not prefill
+  int64_t prefix_evictions = 0;      // kept sessions destroyed to make room
 };
 
 // Thread safety: every public method may be called from any thread.
@@ -79,6 +89,8 @@ class Scheduler {
   void Stop();
 
   int open_sessions() const { return open_sessions_.load(); }
+  // Finished sessions kept for their prefixes.
+  int cached_sessions() const { return cached_sessions_.load(); }
   int max_sessions() const { return options_.max_sessions; }
   SchedulerCounters counters() const;
   // The residual service's record and file size, from the link's last attach.
@@ -98,7 +110,15 @@ class Scheduler {
   void Count(std::span<Generation* const> running, std::span<const speculation::SessionStep> steps);
   void Emit(Generation& generation, const speculation::SessionStep& step,
             int32_t batch_generations);
+  // Ends the generation's use of its session: kept in the prefix cache, or destroyed.
   void Close(Generation& generation);
+  // The kept session whose tokens share the longest prefix with `prompt` (at most all but its
+  // last token), removed from the cache and reset to that prefix for a session of `context`
+  // tokens; null when none shares a token. Sets `reused` to the prefix's length.
+  std::unique_ptr<speculation::SpeculativeSession> TakeCachedPrefix(
+      const std::vector<int32_t>& prompt, int64_t context, int64_t& reused);
+  // Destroys the least recently used kept sessions until `free_slots` slots are free.
+  void EvictFor(int free_slots);
   absl::Status EnsureResidual();
   // The status to report for a failed verifier forward.
   absl::Status ForwardError(const absl::Status& status);
@@ -107,6 +127,9 @@ class Scheduler {
   ResidualLink* const residual_link_;
   const SchedulerOptions options_;
   std::atomic<int> open_sessions_{0};
+  std::atomic<int> cached_sessions_{0};
+  // The prefix cache, most recently used first (scheduler thread only).
+  std::list<std::unique_ptr<speculation::SpeculativeSession>> prefix_cache_;
 
   std::mutex arriving_mutex_;
   std::condition_variable wake_;
