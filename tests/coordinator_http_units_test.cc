@@ -4,7 +4,9 @@
 // rules and the arithmetic of what was observed.
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <string>
@@ -12,12 +14,14 @@
 
 #include "absl/strings/str_split.h"
 #include "common/io/gguf.h"
+#include "common/text/chat_template.h"
 #include "common/text/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/coordinator/metrics.h"
 #include "services/coordinator/openai_api.h"
+#include "services/coordinator/request_validation.h"
 #include "tests/testing/paths.h"
 
 namespace bitsplit::coordinator {
@@ -37,6 +41,46 @@ absl::StatusOr<openai::OpenAiRequest> Completion(const json& body) {
 }
 
 const json kUser = json::array({{{"role", "user"}, {"content", "hi"}}});
+// OpenAI's tool shape; the properties out of alphabetical order, as clients write them.
+const json kTools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+    "description": "Weather of a city.", "parameters": {"type": "object", "properties":
+    {"city": {"type": "string"}, "unit": {"type": "string"}}, "required": ["city"]}}}])");
+
+TEST(OpenAiRequestTest, ToolsAndToolHistoryBecomeTheGrpcChat) {
+  // Keys in the client's order all the way to the template: the body is text, not a json
+  // object (which sorts its keys).
+  const std::string body = R"({"messages": [
+      {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+          "function": {"name": "get_weather", "arguments": "{\"unit\": \"C\", \"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "18 C"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters":
+        {"type": "object", "properties": {"unit": {"type": "string"}, "city": {"type": "string"}}}}}],
+    "parallel_tool_calls": false})";
+  const auto parsed = ParseRequest(Endpoint::kChatCompletions, body, "m");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->parse_tool_calls);
+  EXPECT_FALSE(parsed->parallel_tool_calls);
+  const v1::ChatMessages& chat = parsed->request.chat();
+  EXPECT_EQ(chat.tools_json(),
+            R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",)"
+            R"("properties":{"unit":{"type":"string"},"city":{"type":"string"}}}}}])");
+  ASSERT_EQ(chat.messages_size(), 3);
+  EXPECT_FALSE(chat.messages(1).has_content());
+  ASSERT_EQ(chat.messages(1).tool_calls_size(), 1);
+  EXPECT_EQ(chat.messages(1).tool_calls(0).id(), "call_1");
+  EXPECT_EQ(chat.messages(1).tool_calls(0).name(), "get_weather");
+  EXPECT_EQ(chat.messages(1).tool_calls(0).arguments(), R"({"unit":"C","city":"Paris"})");
+  EXPECT_EQ(chat.messages(2).role(), "tool");
+  EXPECT_EQ(chat.messages(2).tool_call_id(), "call_1");
+  EXPECT_EQ(chat.messages(2).name(), "get_weather");
+  EXPECT_EQ(chat.messages(2).content(), "18 C");
+  // tool_choice "none": the model is not told about the tools and its text is not parsed.
+  const auto none = Chat({{"messages", kUser}, {"tools", kTools}, {"tool_choice", "none"}});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->parse_tool_calls);
+  EXPECT_TRUE(none->request.chat().tools_json().empty());
+}
 
 TEST(OpenAiRequestTest, ChatFieldsBecomeTheGrpcRequest) {
   const auto parsed = Chat(
@@ -136,8 +180,36 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
   };
   const std::vector<Case> cases = {
       {{{"messages", kUser}, {"n", 2}}, "n: only 1"},
-      {{{"messages", kUser}, {"tools", json::array({{{"type", "function"}}})}}, "tools:"},
-      {{{"messages", kUser}, {"tool_choice", "auto"}}, "tool_choice:"},
+      {{{"messages", kUser}, {"tools", json::array({{{"type", "function"}}})}},
+       "tools[0].function:"},
+      {{{"messages", kUser}, {"tools", "get_weather"}}, "tools: must be an array"},
+      {{{"messages", kUser}, {"tool_choice", "auto"}}, "tool_choice: \"auto\" needs tools"},
+      {{{"messages", kUser}, {"tools", kTools}, {"tool_choice", "required"}},
+       "tool_choice: \"required\" needs constrained decoding"},
+      {{{"messages", kUser},
+        {"tools", kTools},
+        {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}},
+       "tool_choice: naming a function needs constrained decoding"},
+      {{{"messages", kUser}, {"tools", kTools}, {"tool_choice", "sometimes"}}, "tool_choice: must"},
+      {{{"messages", kUser}, {"functions", json::array()}}, "functions: is not supported"},
+      {{{"prompt", "x"}, {"tools", kTools}}, "tools: tools are a chat completions field", false},
+      {{{"messages",
+         json::array({{{"role", "assistant"},
+                       {"content", nullptr},
+                       {"tool_calls",
+                        json::array({{{"id", "c"},
+                                      {"type", "function"},
+                                      {"function", {{"name", "f"}, {"arguments", "[1]"}}}}})}}})}},
+       "messages[0].tool_calls[0].function.arguments: must be a JSON object"},
+      {{{"messages",
+         json::array({{{"role", "user"},
+                       {"content", "x"},
+                       {"tool_calls", json::array({{{"function", {{"name", "f"}}}}})}}})}},
+       "messages[0].tool_calls: only assistant messages make calls"},
+      {{{"messages", json::array({{{"role", "tool"}, {"content", "x"}}})}},
+       "messages[0].tool_call_id: is required"},
+      {{{"messages", json::array({{{"role", "assistant"}, {"content", nullptr}}})}},
+       "messages[0].content: is required"},
       {{{"messages", kUser}, {"response_format", {{"type", "json_schema"}}}}, "response_format:"},
       {{{"messages", kUser}, {"presence_penalty", 0.5}}, "presence_penalty:"},
       {{{"messages", kUser}, {"frequency_penalty", -1}}, "frequency_penalty:"},
@@ -154,7 +226,7 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
       {{{"messages", json::array()}}, "messages:"},
       {{{"messages", "hi"}}, "messages:"},
       {json::object(), "messages: is required"},
-      {{{"messages", json::array({{{"role", "tool"}, {"content", "x"}}})}}, "'tool'"},
+      {{{"messages", json::array({{{"role", "function"}, {"content", "x"}}})}}, "'function'"},
       {{{"messages", json::array({{{"role", "user"}}})}}, "messages[0].content: is required"},
       {{{"messages",
          json::array({{{"role", "user"}, {"content", json::array({{{"type", "image_url"}}})}}})}},
@@ -199,6 +271,55 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
                     {"presence_penalty", 0},
                     {"logit_bias", json::object()}})
                   .ok());
+}
+
+// A conversation with tools, an assistant's call and the tool's result, sent in OpenAI's shape
+// (arguments as JSON text), reaches each real template as jinja2 rendered it with the arguments
+// as an object (tests/fixtures/chat_templates/corpus.json, "tool_calls"): the prompt tokens are
+// those of jinja2's text. Templates that print today's date (strftime_now) are left out.
+TEST(OpenAiRequestTest, ToolConversationsRenderAsJinja2DoesThroughEveryTemplate) {
+  auto file = gguf::File::Open(testing::ModelPath(testing::kSmolLm2File));
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto tokenizer = text::Tokenizer::FromGguf(**file);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  std::ifstream in(testing::SourcePath("tests/fixtures/chat_templates/corpus.json"));
+  const nlohmann::ordered_json corpus = nlohmann::ordered_json::parse(in);
+  const nlohmann::ordered_json& conversation = corpus["conversations"]["tool_calls"];
+  nlohmann::ordered_json body = {{"messages", nlohmann::ordered_json::array()},
+                                 {"tools", conversation["tools"]}};
+  for (nlohmann::ordered_json message : conversation["messages"]) {
+    if (message.contains("tool_calls")) {
+      for (auto& call : message["tool_calls"]) {
+        call["function"]["arguments"] = call["function"]["arguments"].dump();
+      }
+    }
+    body["messages"].push_back(std::move(message));
+  }
+  const auto parsed = ParseRequest(Endpoint::kChatCompletions, body.dump(), "m");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  int compared = 0;
+  for (const auto& entry : corpus["templates"]) {
+    const std::string source = entry["source"];
+    if (source.find("strftime_now") != std::string::npos) continue;
+    for (const auto& c : entry["cases"]) {
+      if (c["conversation"] != "tool_calls" || !c["add_generation_prompt"].get<bool>() ||
+          !c.contains("output")) {
+        continue;
+      }
+      SCOPED_TRACE(entry["file"].get<std::string>());
+      auto chat_template = text::ChatTemplate::FromSource(
+          source, {.bos_token = corpus["bos_token"], .eos_token = corpus["eos_token"]});
+      ASSERT_TRUE(chat_template.ok()) << chat_template.status();
+      const auto tokens = PromptTokens(parsed->request, **tokenizer, &*chat_template);
+      ASSERT_TRUE(tokens.ok()) << tokens.status();
+      std::vector<int32_t> expected = (*tokenizer)->Encode(c["output"].get<std::string>(), true);
+      if ((*tokenizer)->add_bos()) expected.insert(expected.begin(), (*tokenizer)->bos_id());
+      EXPECT_EQ(*tokens, expected);
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 50);
+  std::printf("tool conversation: %d templates render as jinja2 does\n", compared);
 }
 
 class ResponseBuilderTest : public ::testing::Test {
@@ -303,6 +424,96 @@ TEST_F(ResponseBuilderTest, ChatResponseAndStreamDescribeTheSameAnswer) {
       "length");
   EXPECT_EQ(builder.Response(Complete(v1::FINISH_REASON_STOP, 1, 1))["choices"][0]["finish_reason"],
             "stop");
+}
+
+// A Hermes/Qwen answer with text and two calls, split mid-marker: the stream's content deltas
+// and tool-call deltas put together equal the whole response's message, in OpenAI's shapes.
+TEST_F(ResponseBuilderTest, ToolCallsComeBackInOpenAisShapes) {
+  const std::vector<std::string> pieces = {
+      "Let me check.\n<tool_", "call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": ",
+      "\"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", ",
+      "\"arguments\": {\"city\": \"Rome\"}}\n</tool_call>"};
+  for (const bool parallel : {true, false}) {
+    SCOPED_TRACE(parallel ? "parallel" : "one call");
+    auto request = Chat({{"messages", kUser},
+                         {"tools", kTools},
+                         {"parallel_tool_calls", parallel},
+                         {"stream", true}});
+    ASSERT_TRUE(request.ok()) << request.status();
+    openai::ResponseBuilder streamed(*request, {"chatcmpl-7", 1700000000, "m", "bitsplit-abc"},
+                                     *tokenizer_, text::ToolCallFormat::kHermes);
+    openai::ResponseBuilder whole(*request, {"chatcmpl-7", 1700000000, "m", "bitsplit-abc"},
+                                  *tokenizer_, text::ToolCallFormat::kHermes);
+    std::string content;
+    std::vector<json> calls;  // by index: {id, name, arguments}
+    auto take = [&](const json& event) {
+      const json& delta = event["choices"][0]["delta"];
+      if (delta.contains("content")) content += delta["content"].get<std::string>();
+      if (!delta.contains("tool_calls")) return;
+      for (const json& call : delta["tool_calls"]) {
+        const size_t index = call["index"];
+        if (call.contains("id")) {
+          ASSERT_EQ(index, calls.size());  // each call opens with its id and name, in order
+          EXPECT_EQ(call["type"], "function");
+          calls.push_back({{"id", call["id"]},
+                           {"name", call["function"]["name"]},
+                           {"arguments", call["function"]["arguments"]}});
+        } else {
+          ASSERT_LT(index, calls.size());
+          calls[index]["arguments"] = calls[index]["arguments"].get<std::string>() +
+                                      call["function"]["arguments"].get<std::string>();
+        }
+      }
+    };
+    for (const std::string& piece : pieces) {
+      const auto event = streamed.AddChunk(ChunkOf(piece, -0.1f));
+      ASSERT_TRUE(event.has_value());
+      take(*event);
+      whole.AddChunk(ChunkOf(piece, -0.1f));
+    }
+    const v1::GenerateComplete complete = Complete(v1::FINISH_REASON_EOS, 30, 40);
+    const std::vector<json> end = streamed.StreamEnd(complete);
+    for (const json& event : end) take(event);
+    EXPECT_EQ(end.back()["choices"][0]["finish_reason"], "tool_calls");
+    EXPECT_EQ(content, "Let me check.");
+    ASSERT_EQ(calls.size(), parallel ? 2u : 1u);
+    EXPECT_EQ(calls[0]["name"], "get_weather");
+    EXPECT_EQ(calls[0]["arguments"], R"({"city":"Paris"})");
+    EXPECT_TRUE(calls[0]["id"].get<std::string>().starts_with("call_"));
+    if (parallel) {
+      EXPECT_EQ(calls[1]["arguments"], R"({"city":"Rome"})");
+      EXPECT_NE(calls[1]["id"], calls[0]["id"]);
+    }
+
+    const json response = whole.Response(complete);
+    const json& message = response["choices"][0]["message"];
+    EXPECT_EQ(response["choices"][0]["finish_reason"], "tool_calls");
+    EXPECT_EQ(message["content"], "Let me check.");
+    ASSERT_EQ(message["tool_calls"].size(), calls.size());
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(message["tool_calls"][i]["id"], calls[i]["id"]);  // same request id, same ids
+      EXPECT_EQ(message["tool_calls"][i]["type"], "function");
+      EXPECT_EQ(message["tool_calls"][i]["function"]["name"], calls[i]["name"]);
+      EXPECT_EQ(message["tool_calls"][i]["function"]["arguments"], calls[i]["arguments"]);
+    }
+  }
+}
+
+// Text without a call stays the answer; with tool_choice "none" nothing is parsed at all.
+TEST_F(ResponseBuilderTest, TextWithoutToolCallsIsPlainContent) {
+  auto with_tools = Chat({{"messages", kUser}, {"tools", kTools}});
+  auto none = Chat({{"messages", kUser}, {"tools", kTools}, {"tool_choice", "none"}});
+  ASSERT_TRUE(with_tools.ok() && none.ok());
+  const std::string text = "No tool needed: <tool_call> is just text here";
+  for (const auto* request : {&*with_tools, &*none}) {
+    openai::ResponseBuilder builder(*request, {"chatcmpl-8", 1, "m", "f"}, *tokenizer_,
+                                    text::ToolCallFormat::kHermes);
+    builder.AddChunk(ChunkOf(text, -0.1f));
+    const json response = builder.Response(Complete(v1::FINISH_REASON_EOS, 3, 9));
+    EXPECT_EQ(response["choices"][0]["message"]["content"], text);
+    EXPECT_FALSE(response["choices"][0]["message"].contains("tool_calls"));
+    EXPECT_EQ(response["choices"][0]["finish_reason"], "stop");
+  }
 }
 
 TEST_F(ResponseBuilderTest, CompletionLogprobsAreFourAlignedLists) {

@@ -119,11 +119,22 @@ TEST(ChatTemplateTest, TemplatesTheEngineCannotRenderAreRefusedAtLoad) {
   EXPECT_EQ(syntax.status().code(), absl::StatusCode::kInvalidArgument);
   const auto unsupported_tag = ChatTemplate::FromSource("{% call f() %}x{% endcall %}", {});
   EXPECT_EQ(unsupported_tag.status().code(), absl::StatusCode::kInvalidArgument);
-  // jinja2 would fail only when rendering reached the filter; the server refuses the template.
+  // A filter the engine lacks fails, as in jinja2, where rendering reaches it: at load when a
+  // one-message conversation does, else for the conversations that do.
+  const auto filter_always = ChatTemplate::FromSource("{{ messages|from_json }}", {});
+  EXPECT_EQ(filter_always.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(filter_always.status().message(), HasSubstr("from_json"));
   const auto filter = ChatTemplate::FromSource(
-      "{% if messages|length > 5 %}{{ messages|from_json }}{% endif %}", {});
-  EXPECT_EQ(filter.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(filter.status().message(), HasSubstr("from_json"));
+      "{% if messages|length > 2 %}{{ messages|from_json }}{% endif %}{{ messages[0].content }}",
+      {});
+  ASSERT_TRUE(filter.ok()) << filter.status();
+  EXPECT_THAT(filter->unimplemented_names(), ::testing::ElementsAre("filter 'from_json'"));
+  const std::vector<ChatMessage> short_chat = {{"user", "a"}, {"assistant", "b"}};
+  EXPECT_EQ(*filter->Render(short_chat, false), "a");
+  const std::vector<ChatMessage> long_chat = {{"user", "a"}, {"assistant", "b"}, {"user", "c"}};
+  const auto refused = filter->Render(long_chat, false);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("from_json"));
   // A template that fails on a single user message would fail every request.
   const auto always_fails =
       ChatTemplate::FromSource("{{ messages[0].content.no_such_method() }}", {});

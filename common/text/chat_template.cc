@@ -39,13 +39,10 @@ std::string_view GemmaDefaultTemplate() { return kGemmaTemplateSource; }
 absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
                                                       SpecialTokens special_tokens) {
   BITSPLIT_ASSIGN_OR_RETURN(jinja::Template parsed, jinja::Template::Parse(source));
-  if (const std::vector<std::string> unknown = parsed.UnknownNames(); !unknown.empty()) {
-    return absl::UnimplementedError(
-        absl::StrCat("the chat template uses what the Jinja engine does not implement: ",
-                     absl::StrJoin(unknown, ", ")));
-  }
+  std::vector<std::string> unknown = parsed.UnknownNames();
   ChatTemplate chat_template(std::make_shared<const std::string>(source), std::move(parsed),
                              std::move(special_tokens));
+  chat_template.unimplemented_names_ = std::move(unknown);
   const ChatMessage probe[] = {{"user", "Hello"}};
   if (absl::StatusOr<std::string> rendered = chat_template.Render(probe, true); !rendered.ok()) {
     return absl::UnimplementedError(absl::StrCat(

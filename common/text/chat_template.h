@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/io/gguf.h"
@@ -38,9 +39,11 @@ class ChatTemplate {
   struct Choice;
 
   // Parses `source`. INVALID_ARGUMENT for a syntax error or a construct the engine does not
-  // implement; UNIMPLEMENTED when the template names filters or tests the engine lacks, or when
-  // it cannot render a one-message conversation (so a template that would fail every request
-  // fails at load instead).
+  // implement; UNIMPLEMENTED when it cannot render a one-message conversation (so a template
+  // that would fail every request fails at load instead). Filters and tests the engine lacks
+  // fail, as in jinja2, only where rendering reaches them (unimplemented_names lists them for
+  // the caller to warn about at load): a conversation that reaches one is refused, never
+  // rendered differently.
   static absl::StatusOr<ChatTemplate> FromSource(std::string_view source,
                                                  SpecialTokens special_tokens);
   // From tokenizer.chat_template, with `tokenizer`'s BOS/EOS. NOT_FOUND when the file has none;
@@ -65,6 +68,9 @@ class ChatTemplate {
                                      bool add_generation_prompt) const;
 
   const std::string& source() const { return *source_; }
+  // The filters and tests the template names that the engine does not implement ("filter
+  // 'from_json'"), sorted; empty for most templates.
+  const std::vector<std::string>& unimplemented_names() const { return unimplemented_names_; }
   const SpecialTokens& special_tokens() const { return special_tokens_; }
 
  private:
@@ -77,6 +83,7 @@ class ChatTemplate {
   std::shared_ptr<const std::string> source_;
   jinja::Template parsed_;
   SpecialTokens special_tokens_;
+  std::vector<std::string> unimplemented_names_;
 };
 
 struct ChatTemplate::Choice {

@@ -331,6 +331,11 @@ class HttpApi::Routes {
   void Generate(openai::Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
     absl::StatusOr<openai::OpenAiRequest> parsed =
         openai::ParseRequest(endpoint, req.body, options_.served_model);
+    if (parsed.ok() && parsed->parse_tool_calls && !context_.tool_call_format) {
+      parsed = absl::InvalidArgumentError(
+          "tools: the model's chat template writes no tool-call syntax this server parses (Llama "
+          "3 JSON, Hermes/Qwen <tool_call>, Qwen3-Coder XML, Mistral [TOOL_CALLS], Gemma 4)");
+    }
     absl::StatusOr<GenerationPlan> plan =
         parsed.ok() ? ValidateRequest(parsed->request, *context_.tokenizer, context_.chat_template,
                                       *context_.limits)
@@ -358,7 +363,7 @@ class HttpApi::Routes {
             .model = options_.served_model,
             .system_fingerprint =
                 absl::StrCat("bitsplit-", context_.model_info->fingerprint().substr(0, 12))},
-        *context_.tokenizer);
+        *context_.tokenizer, context_.tool_call_format);
     const int socket = FindConnectionSocket(req);
     if (socket < 0) spdlog::debug("HTTP: the connection's socket was not found");
     RequestQueue& queue = *context_.queue;

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "bitsplit/v1/generation.pb.h"
 #include "common/rpc/drafter_client.h"
 #include "common/text/chat_template.h"
+#include "common/text/tool_calls.h"
 #include "common/text/tokenizer.h"
 #include "services/coordinator/metrics.h"
 #include "services/coordinator/request_queue.h"
@@ -51,6 +53,9 @@ struct HttpApiContext {
   rpc::DrafterClient* drafter = nullptr;
   const text::Tokenizer* tokenizer = nullptr;
   const text::ChatTemplate* chat_template = nullptr;  // null: chat requests are refused
+  // The tool-call syntax of the chat template (text::DetectToolCallFormat); none: requests with
+  // tools are refused.
+  std::optional<text::ToolCallFormat> tool_call_format;
   const ServerLimits* limits = nullptr;
   const v1::ModelInfo* model_info = nullptr;
   // OK when a request sent now would be taken (the gRPC readiness probe's function).

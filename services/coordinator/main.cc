@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/io/gguf.h"
 #include "common/model/split_model.h"
@@ -33,6 +34,7 @@
 #include "common/speculation/tree.h"
 #include "common/text/chat_template.h"
 #include "common/text/tokenizer.h"
+#include "common/text/tool_calls.h"
 #include "common/util/status_macros.h"
 #include "services/coordinator/drafter_stream.h"
 #include "services/coordinator/generation_service.h"
@@ -172,8 +174,9 @@ void AddFlags(CLI::App& app, Flags& flags) {
 struct LoadedModel {
   std::unique_ptr<model::SplitModelFiles> files;
   std::unique_ptr<text::Tokenizer> tokenizer;
-  std::optional<text::ChatTemplate> chat_template;  // none: chat requests are refused
-  std::string chat_template_source;                 // tokenizer.chat_template ("" without one)
+  std::optional<text::ChatTemplate> chat_template;       // none: chat requests are refused
+  std::string chat_template_source;                      // tokenizer.chat_template ("" without one)
+  std::optional<text::ToolCallFormat> tool_call_format;  // none: requests with tools are refused
 };
 
 absl::StatusOr<LoadedModel> LoadModel(const std::string& model_path) {
@@ -185,7 +188,19 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& model_path) {
       parsed.ok()) {
     loaded.chat_template = parsed->chat_template;
     if (parsed->from_architecture) spdlog::info("{}", parsed->note);
+    if (const auto& missing = loaded.chat_template->unimplemented_names(); !missing.empty()) {
+      spdlog::warn(
+          "the chat template names what the Jinja engine does not implement ({}); a conversation "
+          "that reaches it is refused",
+          absl::StrJoin(missing, ", "));
+    }
     loaded.chat_template_source = metadata.GetString("tokenizer.chat_template").value_or("");
+    if (auto format = text::DetectToolCallFormat(loaded.chat_template->source()); format.ok()) {
+      loaded.tool_call_format = *format;
+      spdlog::info("tool calls: the chat template's {} syntax", text::ToolCallFormatName(*format));
+    } else {
+      spdlog::info("requests with tools are refused: {}", format.status().ToString());
+    }
   } else {
     spdlog::warn("chat requests are refused: {}", parsed.status().ToString());
   }
@@ -400,15 +415,16 @@ absl::Status RunCoordinator(const Flags& flags) {
   std::function<absl::Status()> readiness = Readiness(*drafter.client, queue, fingerprint);
   std::unique_ptr<HttpApi> http;
   if (!flags.http.empty()) {
-    BITSPLIT_ASSIGN_OR_RETURN(http,
-                              StartHttp(flags, HttpApiContext{.queue = &queue,
-                                                              .metrics = &metrics,
-                                                              .drafter = drafter.client.get(),
-                                                              .tokenizer = loaded.tokenizer.get(),
-                                                              .chat_template = chat_template,
-                                                              .limits = &options.limits,
-                                                              .model_info = &options.model_info,
-                                                              .readiness = readiness}));
+    BITSPLIT_ASSIGN_OR_RETURN(
+        http, StartHttp(flags, HttpApiContext{.queue = &queue,
+                                              .metrics = &metrics,
+                                              .drafter = drafter.client.get(),
+                                              .tokenizer = loaded.tokenizer.get(),
+                                              .chat_template = chat_template,
+                                              .tool_call_format = loaded.tool_call_format,
+                                              .limits = &options.limits,
+                                              .model_info = &options.model_info,
+                                              .readiness = readiness}));
   }
   const std::string description = absl::StrFormat(
       "%s (fingerprint %.12s, drafter %s: %s, speculation %s, max-active %d, max-queue %d)",

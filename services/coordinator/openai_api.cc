@@ -1,6 +1,8 @@
 #include "services/coordinator/openai_api.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -86,17 +88,14 @@ absl::Status RefuseUnsupported(const json& body, Endpoint endpoint) {
     BITSPLIT_ASSIGN_OR_RETURN(const std::optional<std::string> suffix, StringField(body, "suffix"));
     if (suffix && !suffix->empty()) return Invalid("suffix", "suffixes are not supported");
   }
-  for (const char* key : {"tools", "functions"}) {
-    const json* value = Field(body, key);
-    if (value != nullptr && !(value->is_array() && value->empty())) {
-      return Invalid(key, "tool and function calling are not supported");
+  if (endpoint == Endpoint::kCompletions) {
+    for (const char* key : {"tools", "tool_choice"}) {
+      if (Field(body, key) != nullptr) return Invalid(key, "tools are a chat completions field");
     }
   }
-  for (const char* key : {"tool_choice", "function_call"}) {
-    const json* value = Field(body, key);
-    if (value != nullptr && !(value->is_string() && value->get<std::string>() == "none")) {
-      return Invalid(key, "tool and function calling are not supported");
-    }
+  // The legacy single-function API, replaced by tools.
+  for (const char* key : {"functions", "function_call"}) {
+    if (Field(body, key) != nullptr) return Invalid(key, "is not supported; use \"tools\"");
   }
   if (const json* format = Field(body, "response_format"); format != nullptr) {
     if (!format->is_object() || format->value("type", "") != "text") {
@@ -114,7 +113,69 @@ absl::Status RefuseUnsupported(const json& body, Endpoint endpoint) {
   return absl::OkStatus();
 }
 
-absl::Status ReadChatMessages(const json& body, v1::GenerateRequest& request) {
+// Text content: a string, or text parts joined.
+absl::StatusOr<std::string> ContentText(const json& value, const std::string& where) {
+  if (value.is_string()) return value.get<std::string>();
+  if (!value.is_array()) return Invalid(where, "must be a string or an array of text parts");
+  std::string content;
+  for (size_t j = 0; j < value.size(); ++j) {
+    const json& part = value[j];
+    const std::string part_where = absl::StrCat(where, "[", j, "]");
+    if (!part.is_object()) return Invalid(part_where, "must be an object");
+    const std::string type = part.value("type", "");
+    if (type != "text") {
+      return Invalid(absl::StrCat(part_where, ".type"),
+                     absl::StrCat("'", type, "': only text parts are supported"));
+    }
+    BITSPLIT_ASSIGN_OR_RETURN(const std::optional<std::string> text, StringField(part, "text"));
+    if (!text) return Invalid(absl::StrCat(part_where, ".text"), "is required");
+    content += *text;
+  }
+  return content;
+}
+
+// `calls` as parsed with its keys in the client's order (the arguments keep it).
+absl::Status ReadToolCalls(const nlohmann::ordered_json& calls, const std::string& where,
+                           v1::ChatMessage& out) {
+  if (!calls.is_array()) return Invalid(where, "must be an array");
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const nlohmann::ordered_json& call = calls[c];
+    const std::string call_where = absl::StrCat(where, "[", c, "]");
+    if (!call.is_object()) return Invalid(call_where, "must be an object");
+    if (call.value("type", "function") != "function") {
+      return Invalid(absl::StrCat(call_where, ".type"), "only \"function\" is supported");
+    }
+    if (!call.contains("function") || !call["function"].is_object()) {
+      return Invalid(absl::StrCat(call_where, ".function"), "must be an object");
+    }
+    const nlohmann::ordered_json& function = call["function"];
+    if (call.contains("id") && !call["id"].is_string()) {
+      return Invalid(absl::StrCat(call_where, ".id"), "must be a string");
+    }
+    if (!function.contains("name") || !function["name"].is_string()) {
+      return Invalid(absl::StrCat(call_where, ".function.name"), "must be a string");
+    }
+    v1::ToolCall* tool_call = out.add_tool_calls();
+    tool_call->set_id(call.value("id", ""));
+    tool_call->set_name(function["name"].get<std::string>());
+    // OpenAI sends the arguments as JSON text; an object is taken too.
+    const std::string arguments_where = absl::StrCat(call_where, ".function.arguments");
+    nlohmann::ordered_json object = nlohmann::ordered_json::object();
+    if (function.contains("arguments")) {
+      const nlohmann::ordered_json& arguments = function["arguments"];
+      object = arguments.is_string()
+                   ? nlohmann::ordered_json::parse(arguments.get<std::string>(), nullptr, false)
+                   : arguments;
+    }
+    if (!object.is_object()) return Invalid(arguments_where, "must be a JSON object");
+    tool_call->set_arguments(object.dump());
+  }
+  return absl::OkStatus();
+}
+
+// `ordered` is the body parsed with its keys in the client's order.
+absl::Status ReadChatMessages(const json& body, const nlohmann::ordered_json& ordered,
+                              v1::GenerateRequest& request) {
   const json* messages = Field(body, "messages");
   if (messages == nullptr) return Invalid("messages", "is required");
   if (!messages->is_array() || messages->empty()) {
@@ -127,40 +188,88 @@ absl::Status ReadChatMessages(const json& body, v1::GenerateRequest& request) {
     BITSPLIT_ASSIGN_OR_RETURN(std::optional<std::string> role, StringField(message, "role"));
     if (!role) return Invalid(absl::StrCat(where, ".role"), "is required");
     if (*role == "developer") role = "system";  // OpenAI's newer name for the system role
-    if (*role != "system" && *role != "user" && *role != "assistant") {
-      return Invalid(
-          absl::StrCat(where, ".role"),
-          absl::StrCat("'", *role, "' is not supported (system, developer, user, assistant)"));
-    }
-    if (Field(message, "tool_calls") != nullptr || Field(message, "function_call") != nullptr) {
-      return Invalid(where, "tool and function calls are not supported");
-    }
-    std::string content;
-    const json* value = Field(message, "content");
-    if (value == nullptr) {
-      return Invalid(absl::StrCat(where, ".content"), "is required");
-    } else if (value->is_string()) {
-      content = value->get<std::string>();
-    } else if (value->is_array()) {
-      for (size_t j = 0; j < value->size(); ++j) {
-        const json& part = (*value)[j];
-        const std::string part_where = absl::StrCat(where, ".content[", j, "]");
-        if (!part.is_object()) return Invalid(part_where, "must be an object");
-        const std::string type = part.value("type", "");
-        if (type != "text") {
-          return Invalid(absl::StrCat(part_where, ".type"),
-                         absl::StrCat("'", type, "': only text parts are supported"));
-        }
-        BITSPLIT_ASSIGN_OR_RETURN(const std::optional<std::string> text, StringField(part, "text"));
-        if (!text) return Invalid(absl::StrCat(part_where, ".text"), "is required");
-        content += *text;
-      }
-    } else {
-      return Invalid(absl::StrCat(where, ".content"), "must be a string or an array of text parts");
+    if (*role != "system" && *role != "user" && *role != "assistant" && *role != "tool") {
+      return Invalid(absl::StrCat(where, ".role"),
+                     absl::StrCat("'", *role,
+                                  "' is not supported (system, developer, user, assistant, tool)"));
     }
     v1::ChatMessage* out = request.mutable_chat()->add_messages();
     out->set_role(*role);
-    out->set_content(std::move(content));
+    if (const json* calls = Field(message, "tool_calls"); calls != nullptr && !calls->is_null()) {
+      if (*role != "assistant") {
+        return Invalid(absl::StrCat(where, ".tool_calls"), "only assistant messages make calls");
+      }
+      BITSPLIT_RETURN_IF_ERROR(ReadToolCalls(ordered["messages"][i]["tool_calls"],
+                                             absl::StrCat(where, ".tool_calls"), *out));
+    }
+    const json* value = Field(message, "content");
+    if (value == nullptr || value->is_null()) {
+      if (out->tool_calls().empty()) return Invalid(absl::StrCat(where, ".content"), "is required");
+    } else {
+      BITSPLIT_ASSIGN_OR_RETURN(std::string content,
+                                ContentText(*value, absl::StrCat(where, ".content")));
+      out->set_content(std::move(content));
+    }
+    if (*role == "tool") {
+      BITSPLIT_ASSIGN_OR_RETURN(const std::optional<std::string> id,
+                                StringField(message, "tool_call_id"));
+      if (!id) return Invalid(absl::StrCat(where, ".tool_call_id"), "is required");
+      out->set_tool_call_id(*id);
+      BITSPLIT_ASSIGN_OR_RETURN(const std::optional<std::string> name,
+                                StringField(message, "name"));
+      out->set_name(name.value_or(""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// tools, tool_choice and parallel_tool_calls.
+absl::Status ReadTools(const json& body, const nlohmann::ordered_json& ordered,
+                       OpenAiRequest& parsed) {
+  const json* tools = Field(body, "tools");
+  const bool has_tools = tools != nullptr && !tools->is_null() && !tools->empty();
+  if (tools != nullptr && !tools->is_null()) {
+    if (!tools->is_array()) return Invalid("tools", "must be an array");
+    for (size_t t = 0; t < tools->size(); ++t) {
+      const json& tool = (*tools)[t];
+      const std::string where = absl::StrCat("tools[", t, "]");
+      if (!tool.is_object() || tool.value("type", "") != "function") {
+        return Invalid(where, "must be {\"type\": \"function\", \"function\": {...}}");
+      }
+      const json* function = Field(tool, "function");
+      if (function == nullptr || !function->is_object() || !function->contains("name") ||
+          !(*function)["name"].is_string()) {
+        return Invalid(absl::StrCat(where, ".function"), "must be an object with a string name");
+      }
+    }
+  }
+  std::string choice = has_tools ? "auto" : "none";
+  if (const json* tool_choice = Field(body, "tool_choice");
+      tool_choice != nullptr && !tool_choice->is_null()) {
+    if (tool_choice->is_object()) {
+      return Invalid("tool_choice",
+                     "naming a function needs constrained decoding, which this server does not "
+                     "implement yet; use \"auto\"");
+    }
+    if (!tool_choice->is_string()) return Invalid("tool_choice", "must be a string or an object");
+    choice = tool_choice->get<std::string>();
+    if (choice == "required") {
+      return Invalid("tool_choice",
+                     "\"required\" needs constrained decoding, which this server does not "
+                     "implement yet; use \"auto\"");
+    }
+    if (choice != "auto" && choice != "none") {
+      return Invalid("tool_choice", "must be \"auto\", \"none\" or \"required\"");
+    }
+    if (choice == "auto" && !has_tools) return Invalid("tool_choice", "\"auto\" needs tools");
+  }
+  BITSPLIT_ASSIGN_OR_RETURN(const std::optional<bool> parallel,
+                            BoolField(body, "parallel_tool_calls"));
+  parsed.parallel_tool_calls = parallel.value_or(true);
+  // "none": the model is not told about the tools, so that it answers in text.
+  parsed.parse_tool_calls = has_tools && choice == "auto";
+  if (parsed.parse_tool_calls) {
+    parsed.request.mutable_chat()->set_tools_json(ordered["tools"].dump());
   }
   return absl::OkStatus();
 }
@@ -363,7 +472,10 @@ absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, std::string_view b
   }
   BITSPLIT_RETURN_IF_ERROR(RefuseUnsupported(parsed_body, endpoint));
   if (endpoint == Endpoint::kChatCompletions) {
-    BITSPLIT_RETURN_IF_ERROR(ReadChatMessages(parsed_body, parsed.request));
+    // Tools and tool-call arguments go to the template with their keys in the client's order.
+    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body);
+    BITSPLIT_RETURN_IF_ERROR(ReadChatMessages(parsed_body, ordered, parsed.request));
+    BITSPLIT_RETURN_IF_ERROR(ReadTools(parsed_body, ordered, parsed));
   } else {
     BITSPLIT_RETURN_IF_ERROR(ReadPrompt(parsed_body, parsed.request));
   }
@@ -379,8 +491,20 @@ std::string_view FinishReasonName(v1::FinishReason reason) {
 }
 
 ResponseBuilder::ResponseBuilder(const OpenAiRequest& request, ResponseIdentity identity,
-                                 const text::Tokenizer& tokenizer)
+                                 const text::Tokenizer& tokenizer,
+                                 std::optional<text::ToolCallFormat> tool_call_format)
     : request_(request), identity_(std::move(identity)), tokenizer_(tokenizer) {
+  if (request_.parse_tool_calls && tool_call_format) {
+    text::ToolCallParserOptions options;
+    options.tools = json::parse(request_.request.chat().tools_json(), nullptr, false);
+    // Ids differ between requests (and the turns of a conversation) as the response ids do.
+    options.id_seed = std::hash<std::string>()(identity_.id);
+    absl::StatusOr<text::ToolCallStreamParser> parser =
+        text::ToolCallStreamParser::Create(*tool_call_format, std::move(options));
+    // ParseRequest checked the tools' shape, which is all Create checks.
+    BITSPLIT_CHECK(parser.ok());
+    tool_parser_.emplace(*std::move(parser));
+  }
   if (request_.endpoint == Endpoint::kChatCompletions) {
     logprobs_ = json::array();
   } else {
@@ -486,8 +610,13 @@ std::optional<json> ResponseBuilder::AddChunk(const v1::GenerateChunk& chunk) {
   for (int32_t id : chunk.token_ids()) token_ids.push_back(id);
   json choice;
   if (request_.endpoint == Endpoint::kChatCompletions) {
+    json delta = {{"content", chunk.text()}};
+    if (tool_parser_) {
+      delta = ToolDelta(tool_parser_->Feed(chunk.text()));
+      if (delta.is_null()) delta = {{"content", ""}};
+    }
     choice = {{"index", 0},
-              {"delta", {{"content", chunk.text()}}},
+              {"delta", std::move(delta)},
               {"logprobs", std::move(logprobs)},
               {"finish_reason", nullptr}};
   } else {
@@ -506,10 +635,53 @@ json ResponseBuilder::Extension(const v1::GenerateComplete& complete) const {
           {"finish_reason", v1::FinishReason_Name(complete.finish_reason())}};
 }
 
+json ResponseBuilder::ToolDelta(const text::ToolCallStreamDelta& delta) {
+  if (delta.empty()) return nullptr;
+  json out = json::object();
+  if (!delta.content.empty()) out["content"] = delta.content;
+  json calls = json::array();
+  for (const text::ToolCallDelta& call : delta.tool_calls) {
+    if (!request_.parallel_tool_calls && call.index > 0) continue;
+    json entry = {{"index", call.index}};
+    if (!call.name.empty()) {
+      entry["id"] = call.id;
+      entry["type"] = "function";
+      entry["function"] = {{"name", call.name}, {"arguments", call.arguments}};
+    } else {
+      entry["function"] = {{"arguments", call.arguments}};
+    }
+    calls.push_back(std::move(entry));
+  }
+  text::ToolCallStreamDelta kept = delta;
+  std::erase_if(kept.tool_calls, [&](const text::ToolCallDelta& call) {
+    return !request_.parallel_tool_calls && call.index > 0;
+  });
+  // The parser's deltas are in streaming order by construction.
+  BITSPLIT_CHECK(text::AppendToolCallStreamDelta(kept, parsed_).ok());
+  if (!calls.empty()) out["tool_calls"] = std::move(calls);
+  return out.empty() ? json(nullptr) : out;
+}
+
+text::ToolCallStreamDelta ResponseBuilder::FinishToolCalls() {
+  if (!tool_parser_ || tool_parser_finished_) return {};
+  tool_parser_finished_ = true;
+  return tool_parser_->Finish();
+}
+
+std::string_view ResponseBuilder::FinishReason(const v1::GenerateComplete& complete) const {
+  if (!parsed_.tool_calls.empty()) return "tool_calls";
+  return FinishReasonName(complete.finish_reason());
+}
+
 std::vector<json> ResponseBuilder::StreamEnd(const v1::GenerateComplete& complete) {
-  json choice = {{"index", 0},
-                 {"logprobs", nullptr},
-                 {"finish_reason", FinishReasonName(complete.finish_reason())}};
+  std::vector<json> events;
+  if (json rest = ToolDelta(FinishToolCalls()); !rest.is_null()) {
+    events.push_back(ChunkObject({{"index", 0},
+                                  {"delta", std::move(rest)},
+                                  {"logprobs", nullptr},
+                                  {"finish_reason", nullptr}}));
+  }
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", FinishReason(complete)}};
   if (request_.endpoint == Endpoint::kChatCompletions) {
     choice["delta"] = json::object();
   } else {
@@ -517,7 +689,7 @@ std::vector<json> ResponseBuilder::StreamEnd(const v1::GenerateComplete& complet
   }
   json last = ChunkObject(std::move(choice));
   last["bitsplit"] = Extension(complete);
-  std::vector<json> events = {std::move(last)};
+  events.push_back(std::move(last));
   if (request_.include_usage) {
     json usage = ChunkObject(json::object());
     usage["choices"] = json::array();
@@ -527,14 +699,27 @@ std::vector<json> ResponseBuilder::StreamEnd(const v1::GenerateComplete& complet
   return events;
 }
 
-json ResponseBuilder::Response(const v1::GenerateComplete& complete) const {
+json ResponseBuilder::Response(const v1::GenerateComplete& complete) {
   const bool chat = request_.endpoint == Endpoint::kChatCompletions;
   json logprobs = nullptr;
   if (request_.logprobs) logprobs = chat ? json{{"content", logprobs_}} : logprobs_;
-  json choice = {{"index", 0},
-                 {"logprobs", std::move(logprobs)},
-                 {"finish_reason", FinishReasonName(complete.finish_reason())}};
-  if (chat) {
+  ToolDelta(FinishToolCalls());
+  json choice = {
+      {"index", 0}, {"logprobs", std::move(logprobs)}, {"finish_reason", FinishReason(complete)}};
+  if (chat && tool_parser_) {
+    json message = {{"role", "assistant"}, {"content", parsed_.content}, {"refusal", nullptr}};
+    if (!parsed_.tool_calls.empty()) {
+      if (parsed_.content.empty()) message["content"] = nullptr;
+      json calls = json::array();
+      for (const text::ToolCall& call : parsed_.tool_calls) {
+        calls.push_back({{"id", call.id},
+                         {"type", "function"},
+                         {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+      }
+      message["tool_calls"] = std::move(calls);
+    }
+    choice["message"] = std::move(message);
+  } else if (chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text_}, {"refusal", nullptr}};
   } else {
     choice["text"] = text_;

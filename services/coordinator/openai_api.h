@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "bitsplit/v1/generation.pb.h"
 #include "common/text/tokenizer.h"
+#include "common/text/tool_calls.h"
 #include "nlohmann/json.hpp"
 
 namespace bitsplit::coordinator::openai {
@@ -38,6 +39,9 @@ struct OpenAiRequest {
   bool logprobs = false;
   int32_t top_logprobs = 0;
   std::string model;  // as the request named it
+  // Chat with tools and tool_choice "auto": the answer is parsed for the model's tool calls.
+  bool parse_tool_calls = false;
+  bool parallel_tool_calls = true;  // false: only the first call is returned
 };
 
 // Reads a request body. INVALID_ARGUMENT (HTTP 400) naming the field for a body that is not a JSON
@@ -57,12 +61,18 @@ struct ResponseIdentity {
   std::string system_fingerprint;  // the split model's fingerprint, shortened
 };
 
-// Builds the answer from the generation's chunks (in order) and its end.
+// Builds the answer from the generation's chunks (in order) and its end. For a chat request with
+// tools (parse_tool_calls) and a model whose template has a tool-call syntax
+// (`tool_call_format`), the text goes through text::ToolCallStreamParser: content deltas hold
+// back what may still become a call, each call arrives as delta.tool_calls (id and name, then
+// the arguments), the message gets `tool_calls`, and finish_reason is "tool_calls" when the model
+// made any. With parallel_tool_calls false only the first call is returned.
 class ResponseBuilder {
  public:
   // `tokenizer` must outlive the builder.
   ResponseBuilder(const OpenAiRequest& request, ResponseIdentity identity,
-                  const text::Tokenizer& tokenizer);
+                  const text::Tokenizer& tokenizer,
+                  std::optional<text::ToolCallFormat> tool_call_format = std::nullopt);
 
   // Streaming: the chunk objects (each becomes one "data: " event) for the first chunk: the
   // assistant role, for chat; nothing for completions.
@@ -74,9 +84,16 @@ class ResponseBuilder {
   // usage chunk when asked for).
   std::vector<nlohmann::json> StreamEnd(const v1::GenerateComplete& complete);
   // The non-streaming response object, from everything added.
-  nlohmann::json Response(const v1::GenerateComplete& complete) const;
+  nlohmann::json Response(const v1::GenerateComplete& complete);
 
  private:
+  // What the tool-call parser decided for `delta` (kept for the response), as a chat delta;
+  // null when it is empty.
+  nlohmann::json ToolDelta(const text::ToolCallStreamDelta& delta);
+  // The parser's end, once.
+  text::ToolCallStreamDelta FinishToolCalls();
+  std::string_view FinishReason(const v1::GenerateComplete& complete) const;
+
   nlohmann::json ChunkObject(nlohmann::json choice) const;
   nlohmann::json LogprobsOf(const v1::GenerateChunk& chunk) const;
   nlohmann::json Extension(const v1::GenerateComplete& complete) const;
@@ -88,6 +105,9 @@ class ResponseBuilder {
   std::vector<int32_t> token_ids_;
   nlohmann::json logprobs_;  // chat: the "content" list; completions: the four lists
   int64_t text_offset_ = 0;  // completions' text_offset of the next token
+  std::optional<text::ToolCallStreamParser> tool_parser_;
+  bool tool_parser_finished_ = false;
+  text::ParsedToolCalls parsed_;  // what the parser returned (only the first call without parallel)
 };
 
 // "stop" for EOS, a stop string or a stop token id; "length" for max_tokens or the context.

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/text/jinja_value.h"
 #include "common/text/stop_matcher.h"
 #include "common/util/status_macros.h"
 
@@ -15,6 +16,61 @@ namespace {
 
 absl::Status Prefixed(std::string_view prefix, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(std::string(prefix), status.message()));
+}
+
+// The messages as a chat template reads them, in the shape transformers and llama.cpp's server
+// give: {role, content} (content None when unset), an assistant's calls as {id, type: "function",
+// function: {name, arguments}} with the arguments as an object (the templates write them with
+// tojson), a tool result's tool_call_id (and name, where sent).
+absl::StatusOr<text::jinja::Value> TemplateMessages(const v1::ChatMessages& chat) {
+  text::jinja::Value::List messages;
+  for (int i = 0; i < chat.messages_size(); ++i) {
+    const v1::ChatMessage& message = chat.messages(i);
+    const std::string& role = message.role();
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "chat message %d has role \"%s\" (expected system, user, assistant or tool)", i, role));
+    }
+    if (!message.tool_calls().empty() && role != "assistant") {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("chat message %d: only assistant messages carry tool calls", i));
+    }
+    if (!message.has_content() && message.tool_calls().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("chat message %d has neither content nor tool calls", i));
+    }
+    text::jinja::Dict dict;
+    dict.Set("role", role);
+    dict.Set("content", message.has_content() ? text::jinja::Value(message.content())
+                                              : text::jinja::Value::None());
+    if (!message.tool_calls().empty()) {
+      text::jinja::Value::List calls;
+      for (int c = 0; c < message.tool_calls_size(); ++c) {
+        const v1::ToolCall& call = message.tool_calls(c);
+        absl::StatusOr<text::jinja::Value> arguments =
+            text::jinja::ValueFromJson(call.arguments().empty() ? "{}" : call.arguments());
+        if (!arguments.ok() || !arguments->is_dict()) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "chat message %d, tool call %d: arguments must be a JSON object", i, c));
+        }
+        text::jinja::Dict function;
+        function.Set("name", call.name());
+        function.Set("arguments", *std::move(arguments));
+        text::jinja::Dict entry;
+        entry.Set("id", call.id());
+        entry.Set("type", "function");
+        entry.Set("function", std::move(function));
+        calls.emplace_back(std::move(entry));
+      }
+      dict.Set("tool_calls", text::jinja::Value(std::move(calls)));
+    }
+    if (role == "tool") {
+      dict.Set("tool_call_id", message.tool_call_id());
+      if (!message.name().empty()) dict.Set("name", message.name());
+    }
+    messages.emplace_back(std::move(dict));
+  }
+  return text::jinja::Value(std::move(messages));
 }
 
 absl::StatusOr<model::SamplingParams> SamplingFromRequest(const v1::GenerateRequest& request) {
@@ -118,20 +174,19 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& req
         return absl::FailedPreconditionError(
             "the model has no chat template; send a prompt or token ids instead");
       }
-      std::vector<text::ChatMessage> messages;
-      for (int i = 0; i < request.chat().messages_size(); ++i) {
-        const v1::ChatMessage& message = request.chat().messages(i);
-        if (message.role() != "system" && message.role() != "user" &&
-            message.role() != "assistant") {
-          return absl::InvalidArgumentError(
-              absl::StrFormat("chat message %d has role \"%s\" (expected system, user or "
-                              "assistant)",
-                              i, message.role()));
+      BITSPLIT_ASSIGN_OR_RETURN(const text::jinja::Value messages,
+                                TemplateMessages(request.chat()));
+      text::jinja::Value tools = text::jinja::Value::None();
+      if (!request.chat().tools_json().empty()) {
+        absl::StatusOr<text::jinja::Value> parsed =
+            text::jinja::ValueFromJson(request.chat().tools_json());
+        if (!parsed.ok() || !parsed->is_list()) {
+          return absl::InvalidArgumentError("tools_json is not a JSON array");
         }
-        messages.push_back({message.role(), message.content()});
+        tools = *std::move(parsed);
       }
       absl::StatusOr<std::string> rendered =
-          chat_template->Render(messages, /*add_generation_prompt=*/true);
+          chat_template->Render(messages, tools, /*add_generation_prompt=*/true);
       if (!rendered.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "the model's chat template refuses the conversation: ", rendered.status().message()));
