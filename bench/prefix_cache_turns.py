@@ -33,10 +33,19 @@ def material_and_questions():
     return system, questions
 
 
-def stream_chat(address, messages, max_tokens, cache_prompt):
+def served_model(address):
+    host, port = address.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.request("GET", "/v1/models")
+    models = json.loads(connection.getresponse().read())
+    connection.close()
+    return models["data"][0]["id"]
+
+
+def stream_chat(address, model, messages, max_tokens, cache_prompt):
     """(first-text seconds, answer text, usage) of one streamed greedy chat completion."""
     host, port = address.rsplit(":", 1)
-    body = json.dumps({"model": "bitsplit", "messages": messages, "max_tokens": max_tokens,
+    body = json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens,
                        "temperature": 0, "stream": True,
                        "stream_options": {"include_usage": True},
                        "cache_prompt": cache_prompt})
@@ -71,14 +80,15 @@ def main():
     address = sys.argv[1]
     turns = int(sys.argv[2]) if len(sys.argv) > 2 else 6
     answer_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 128
+    model = served_model(address)
     system, questions = material_and_questions()
     messages = [{"role": "system", "content": system}]
     rows = []
     mismatches = 0
     for turn in range(turns):
         messages.append({"role": "user", "content": questions[turn]})
-        cached_s, answer, usage = stream_chat(address, messages, answer_tokens, True)
-        plain_s, plain_answer, plain_usage = stream_chat(address, messages, answer_tokens, False)
+        cached_s, answer, usage = stream_chat(address, model, messages, answer_tokens, True)
+        plain_s, plain_answer, plain_usage = stream_chat(address, model, messages, answer_tokens, False)
         if answer != plain_answer:
             mismatches += 1
             print(f"turn {turn + 1}: the answers differ", file=sys.stderr)

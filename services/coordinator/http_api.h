@@ -16,8 +16,8 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -26,8 +26,8 @@
 #include "bitsplit/v1/generation.pb.h"
 #include "common/rpc/drafter_client.h"
 #include "common/text/chat_template.h"
-#include "common/text/tool_calls.h"
 #include "common/text/tokenizer.h"
+#include "common/text/tool_calls.h"
 #include "services/coordinator/metrics.h"
 #include "services/coordinator/request_queue.h"
 #include "services/coordinator/request_validation.h"
