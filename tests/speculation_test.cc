@@ -323,6 +323,80 @@ TEST_F(SpeculationTest, AReusedSessionEqualsAFreshOne) {
   }
 }
 
+// A constraint whose allowed set changes with every token: after n tokens, the ids t with
+// (t + 5n) % 3 == 0. Three of every nine ids, never the same three twice in a row.
+class RotatingThirds final : public TokenConstraint {
+ public:
+  explicit RotatingThirds(int64_t vocab) : vocab_(vocab) {}
+  std::unique_ptr<TokenConstraint> Clone() const override {
+    return std::make_unique<RotatingThirds>(*this);
+  }
+  void Allowed(std::vector<uint64_t>& mask) const override {
+    mask.assign(static_cast<size_t>((vocab_ + 63) / 64), 0);
+    for (int64_t t = 0; t < vocab_; ++t) {
+      if (Allows(t)) mask[static_cast<size_t>(t / 64)] |= uint64_t{1} << (t % 64);
+    }
+  }
+  bool Advance(int32_t token) override {
+    if (token < 0 || token >= vocab_ || !Allows(token)) return false;
+    ++count_;
+    return true;
+  }
+
+ private:
+  bool Allows(int64_t token) const { return (token + 5 * count_) % 3 == 0; }
+  int64_t vocab_;
+  int64_t count_ = 0;
+};
+
+// Constrained decoding through speculation: the target samples every tree node from its masked
+// distribution (the mask of the node's own path), so the tokens equal plain constrained
+// decoding's, greedy and sampled, for trees and chains; every token obeys the constraint.
+TEST_F(SpeculationTest, ConstrainedSpeculationEqualsConstrainedPlainDecoding) {
+  const std::vector<std::vector<int32_t>> prompts = OraclePrompts(24);
+  const int64_t vocab = model_->config().vocab_size;
+  constexpr int kTokens = 16;
+  for (size_t p : {size_t{4}}) {
+    for (const model::SamplingParams& sampling :
+         {model::SamplingParams{}, model::SamplingParams{.temperature = 0.8f, .seed = 9},
+          model::SamplingParams{.temperature = 0.7f, .top_k = 20, .top_p = 0.9f, .seed = 3}}) {
+      RotatingThirds plain_constraint(vocab);
+      const std::vector<int32_t> expected = testing::PlainDecode(
+          *model_, prompts[p], sampling, kTokens, model::KvType::kF32, &plain_constraint);
+      RotatingThirds check(vocab);
+      for (int32_t token : expected) EXPECT_TRUE(check.Advance(token));
+      EXPECT_NE(expected, PlainDecode(prompts[p], sampling, kTokens));  // the mask mattered
+      for (const TreeShape& shape : {kTree16, kChain8, kOff}) {
+        for (model::ForwardMode draft : {model::ForwardMode::kDraft, model::ForwardMode::kVerify}) {
+          if (shape.nodes == 0 && draft == model::ForwardMode::kVerify) continue;
+          RotatingThirds constraint(vocab);
+          const testing::SpecRun run = testing::SpeculativeDecode(
+              *model_, prompts[p], sampling, kTokens, shape, draft, DraftKv::kShared, nullptr,
+              model::KvType::kF32, &constraint);
+          EXPECT_EQ(run.tokens, expected)
+              << "prompt " << p << " T=" << sampling.temperature << " nodes " << shape.nodes
+              << " draft " << model::ForwardModeName(draft);
+        }
+      }
+    }
+  }
+}
+
+TEST(NodeMasksTest, EachNodeSeesItsOwnPath) {
+  // The root (its token is not advanced past: the constraint is its state already), children
+  // 0 (allowed) and 1 (not), and under 0 the children 4 (allowed after one token) and 5 (not).
+  RotatingThirds root(12);
+  const std::vector<int32_t> tokens = {7, 0, 1, 4, 5};
+  const std::vector<int32_t> parents = {-1, 0, 0, 1, 1};
+  const auto masks = NodeMasks(root, tokens, parents);
+  ASSERT_EQ(masks.size(), 5u);
+  EXPECT_EQ(masks[0], std::vector<uint64_t>{0b001001001001});  // n = 0: 0, 3, 6, 9
+  EXPECT_EQ(masks[1], std::vector<uint64_t>{0b010010010010});  // n = 1: 1, 4, 7, 10
+  EXPECT_TRUE(masks[2].empty());
+  EXPECT_EQ(masks[3], std::vector<uint64_t>{0b100100100100});  // n = 2: 2, 5, 8, 11
+  EXPECT_TRUE(masks[4].empty());
+}
+
 TEST_F(SpeculationTest, ReuseChecksItsArguments) {
   auto session = *CpuSpeculativeSession::Create(*model_, model::ForwardMode::kVerify, *model_,
                                                 model::ForwardMode::kDraft, {.capacity = 32});

@@ -90,7 +90,13 @@ class CudaBatchedStep final : public speculation::BatchedStepModel {
     return absl::OkStatus();
   }
   absl::StatusOr<std::vector<speculation::TargetChoice>> Targets(
-      size_t index, const speculation::SessionStep& step) override {
+      size_t index, const speculation::SessionStep& step,
+      std::span<const std::vector<uint64_t>> node_masks) override {
+    if (!node_masks.empty()) {
+      return absl::FailedPreconditionError(
+          "constrained decoding runs on the cpu backend only: the cuda backend samples on the "
+          "device, without token masks");
+    }
     const Sequence& sequence = verified_[index];
     CudaSpeculativeSession& session = *sessions_[sequence.session];
     const model::Batch& batch = *sequence.batch;

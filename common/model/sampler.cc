@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
@@ -20,6 +21,19 @@ absl::Status ValidateSamplingParams(const SamplingParams& params) {
     return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", params.top_p));
   }
   return absl::OkStatus();
+}
+
+void MaskLogits(std::span<float> logits, std::span<const uint64_t> allowed) {
+  BITSPLIT_CHECK(allowed.size() * 64 >= logits.size());
+  bool any = false;
+  for (size_t t = 0; t < logits.size(); ++t) {
+    if ((allowed[t / 64] >> (t % 64)) & 1) {
+      any = true;
+    } else {
+      logits[t] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  BITSPLIT_CHECK(any);
 }
 
 namespace {

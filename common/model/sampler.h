@@ -31,6 +31,11 @@ inline double UniformForPosition(uint64_t seed, int64_t position) {
   return PhiloxUniform(seed, position);
 }
 
+// Sets the logits of the tokens `allowed` excludes to -inf (bit t % 64 of word t / 64: token t
+// may come next), so that Sampler::Choose and LogProb sample the constrained distribution, as
+// constrained decoding does. `allowed` covers every token and allows at least one.
+void MaskLogits(std::span<float> logits, std::span<const uint64_t> allowed);
+
 class Sampler {
  public:
   // Picks the token for sequence index `position` (the index the new token will occupy) from

@@ -9,11 +9,23 @@
 namespace bitsplit::speculation {
 namespace {
 
-// The choices of one verified tree from its logits [tree size][vocab].
+// The choices of one verified tree from its logits [tree size][vocab], each row masked by its
+// node's mask where there is one (into `masked`, the constrained rows).
 std::vector<TargetChoice> ChooseTargets(std::span<const float> logits, const model::Batch& batch,
                                         int64_t vocab, const model::SamplingParams& sampling,
                                         int32_t top_logprobs, bool with_logprobs,
-                                        model::Sampler& sampler) {
+                                        std::span<const std::vector<uint64_t>> node_masks,
+                                        std::vector<float>& masked, model::Sampler& sampler) {
+  if (!node_masks.empty()) {
+    masked.assign(logits.begin(), logits.end());
+    for (size_t i = 0; i < node_masks.size(); ++i) {
+      if (node_masks[i].empty()) continue;
+      model::MaskLogits(std::span<float>(masked).subspan(i * static_cast<size_t>(vocab),
+                                                         static_cast<size_t>(vocab)),
+                        node_masks[i]);
+    }
+    logits = masked;
+  }
   std::vector<TargetChoice> choices(static_cast<size_t>(batch.size()));
   for (size_t i = 0; i < choices.size(); ++i) {
     const std::span<const float> row =
@@ -163,13 +175,14 @@ class CpuBatchedStep final : public BatchedStepModel {
     verified_.assign(sequences.begin(), sequences.end());
     return Forward(target_, target_mode_, sequences, /*draft=*/false);
   }
-  absl::StatusOr<std::vector<TargetChoice>> Targets(size_t index,
-                                                    const SessionStep& step) override {
+  absl::StatusOr<std::vector<TargetChoice>> Targets(
+      size_t index, const SessionStep& step,
+      std::span<const std::vector<uint64_t>> node_masks) override {
     const Sequence& sequence = verified_[index];
     CpuSpeculativeSession& session = *sessions_[sequence.session];
     return ChooseTargets(RowsOfLogits(logit_offsets_[index], sequence.batch->num_logit_rows()),
                          *sequence.batch, vocab_, step.sampling, step.top_logprobs,
-                         step.with_logprobs, session.sampler_);
+                         step.with_logprobs, node_masks, masked_logits_, session.sampler_);
   }
   void DiscardVerify(size_t i) override { sessions_[i]->target_cache_.DiscardPending(); }
   absl::Status CommitPrefill(size_t i, std::span<const int32_t> tokens) override {
@@ -225,6 +238,7 @@ class CpuBatchedStep final : public BatchedStepModel {
   const model::ForwardMode draft_mode_;
   const int64_t vocab_;
   std::vector<float> logits_;
+  std::vector<float> masked_logits_;    // constrained rows of one tree
   std::vector<Sequence> verified_;      // the last VerifyForward's sequences
   std::vector<int64_t> logit_offsets_;  // their first logit row in logits_
 };

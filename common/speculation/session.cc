@@ -93,6 +93,23 @@ absl::Status ForEachPrefillChunk(
   return absl::OkStatus();
 }
 
+std::vector<std::vector<uint64_t>> NodeMasks(const TokenConstraint& at_root,
+                                             std::span<const int32_t> tokens,
+                                             std::span<const int32_t> parents) {
+  std::vector<std::unique_ptr<TokenConstraint>> states(tokens.size());
+  std::vector<std::vector<uint64_t>> masks(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (i == 0) {
+      states[0] = at_root.Clone();
+    } else if (const auto& parent = states[static_cast<size_t>(parents[i])]; parent != nullptr) {
+      states[i] = parent->Clone();
+      if (!states[i]->Advance(tokens[i])) states[i].reset();
+    }
+    if (states[i] != nullptr) states[i]->Allowed(masks[i]);
+  }
+  return masks;
+}
+
 void FillLogprobs(std::span<const float> logits, int64_t vocab_size,
                   const model::SamplingParams& sampling, int32_t top_logprobs,
                   model::Sampler& sampler, std::span<TargetChoice> choices) {
@@ -212,7 +229,11 @@ void RunBatchedStep(BatchedStepModel& model, std::span<SessionStep> steps) {
       step.status = model.CommitPrefill(i, step.prefill);
       continue;
     }
-    absl::StatusOr<std::vector<TargetChoice>> choices = model.Targets(v, step);
+    std::vector<std::vector<uint64_t>> masks;
+    if (step.constraint != nullptr) {
+      masks = NodeMasks(*step.constraint, step.tree.tokens, step.tree.parents);
+    }
+    absl::StatusOr<std::vector<TargetChoice>> choices = model.Targets(v, step, masks);
     if (!choices.ok()) {
       model.DiscardVerify(i);
       step.status = choices.status();

@@ -17,6 +17,7 @@
 // absolute position), so the emitted tokens equal plain decoding's whatever the tree shape.
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -27,6 +28,27 @@
 #include "common/speculation/tree.h"
 
 namespace bitsplit::speculation {
+
+// What may come next in a constrained sequence (structured output: a JSON Schema's tokens): a
+// state that advances token by token; a draft tree copies it per node. Implementations live
+// above this layer (the drafter wraps text::JsonConstraintState).
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  virtual std::unique_ptr<TokenConstraint> Clone() const = 0;
+  // Bit t % 64 of mask[t / 64] set iff token t may come next; at least one is.
+  virtual void Allowed(std::vector<uint64_t>& mask) const = 0;
+  // Moves past `token`; false, and no change, when it may not come next.
+  virtual bool Advance(int32_t token) = 0;
+};
+
+// The allowed-token mask after each node of a tree (tokens, parents; node 0 the root) whose
+// root's children `at_root` constrains: node i's mask is at_root's state advanced by the tokens
+// on the path below the root to i. Empty for a node whose path takes a token the constraint
+// forbids: the target never chooses it, so the node cannot be on an accepted path.
+std::vector<std::vector<uint64_t>> NodeMasks(const TokenConstraint& at_root,
+                                             std::span<const int32_t> tokens,
+                                             std::span<const int32_t> parents);
 
 // The target's choice after one node.
 struct TargetChoice {
@@ -107,6 +129,12 @@ struct SessionStep {
   model::SamplingParams sampling = {};
   int32_t top_logprobs = 0;  // alternatives per node
   bool with_logprobs = false;
+  // Constrained decoding: the constraint's state after every emitted token, the root included
+  // (what the root's children must satisfy); null: unconstrained. The target chooses from the
+  // masked distribution at every node, so the emitted tokens equal plain constrained decoding's
+  // (the sampler still keyed by seed and index). The draft proposes unconstrained; a proposal the
+  // constraint forbids is never accepted. The cpu backend only (FAILED_PRECONDITION on cuda).
+  const TokenConstraint* constraint = nullptr;
 
   // What happened.
   absl::Status status = absl::OkStatus();  // this session's own outcome
@@ -148,9 +176,10 @@ class BatchedStepModel {
   virtual void DiscardDraft(size_t session) = 0;
   // One verifier forward over `sequences` (their KV stays pending).
   virtual absl::Status VerifyForward(std::span<const Sequence> sequences) = 0;
-  // After VerifyForward: the target's choice after every row of sequences[index].
-  virtual absl::StatusOr<std::vector<TargetChoice>> Targets(size_t index,
-                                                            const SessionStep& step) = 0;
+  // After VerifyForward: the target's choice after every row of sequences[index], from the
+  // logits masked by node_masks[row] where that is not empty (none: unconstrained).
+  virtual absl::StatusOr<std::vector<TargetChoice>> Targets(
+      size_t index, const SessionStep& step, std::span<const std::vector<uint64_t>> node_masks) = 0;
   virtual void DiscardVerify(size_t session) = 0;
   // Keeps a verified prefill chunk (every pending slot) or a tree's accepted path.
   virtual absl::Status CommitPrefill(size_t session, std::span<const int32_t> tokens) = 0;

@@ -13,11 +13,13 @@
 namespace bitsplit::testing {
 
 // The reference: the verifier one token at a time, the token at index i sampled with the logits
-// of index i - 1 (what `bitsplit generate` does). The prompt is prefilled in one batch.
+// of index i - 1 (what `bitsplit generate` does). The prompt is prefilled in one batch. With a
+// constraint (advanced past every token chosen), constrained decoding: each row masked first.
 inline std::vector<int32_t> PlainDecode(model::LlamaModel& model,
                                         const std::vector<int32_t>& prompt,
                                         const model::SamplingParams& sampling, int count,
-                                        model::KvType kv_type = model::KvType::kF32) {
+                                        model::KvType kv_type = model::KvType::kF32,
+                                        speculation::TokenConstraint* constraint = nullptr) {
   using model::Batch;
   using model::ForwardMode;
   model::KvCache cache = *model.NewKvCache(static_cast<int64_t>(prompt.size()) + count, kv_type);
@@ -31,7 +33,15 @@ inline std::vector<int32_t> PlainDecode(model::LlamaModel& model,
   std::vector<int32_t> out;
   for (int i = 0; i < count; ++i) {
     const int64_t index = static_cast<int64_t>(prompt.size()) + i;
+    if (constraint != nullptr) {
+      std::vector<uint64_t> mask;
+      constraint->Allowed(mask);
+      model::MaskLogits(logits, mask);
+    }
     out.push_back(sampler.Choose(logits, sampling, index));
+    if (constraint != nullptr) {
+      EXPECT_TRUE(constraint->Advance(out.back()));
+    }
     if (i + 1 == count) break;
     const int32_t token[1] = {out.back()};
     EXPECT_TRUE(model
@@ -56,7 +66,8 @@ inline SpecRun SpeculativeDecode(model::LlamaModel& model, const std::vector<int
                                  const speculation::TreeShape& shape, model::ForwardMode draft_mode,
                                  speculation::DraftKv draft_kv = speculation::DraftKv::kShared,
                                  model::LlamaModel* draft = nullptr,
-                                 model::KvType kv_type = model::KvType::kF32) {
+                                 model::KvType kv_type = model::KvType::kF32,
+                                 speculation::TokenConstraint* constraint = nullptr) {
   SpecRun run;
   const int64_t capacity = static_cast<int64_t>(prompt.size()) + count + shape.nodes + 8;
   auto session = speculation::CpuSpeculativeSession::Create(
@@ -70,13 +81,17 @@ inline SpecRun SpeculativeDecode(model::LlamaModel& model, const std::vector<int
   EXPECT_TRUE(prefilled.ok()) << prefilled;
   int32_t root = prompt.back();
   while (static_cast<int>(run.tokens.size()) < count) {
-    speculation::SessionStep step{.root = root, .shape = shape, .sampling = sampling};
+    speculation::SessionStep step{
+        .root = root, .shape = shape, .sampling = sampling, .constraint = constraint};
     const absl::Status stepped = s.Step(step);
     EXPECT_TRUE(stepped.ok()) << stepped;
     if (!stepped.ok()) break;
     EXPECT_EQ(step.tree.size(), shape.nodes + 1);
     ++run.verify_steps;
     run.tokens.insert(run.tokens.end(), step.walk.tokens.begin(), step.walk.tokens.end());
+    if (constraint != nullptr) {
+      for (int32_t token : step.walk.tokens) EXPECT_TRUE(constraint->Advance(token));
+    }
     root = step.walk.tokens.back();
   }
   run.tokens.resize(static_cast<size_t>(count));
