@@ -448,6 +448,73 @@ TEST_F(E2eHttpTest, NextTurnReusesThePreviousTurnsPrefixExactly) {
   EXPECT_GE(MetricValue(port_, "bitsplit:drafter_prefix_cache_tokens_total"), cached.cached_tokens);
 }
 
+// Structured output through the three processes: with a JSON Schema (and json_object) every
+// answer is a JSON document of the schema, and a draft tree changes nothing: the tokens equal
+// those of the verifier alone (speculation off: plain constrained decoding), greedy and sampled.
+TEST_F(E2eHttpTest, StructuredOutputIsValidAndLosslessWithTrees) {
+  const json schema = json::parse(R"({"type": "object", "properties": {
+      "answer": {"type": "string", "enum": ["yes", "no", "maybe"]},
+      "confidence": {"type": "integer"},
+      "tags": {"type": "array", "items": {"type": "string", "enum": ["geo", "city", "other"]},
+               "maxItems": 2}},
+      "required": ["answer", "confidence", "tags"], "additionalProperties": false})");
+  const json tree = {{"mode", "tree"}, {"nodes", 8}, {"expansions", 2}, {"max_depth", 4}};
+  const json off = {{"mode", "off"}};
+  const json messages = json::array(
+      {{{"role", "user"}, {"content", "Is Paris the capital of France? Answer in JSON."}}});
+  const auto ask = [&](const json& format, const json& speculation, float temperature) {
+    const json body = {{"model", "smollm2"},
+                       {"messages", messages},
+                       {"max_tokens", 48},
+                       {"temperature", temperature},
+                       {"seed", 11},
+                       {"response_format", format},
+                       {"bitsplit", {{"speculation", speculation}}}};
+    const std::optional<HttpResponse> response =
+        Request(port_, "POST", "/v1/chat/completions", body.dump());
+    EXPECT_TRUE(response.has_value());
+    if (!response.has_value()) return HttpAnswer();
+    EXPECT_EQ(response->status, 200) << response->body;
+    return ReadAnswer(*response, /*stream=*/false, /*chat=*/true);
+  };
+  const json with_schema = {
+      {"type", "json_schema"},
+      {"json_schema", {{"name", "verdict"}, {"strict", true}, {"schema", schema}}}};
+  for (const float temperature : {0.0f, 0.9f}) {
+    SCOPED_TRACE(absl::StrCat("T=", temperature));
+    const HttpAnswer plain = ask(with_schema, off, temperature);
+    const HttpAnswer speculative = ask(with_schema, tree, temperature);
+    EXPECT_EQ(speculative.tokens, plain.tokens);
+    EXPECT_EQ(speculative.text, plain.text);
+    ASSERT_EQ(plain.finish_reason, "stop") << plain.text;  // the document completed, then EOS
+    const json document = json::parse(plain.text, nullptr, false);
+    ASSERT_TRUE(document.is_object()) << plain.text;
+    EXPECT_EQ(document.size(), 3u) << plain.text;
+    EXPECT_TRUE(document["answer"] == "yes" || document["answer"] == "no" ||
+                document["answer"] == "maybe")
+        << plain.text;
+    EXPECT_TRUE(document["confidence"].is_number_integer()) << plain.text;
+    ASSERT_TRUE(document["tags"].is_array()) << plain.text;
+    EXPECT_LE(document["tags"].size(), 2u);
+    // Any JSON object.
+    const HttpAnswer object = ask({{"type", "json_object"}}, tree, temperature);
+    EXPECT_EQ(object.tokens, ask({{"type", "json_object"}}, off, temperature).tokens);
+    EXPECT_EQ(object.text.front(), '{') << object.text;
+  }
+  // A schema keyword the constraint does not implement is refused by name, before generating.
+  const json bad = {
+      {"model", "smollm2"},
+      {"messages", messages},
+      {"response_format",
+       {{"type", "json_schema"},
+        {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"pattern", "a+"}}}}}}}};
+  const std::optional<HttpResponse> refused =
+      Request(port_, "POST", "/v1/chat/completions", bad.dump());
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->status, 400);
+  EXPECT_THAT(refused->body, ::testing::HasSubstr("pattern"));
+}
+
 TEST_F(E2eHttpTest, StreamIsServerSentEventsInChunksOnAKeptAliveConnection) {
   RawConnection connection(port_);
   ASSERT_TRUE(connection.ok());

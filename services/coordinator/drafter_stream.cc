@@ -202,6 +202,8 @@ internal_v1::GenerateRequest DrafterRequest(const GenerationPlan& plan,
   request.set_logprobs(plan.logprobs);
   request.set_max_tokens(plan.max_tokens);
   request.set_skip_prefix_cache(plan.skip_prefix_cache);
+  request.set_response_schema(plan.response_schema);
+  request.set_json_object(plan.json_object);
   for (int32_t id : tokenizer.end_of_generation_ids()) request.add_end_token_ids(id);
   for (int32_t id : plan.stop_token_ids) request.add_end_token_ids(id);
   if (plan.mode != SpeculationMode::kOff) {

@@ -98,8 +98,11 @@ absl::Status RefuseUnsupported(const json& body, Endpoint endpoint) {
     if (Field(body, key) != nullptr) return Invalid(key, "is not supported; use \"tools\"");
   }
   if (const json* format = Field(body, "response_format"); format != nullptr) {
-    if (!format->is_object() || format->value("type", "") != "text") {
-      return Invalid("response_format", "only {\"type\": \"text\"} is supported");
+    if (!format->is_object()) return Invalid("response_format", "must be an object");
+    const std::string type = format->value("type", "");
+    if (type != "text" && type != "json_object" && type != "json_schema") {
+      return Invalid("response_format.type",
+                     "must be \"text\", \"json_object\" or \"json_schema\"");
     }
   }
   for (const char* key : {"presence_penalty", "frequency_penalty"}) {
@@ -219,6 +222,27 @@ absl::Status ReadChatMessages(const json& body, const nlohmann::ordered_json& or
                                 StringField(message, "name"));
       out->set_name(name.value_or(""));
     }
+  }
+  return absl::OkStatus();
+}
+
+// response_format json_object / json_schema: constrained decoding.
+absl::Status ReadResponseFormat(const nlohmann::ordered_json& ordered, OpenAiRequest& parsed) {
+  if (!ordered.contains("response_format")) return absl::OkStatus();
+  const nlohmann::ordered_json& format = ordered["response_format"];
+  const std::string type = format.value("type", "");
+  if (type == "json_object") {
+    parsed.request.set_json_object(true);
+  } else if (type == "json_schema") {
+    if (!format.contains("json_schema") || !format["json_schema"].is_object()) {
+      return Invalid("response_format.json_schema", "must be an object with a schema");
+    }
+    const nlohmann::ordered_json& spec = format["json_schema"];
+    if (!spec.contains("schema") || !spec["schema"].is_object()) {
+      return Invalid("response_format.json_schema.schema", "must be a JSON Schema object");
+    }
+    // The schema's keys in the client's order: properties are generated in it.
+    parsed.request.set_response_schema(spec["schema"].dump());
   }
   return absl::OkStatus();
 }
@@ -471,9 +495,10 @@ absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, std::string_view b
                                             std::string(served_model), "'"));
   }
   BITSPLIT_RETURN_IF_ERROR(RefuseUnsupported(parsed_body, endpoint));
+  // Tools, tool-call arguments and schemas keep the client's key order.
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body);
+  BITSPLIT_RETURN_IF_ERROR(ReadResponseFormat(ordered, parsed));
   if (endpoint == Endpoint::kChatCompletions) {
-    // Tools and tool-call arguments go to the template with their keys in the client's order.
-    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body);
     BITSPLIT_RETURN_IF_ERROR(ReadChatMessages(parsed_body, ordered, parsed.request));
     BITSPLIT_RETURN_IF_ERROR(ReadTools(parsed_body, ordered, parsed));
   } else {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/text/jinja_value.h"
+#include "common/text/json_constraint.h"
 #include "common/text/stop_matcher.h"
 #include "common/util/status_macros.h"
 
@@ -249,6 +250,22 @@ absl::StatusOr<GenerationPlan> ValidateRequest(const v1::GenerateRequest& reques
   }
   plan.logprobs = request.logprobs();
   plan.skip_prefix_cache = request.skip_prefix_cache();
+  if (request.json_object() && !request.response_schema().empty()) {
+    return absl::InvalidArgumentError("json_object and response_schema exclude each other");
+  }
+  if (!request.response_schema().empty()) {
+    // The drafter compiles it too; here a bad schema is refused before a session is taken.
+    const nlohmann::ordered_json schema =
+        nlohmann::ordered_json::parse(request.response_schema(), nullptr, false);
+    if (schema.is_discarded()) return absl::InvalidArgumentError("response_schema: not JSON");
+    if (absl::StatusOr<text::JsonConstraint> compiled = text::JsonConstraint::FromSchema(schema);
+        !compiled.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("response_schema: ", compiled.status().message()));
+    }
+  }
+  plan.response_schema = request.response_schema();
+  plan.json_object = request.json_object();
   plan.stop_strings.assign(request.stop().begin(), request.stop().end());
   if (absl::Status status = text::ValidateStopStrings(plan.stop_strings); !status.ok()) {
     return Prefixed("stop: ", status);

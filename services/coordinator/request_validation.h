@@ -55,6 +55,8 @@ struct GenerationPlan {
   SpeculationMode mode = SpeculationMode::kOff;
   speculation::TreeShape shape;  // kTree: the shape of every step; kAdaptive: the largest allowed
   bool skip_prefix_cache = false;
+  std::string response_schema;  // structured output: a JSON Schema, checked to compile
+  bool json_object = false;
 };
 
 // The prompt as token ids, tokenized as `bitsplit generate` does: plain prompts as text (control

@@ -123,6 +123,33 @@ absl::StatusOr<GenerationRequest> DrafterService::CheckRequest(
     }
   }
   g.skip_prefix_cache = request.skip_prefix_cache();
+  if (request.json_object() || !request.response_schema().empty()) {
+    if (request.json_object() && !request.response_schema().empty()) {
+      return absl::InvalidArgumentError("json_object and response_schema exclude each other");
+    }
+    if (engine_.name() != "cpu" || options_.vocabulary == nullptr) {
+      return absl::FailedPreconditionError(
+          "structured output (constrained decoding) runs on the cpu backend only");
+    }
+    std::shared_ptr<const text::JsonConstraint> constraint;
+    if (request.json_object()) {
+      constraint =
+          std::make_shared<const text::JsonConstraint>(text::JsonConstraint::AnyJsonObject());
+    } else {
+      const nlohmann::ordered_json schema =
+          nlohmann::ordered_json::parse(request.response_schema(), nullptr, false);
+      if (schema.is_discarded()) {
+        return absl::InvalidArgumentError("response_schema is not valid JSON");
+      }
+      absl::StatusOr<text::JsonConstraint> compiled = text::JsonConstraint::FromSchema(schema);
+      if (!compiled.ok()) {
+        return absl::Status(compiled.status().code(),
+                            absl::StrCat("response_schema: ", compiled.status().message()));
+      }
+      constraint = std::make_shared<const text::JsonConstraint>(*std::move(compiled));
+    }
+    g.constraint = std::make_shared<const JsonTokenConstraint>(constraint, options_.vocabulary);
+  }
   return g;
 }
 

@@ -19,6 +19,7 @@
 #include "bitsplit/internal/v1/residual.grpc.pb.h"
 #include "common/rpc/health_probe.h"
 #include "services/gpu-drafter/drafter_engine.h"
+#include "services/gpu-drafter/json_token_constraint.h"
 #include "services/gpu-drafter/residual_link.h"
 #include "services/gpu-drafter/scheduler.h"
 
@@ -31,6 +32,9 @@ struct DrafterServiceOptions {
   int32_t max_tree_nodes = 129;  // root included: 128 drafted nodes
   int32_t max_logprobs = 20;     // top alternatives per token
   SchedulerOptions scheduling;
+  // The model's vocabulary for structured output (ConstraintVocabulary); null: requests with a
+  // response schema are refused.
+  std::shared_ptr<const text::TokenVocabulary> vocabulary;
 };
 
 class DrafterService final : public internal::v1::Drafter::CallbackService {

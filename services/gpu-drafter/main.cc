@@ -31,6 +31,7 @@
 #include "common/model/kv_cache.h"
 #include "common/model/remote_residual.h"
 #include "common/model/split_backend.h"
+#include "common/model/split_model.h"
 #include "common/model/vram_plan.h"
 #include "common/rpc/server_runner.h"
 #include "common/util/meminfo.h"
@@ -440,6 +441,14 @@ int Run(int argc, char** argv) {
     auto sessions = SessionsFromBudget(flags, *settings, **backend, residual_link->get());
     if (!sessions.ok()) return Fail(sessions.status());
     flags.service_options.scheduling.max_sessions = static_cast<int>(*sessions);
+  }
+  if ((*backend)->name() == "cpu") {
+    // Structured output's vocabulary, from the base file's tokenizer metadata.
+    auto files = model::SplitModelFiles::Open(flags.base_path, "");
+    if (!files.ok()) return Fail(files.status());
+    auto vocabulary = ConstraintVocabulary((*files)->gguf_metadata());
+    if (!vocabulary.ok()) return Fail(vocabulary.status());
+    flags.service_options.vocabulary = *std::move(vocabulary);
   }
   DrafterService service(**backend, residual_link->get(), flags.service_options);
   const absl::Status status =

@@ -35,6 +35,8 @@ struct Scheduler::Generation {
   size_t prefilled = 0;   // prompt tokens committed: all but the last before the first step
   int32_t root = 0;       // the next step's root (the token after the committed ones)
   int32_t generated = 0;  // emitted tokens outside end_tokens
+  // Structured output: the request's constraint advanced past every emitted token.
+  std::unique_ptr<speculation::TokenConstraint> constraint;
   speculation::AdaptivePolicy* policy = nullptr;  // adaptive: shared, or own_policy
   std::unique_ptr<speculation::AdaptivePolicy> own_policy;
   int64_t last_rows = 0;     // verifier rows it had in the last iteration
@@ -101,6 +103,7 @@ void Scheduler::Submit(std::shared_ptr<GenerateStream> stream, GenerationRequest
   auto generation = std::make_unique<Generation>();
   generation->stream = std::move(stream);
   generation->root = request.prompt.back();
+  if (request.constraint != nullptr) generation->constraint = request.constraint->Clone();
   generation->request = std::move(request);
   {
     std::lock_guard<std::mutex> lock(arriving_mutex_);
@@ -344,6 +347,7 @@ std::vector<speculation::SessionStep> Scheduler::TakeWork(
         step.sampling = g.request.sampling;
         step.top_logprobs = g.request.logprobs;
         step.with_logprobs = g.request.logprobs > 0;
+        step.constraint = g.constraint.get();
         break;
       case Assignment::Kind::kPrefill: {
         const auto begin = g.request.prompt.begin() + static_cast<std::ptrdiff_t>(g.prefilled);
@@ -427,6 +431,11 @@ void Scheduler::Emit(Generation& g, const speculation::SessionStep& step,
   bool done = false;
   for (size_t t = 0; t < step.walk.tokens.size() && !done; ++t) {
     const int32_t token = step.walk.tokens[t];
+    // The target chose from the constraint's mask: a token it forbids is a bug.
+    if (g.constraint != nullptr && !g.constraint->Advance(token)) {
+      g.End(absl::InternalError("constrained decoding emitted a token its constraint forbids"));
+      return;
+    }
     event.add_tokens(token);
     *event.add_choices() = ToNodeChoice(step.choices[static_cast<size_t>(step.walk.path[t])]);
     done = g.request.end_tokens.contains(token) || ++g.generated >= g.request.max_tokens;

@@ -42,6 +42,8 @@ struct GenerationRequest {
   speculation::TreeShape shape;  // every step's, or the adaptive policy's bounds
   bool adaptive = false;
   bool skip_prefix_cache = false;  // prefill the whole prompt even if a cached prefix matches
+  // Structured output: what every emitted token must keep possible (null: unconstrained).
+  std::shared_ptr<const speculation::TokenConstraint> constraint;
 };
 
 struct SchedulerOptions {
