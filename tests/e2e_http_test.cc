@@ -621,9 +621,13 @@ TEST_F(E2eHttpTest, ErrorsHaveOpenAiShapeAndStatus) {
   expect_error(Request(port_, "POST", "/v1/chat/completions",
                        with({{"tools", json::array({{{"type", "function"}}})}})),
                400, "invalid_request_error", "tool");
-  expect_error(Request(port_, "POST", "/v1/chat/completions",
-                       with({{"response_format", {{"type", "json_object"}}}})),
-               400, "invalid_request_error", "response_format");
+  expect_error(
+      Request(port_, "POST", "/v1/chat/completions",
+              with({{"response_format",
+                     {{"type", "json_schema"},
+                      {"json_schema",
+                       {{"name", "x"}, {"schema", {{"type", "string"}, {"format", "email"}}}}}}}})),
+      400, "invalid_request_error", "response_format");
   expect_error(
       Request(port_, "POST", "/v1/completions", json({{"prompt", json::array({"a", "b"})}}).dump()),
       400, "invalid_request_error", "one prompt");
@@ -874,6 +878,7 @@ TEST_F(E2eHttpTest, OfficialOpenAiClientAndPrometheusParser) {
   const int status = pclose(pipe);
   std::printf("%s", output.c_str());
   EXPECT_EQ(status, 0) << output;
+  EXPECT_THAT(output, HasSubstr("ok: structured output"));
   EXPECT_THAT(output, HasSubstr("ok: metrics"));
 }
 

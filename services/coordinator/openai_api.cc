@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/text/json_constraint.h"
 #include "common/text/streaming_detokenizer.h"
 #include "common/util/status_macros.h"
 
@@ -240,6 +241,12 @@ absl::Status ReadResponseFormat(const nlohmann::ordered_json& ordered, OpenAiReq
     const nlohmann::ordered_json& spec = format["json_schema"];
     if (!spec.contains("schema") || !spec["schema"].is_object()) {
       return Invalid("response_format.json_schema.schema", "must be a JSON Schema object");
+    }
+    if (absl::StatusOr<text::JsonConstraint> compiled =
+            text::JsonConstraint::FromSchema(spec["schema"]);
+        !compiled.ok()) {
+      return Invalid("response_format.json_schema.schema",
+                     std::string(compiled.status().message()));
     }
     // The schema's keys in the client's order: properties are generated in it.
     parsed.request.set_response_schema(spec["schema"].dump());

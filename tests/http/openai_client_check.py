@@ -11,6 +11,7 @@ client's typed exceptions, and the metrics move by exactly what the responses re
     python openai_client_check.py --base-url http://127.0.0.1:PORT/v1 --model NAME
 """
 import argparse
+import json
 import math
 import sys
 import urllib.request
@@ -153,13 +154,34 @@ def logprobs(client, model):
           "the tokens spell the content")
 
 
+def structured_output(client, model):
+    """json_schema through the official client: the content is a document of the schema."""
+    schema = {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Lyon", "Nice"]},
+        "population_millions": {"type": "integer"}},
+        "required": ["city", "population_millions"], "additionalProperties": False}
+    response = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Name a French city as JSON."}],
+        max_tokens=40, temperature=0, response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "city", "strict": True, "schema": schema}})
+    choice = response.choices[0]
+    check(choice.finish_reason == "stop", f"finish_reason {choice.finish_reason}")
+    document = json.loads(choice.message.content)
+    check(list(document) == ["city", "population_millions"], f"keys of {document}")
+    check(document["city"] in ("Paris", "Lyon", "Nice"), f"city of {document}")
+    check(isinstance(document["population_millions"], int), f"population of {document}")
+
+
 def errors(client, model):
     cases = [
         (openai.BadRequestError, dict(n=2), "n"),
         (openai.BadRequestError, dict(tools=[{"type": "function", "function": {"name": "f"}}]),
          "tool"),
-        (openai.BadRequestError, dict(response_format={"type": "json_object"}),
-         "response_format"),
+        (openai.BadRequestError,
+         dict(response_format={"type": "json_schema", "json_schema": {
+             "name": "x", "schema": {"type": "string", "format": "email"}}}),
+         "format"),
         (openai.BadRequestError, dict(temperature=-1), "temperature"),
         (openai.BadRequestError, dict(max_tokens=10 ** 9), "max_tokens"),
         (openai.BadRequestError, dict(top_p=0), "top_p"),
@@ -241,6 +263,7 @@ def main():
         ("completions", lambda: completions(client, args.model)),
         ("stop and seed", lambda: stop_and_seed(client, args.model, greedy)),
         ("logprobs", lambda: logprobs(client, args.model)),
+        ("structured output", lambda: structured_output(client, args.model)),
         ("errors", lambda: errors(client, args.model)),
         ("metrics", lambda: metrics_move_by_what_was_served(client, args.model, metrics_url,
                                                             args.api_key)),
