@@ -669,11 +669,16 @@ json ResponseBuilder::Extension(const v1::GenerateComplete& complete) const {
 
 json ResponseBuilder::ToolDelta(const text::ToolCallStreamDelta& delta) {
   if (delta.empty()) return nullptr;
+  text::ToolCallStreamDelta kept = delta;
+  std::erase_if(kept.tool_calls, [&](const text::ToolCallDelta& call) {
+    return !request_.parallel_tool_calls && call.index > 0;
+  });
+  // The parser's deltas are in streaming order by construction.
+  BITSPLIT_CHECK(text::AppendToolCallStreamDelta(kept, parsed_).ok());
   json out = json::object();
-  if (!delta.content.empty()) out["content"] = delta.content;
+  if (!kept.content.empty()) out["content"] = kept.content;
   json calls = json::array();
-  for (const text::ToolCallDelta& call : delta.tool_calls) {
-    if (!request_.parallel_tool_calls && call.index > 0) continue;
+  for (const text::ToolCallDelta& call : kept.tool_calls) {
     json entry = {{"index", call.index}};
     if (!call.name.empty()) {
       entry["id"] = call.id;
@@ -684,12 +689,6 @@ json ResponseBuilder::ToolDelta(const text::ToolCallStreamDelta& delta) {
     }
     calls.push_back(std::move(entry));
   }
-  text::ToolCallStreamDelta kept = delta;
-  std::erase_if(kept.tool_calls, [&](const text::ToolCallDelta& call) {
-    return !request_.parallel_tool_calls && call.index > 0;
-  });
-  // The parser's deltas are in streaming order by construction.
-  BITSPLIT_CHECK(text::AppendToolCallStreamDelta(kept, parsed_).ok());
   if (!calls.empty()) out["tool_calls"] = std::move(calls);
   return out.empty() ? json(nullptr) : out;
 }
