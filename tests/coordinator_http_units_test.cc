@@ -82,6 +82,63 @@ TEST(OpenAiRequestTest, ToolsAndToolHistoryBecomeTheGrpcChat) {
   EXPECT_TRUE(none->request.chat().tools_json().empty());
 }
 
+// tool_choice "required" or a named function: the output is one call in the template's syntax,
+// constrained like a response_format schema (its shape is text::ForcedToolCallOutput's, tested
+// in text_tool_calls_test); the control markers are rendered for the parser.
+TEST(OpenAiRequestTest, ForcedToolCallsBecomeAFramedSchema) {
+  const json two_tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+      "required": ["city"]}}}, {"type": "function", "function": {"name": "get_time"}}])");
+  auto named =
+      Chat({{"messages", kUser},
+            {"tools", two_tools},
+            {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_time"}}}}}});
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_TRUE(named->parse_tool_calls);
+  ASSERT_EQ(named->forced_tool, "get_time");
+  const std::vector<int32_t> markers = {7, 9};
+  ASSERT_TRUE(openai::ApplyToolCallFormat(text::ToolCallFormat::kHermes, markers, *named).ok());
+  EXPECT_EQ(named->request.response_prefix(), "<tool_call>\n");
+  EXPECT_EQ(named->request.response_suffix(), "\n</tool_call>");
+  EXPECT_EQ(json::parse(named->request.response_schema()),
+            json::parse(R"({"type": "object", "properties": {"name": {"const": "get_time"},
+                "arguments": {"type": "object"}}, "required": ["name", "arguments"]})"));
+  EXPECT_EQ(std::vector<int32_t>(named->request.render_token_ids().begin(),
+                                 named->request.render_token_ids().end()),
+            markers);
+  EXPECT_FALSE(named->request.json_object());
+
+  auto required = Chat({{"messages", kUser}, {"tools", two_tools}, {"tool_choice", "required"}});
+  ASSERT_TRUE(required.ok()) << required.status();
+  ASSERT_EQ(required->forced_tool, "");
+  ASSERT_TRUE(openai::ApplyToolCallFormat(text::ToolCallFormat::kLlama3Json, {}, *required).ok());
+  const json schema = json::parse(required->request.response_schema());
+  ASSERT_EQ(schema["anyOf"].size(), 2u);
+  EXPECT_EQ(schema["anyOf"][0]["properties"]["name"]["const"], "get_weather");
+  EXPECT_EQ(schema["anyOf"][1]["properties"]["name"]["const"], "get_time");
+  EXPECT_TRUE(schema["anyOf"][0]["properties"].contains("parameters"));
+  EXPECT_EQ(required->request.response_prefix(), "");
+
+  // A syntax whose arguments are not JSON cannot be forced; "auto" still works with it.
+  auto gemma = Chat({{"messages", kUser}, {"tools", two_tools}, {"tool_choice", "required"}});
+  ASSERT_TRUE(gemma.ok());
+  const absl::Status refused =
+      openai::ApplyToolCallFormat(text::ToolCallFormat::kGemma4, {}, *gemma);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("tool_choice: forcing a tool call"));
+  auto automatic = Chat({{"messages", kUser}, {"tools", two_tools}});
+  ASSERT_TRUE(automatic.ok());
+  EXPECT_TRUE(openai::ApplyToolCallFormat(text::ToolCallFormat::kGemma4, {}, *automatic).ok());
+  EXPECT_TRUE(automatic->request.response_schema().empty());
+  // A template without a tool syntax refuses tools; a request without tools is untouched.
+  const absl::Status no_syntax = openai::ApplyToolCallFormat(std::nullopt, {}, *automatic);
+  EXPECT_THAT(std::string(no_syntax.message()), HasSubstr("tools: the model's chat template"));
+  auto plain = Chat({{"messages", kUser}});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(openai::ApplyToolCallFormat(std::nullopt, markers, *plain).ok());
+  EXPECT_EQ(plain->request.render_token_ids_size(), 0);
+}
+
 TEST(OpenAiRequestTest, ChatFieldsBecomeTheGrpcRequest) {
   const auto parsed = Chat(
       {{"model", "m"},
@@ -184,12 +241,18 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
        "tools[0].function:"},
       {{{"messages", kUser}, {"tools", "get_weather"}}, "tools: must be an array"},
       {{{"messages", kUser}, {"tool_choice", "auto"}}, "tool_choice: \"auto\" needs tools"},
-      {{{"messages", kUser}, {"tools", kTools}, {"tool_choice", "required"}},
-       "tool_choice: \"required\" needs constrained decoding"},
+      {{{"messages", kUser}, {"tool_choice", "required"}}, "tool_choice: \"required\" needs tools"},
       {{{"messages", kUser},
         {"tools", kTools},
-        {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}},
-       "tool_choice: naming a function needs constrained decoding"},
+        {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_time"}}}}}},
+       "tool_choice.function.name: \"get_time\" is not among the tools"},
+      {{{"messages", kUser}, {"tools", kTools}, {"tool_choice", {{"type", "function"}}}},
+       "tool_choice: must be"},
+      {{{"messages", kUser},
+        {"tools", kTools},
+        {"tool_choice", "required"},
+        {"response_format", {{"type", "json_object"}}}},
+       "tool_choice: a forced tool call is its own structured output"},
       {{{"messages", kUser}, {"tools", kTools}, {"tool_choice", "sometimes"}}, "tool_choice: must"},
       {{{"messages", kUser}, {"functions", json::array()}}, "functions: is not supported"},
       {{{"prompt", "x"}, {"tools", kTools}}, "tools: tools are a chat completions field", false},

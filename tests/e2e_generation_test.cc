@@ -438,6 +438,10 @@ TEST_F(E2eGenerationTest, BadRequestsAreInvalidArgumentNamingTheProblem) {
        "stop"},
       {"stop token id beyond the vocabulary", [vocab](auto& r) { r.add_stop_token_ids(vocab); },
        "stop_token_ids[0]"},
+      {"response prefix without a schema", [](auto& r) { r.set_response_prefix("<x>"); },
+       "response_prefix and response_suffix frame a constrained document"},
+      {"render token id beyond the vocabulary", [vocab](auto& r) { r.add_render_token_ids(vocab); },
+       "render_token_ids[0]"},
       {"tree too large", [](auto& r) { *r.mutable_speculation() = Tree(1000, 4, 8); }, "nodes"},
       {"negative tree nodes", [](auto& r) { *r.mutable_speculation() = Tree(-1, 4, 8); }, "nodes"},
       {"zero expansions", [](auto& r) { *r.mutable_speculation() = Tree(16, 0, 8); }, "expansions"},
@@ -691,6 +695,31 @@ TEST_F(E2eGenerationTest, CoordinatorRefusesADrafterOfAnotherModel) {
   EXPECT_THAT(coordinator.Stderr(), HasSubstr("fingerprint"));
   EXPECT_THAT(coordinator.Stderr(), HasSubstr("same `bitsplit quantize` run"));
   std::filesystem::remove(forged);
+}
+
+// A --chat-template-file the engine cannot parse, or that fails on a one-message chat, stops the
+// start with the file's name and the reason, before the drafter is contacted.
+TEST_F(E2eGenerationTest, CoordinatorRefusesABadChatTemplateFile) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{% for m in messages %}{{ m.content }", "line 1: unclosed tag"},
+      {"{{ raise_exception('no chats here') }}", "no chats here"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string path = absl::StrCat(stack_->dir(), "/bad_template_", i, ".jinja");
+    {
+      std::ofstream out(path);
+      out << cases[i].first;
+    }
+    ServiceProcess coordinator(kCoordinatorBinary);
+    ASSERT_TRUE(
+        coordinator.Start({"--model", testing::SmolLm2SplitModel().base, "--drafter",
+                           "unix:" + stack_->dir() + "/no-drafter.sock", "--socket",
+                           stack_->dir() + "/templated.sock", "--chat-template-file", path}));
+    EXPECT_EQ(coordinator.Wait(std::chrono::seconds(30)), 1);
+    EXPECT_THAT(coordinator.Stderr(), HasSubstr(path));
+    EXPECT_THAT(coordinator.Stderr(), HasSubstr(cases[i].second));
+    EXPECT_THAT(coordinator.Stderr(), Not(HasSubstr("cannot reach the drafter")));
+  }
 }
 
 TEST_F(E2eGenerationTest, CoordinatorWithoutDrafterExitsWithAClearError) {

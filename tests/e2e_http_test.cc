@@ -851,35 +851,181 @@ TEST_F(E2eHttpTest, SigtermEndsHttpStreamsAndExitsCleanly) {
   EXPECT_TRUE(WaitForNoSessions(std::chrono::seconds(5)));
 }
 
-TEST_F(E2eHttpTest, OfficialOpenAiClientAndPrometheusParser) {
+// Runs tests/http/openai_client_check.py with `arguments` in the test venv's python; its output.
+std::string RunClientCheck(const std::string& arguments, int* exit_status) {
   // scripts/test.sh exports the venv's python; otherwise the script makes (once) and names it.
   std::string python;
   if (const char* exported = std::getenv("BITSPLIT_TEST_PYTHON"); exported != nullptr) {
     python = exported;
   } else {
     FILE* venv = popen(testing::SourcePath("scripts/test-venv.sh").c_str(), "r");
-    ASSERT_NE(venv, nullptr);
-    char line[4096] = {};
-    if (fgets(line, sizeof(line), venv) != nullptr) {
-      python = std::string(absl::StripAsciiWhitespace(line));
+    if (venv != nullptr) {
+      char line[4096] = {};
+      if (fgets(line, sizeof(line), venv) != nullptr) {
+        python = std::string(absl::StripAsciiWhitespace(line));
+      }
+      pclose(venv);
     }
-    pclose(venv);
   }
-  ASSERT_TRUE(!python.empty() && std::filesystem::exists(python))
-      << "no python with the test clients: run scripts/test-venv.sh (it needs PyPI once)";
+  if (python.empty() || !std::filesystem::exists(python)) {
+    *exit_status = -1;
+    return "no python with the test clients: run scripts/test-venv.sh (it needs PyPI once)";
+  }
   const std::string command =
-      absl::StrCat(python, " ", testing::SourcePath("tests/http/openai_client_check.py"),
-                   " --base-url http://127.0.0.1:", port_, "/v1 --model smollm2 2>&1");
+      absl::StrCat(python, " ", testing::SourcePath("tests/http/openai_client_check.py"), " ",
+                   arguments, " 2>&1");
   FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
+  if (pipe == nullptr) {
+    *exit_status = -1;
+    return "popen failed";
+  }
   std::string output;
   char buffer[4096];
   while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
+  *exit_status = pclose(pipe);
   std::printf("%s", output.c_str());
+  return output;
+}
+
+TEST_F(E2eHttpTest, OfficialOpenAiClientAndPrometheusParser) {
+  int status = 0;
+  const std::string output = RunClientCheck(
+      absl::StrCat("--base-url http://127.0.0.1:", port_, "/v1 --model smollm2"), &status);
   EXPECT_EQ(status, 0) << output;
   EXPECT_THAT(output, HasSubstr("ok: structured output"));
   EXPECT_THAT(output, HasSubstr("ok: metrics"));
+}
+
+// The source of a template of the committed corpus (tests/fixtures/chat_templates/corpus.json,
+// taken from the pinned llama-cpp-python sdist).
+std::string CorpusTemplate(const std::string& file) {
+  std::ifstream in(testing::SourcePath("tests/fixtures/chat_templates/corpus.json"));
+  const json corpus = json::parse(in);
+  for (const json& entry : corpus["templates"]) {
+    if (entry["file"] == file) return entry["source"].get<std::string>();
+  }
+  ADD_FAILURE() << "no template " << file << " in the corpus";
+  return "";
+}
+
+// Qwen 2.5's template (ChatML, as SmolLM2's own, plus Hermes <tool_call> blocks) given to a second
+// coordinator with --chat-template-file, on the same drafter: tool_choice "required" and a named
+// function give a call in OpenAI's shape, the same with and without speculation (the constrained
+// output is lossless), and the official client's tool-call checks pass.
+TEST_F(E2eHttpTest, ForcedToolCallsThroughAToolTemplate) {
+  const std::filesystem::path dir = testing::TestTempDir() / "e2e_http_tools";
+  std::filesystem::create_directories(dir);
+  const std::string template_path = (dir / "qwen2.5.jinja").string();
+  {
+    std::ofstream out(template_path, std::ios::binary);
+    out << CorpusTemplate("Qwen-Qwen2.5-7B-Instruct.jinja");
+  }
+  ServiceProcess coordinator(kCoordinatorBinary);
+  ASSERT_TRUE(coordinator.Start(
+      {"--model", testing::SmolLm2SplitModel().base, "--drafter", stack_->DrafterTarget(),
+       "--socket", (dir / "coordinator.sock").string(), "--http", "127.0.0.1:0",
+       "--served-model-name", "smollm2-tools", "--chat-template-file", template_path}));
+  ASSERT_TRUE(coordinator.WaitServing("unix:" + (dir / "coordinator.sock").string(),
+                                      std::chrono::seconds(60)))
+      << coordinator.Stderr();
+  const int port = HttpPortOf(coordinator);
+  ASSERT_GT(port, 0) << coordinator.Stderr();
+
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Lyon", "Nice"]},
+        "days": {"type": "integer"}}, "required": ["city", "days"]}}},
+      {"type": "function", "function": {"name": "get_time"}}])");
+  const json tree = {{"mode", "tree"}, {"nodes", 8}, {"expansions", 2}, {"max_depth", 4}};
+  const json off = {{"mode", "off"}};
+  const auto ask = [&](const json& tool_choice, const json& speculation, float temperature) {
+    const json body = {
+        {"model", "smollm2-tools"},
+        {"messages", json::array({{{"role", "user"}, {"content", "Weather in Lyon, 3 days?"}}})},
+        {"tools", tools},
+        {"tool_choice", tool_choice},
+        {"max_tokens", 48},
+        {"temperature", temperature},
+        {"seed", 7},
+        {"bitsplit", {{"speculation", speculation}}}};
+    const std::optional<HttpResponse> response =
+        Request(port, "POST", "/v1/chat/completions", body.dump());
+    EXPECT_TRUE(response.has_value() && response->status == 200)
+        << (response ? response->body : "no response");
+    return response ? ParseJson(response->body) : json();
+  };
+  const json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  for (const json& choice : {json("required"), named}) {
+    for (const float temperature : {0.0f, 0.8f}) {
+      SCOPED_TRACE(absl::StrCat(choice.dump(), " T=", temperature));
+      const json plain = ask(choice, off, temperature);
+      const json speculative = ask(choice, tree, temperature);
+      ASSERT_TRUE(plain.contains("choices")) << plain.dump();
+      EXPECT_EQ(speculative["bitsplit"]["token_ids"], plain["bitsplit"]["token_ids"]);
+      const json& answer = plain["choices"][0];
+      EXPECT_EQ(answer["finish_reason"], "tool_calls") << answer.dump();
+      ASSERT_EQ(answer["message"]["tool_calls"].size(), 1u) << answer.dump();
+      const json& call = answer["message"]["tool_calls"][0];
+      if (choice.is_object()) {
+        EXPECT_EQ(call["function"]["name"], "get_weather");
+      }
+      const json arguments = json::parse(call["function"]["arguments"].get<std::string>());
+      if (call["function"]["name"] == "get_weather") {
+        EXPECT_TRUE(arguments["city"].is_string() && arguments["days"].is_number_integer())
+            << arguments.dump();
+      } else {
+        EXPECT_TRUE(arguments.is_object());
+      }
+      // The same message but for the call's id, which is drawn per request.
+      json speculative_message = speculative["choices"][0]["message"];
+      json message = answer["message"];
+      speculative_message["tool_calls"][0].erase("id");
+      message["tool_calls"][0].erase("id");
+      EXPECT_EQ(speculative_message, message);
+    }
+  }
+
+  int status = 0;
+  const std::string output = RunClientCheck(
+      absl::StrCat("--base-url http://127.0.0.1:", port, "/v1 --model smollm2-tools --tool-calls"),
+      &status);
+  EXPECT_EQ(status, 0) << output;
+  EXPECT_THAT(output, HasSubstr("ok: forced tool calls"));
+  coordinator.Kill(SIGTERM);
+}
+
+// A frame around a constrained document, by gRPC: the prefix's control token comes first, shown
+// in the text only when render_token_ids names it, and the suffix closes the document before the
+// end; speculation changes nothing.
+TEST_F(E2eHttpTest, FramedDocumentsAndRenderedControlTokens) {
+  const text::Tokenizer& tokenizer = stack_->tokenizer();
+  const std::vector<int32_t> start = tokenizer.Encode("<|im_start|>", /*parse_special=*/true);
+  ASSERT_EQ(start.size(), 1u);
+  ASSERT_TRUE(tokenizer.IsControl(start[0]));
+  const auto generate = [&](bool render, const json& speculation) {
+    v1::GenerateRequest request = GrpcRequestFor(true, 0.8f, 5, 40, speculation);
+    request.set_response_schema(R"({"type": "object", "properties": {"answer":
+        {"enum": ["yes", "no"]}}, "required": ["answer"]})");
+    request.set_response_prefix("<|im_start|>");
+    request.set_response_suffix("\n");
+    if (render) request.add_render_token_ids(start[0]);
+    return stack_->Generate(request);
+  };
+  const json tree = {{"mode", "tree"}, {"nodes", 8}, {"expansions", 2}, {"max_depth", 4}};
+  const testing::StreamResult shown = generate(true, tree);
+  const testing::StreamResult hidden = generate(false, json::object());
+  ASSERT_TRUE(shown.status.ok()) << shown.status.error_message();
+  ASSERT_TRUE(hidden.status.ok()) << hidden.status.error_message();
+  EXPECT_EQ(shown.tokens, hidden.tokens);
+  ASSERT_FALSE(shown.tokens.empty());
+  EXPECT_EQ(shown.tokens[0], start[0]);
+  EXPECT_EQ(shown.text, "<|im_start|>" + hidden.text);
+  ASSERT_TRUE(hidden.complete.has_value());
+  EXPECT_EQ(hidden.complete->finish_reason(), v1::FINISH_REASON_EOS);
+  ASSERT_FALSE(hidden.text.empty());
+  EXPECT_EQ(hidden.text.back(), '\n');
+  const json document = json::parse(hidden.text.substr(0, hidden.text.size() - 1));
+  EXPECT_TRUE(document["answer"] == "yes" || document["answer"] == "no") << hidden.text;
 }
 
 }  // namespace

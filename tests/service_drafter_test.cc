@@ -513,6 +513,21 @@ TEST_F(DrafterServiceTest, BadGenerateRequestsAreRefusedNamingTheField) {
       {"negative tree", [](v1::GenerateRequest& r) { r.set_nodes(-1); }, "nodes"},
       {"expansions", [](v1::GenerateRequest& r) { r.set_expansions(0); }, "expansions"},
       {"depth", [](v1::GenerateRequest& r) { r.set_max_depth(0); }, "depth"},
+      {"schema and json_object",
+       [](v1::GenerateRequest& r) {
+         r.set_json_object(true);
+         r.set_response_schema(R"({"type": "object"})");
+       },
+       "exclude each other"},
+      {"schema", [](v1::GenerateRequest& r) { r.set_response_schema("{"); }, "response_schema"},
+      {"frame without a document", [](v1::GenerateRequest& r) { r.add_response_prefix_tokens(1); },
+       "need response_schema"},
+      {"frame token",
+       [](v1::GenerateRequest& r) {
+         r.set_json_object(true);
+         r.add_response_suffix_tokens(1 << 30);
+       },
+       "response prefix/suffix token"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

@@ -376,6 +376,11 @@ TEST_F(SpeculationTest, ConstrainedSpeculationEqualsConstrainedPlainDecoding) {
           EXPECT_EQ(run.tokens, expected)
               << "prompt " << p << " T=" << sampling.temperature << " nodes " << shape.nodes
               << " draft " << model::ForwardModeName(draft);
+          // The draft proposes from masked rows: every drafted node is on an allowed path.
+          EXPECT_EQ(run.forbidden_drafts, 0) << "of " << run.drafted_nodes;
+          if (shape.nodes > 0) {
+            EXPECT_GT(run.drafted_nodes, 0);
+          }
         }
       }
     }

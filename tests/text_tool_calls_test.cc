@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/text/json_constraint.h"
 #include "common/text/tool_calls.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -231,6 +232,161 @@ TEST(ToolCallsTest, RefusesMalformedTools) {
   EXPECT_EQ(ParseToolCalls(ToolCallFormat::kHermes, "x", options).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ToolCallFormatFromName("pythonic").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The arguments of `call` with their keys in the order of the tool's schema (the order a forced
+// call is generated in).
+nlohmann::ordered_json InSchemaOrder(const nlohmann::ordered_json& tools, const std::string& name,
+                                     const nlohmann::json& arguments) {
+  for (const nlohmann::ordered_json& tool : tools) {
+    if (tool["function"]["name"] != name) continue;
+    nlohmann::ordered_json ordered = nlohmann::ordered_json::object();
+    for (const auto& [key, unused] : tool["function"]["parameters"]["properties"].items()) {
+      if (arguments.contains(key))
+        ordered[key] = nlohmann::ordered_json::parse(arguments[key].dump());
+    }
+    EXPECT_EQ(ordered.size(), arguments.size()) << "an argument outside the schema";
+    return ordered;
+  }
+  ADD_FAILURE() << "no tool " << name;
+  return {};
+}
+
+bool SchemaAccepts(const nlohmann::ordered_json& schema, const std::string& document) {
+  absl::StatusOr<JsonConstraint> constraint = JsonConstraint::FromSchema(schema);
+  EXPECT_TRUE(constraint.ok()) << constraint.status();
+  if (!constraint.ok()) return false;
+  JsonConstraintState state = constraint->Start();
+  return state.Advance(document) && state.IsComplete();
+}
+
+// Every single call of the rendered fixtures, written the way a forced call's shape prescribes
+// (prefix, the document with the name and the arguments, suffix): the schema accepts the document
+// and the parser reads back exactly that call and no content. Forcing the call's own name and
+// forcing any tool both admit it; forcing another name rejects it.
+TEST(ToolCallsTest, ForcedCallShapesParseBackToTheCall) {
+  std::ifstream in(testing::SourcePath("tests/fixtures/tool_calls/rendered.json"));
+  ASSERT_TRUE(in.good());
+  const nlohmann::ordered_json file = nlohmann::ordered_json::parse(in);
+  const nlohmann::ordered_json& tools = file["tools"];
+  int checked = 0;
+  for (const nlohmann::ordered_json& fixture : file["fixtures"]) {
+    const ToolCallFormat format = *ToolCallFormatFromName(fixture["format"].get<std::string>());
+    if (format == ToolCallFormat::kQwen3CoderXml || format == ToolCallFormat::kGemma4) continue;
+    if (fixture["tool_calls"].size() != 1) continue;
+    SCOPED_TRACE(fixture["name"].get<std::string>());
+    const std::string name = fixture["tool_calls"][0]["name"].get<std::string>();
+    // Llama 3.1's built-in tools are not among the request's tools.
+    if (fixture.contains("tools") || name == "brave_search" || name == "wolfram_alpha") continue;
+    const nlohmann::ordered_json arguments = InSchemaOrder(
+        tools, name, nlohmann::json::parse(fixture["tool_calls"][0]["arguments"].dump()));
+    for (const std::string& forced_name : {name, std::string()}) {
+      for (const bool parallel : {false, true}) {
+        absl::StatusOr<ForcedToolCall> forced =
+            ForcedToolCallOutput(format, tools, forced_name, parallel);
+        ASSERT_TRUE(forced.ok()) << forced.status();
+        nlohmann::ordered_json call = {{"name", name}};
+        call[format == ToolCallFormat::kLlama3Json ? "parameters" : "arguments"] = arguments;
+        std::string document = call.dump();
+        if (format == ToolCallFormat::kMistralJsonArray ||
+            (format == ToolCallFormat::kMistralNameArgs && forced_name.empty())) {
+          document = "[" + document + "]";
+        } else if (format == ToolCallFormat::kMistralNameArgs) {
+          document = arguments.dump();
+          EXPECT_EQ(forced->prefix, "[TOOL_CALLS]" + name + "[ARGS]");
+        }
+        ASSERT_TRUE(SchemaAccepts(forced->schema, document)) << document;
+        ToolCallParserOptions options;
+        options.tools = nlohmann::json::parse(tools.dump());
+        absl::StatusOr<ParsedToolCalls> parsed =
+            ParseToolCalls(format, forced->prefix + document + forced->suffix, options);
+        ASSERT_TRUE(parsed.ok()) << parsed.status();
+        EXPECT_EQ(parsed->content, "");
+        ASSERT_EQ(parsed->tool_calls.size(), 1u);
+        EXPECT_EQ(parsed->tool_calls[0].name, name);
+        EXPECT_EQ(nlohmann::json::parse(parsed->tool_calls[0].arguments),
+                  nlohmann::json::parse(arguments.dump()));
+        ++checked;
+      }
+    }
+    // Another tool forced: the document naming this one is not admitted.
+    const std::string other = name == "get_time" ? "search" : "get_time";
+    absl::StatusOr<ForcedToolCall> forced_other = ForcedToolCallOutput(format, tools, other, false);
+    ASSERT_TRUE(forced_other.ok());
+    nlohmann::ordered_json call = {{"name", name}, {"arguments", arguments}};
+    EXPECT_FALSE(SchemaAccepts(forced_other->schema, call.dump()));
+    EXPECT_FALSE(SchemaAccepts(forced_other->schema, "[" + call.dump() + "]"));
+  }
+  EXPECT_GE(checked, 4 * 30);
+}
+
+// Several calls in one forced array only with parallel_tool_calls.
+TEST(ToolCallsTest, ForcedMistralArrayHoldsSeveralCallsOnlyWhenParallel) {
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "a"}},
+          {"type": "function", "function": {"name": "b", "parameters": {"type": "object",
+           "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}])");
+  const std::string two = R"([{"name":"a","arguments":{}},{"name":"b","arguments":{"x":1}}])";
+  for (const ToolCallFormat format :
+       {ToolCallFormat::kMistralJsonArray, ToolCallFormat::kMistralNameArgs}) {
+    absl::StatusOr<ForcedToolCall> parallel = ForcedToolCallOutput(format, tools, "", true);
+    absl::StatusOr<ForcedToolCall> single = ForcedToolCallOutput(format, tools, "", false);
+    ASSERT_TRUE(parallel.ok() && single.ok());
+    EXPECT_TRUE(SchemaAccepts(parallel->schema, two));
+    EXPECT_FALSE(SchemaAccepts(single->schema, two));
+    EXPECT_FALSE(SchemaAccepts(parallel->schema, "[]"));
+    EXPECT_FALSE(SchemaAccepts(parallel->schema, R"([{"name":"b","arguments":{}}])"));
+    ToolCallParserOptions options;
+    absl::StatusOr<ParsedToolCalls> parsed =
+        ParseToolCalls(format, parallel->prefix + two + parallel->suffix, options);
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(parsed->tool_calls.size(), 2u);
+  }
+}
+
+TEST(ToolCallsTest, ForcingRefusesWhatItCannotConstrain) {
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "a"}},
+          {"type": "function", "function": {"name": "b", "parameters": {"type": "object",
+           "properties": {"x": {"type": "integer", "minimum": 3}}}}}])");
+  for (const ToolCallFormat format : {ToolCallFormat::kQwen3CoderXml, ToolCallFormat::kGemma4}) {
+    EXPECT_EQ(ForcedToolCallOutput(format, tools, "a", false).status().code(),
+              absl::StatusCode::kUnimplemented);
+  }
+  const absl::Status missing =
+      ForcedToolCallOutput(ToolCallFormat::kHermes, tools, "c", false).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.message().find("\"c\" is not among the tools"), std::string::npos) << missing;
+  const absl::Status unsupported =
+      ForcedToolCallOutput(ToolCallFormat::kHermes, tools, "", false).status();
+  EXPECT_EQ(unsupported.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unsupported.message().find("tools[1].function.parameters"), std::string::npos)
+      << unsupported;
+  EXPECT_NE(unsupported.message().find("minimum"), std::string::npos) << unsupported;
+  // Only the forced function's schema has to compile.
+  EXPECT_TRUE(ForcedToolCallOutput(ToolCallFormat::kHermes, tools, "a", false).ok());
+  EXPECT_EQ(
+      ForcedToolCallOutput(ToolCallFormat::kHermes, nlohmann::ordered_json::array(), "", false)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+// The first marker of each format opens a call: the parser holds it back until the call is
+// decided, so it must reach the parser as text.
+TEST(ToolCallsTest, TheFirstMarkerOpensACall) {
+  for (const ToolCallFormat format :
+       {ToolCallFormat::kLlama3Json, ToolCallFormat::kHermes, ToolCallFormat::kQwen3CoderXml,
+        ToolCallFormat::kMistralJsonArray, ToolCallFormat::kMistralNameArgs,
+        ToolCallFormat::kGemma4}) {
+    const std::vector<std::string_view> markers = ToolCallMarkers(format);
+    ASSERT_FALSE(markers.empty());
+    absl::StatusOr<ToolCallStreamParser> parser = ToolCallStreamParser::Create(format, {});
+    ASSERT_TRUE(parser.ok());
+    const ToolCallStreamDelta delta = parser->Feed("text " + std::string(markers[0]));
+    EXPECT_EQ(delta.content, "text") << ToolCallFormatName(format);
+    EXPECT_EQ(parser->held_bytes(), markers[0].size() + 1) << ToolCallFormatName(format);
+  }
 }
 
 TEST(ToolCallsTest, RejectsDeltasOutOfShape) {

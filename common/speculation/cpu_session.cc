@@ -1,5 +1,6 @@
 #include "common/speculation/cpu_session.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -159,7 +160,24 @@ class CpuBatchedStep final : public BatchedStepModel {
     int64_t at = 0;
     for (const Sequence& sequence : sequences) {
       const int64_t rows = sequence.batch->num_logit_rows();  // every row of a draft batch
-      children->push_back(TopDraftChoices(RowsOfLogits(at, rows), rows, vocab_, sequence.top_k));
+      std::span<const float> logits = RowsOfLogits(at, rows);
+      if (!sequence.row_masks.empty()) {
+        masked_logits_.assign(logits.begin(), logits.end());
+        for (size_t r = 0; r < sequence.row_masks.size() && r < static_cast<size_t>(rows); ++r) {
+          const std::vector<uint64_t>& mask = sequence.row_masks[r];
+          // A row whose path the constraint refuses (or that allows nothing) is left as it is:
+          // its children are never accepted either way.
+          if (std::none_of(mask.begin(), mask.end(), [](uint64_t word) { return word != 0; })) {
+            continue;
+          }
+          model::MaskLogits(
+              std::span<float>(masked_logits_)
+                  .subspan(r * static_cast<size_t>(vocab_), static_cast<size_t>(vocab_)),
+              mask);
+        }
+        logits = masked_logits_;
+      }
+      children->push_back(TopDraftChoices(logits, rows, vocab_, sequence.top_k));
       at += rows;
     }
     return absl::OkStatus();

@@ -1,6 +1,8 @@
 #include "common/speculation/session.h"
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -96,18 +98,24 @@ absl::Status ForEachPrefillChunk(
 std::vector<std::vector<uint64_t>> NodeMasks(const TokenConstraint& at_root,
                                              std::span<const int32_t> tokens,
                                              std::span<const int32_t> parents) {
-  std::vector<std::unique_ptr<TokenConstraint>> states(tokens.size());
-  std::vector<std::vector<uint64_t>> masks(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) {
+  NodeMaskTracker tracker(at_root);
+  tracker.Extend(tokens, parents);
+  return tracker.TakeMasks();
+}
+
+void NodeMaskTracker::Extend(std::span<const int32_t> tokens, std::span<const int32_t> parents) {
+  for (size_t i = states_.size(); i < tokens.size(); ++i) {
+    std::unique_ptr<TokenConstraint> state;
     if (i == 0) {
-      states[0] = at_root.Clone();
-    } else if (const auto& parent = states[static_cast<size_t>(parents[i])]; parent != nullptr) {
-      states[i] = parent->Clone();
-      if (!states[i]->Advance(tokens[i])) states[i].reset();
+      state = at_root_.Clone();
+    } else if (const auto& parent = states_[static_cast<size_t>(parents[i])]; parent != nullptr) {
+      state = parent->Clone();
+      if (!state->Advance(tokens[i])) state.reset();
     }
-    if (states[i] != nullptr) states[i]->Allowed(masks[i]);
+    masks_.emplace_back();
+    if (state != nullptr) state->Allowed(masks_.back());
+    states_.push_back(std::move(state));
   }
-  return masks;
 }
 
 void FillLogprobs(std::span<const float> logits, int64_t vocab_size,
@@ -158,6 +166,12 @@ void RunBatchedStep(BatchedStepModel& model, std::span<SessionStep> steps) {
   for (size_t i : decoding) {
     growers.emplace_back(steps[i].root, steps[i].shape, model.committed_length(i));
   }
+  // Constrained sessions: their nodes' masks, for the draft rows and then the verifier.
+  std::vector<std::optional<NodeMaskTracker>> trackers(decoding.size());
+  for (size_t g = 0; g < decoding.size(); ++g) {
+    if (steps[decoding[g]].constraint != nullptr)
+      trackers[g].emplace(*steps[decoding[g]].constraint);
+  }
   std::vector<DraftRowChoices> children;
   while (true) {
     std::vector<size_t> round;  // indices into decoding / growers
@@ -165,9 +179,15 @@ void RunBatchedStep(BatchedStepModel& model, std::span<SessionStep> steps) {
     for (size_t g = 0; g < growers.size(); ++g) {
       if (!growers[g].done() && steps[decoding[g]].status.ok()) {
         round.push_back(g);
-        sequences.push_back({.session = decoding[g],
-                             .batch = &growers[g].batch(),
-                             .top_k = growers[g].expansions()});
+        Sequence sequence = {
+            .session = decoding[g], .batch = &growers[g].batch(), .top_k = growers[g].expansions()};
+        if (trackers[g]) {
+          const DraftTree& tree = growers[g].tree();
+          trackers[g]->Extend(tree.tokens, tree.parents);
+          sequence.row_masks = std::span<const std::vector<uint64_t>>(trackers[g]->masks())
+                                   .subspan(static_cast<size_t>(growers[g].batch().pending_prefix));
+        }
+        sequences.push_back(sequence);
       }
     }
     if (round.empty()) break;
@@ -231,7 +251,10 @@ void RunBatchedStep(BatchedStepModel& model, std::span<SessionStep> steps) {
     }
     std::vector<std::vector<uint64_t>> masks;
     if (step.constraint != nullptr) {
-      masks = NodeMasks(*step.constraint, step.tree.tokens, step.tree.parents);
+      const auto g = std::find(decoding.begin(), decoding.end(), i) - decoding.begin();
+      NodeMaskTracker& tracker = *trackers[static_cast<size_t>(g)];
+      tracker.Extend(step.tree.tokens, step.tree.parents);
+      masks = tracker.TakeMasks();
     }
     absl::StatusOr<std::vector<TargetChoice>> choices = model.Targets(v, step, masks);
     if (!choices.ok()) {

@@ -50,6 +50,23 @@ std::vector<std::vector<uint64_t>> NodeMasks(const TokenConstraint& at_root,
                                              std::span<const int32_t> tokens,
                                              std::span<const int32_t> parents);
 
+// NodeMasks of a tree that grows node by node, each node's mask computed once: the draft
+// forwards mask the rows they expand with it, and the verifier reuses the same masks, so masking
+// the draft costs no mask beyond the verifier's.
+class NodeMaskTracker {
+ public:
+  explicit NodeMaskTracker(const TokenConstraint& at_root) : at_root_(at_root) {}
+  // Adds the nodes of (tokens, parents) beyond those already seen; the tree only grows.
+  void Extend(std::span<const int32_t> tokens, std::span<const int32_t> parents);
+  const std::vector<std::vector<uint64_t>>& masks() const { return masks_; }
+  std::vector<std::vector<uint64_t>> TakeMasks() { return std::move(masks_); }
+
+ private:
+  const TokenConstraint& at_root_;
+  std::vector<std::unique_ptr<TokenConstraint>> states_;
+  std::vector<std::vector<uint64_t>> masks_;
+};
+
 // The target's choice after one node.
 struct TargetChoice {
   int32_t token = 0;
@@ -132,7 +149,8 @@ struct SessionStep {
   // Constrained decoding: the constraint's state after every emitted token, the root included
   // (what the root's children must satisfy); null: unconstrained. The target chooses from the
   // masked distribution at every node, so the emitted tokens equal plain constrained decoding's
-  // (the sampler still keyed by seed and index). The draft proposes unconstrained; a proposal the
+  // (the sampler still keyed by seed and index). The draft proposes from the masked draft rows
+  // too (cpu backend: NodeMaskTracker), which raises acceptance but not the output; a proposal the
   // constraint forbids is never accepted. The cpu backend only (FAILED_PRECONDITION on cuda).
   const TokenConstraint* constraint = nullptr;
 
@@ -160,6 +178,9 @@ class BatchedStepModel {
     size_t session = 0;
     const model::Batch* batch = nullptr;
     int32_t top_k = 0;  // draft forwards: children kept per row
+    // Draft forwards of a constrained session: row r's allowed tokens (empty: unmasked); the
+    // children are the top-k of the masked row.
+    std::span<const std::vector<uint64_t>> row_masks = {};
   };
 
   virtual ~BatchedStepModel() = default;

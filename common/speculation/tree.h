@@ -73,6 +73,8 @@ class DraftTreeGrower {
   DraftTreeGrower(int32_t root, const TreeShape& shape, int64_t committed_length);
   bool done() const { return done_; }
   const model::Batch& batch() const { return batch_; }
+  // The tree so far; batch() runs its nodes [batch().pending_prefix, size).
+  const DraftTree& tree() const { return tree_; }
   int32_t expansions() const { return shape_.expansions; }
   // `children` of every row of batch(), from the draft forward of batch().
   void Absorb(const DraftRowChoices& children);

@@ -51,6 +51,11 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
   return chat_template;
 }
 
+absl::StatusOr<ChatTemplate> ChatTemplate::FromSourceFor(std::string_view source,
+                                                         const Tokenizer& tokenizer) {
+  return FromSource(source, SpecialTokensOf(tokenizer));
+}
+
 absl::StatusOr<ChatTemplate> ChatTemplate::FromGguf(const gguf::File& file,
                                                     const Tokenizer& tokenizer) {
   if (file.Find("tokenizer.chat_template") == nullptr) {

@@ -46,6 +46,9 @@ class ChatTemplate {
   // rendered differently.
   static absl::StatusOr<ChatTemplate> FromSource(std::string_view source,
                                                  SpecialTokens special_tokens);
+  // FromSource with `tokenizer`'s BOS/EOS (a template given apart from the model file).
+  static absl::StatusOr<ChatTemplate> FromSourceFor(std::string_view source,
+                                                    const Tokenizer& tokenizer);
   // From tokenizer.chat_template, with `tokenizer`'s BOS/EOS. NOT_FOUND when the file has none;
   // other errors as FromSource, prefixed with the file's name.
   static absl::StatusOr<ChatTemplate> FromGguf(const gguf::File& file, const Tokenizer& tokenizer);

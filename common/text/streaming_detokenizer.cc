@@ -1,5 +1,8 @@
 #include "common/text/streaming_detokenizer.h"
 
+#include <algorithm>
+#include <utility>
+
 namespace bitsplit::text {
 namespace {
 
@@ -75,11 +78,18 @@ std::string ReplaceInvalidUtf8(std::string_view bytes) {
   return out;
 }
 
-StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tokenizer, bool render_special)
-    : tokenizer_(tokenizer), render_special_(render_special) {}
+StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tokenizer, bool render_special,
+                                           std::vector<int32_t> rendered_ids)
+    : tokenizer_(tokenizer),
+      render_special_(render_special),
+      rendered_ids_(std::move(rendered_ids)) {
+  std::sort(rendered_ids_.begin(), rendered_ids_.end());
+}
 
 absl::StatusOr<std::string> StreamingDetokenizer::Push(int32_t id) {
-  const absl::StatusOr<std::string_view> piece = tokenizer_.TokenToPiece(id, render_special_);
+  const bool render =
+      render_special_ || std::binary_search(rendered_ids_.begin(), rendered_ids_.end(), id);
+  const absl::StatusOr<std::string_view> piece = tokenizer_.TokenToPiece(id, render);
   if (!piece.ok()) return piece.status();
   pending_.append(*piece);
   std::string complete;

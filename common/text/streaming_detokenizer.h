@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/text/tokenizer.h"
@@ -21,8 +22,10 @@ std::string ReplaceInvalidUtf8(std::string_view bytes);
 
 class StreamingDetokenizer {
  public:
-  // `tokenizer` must outlive this object. `render_special` as in Tokenizer::TokenToPiece.
-  explicit StreamingDetokenizer(const Tokenizer& tokenizer, bool render_special = false);
+  // `tokenizer` must outlive this object. `render_special` as in Tokenizer::TokenToPiece; the
+  // tokens of `rendered_ids` are rendered either way (the markers a parser of the text needs).
+  explicit StreamingDetokenizer(const Tokenizer& tokenizer, bool render_special = false,
+                                std::vector<int32_t> rendered_ids = {});
 
   // Adds one token; returns the text that became complete (possibly empty). The concatenation
   // of everything Push and Finish return equals ReplaceInvalidUtf8(tokenizer.Decode(ids)),
@@ -40,6 +43,7 @@ class StreamingDetokenizer {
  private:
   const Tokenizer& tokenizer_;
   bool render_special_;
+  std::vector<int32_t> rendered_ids_;  // sorted
   std::string pending_;
 };
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/text/json_constraint.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit::text {
@@ -866,6 +867,103 @@ absl::StatusOr<ToolCallFormat> DetectToolCallFormat(std::string_view source) {
     return absl::UnimplementedError("the template renders tool calls in an unsupported syntax");
   }
   return absl::NotFoundError("the template does not render tools");
+}
+
+std::vector<std::string_view> ToolCallMarkers(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kLlama3Json:
+      return {kPythonTag};
+    case ToolCallFormat::kHermes:
+    case ToolCallFormat::kQwen3CoderXml:
+      return {kToolCallOpen, kToolCallClose};
+    case ToolCallFormat::kMistralJsonArray:
+    case ToolCallFormat::kMistralNameArgs:
+      return {kMistralToolCalls, kMistralCallId, kMistralArgs};
+    case ToolCallFormat::kGemma4:
+      return {kGemmaCallOpen, kGemmaCallClose, kGemmaQuote};
+  }
+  return {};
+}
+
+absl::StatusOr<ForcedToolCall> ForcedToolCallOutput(ToolCallFormat format,
+                                                    const nlohmann::ordered_json& tools,
+                                                    std::string_view function, bool parallel) {
+  using Json = nlohmann::ordered_json;
+  if (format == ToolCallFormat::kQwen3CoderXml || format == ToolCallFormat::kGemma4) {
+    return absl::UnimplementedError(
+        absl::StrCat("forcing a tool call needs its arguments as JSON; the template's ",
+                     std::string(ToolCallFormatName(format)), " syntax writes them otherwise"));
+  }
+  if (!tools.is_array() || tools.empty()) {
+    return absl::InvalidArgumentError("forcing a tool call needs tools");
+  }
+  // (name, parameters schema) of each candidate.
+  std::vector<std::pair<std::string, Json>> candidates;
+  for (size_t t = 0; t < tools.size(); ++t) {
+    const Json& tool = tools[t];
+    if (!tool.is_object() || !tool.contains("function") || !tool["function"].is_object() ||
+        !tool["function"].contains("name") || !tool["function"]["name"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tools[", t, "]: must be {\"type\": \"function\", \"function\": {\"name\": ...}}"));
+    }
+    const Json& spec = tool["function"];
+    const std::string name = spec["name"].get<std::string>();
+    if (!function.empty() && name != function) continue;
+    Json parameters = spec.contains("parameters") && !spec["parameters"].is_null()
+                          ? spec["parameters"]
+                          : Json{{"type", "object"}};
+    if (absl::StatusOr<JsonConstraint> compiled = JsonConstraint::FromSchema(parameters);
+        !compiled.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tools[", t, "].function.parameters: ", compiled.status().message()));
+    }
+    candidates.emplace_back(name, std::move(parameters));
+  }
+  if (candidates.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the function \"", std::string(function), "\" is not among the tools"));
+  }
+  const auto call_schema = [&candidates](std::string_view arguments_key) {
+    Json any_of = Json::array();
+    for (const auto& [name, parameters] : candidates) {
+      any_of.push_back(
+          Json{{"type", "object"},
+               {"properties", {{"name", {{"const", name}}}, {arguments_key, parameters}}},
+               {"required", {"name", arguments_key}}});
+    }
+    return any_of.size() == 1 ? any_of[0] : Json{{"anyOf", any_of}};
+  };
+  const auto call_array = [&] {
+    Json array = {{"type", "array"}, {"items", call_schema("arguments")}, {"minItems", 1}};
+    if (!parallel) array["maxItems"] = 1;
+    return array;
+  };
+  ForcedToolCall forced;
+  switch (format) {
+    case ToolCallFormat::kLlama3Json:
+      forced.schema = call_schema("parameters");
+      break;
+    case ToolCallFormat::kHermes:
+      forced.prefix = std::string(kToolCallOpen) + "\n";
+      forced.schema = call_schema("arguments");
+      forced.suffix = "\n" + std::string(kToolCallClose);
+      break;
+    case ToolCallFormat::kMistralNameArgs:
+      if (candidates.size() == 1) {
+        forced.prefix =
+            std::string(kMistralToolCalls) + candidates[0].first + std::string(kMistralArgs);
+        forced.schema = candidates[0].second;
+        break;
+      }
+      [[fallthrough]];
+    case ToolCallFormat::kMistralJsonArray:
+      forced.prefix = std::string(kMistralToolCalls);
+      forced.schema = call_array();
+      break;
+    default:
+      break;
+  }
+  return forced;
 }
 
 ToolCallIdStyle DefaultIdStyle(ToolCallFormat format) {

@@ -102,6 +102,38 @@ absl::StatusOr<ToolCallFormat> ToolCallFormatFromName(std::string_view name);
 // no tools at all.
 absl::StatusOr<ToolCallFormat> DetectToolCallFormat(std::string_view template_source);
 
+// The spellings of `format`'s call syntax that tokenizers make single special tokens (Mistral's
+// [TOOL_CALLS], Llama's <|python_tag|>, Gemma 4's <|tool_call>, ...). Where such a token is a
+// control token, detokenization hides it by default; the text the parser reads must show it.
+std::vector<std::string_view> ToolCallMarkers(ToolCallFormat format);
+
+// What the output must be when the request forces a call (tool_choice "required" or a named
+// function): `prefix`, then one JSON document valid under `schema`, then `suffix`; together
+// exactly one call in `format`'s syntax, which ParseToolCalls reads back as that call.
+//   kLlama3Json        {"name": ..., "parameters": {...}}
+//   kHermes            <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
+//   kMistralJsonArray  [TOOL_CALLS][{"name": ..., "arguments": {...}}] (more than one element
+//                      when `parallel`)
+//   kMistralNameArgs   [TOOL_CALLS]name[ARGS]{...} for one function; the array form above when
+//                      any of several may be called (the parser reads both)
+// The name is a const (an enum over the tools for "required"); the arguments follow the tool's
+// `parameters` schema (any object when it has none), as JSON Schema in JsonConstraint's subset.
+// The prefix and suffix may hold special-token spellings: tokenize them with special tokens.
+struct ForcedToolCall {
+  std::string prefix;
+  nlohmann::ordered_json schema;
+  std::string suffix;
+};
+
+// `tools`: the request's tools in OpenAI's shape, as ordered_json so that properties keep the
+// client's order; `function`: the forced function's name, or empty for any of them.
+// INVALID_ARGUMENT when `function` is not among the tools, or a tool's parameters are not a
+// schema JsonConstraint compiles (naming tools[i].function.parameters); UNIMPLEMENTED for the
+// formats whose arguments are not JSON (Qwen3-Coder's XML, Gemma 4's).
+absl::StatusOr<ForcedToolCall> ForcedToolCallOutput(ToolCallFormat format,
+                                                    const nlohmann::ordered_json& tools,
+                                                    std::string_view function, bool parallel);
+
 struct ToolCall {
   std::string id;
   std::string name;

@@ -85,7 +85,7 @@ class TokenEmitter {
       : plan_(plan),
         tokenizer_(tokenizer),
         stop_ids_(plan.stop_token_ids.begin(), plan.stop_token_ids.end()),
-        detokenizer_(tokenizer),
+        detokenizer_(tokenizer, /*render_special=*/false, plan.render_token_ids),
         stop_matcher_(plan.stop_strings) {}
 
   // Adds one token to `chunk` (or ends generation). `choice` carries its log-probabilities.
@@ -204,6 +204,10 @@ internal_v1::GenerateRequest DrafterRequest(const GenerationPlan& plan,
   request.set_skip_prefix_cache(plan.skip_prefix_cache);
   request.set_response_schema(plan.response_schema);
   request.set_json_object(plan.json_object);
+  request.mutable_response_prefix_tokens()->Assign(plan.response_prefix_tokens.begin(),
+                                                   plan.response_prefix_tokens.end());
+  request.mutable_response_suffix_tokens()->Assign(plan.response_suffix_tokens.begin(),
+                                                   plan.response_suffix_tokens.end());
   for (int32_t id : tokenizer.end_of_generation_ids()) request.add_end_token_ids(id);
   for (int32_t id : plan.stop_token_ids) request.add_end_token_ids(id);
   if (plan.mode != SpeculationMode::kOff) {

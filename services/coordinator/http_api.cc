@@ -331,10 +331,12 @@ class HttpApi::Routes {
   void Generate(openai::Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
     absl::StatusOr<openai::OpenAiRequest> parsed =
         openai::ParseRequest(endpoint, req.body, options_.served_model);
-    if (parsed.ok() && parsed->parse_tool_calls && !context_.tool_call_format) {
-      parsed = absl::InvalidArgumentError(
-          "tools: the model's chat template writes no tool-call syntax this server parses (Llama "
-          "3 JSON, Hermes/Qwen <tool_call>, Qwen3-Coder XML, Mistral [TOOL_CALLS], Gemma 4)");
+    if (parsed.ok()) {
+      if (absl::Status applied = openai::ApplyToolCallFormat(context_.tool_call_format,
+                                                             context_.tool_marker_ids, *parsed);
+          !applied.ok()) {
+        parsed = applied;
+      }
     }
     absl::StatusOr<GenerationPlan> plan =
         parsed.ok() ? ValidateRequest(parsed->request, *context_.tokenizer, context_.chat_template,

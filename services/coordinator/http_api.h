@@ -56,6 +56,8 @@ struct HttpApiContext {
   // The tool-call syntax of the chat template (text::DetectToolCallFormat); none: requests with
   // tools are refused.
   std::optional<text::ToolCallFormat> tool_call_format;
+  // Its markers that are control tokens (openai::ControlMarkerIds).
+  std::vector<int32_t> tool_marker_ids;
   const ServerLimits* limits = nullptr;
   const v1::ModelInfo* model_info = nullptr;
   // OK when a request sent now would be taken (the gRPC readiness probe's function).

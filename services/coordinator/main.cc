@@ -40,6 +40,7 @@
 #include "services/coordinator/generation_service.h"
 #include "services/coordinator/http_api.h"
 #include "services/coordinator/metrics.h"
+#include "services/coordinator/openai_api.h"
 #include "services/coordinator/request_queue.h"
 #include "services/coordinator/request_validation.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -79,8 +80,9 @@ struct Flags {
   int shutdown_grace_ms = 200;
   std::string http;  // "": no HTTP listener
   std::string api_key_file;
-  std::string served_model_name;  // "": the base file's name without .base.bsplit
-  int http_threads = 0;           // 0: --max-active + --max-queue + 16
+  std::string served_model_name;   // "": the base file's name without .base.bsplit
+  std::string chat_template_file;  // "": the model file's template
+  int http_threads = 0;            // 0: --max-active + --max-queue + 16
   bool verbose = false;
 };
 
@@ -160,6 +162,11 @@ void AddFlags(CLI::App& app, Flags& flags) {
                  "HTTP: require \"Authorization: Bearer KEY\" with the key in this file (all "
                  "routes but /health and /ready)")
       ->check(CLI::ExistingFile);
+  app.add_option("--chat-template-file", flags.chat_template_file,
+                 "a Jinja chat template to use instead of the model file's "
+                 "tokenizer.chat_template (refused at start when it cannot render a one-message "
+                 "chat)")
+      ->check(CLI::ExistingFile);
   app.add_option("--served-model-name", flags.served_model_name,
                  "HTTP: the model id of /v1/models and requests (default: the base file's name "
                  "without .base.bsplit)");
@@ -175,34 +182,64 @@ struct LoadedModel {
   std::unique_ptr<model::SplitModelFiles> files;
   std::unique_ptr<text::Tokenizer> tokenizer;
   std::optional<text::ChatTemplate> chat_template;       // none: chat requests are refused
-  std::string chat_template_source;                      // tokenizer.chat_template ("" without one)
+  std::string chat_template_source;                      // the template in use ("" without one)
   std::optional<text::ToolCallFormat> tool_call_format;  // none: requests with tools are refused
+  std::vector<int32_t> tool_marker_ids;                  // its markers that are control tokens
 };
 
-absl::StatusOr<LoadedModel> LoadModel(const std::string& model_path) {
+// The template of --chat-template-file, else the model file's (or its family's).
+absl::StatusOr<text::ChatTemplate> LoadChatTemplate(const std::string& template_file,
+                                                    const gguf::File& metadata,
+                                                    const text::Tokenizer& tokenizer) {
+  if (template_file.empty()) {
+    BITSPLIT_ASSIGN_OR_RETURN(text::ChatTemplate::Choice choice,
+                              text::ChatTemplate::FromGgufOrArchitecture(metadata, tokenizer));
+    if (choice.from_architecture) spdlog::info("{}", choice.note);
+    return std::move(choice.chat_template);
+  }
+  std::ifstream in(template_file, std::ios::binary);
+  std::stringstream source;
+  source << in.rdbuf();
+  if (!in.good() && !in.eof()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot read ", template_file));
+  }
+  absl::StatusOr<text::ChatTemplate> parsed =
+      text::ChatTemplate::FromSourceFor(source.str(), tokenizer);
+  if (!parsed.ok()) {
+    return absl::Status(parsed.status().code(),
+                        absl::StrCat(template_file, ": ", parsed.status().message()));
+  }
+  spdlog::info("chat template from {}", template_file);
+  return parsed;
+}
+
+absl::StatusOr<LoadedModel> LoadModel(const std::string& model_path,
+                                      const std::string& template_file) {
   LoadedModel loaded;
   BITSPLIT_ASSIGN_OR_RETURN(loaded.files, model::SplitModelFiles::Open(model_path, ""));
   const gguf::File& metadata = loaded.files->gguf_metadata();
   BITSPLIT_ASSIGN_OR_RETURN(loaded.tokenizer, text::Tokenizer::FromGguf(metadata));
-  if (auto parsed = text::ChatTemplate::FromGgufOrArchitecture(metadata, *loaded.tokenizer);
-      parsed.ok()) {
-    loaded.chat_template = parsed->chat_template;
-    if (parsed->from_architecture) spdlog::info("{}", parsed->note);
+  absl::StatusOr<text::ChatTemplate> chat_template =
+      LoadChatTemplate(template_file, metadata, *loaded.tokenizer);
+  if (!chat_template.ok() && !template_file.empty()) return chat_template.status();
+  if (chat_template.ok()) {
+    loaded.chat_template = *std::move(chat_template);
     if (const auto& missing = loaded.chat_template->unimplemented_names(); !missing.empty()) {
       spdlog::warn(
           "the chat template names what the Jinja engine does not implement ({}); a conversation "
           "that reaches it is refused",
           absl::StrJoin(missing, ", "));
     }
-    loaded.chat_template_source = metadata.GetString("tokenizer.chat_template").value_or("");
+    loaded.chat_template_source = loaded.chat_template->source();
     if (auto format = text::DetectToolCallFormat(loaded.chat_template->source()); format.ok()) {
       loaded.tool_call_format = *format;
+      loaded.tool_marker_ids = openai::ControlMarkerIds(*loaded.tokenizer, *format);
       spdlog::info("tool calls: the chat template's {} syntax", text::ToolCallFormatName(*format));
     } else {
       spdlog::info("requests with tools are refused: {}", format.status().ToString());
     }
   } else {
-    spdlog::warn("chat requests are refused: {}", parsed.status().ToString());
+    spdlog::warn("chat requests are refused: {}", chat_template.status().ToString());
   }
   return loaded;
 }
@@ -398,7 +435,8 @@ absl::StatusOr<std::unique_ptr<HttpApi>> StartHttp(const Flags& flags, HttpApiCo
 absl::Status RunCoordinator(const Flags& flags) {
   BITSPLIT_ASSIGN_OR_RETURN(const SpeculationMode default_mode,
                             ParseSpeculationMode(flags.speculation));
-  BITSPLIT_ASSIGN_OR_RETURN(const LoadedModel loaded, LoadModel(flags.model_path));
+  BITSPLIT_ASSIGN_OR_RETURN(const LoadedModel loaded,
+                            LoadModel(flags.model_path, flags.chat_template_file));
   const std::string fingerprint = loaded.files->base().fingerprint_hex();
   BITSPLIT_ASSIGN_OR_RETURN(const Drafter drafter, ConnectDrafter(flags, fingerprint));
   BITSPLIT_ASSIGN_OR_RETURN(const GenerationServiceOptions options,
@@ -422,6 +460,7 @@ absl::Status RunCoordinator(const Flags& flags) {
                                               .tokenizer = loaded.tokenizer.get(),
                                               .chat_template = chat_template,
                                               .tool_call_format = loaded.tool_call_format,
+                                              .tool_marker_ids = loaded.tool_marker_ids,
                                               .limits = &options.limits,
                                               .model_info = &options.model_info,
                                               .readiness = readiness}));

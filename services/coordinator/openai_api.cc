@@ -278,27 +278,48 @@ absl::Status ReadTools(const json& body, const nlohmann::ordered_json& ordered,
   if (const json* tool_choice = Field(body, "tool_choice");
       tool_choice != nullptr && !tool_choice->is_null()) {
     if (tool_choice->is_object()) {
-      return Invalid("tool_choice",
-                     "naming a function needs constrained decoding, which this server does not "
-                     "implement yet; use \"auto\"");
+      const json* function = Field(*tool_choice, "function");
+      if (tool_choice->value("type", "") != "function" || function == nullptr ||
+          !function->is_object() || !function->contains("name") ||
+          !(*function)["name"].is_string()) {
+        return Invalid("tool_choice",
+                       "must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                       "\"function\": {\"name\": ...}}");
+      }
+      const std::string name = (*function)["name"].get<std::string>();
+      const bool listed =
+          has_tools && std::any_of(tools->begin(), tools->end(),
+                                   [&](const json& t) { return t["function"]["name"] == name; });
+      if (!listed) {
+        return Invalid("tool_choice.function.name",
+                       absl::StrCat("\"", name, "\" is not among the tools"));
+      }
+      parsed.forced_tool = name;
+      choice = "function";
+    } else if (!tool_choice->is_string()) {
+      return Invalid("tool_choice", "must be a string or an object");
+    } else {
+      choice = tool_choice->get<std::string>();
+      if (choice != "auto" && choice != "none" && choice != "required") {
+        return Invalid("tool_choice", "must be \"auto\", \"none\" or \"required\"");
+      }
+      if (choice != "none" && !has_tools) {
+        return Invalid("tool_choice", absl::StrCat("\"", choice, "\" needs tools"));
+      }
+      if (choice == "required") parsed.forced_tool = "";
     }
-    if (!tool_choice->is_string()) return Invalid("tool_choice", "must be a string or an object");
-    choice = tool_choice->get<std::string>();
-    if (choice == "required") {
-      return Invalid("tool_choice",
-                     "\"required\" needs constrained decoding, which this server does not "
-                     "implement yet; use \"auto\"");
-    }
-    if (choice != "auto" && choice != "none") {
-      return Invalid("tool_choice", "must be \"auto\", \"none\" or \"required\"");
-    }
-    if (choice == "auto" && !has_tools) return Invalid("tool_choice", "\"auto\" needs tools");
+  }
+  if (parsed.forced_tool &&
+      (parsed.request.json_object() || !parsed.request.response_schema().empty())) {
+    return Invalid("tool_choice",
+                   "a forced tool call is its own structured output: it excludes a JSON "
+                   "response_format");
   }
   BITSPLIT_ASSIGN_OR_RETURN(const std::optional<bool> parallel,
                             BoolField(body, "parallel_tool_calls"));
   parsed.parallel_tool_calls = parallel.value_or(true);
   // "none": the model is not told about the tools, so that it answers in text.
-  parsed.parse_tool_calls = has_tools && choice == "auto";
+  parsed.parse_tool_calls = has_tools && choice != "none";
   if (parsed.parse_tool_calls) {
     parsed.request.mutable_chat()->set_tools_json(ordered["tools"].dump());
   }
@@ -520,6 +541,42 @@ absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, std::string_view b
 
 std::string_view FinishReasonName(v1::FinishReason reason) {
   return reason == v1::FINISH_REASON_LENGTH ? "length" : "stop";
+}
+
+std::vector<int32_t> ControlMarkerIds(const text::Tokenizer& tokenizer,
+                                      text::ToolCallFormat format) {
+  std::vector<int32_t> ids;
+  for (std::string_view marker : text::ToolCallMarkers(format)) {
+    const std::vector<int32_t> tokens = tokenizer.Encode(marker, /*parse_special=*/true);
+    if (tokens.size() == 1 && tokenizer.IsControl(tokens[0])) ids.push_back(tokens[0]);
+  }
+  return ids;
+}
+
+absl::Status ApplyToolCallFormat(std::optional<text::ToolCallFormat> format,
+                                 std::span<const int32_t> control_marker_ids,
+                                 OpenAiRequest& request) {
+  if (!request.parse_tool_calls) return absl::OkStatus();
+  if (!format) {
+    return Invalid("tools",
+                   "the model's chat template writes no tool-call syntax this server parses "
+                   "(Llama 3 JSON, Hermes/Qwen <tool_call>, Qwen3-Coder XML, Mistral "
+                   "[TOOL_CALLS], Gemma 4)");
+  }
+  request.request.mutable_render_token_ids()->Assign(control_marker_ids.begin(),
+                                                     control_marker_ids.end());
+  if (!request.forced_tool) return absl::OkStatus();
+  const nlohmann::ordered_json tools =
+      nlohmann::ordered_json::parse(request.request.chat().tools_json());
+  absl::StatusOr<text::ForcedToolCall> forced =
+      text::ForcedToolCallOutput(*format, tools, *request.forced_tool, request.parallel_tool_calls);
+  if (!forced.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("tool_choice: ", forced.status().message()));
+  }
+  request.request.set_response_schema(forced->schema.dump());
+  request.request.set_response_prefix(forced->prefix);
+  request.request.set_response_suffix(forced->suffix);
+  return absl::OkStatus();
 }
 
 ResponseBuilder::ResponseBuilder(const OpenAiRequest& request, ResponseIdentity identity,

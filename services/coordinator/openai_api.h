@@ -16,6 +16,7 @@
 // Thread safety: free functions and a per-response accumulator (one thread).
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,19 +40,39 @@ struct OpenAiRequest {
   bool logprobs = false;
   int32_t top_logprobs = 0;
   std::string model;  // as the request named it
-  // Chat with tools and tool_choice "auto": the answer is parsed for the model's tool calls.
+  // Chat with tools and tool_choice other than "none": the answer is parsed for the model's
+  // tool calls.
   bool parse_tool_calls = false;
   bool parallel_tool_calls = true;  // false: only the first call is returned
+  // tool_choice "required" (empty: any of the tools) or a named function: the output is
+  // constrained to one call (ApplyToolCallFormat).
+  std::optional<std::string> forced_tool;
 };
 
 // Reads a request body. INVALID_ARGUMENT (HTTP 400) naming the field for a body that is not a JSON
 // object, a field of the wrong type or out of range, or something this server does not do
-// (n other than 1, tools, response_format, penalties, logit_bias, several prompts, echo,
-// best_of, suffix), said plainly rather than ignored; NOT_FOUND (404) for a model other than
+// (n other than 1, tools on completions, a tool_choice function not among the tools, a
+// response_format schema outside the supported subset, penalties, logit_bias, several prompts,
+// echo, best_of, suffix), said plainly rather than ignored; NOT_FOUND (404) for a model other than
 // `served_model`. Range checks of the generation itself (max_tokens, temperature, top_p, stop
 // strings, the context) are ValidateRequest's, after this.
 absl::StatusOr<OpenAiRequest> ParseRequest(Endpoint endpoint, std::string_view body,
                                            std::string_view served_model);
+
+// The tool-call markers of `format` that are control tokens of `tokenizer` (hidden from text
+// unless named in render_token_ids).
+std::vector<int32_t> ControlMarkerIds(const text::Tokenizer& tokenizer,
+                                      text::ToolCallFormat format);
+
+// What a chat request with tools needs from the model's tool-call syntax `format` (none: the
+// template has none, and the request is refused): the control markers rendered in the text so
+// that the parser sees them, and, for a forced call (tool_choice "required" or a function), the
+// output constrained to one call in the syntax (text::ForcedToolCallOutput: response_schema,
+// response_prefix, response_suffix). INVALID_ARGUMENT naming "tools" or "tool_choice" otherwise.
+// A request without tools is left as it is.
+absl::Status ApplyToolCallFormat(std::optional<text::ToolCallFormat> format,
+                                 std::span<const int32_t> control_marker_ids,
+                                 OpenAiRequest& request);
 
 // Who is answering: the fields every response and chunk repeats.
 struct ResponseIdentity {

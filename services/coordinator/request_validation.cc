@@ -266,6 +266,23 @@ absl::StatusOr<GenerationPlan> ValidateRequest(const v1::GenerateRequest& reques
   }
   plan.response_schema = request.response_schema();
   plan.json_object = request.json_object();
+  if (!request.response_prefix().empty() || !request.response_suffix().empty()) {
+    if (plan.response_schema.empty() && !plan.json_object) {
+      return absl::InvalidArgumentError(
+          "response_prefix and response_suffix frame a constrained document: they need "
+          "response_schema or json_object");
+    }
+    plan.response_prefix_tokens = tokenizer.Encode(request.response_prefix(), true);
+    plan.response_suffix_tokens = tokenizer.Encode(request.response_suffix(), true);
+  }
+  for (int i = 0; i < request.render_token_ids_size(); ++i) {
+    const int32_t id = request.render_token_ids(i);
+    if (id < 0 || id >= limits.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "render_token_ids[%d] = %d is outside the vocabulary [0, %d)", i, id, limits.vocab_size));
+    }
+    plan.render_token_ids.push_back(id);
+  }
   plan.stop_strings.assign(request.stop().begin(), request.stop().end());
   if (absl::Status status = text::ValidateStopStrings(plan.stop_strings); !status.ok()) {
     return Prefixed("stop: ", status);

@@ -57,6 +57,10 @@ struct GenerationPlan {
   bool skip_prefix_cache = false;
   std::string response_schema;  // structured output: a JSON Schema, checked to compile
   bool json_object = false;
+  // The frame around the constrained document (response_prefix/suffix, tokenized).
+  std::vector<int32_t> response_prefix_tokens;
+  std::vector<int32_t> response_suffix_tokens;
+  std::vector<int32_t> render_token_ids;  // control tokens shown in the text
 };
 
 // The prompt as token ids, tokenized as `bitsplit generate` does: plain prompts as text (control

@@ -148,7 +148,22 @@ absl::StatusOr<GenerationRequest> DrafterService::CheckRequest(
       }
       constraint = std::make_shared<const text::JsonConstraint>(*std::move(compiled));
     }
-    g.constraint = std::make_shared<const JsonTokenConstraint>(constraint, options_.vocabulary);
+    std::vector<int32_t> prefix(request.response_prefix_tokens().begin(),
+                                request.response_prefix_tokens().end());
+    std::vector<int32_t> suffix(request.response_suffix_tokens().begin(),
+                                request.response_suffix_tokens().end());
+    for (const std::vector<int32_t>* frame : {&prefix, &suffix}) {
+      for (int32_t token : *frame) {
+        BITSPLIT_RETURN_IF_ERROR(CheckToken(token, "response prefix/suffix token"));
+      }
+    }
+    g.constraint = std::make_shared<const JsonTokenConstraint>(
+        constraint, options_.vocabulary, std::move(prefix), std::move(suffix));
+  } else if (request.response_prefix_tokens_size() > 0 ||
+             request.response_suffix_tokens_size() > 0) {
+    return absl::InvalidArgumentError(
+        "response prefix/suffix tokens frame a constrained document: they need response_schema "
+        "or json_object");
   }
   return g;
 }

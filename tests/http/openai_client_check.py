@@ -173,6 +173,90 @@ def structured_output(client, model):
     check(isinstance(document["population_millions"], int), f"population of {document}")
 
 
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "enum": ["Paris", "Lyon", "Nice"]},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "The local time in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "enum": ["Paris", "Lyon", "Nice"]}},
+            "required": ["city"], "additionalProperties": False}}},
+]
+
+
+def forced_tool_calls(client, model):
+    """tool_choice "required" and a named function through the official client, on a template
+    with a tool-call syntax: the answer is a call in OpenAI's shape, streamed the same, and the
+    call and its result go back into the next turn."""
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    response = client.chat.completions.create(
+        model=model, messages=messages, tools=TOOLS, tool_choice="required", max_tokens=64,
+        temperature=0)
+    choice = response.choices[0]
+    check(choice.finish_reason == "tool_calls", f"finish_reason {choice.finish_reason}")
+    calls = choice.message.tool_calls
+    check(calls is not None and len(calls) == 1, f"tool_calls {calls}")
+    call = calls[0]
+    check(call.type == "function" and call.id.startswith("call_"), f"call {call}")
+    check(call.function.name in ("get_weather", "get_time"), f"name {call.function.name}")
+    arguments = json.loads(call.function.arguments)
+    check(arguments["city"] in ("Paris", "Lyon", "Nice"), f"arguments {arguments}")
+    check(not choice.message.content, f"content {choice.message.content!r}")
+
+    # Streamed: the same call, its header first and then its arguments.
+    stream = client.chat.completions.create(
+        model=model, messages=messages, tools=TOOLS, tool_choice="required", max_tokens=64,
+        temperature=0, stream=True)
+    name, streamed_arguments, finish = None, "", None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        for piece in delta.tool_calls or []:
+            check(piece.index == 0, f"index {piece.index}")
+            if piece.function.name:
+                name = piece.function.name
+            streamed_arguments += piece.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    check(name == call.function.name, f"streamed name {name}")
+    check(json.loads(streamed_arguments) == arguments, f"streamed arguments {streamed_arguments}")
+    check(finish == "tool_calls", f"streamed finish_reason {finish}")
+
+    # A named function is the one called.
+    named = client.chat.completions.create(
+        model=model, messages=messages, tools=TOOLS, max_tokens=64, temperature=0.8, seed=3,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False)
+    named_calls = named.choices[0].message.tool_calls
+    check(named_calls and named_calls[0].function.name == "get_time", f"named {named_calls}")
+    check(list(json.loads(named_calls[0].function.arguments)) == ["city"],
+          f"named arguments {named_calls[0].function.arguments}")
+
+    # The call and its result go back through the template; "none" answers in text.
+    follow_up = client.chat.completions.create(
+        model=model, tools=TOOLS, tool_choice="none", max_tokens=16, temperature=0,
+        messages=messages + [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+            {"role": "tool", "tool_call_id": call.id, "content": "18 degrees, sunny"}])
+    check(follow_up.choices[0].message.tool_calls is None, "no calls with tool_choice none")
+    check(follow_up.choices[0].message.content, "an answer in text")
+
+    # A function that is not among the tools is refused by name.
+    try:
+        client.chat.completions.create(
+            model=model, messages=messages, tools=TOOLS, max_tokens=8,
+            tool_choice={"type": "function", "function": {"name": "book_flight"}})
+        check(False, "an unknown function was accepted")
+    except openai.BadRequestError as error:
+        check("book_flight" in str(error), f"error {error}")
+
+
 def errors(client, model):
     cases = [
         (openai.BadRequestError, dict(n=2), "n"),
@@ -251,9 +335,16 @@ def main():
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--api-key", default="")
+    parser.add_argument("--tool-calls", action="store_true",
+                        help="only the forced tool-call checks (a server whose chat template "
+                             "has a tool-call syntax)")
     args = parser.parse_args()
     client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key or "unused",
                            max_retries=0, timeout=300)
+    if args.tool_calls:
+        forced_tool_calls(client, args.model)
+        print("ok: forced tool calls", flush=True)
+        return 0
     metrics_url = args.base_url.rsplit("/v1", 1)[0] + "/metrics"
     models = client.models.list().data
     check([m.id for m in models] == [args.model], f"models {[m.id for m in models]}")

@@ -56,6 +56,10 @@ inline std::vector<int32_t> PlainDecode(model::LlamaModel& model,
 struct SpecRun {
   std::vector<int32_t> tokens;
   int verify_steps = 0;
+  // With a constraint: drafted nodes (the roots not counted), and those whose path the
+  // constraint refuses (checked by advancing a copy along the path).
+  int drafted_nodes = 0;
+  int forbidden_drafts = 0;
 };
 
 // Speculation steps of one session (a batch of one) with `draft_mode` drafting (kVerify: a
@@ -90,6 +94,20 @@ inline SpecRun SpeculativeDecode(model::LlamaModel& model, const std::vector<int
     ++run.verify_steps;
     run.tokens.insert(run.tokens.end(), step.walk.tokens.begin(), step.walk.tokens.end());
     if (constraint != nullptr) {
+      for (size_t node = 1; node < step.tree.tokens.size(); ++node) {
+        std::vector<int32_t> path;
+        for (int32_t at = static_cast<int32_t>(node); at > 0; at = step.tree.parents[at]) {
+          path.insert(path.begin(), step.tree.tokens[static_cast<size_t>(at)]);
+        }
+        std::unique_ptr<speculation::TokenConstraint> walker = constraint->Clone();
+        ++run.drafted_nodes;
+        for (int32_t token : path) {
+          if (!walker->Advance(token)) {
+            ++run.forbidden_drafts;
+            break;
+          }
+        }
+      }
       for (int32_t token : step.walk.tokens) EXPECT_TRUE(constraint->Advance(token));
     }
     root = step.walk.tokens.back();
