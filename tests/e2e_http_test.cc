@@ -474,7 +474,7 @@ TEST_F(E2eHttpTest, StructuredOutputIsValidAndLosslessWithTrees) {
         Request(port_, "POST", "/v1/chat/completions", body.dump());
     EXPECT_TRUE(response.has_value());
     if (!response.has_value()) return HttpAnswer();
-    EXPECT_EQ(response->status, 200) << response->body;
+    EXPECT_EQ(response->status, 200) << response->body << stack_->drafter.Stderr();
     return ReadAnswer(*response, /*stream=*/false, /*chat=*/true);
   };
   const json with_schema = {

@@ -402,6 +402,44 @@ TEST(NodeMasksTest, EachNodeSeesItsOwnPath) {
   EXPECT_TRUE(masks[4].empty());
 }
 
+// Allows token 1 once, then nothing: an end token's state.
+class OneTokenThenEnd final : public TokenConstraint {
+ public:
+  std::unique_ptr<TokenConstraint> Clone() const override {
+    return std::make_unique<OneTokenThenEnd>(*this);
+  }
+  void Allowed(std::vector<uint64_t>& mask) const override {
+    mask.assign(1, ended_ ? 0 : uint64_t{1} << 1);
+  }
+  bool Advance(int32_t token) override {
+    if (ended_ || token != 1) return false;
+    ended_ = true;
+    return true;
+  }
+
+ private:
+  bool ended_ = false;
+};
+
+// A node after which the constraint allows nothing has no mask (nothing is chosen after an end),
+// like a node on a forbidden path; the tracker grown node by node gives the same masks.
+TEST(NodeMasksTest, AnEndedStateHasNoMask) {
+  const OneTokenThenEnd root;
+  const std::vector<int32_t> tokens = {9, 1, 1, 2};
+  const std::vector<int32_t> parents = {-1, 0, 1, 0};
+  const auto masks = NodeMasks(root, tokens, parents);
+  ASSERT_EQ(masks.size(), 4u);
+  EXPECT_EQ(masks[0], std::vector<uint64_t>{0b10});
+  EXPECT_TRUE(masks[1].empty());  // ended
+  EXPECT_TRUE(masks[2].empty());  // forbidden below an end
+  EXPECT_TRUE(masks[3].empty());  // forbidden
+  NodeMaskTracker tracker(root);
+  for (size_t n = 1; n <= tokens.size(); ++n) {
+    tracker.Extend(std::span(tokens).first(n), std::span(parents).first(n));
+  }
+  EXPECT_EQ(tracker.masks(), masks);
+}
+
 TEST_F(SpeculationTest, ReuseChecksItsArguments) {
   auto session = *CpuSpeculativeSession::Create(*model_, model::ForwardMode::kVerify, *model_,
                                                 model::ForwardMode::kDraft, {.capacity = 32});

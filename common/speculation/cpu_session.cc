@@ -165,11 +165,9 @@ class CpuBatchedStep final : public BatchedStepModel {
         masked_logits_.assign(logits.begin(), logits.end());
         for (size_t r = 0; r < sequence.row_masks.size() && r < static_cast<size_t>(rows); ++r) {
           const std::vector<uint64_t>& mask = sequence.row_masks[r];
-          // A row whose path the constraint refuses (or that allows nothing) is left as it is:
-          // its children are never accepted either way.
-          if (std::none_of(mask.begin(), mask.end(), [](uint64_t word) { return word != 0; })) {
-            continue;
-          }
+          // A row whose path the constraint refuses or ends is left as it is: its children are
+          // never accepted either way.
+          if (mask.empty()) continue;
           model::MaskLogits(
               std::span<float>(masked_logits_)
                   .subspan(r * static_cast<size_t>(vocab_), static_cast<size_t>(vocab_)),

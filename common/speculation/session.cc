@@ -114,6 +114,12 @@ void NodeMaskTracker::Extend(std::span<const int32_t> tokens, std::span<const in
     }
     masks_.emplace_back();
     if (state != nullptr) state->Allowed(masks_.back());
+    // A state that allows nothing (the constraint ended: the node is an end token) has no next
+    // token to choose; its row is left unmasked, as a forbidden path's is.
+    std::vector<uint64_t>& mask = masks_.back();
+    if (std::none_of(mask.begin(), mask.end(), [](uint64_t word) { return word != 0; })) {
+      mask.clear();
+    }
     states_.push_back(std::move(state));
   }
 }

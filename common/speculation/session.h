@@ -45,7 +45,8 @@ class TokenConstraint {
 // The allowed-token mask after each node of a tree (tokens, parents; node 0 the root) whose
 // root's children `at_root` constrains: node i's mask is at_root's state advanced by the tokens
 // on the path below the root to i. Empty for a node whose path takes a token the constraint
-// forbids: the target never chooses it, so the node cannot be on an accepted path.
+// forbids (the target never chooses it, so the node cannot be on an accepted path) and for a
+// node after which the constraint allows nothing (an end token: generation stops there).
 std::vector<std::vector<uint64_t>> NodeMasks(const TokenConstraint& at_root,
                                              std::span<const int32_t> tokens,
                                              std::span<const int32_t> parents);
