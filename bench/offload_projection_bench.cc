@@ -2,9 +2,10 @@
 // split (offline::PlanOffload, the planner `bitsplit plan` prints: base on the GPU as PlanVram
 // lays it out, residual in RAM) beside llama.cpp's offload of the same model at Q8_0 and Q4_K_M
 // (--cpu-moe for a mixture of experts: every expert in RAM, the rest on the GPU; layer offload
-// -ngl for a dense model: the layers that fit on the GPU). Arithmetic only, no weights: what each
-// engine must read per token, over the machine's bandwidths. Usage and the table:
-// docs/performance.md ("Offloading big models: projections").
+// -ngl for a dense model: the layers that fit on the GPU), and for gpt-oss its released MXFP4
+// experts under --n-cpu-moe (the experts of the layers that fit on the GPU, the rest in RAM).
+// Arithmetic only, no weights: what each engine must read per token, over the machine's bandwidths.
+// Usage and the table: docs/performance.md ("Offloading big models: projections").
 //
 //   build/bench/offload_projection_bench [--ram-gbps 60] [--vram-gbps 1000] [--context 8192]
 //
@@ -109,13 +110,46 @@ model::ModelConfig Gemma4_31B() {
   return c;
 }
 
+// gpt-oss (gpt-oss-20b: 24 layers and 32 experts; gpt-oss-120b: 36 layers and 128 experts):
+// d_model 2880, 64 q heads over 8 KV heads of 64, local layers (window 128) alternating with
+// global ones from layer 0, experts of width 2880 with 4 used and no dense FFN, untied head over
+// 201,088 tokens, 131,072 tokens of context.
+model::ModelConfig GptOss(int64_t layers, int64_t experts) {
+  model::ModelConfig c;
+  c.architecture = "gpt-oss";
+  c.num_layers = layers;
+  c.d_model = 2880;
+  c.num_heads = 64;
+  c.num_kv_heads = 8;
+  c.head_dim = c.rope_dims = 64;
+  c.vocab_size = 201088;
+  c.context_length = 131072;
+  c.d_ff = 2880;  // unused: no dense FFN
+  c.dense_ffn = false;
+  c.num_experts = experts;
+  c.num_experts_used = 4;
+  c.d_ff_expert = 2880;
+  c.sliding_window = 128;
+  c.layer_is_local.assign(static_cast<size_t>(layers), 0);
+  for (int64_t layer = 0; layer < layers; layer += 2)
+    c.layer_is_local[static_cast<size_t>(layer)] = 1;
+  return c;
+}
+
 // llama.cpp's bits per weight: Q8_0 8.5; Q4_K_M Q4_K (4.5) with Q6_K (6.5625) for ffn_down and
 // attn_v in the layers llama-quant.cpp's use_more_bits picks (the first and last eighth, every
 // third between).
 bool UseMoreBits(int64_t layer, int64_t layers) {
   return layer < layers / 8 || layer >= 7 * layers / 8 || (layer - layers / 8) % 3 == 2;
 }
-double LlamaCppBits(bool q4_k_m, const std::string& tensor, int64_t layer, int64_t layers) {
+// The released gpt-oss GGUFs keep the experts in MXFP4 (4.25 bits per weight), the rest here
+// taken as Q8_0.
+enum class LlamaCppQuant { kQ8_0, kQ4_K_M, kMxfp4Experts };
+double LlamaCppBits(LlamaCppQuant quant, const std::string& tensor, int64_t layer, int64_t layers) {
+  if (quant == LlamaCppQuant::kMxfp4Experts) {
+    return tensor.find("_exps") != std::string::npos ? 4.25 : 8.5;
+  }
+  const bool q4_k_m = quant == LlamaCppQuant::kQ4_K_M;
   if (!q4_k_m) return 8.5;
   const bool more =
       tensor.find("ffn_down") != std::string::npos || tensor.find("attn_v") != std::string::npos;
@@ -124,12 +158,15 @@ double LlamaCppBits(bool q4_k_m, const std::string& tensor, int64_t layer, int64
 
 struct LlamaCppProjection {
   double gpu_gib = 0, ram_gib = 0, ram_read_gib = 0, tokens_per_second = 0;
-  int64_t gpu_layers = 0;  // dense: layers on the GPU
+  int64_t gpu_layers = 0;  // dense: layers on the GPU; --n-cpu-moe: layers whose experts are
+  bool fits = true;        // --n-cpu-moe: the rest of the model fits beside the KV cache
 };
 
-// --cpu-moe (a mixture of experts) or -ngl (dense): per token, the bytes read from RAM and VRAM.
-LlamaCppProjection ProjectLlamaCpp(const model::ModelConfig& c, bool q4_k_m, uint64_t budget,
-                                   const Machine& m) {
+// --cpu-moe (a mixture of experts; with `n_cpu_moe`, --n-cpu-moe: the experts of as few layers
+// as needed stay in RAM, the others' on the GPU) or -ngl (dense): per token, the bytes read from
+// RAM and VRAM.
+LlamaCppProjection ProjectLlamaCpp(const model::ModelConfig& c, LlamaCppQuant quant,
+                                   uint64_t budget, const Machine& m, bool n_cpu_moe = false) {
   const std::vector<LinearGroupShape> groups = offline::LinearGroupShapes(c);
   // fp16 KV of one --context session, and ~1 GiB of compute buffers.
   uint64_t kv = 0;
@@ -141,14 +178,18 @@ LlamaCppProjection ProjectLlamaCpp(const model::ModelConfig& c, bool q4_k_m, uin
   }
   const double available = static_cast<double>(budget) - static_cast<double>(kv) - kGiB;
   std::vector<double> layer_bytes(static_cast<size_t>(c.num_layers), 0.0);
+  std::vector<double> layer_experts(static_cast<size_t>(c.num_layers), 0.0);
+  std::vector<double> layer_expert_read(static_cast<size_t>(c.num_layers), 0.0);
   double head = 0, experts = 0, expert_read = 0;
   for (const LinearGroupShape& g : groups) {
     for (size_t i = 0; i < g.rows.size(); ++i) {
       const double bytes = static_cast<double>(g.rows[i]) * static_cast<double>(g.cols) *
-                           LlamaCppBits(q4_k_m, g.tensors[i], g.id.layer, c.num_layers) / 8;
+                           LlamaCppBits(quant, g.tensors[i], g.id.layer, c.num_layers) / 8;
       if (model::IsExpertGroup(g.id.group)) {
         experts += bytes;
         expert_read += g.token_share * bytes;
+        layer_experts[static_cast<size_t>(g.id.layer)] += bytes;
+        layer_expert_read[static_cast<size_t>(g.id.layer)] += g.token_share * bytes;
       } else if (g.id.group == model::LinearGroup::kOutputHead) {
         head += bytes;
       } else {
@@ -158,7 +199,21 @@ LlamaCppProjection ProjectLlamaCpp(const model::ModelConfig& c, bool q4_k_m, uin
   }
   LlamaCppProjection p;
   double gpu = head, ram = 0, ram_read = 0;
-  if (c.has_experts()) {
+  if (c.has_experts() && n_cpu_moe) {
+    // The last layers' experts go to the GPU while they fit; the first layers' stay in RAM.
+    for (const double b : layer_bytes) gpu += b;
+    p.fits = gpu <= available;
+    for (int64_t layer = c.num_layers - 1; layer >= 0; --layer) {
+      const size_t l = static_cast<size_t>(layer);
+      if (p.fits && gpu + layer_experts[l] <= available) {
+        gpu += layer_experts[l];
+        ++p.gpu_layers;
+      } else {
+        ram += layer_experts[l];
+        ram_read += layer_expert_read[l];
+      }
+    }
+  } else if (c.has_experts()) {
     for (const double b : layer_bytes) gpu += b;
     ram = ram_read = 0;
     ram += experts;
@@ -190,7 +245,9 @@ int Run(const Machine& m) {
   };
   const std::vector<Named> models = {{"Qwen3-30B-A3B", Qwen3_30B_A3B()},
                                      {"gemma4-26B-A4B", Gemma4_26B_A4B()},
-                                     {"gemma4-31B", Gemma4_31B()}};
+                                     {"gemma4-31B", Gemma4_31B()},
+                                     {"gpt-oss-20b", GptOss(24, 32)},
+                                     {"gpt-oss-120b", GptOss(36, 128)}};
   std::printf("RAM %.0f GB/s, VRAM %.0f GB/s, one session of %lld tokens\n\n",
               m.bandwidths.ram_bytes_per_second / 1e9, m.bandwidths.vram_bytes_per_second / 1e9,
               static_cast<long long>(m.context));
@@ -200,7 +257,12 @@ int Run(const Machine& m) {
       "read/token, tok/s | llama.cpp Q4_K_M: RAM read/token, tok/s |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Named& named : models) {
-    for (const int card_gb : {16, 24}) {
+    const bool gpt_oss = named.config.architecture == "gpt-oss";
+    const std::vector<int> cards =
+        !gpt_oss
+            ? std::vector<int>{16, 24}
+            : (named.config.num_experts == 32 ? std::vector<int>{8, 16} : std::vector<int>{24});
+    for (const int card_gb : cards) {
       // A "16 GB" card holds 16 GiB; the default budget keeps 5% of it for the CUDA runtime.
       const uint64_t budget = model::DefaultVramBudget(static_cast<uint64_t>(card_gb) << 30);
       // The fastest plan at --context tokens, else at the longest context (halving) that fits.
@@ -217,8 +279,9 @@ int Run(const Machine& m) {
                                (best.ok() && request.context != m.context
                                     ? " (" + std::to_string(request.context) + " tokens)"
                                     : std::string());
-      const LlamaCppProjection q8 = ProjectLlamaCpp(named.config, false, budget, m);
-      const LlamaCppProjection q4 = ProjectLlamaCpp(named.config, true, budget, m);
+      const LlamaCppProjection q8 = ProjectLlamaCpp(named.config, LlamaCppQuant::kQ8_0, budget, m);
+      const LlamaCppProjection q4 =
+          ProjectLlamaCpp(named.config, LlamaCppQuant::kQ4_K_M, budget, m);
       auto llama = [&](const LlamaCppProjection& p) {
         char text[96];
         std::snprintf(text, sizeof(text), "%.2f GiB, %.1f%s", p.ram_read_gib, p.tokens_per_second,
@@ -228,8 +291,9 @@ int Run(const Machine& m) {
         return std::string(text);
       };
       if (!best.ok()) {
-        std::printf("| %s | %s | does not fit | | | | | | | %s | %s |\n", named.name, card.c_str(),
-                    llama(q8).c_str(), llama(q4).c_str());
+        std::printf("| %s | %s | does not fit: %s | | | | | | | %s | %s |\n", named.name,
+                    card.c_str(), std::string(best.status().message()).c_str(), llama(q8).c_str(),
+                    llama(q4).c_str());
         continue;
       }
       const auto pair = [](SplitFormat base) {
@@ -248,6 +312,29 @@ int Run(const Machine& m) {
           static_cast<double>(best->residual_bytes) / kGiB, best->shape.c_str(),
           best->residual_read_bytes / kGiB, best->base_read_bytes / kGiB, best->tau,
           best->tokens_per_second, llama(q8).c_str(), llama(q4).c_str());
+    }
+  }
+  // gpt-oss as released (MXFP4 experts) under llama.cpp's --n-cpu-moe: the experts of as many
+  // layers as fit on the GPU, the first layers' in RAM.
+  std::printf(
+      "\n| model | card | llama.cpp --n-cpu-moe (MXFP4 experts, Q8_0 rest): expert layers on "
+      "GPU | GPU | RAM read/token | tok/s |\n|---|---|---|---|---|---|\n");
+  for (const Named& named : models) {
+    if (named.config.architecture != "gpt-oss") continue;
+    const std::vector<int> cards =
+        named.config.num_experts == 32 ? std::vector<int>{8, 16} : std::vector<int>{24};
+    for (const int card_gb : cards) {
+      const uint64_t budget = model::DefaultVramBudget(static_cast<uint64_t>(card_gb) << 30);
+      const LlamaCppProjection p =
+          ProjectLlamaCpp(named.config, LlamaCppQuant::kMxfp4Experts, budget, m, true);
+      if (!p.fits) {
+        std::printf("| %s | %d GB | attention and head do not fit | | | |\n", named.name, card_gb);
+        continue;
+      }
+      std::printf("| %s | %d GB | %lld of %lld | %.2f GiB | %.2f GiB | %.1f |\n", named.name,
+                  card_gb, static_cast<long long>(p.gpu_layers),
+                  static_cast<long long>(named.config.num_layers), p.gpu_gib, p.ram_read_gib,
+                  p.tokens_per_second);
     }
   }
   return 0;

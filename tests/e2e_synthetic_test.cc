@@ -7,7 +7,10 @@
 //              layers of 4 heads over 1 KV head of 128, one global layer whose values are its
 //              keys (the service answers that layer's qkv with two matrices);
 //   gemma4moe  3 such layers, each a dense FFN beside 16 fused-gate|up experts, 4 used;
-//   qwen3moe   3 layers of 16 experts of width 128, 4 used, no dense FFN.
+//   qwen3moe   3 layers of 16 experts of width 128, 4 used, no dense FFN;
+//   gpt_oss    4 layers alternating local (32-token window) and global attention with sinks and
+//              q/k/v/o biases, YaRN RoPE, 16 biased MXFP4 experts of width 128 with 4 used (the
+//              split quantizes the MXFP4 source like any other).
 //
 // For the MoE models every verify sends cpu-residual each expert group's routed rows with their
 // experts (the expert segments of the shared-memory channel), and the service reads each routed
@@ -132,7 +135,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         SyntheticCase{"gemma4", "tests/fixtures/oracle/gemma4_synthetic_logits.json"},
         SyntheticCase{"gemma4moe", "tests/fixtures/oracle/gemma4moe_synthetic_logits.json"},
-        SyntheticCase{"qwen3moe", "tests/fixtures/oracle/qwen3moe_synthetic_logits.json"}),
+        SyntheticCase{"qwen3moe", "tests/fixtures/oracle/qwen3moe_synthetic_logits.json"},
+        SyntheticCase{"gpt_oss", "tests/fixtures/oracle/gpt-oss_synthetic_logits.json"}),
     [](const ::testing::TestParamInfo<SyntheticCase>& info) {
       return std::string(info.param.name);
     });

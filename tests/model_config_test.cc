@@ -240,7 +240,7 @@ TEST(TinyLlamaTest, RejectsOtherArchitectureNamingTheSupportedOnes) {
   const absl::Status status = tiny.Config().status();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
   ExpectErrorMentions(status, "\"mamba\"");
-  ExpectErrorMentions(status, "llama, gemma3, gemma4, qwen2, qwen3, qwen3moe");
+  ExpectErrorMentions(status, "llama, gemma3, gemma4, qwen2, qwen3, qwen3moe, gpt-oss");
 }
 
 // qwen2 reads the same tensors plus q/k/v biases; without them the file is incomplete.
@@ -516,11 +516,11 @@ TEST(TinyLlamaTest, RejectsEachKeyOutOfRange) {
          b.AddFloat32("llama.rope.scaling.factor", 0.0f);
        },
        kInvalid, "rope.scaling.factor must be positive"},
-      {[](GgufBuilder& b) { b.AddString("llama.rope.scaling.type", "yarn"); }, kUnimplemented,
-       "rope scaling type \"yarn\" is not supported"},
+      {[](GgufBuilder& b) { b.AddString("llama.rope.scaling.type", "longrope"); }, kUnimplemented,
+       "rope scaling type \"longrope\" is not supported"},
       {set_uint("llama.expert_count", 8), kUnimplemented,
        "llama with experts (8) is not supported; the mixture-of-experts architectures supported "
-       "are qwen3moe and gemma4"},
+       "are qwen3moe, gemma4 and gpt-oss"},
       {set_float("llama.final_logit_softcapping", 30.0f), kUnimplemented,
        "final logit soft-capping (30) is not supported"},
       {set_uint("llama.vocab_size", 41), kInvalid,
@@ -758,6 +758,78 @@ TEST(ModelConfigTest, Qwen3MoeReadsItsExpertsAndRefusesOtherRouting) {
        absl::StatusCode::kUnimplemented, "qwen3moe: expert_weights_norm must be true"},
       {[](GgufBuilder& b) { b.AddFloat32("qwen3moe.expert_weights_scale", 2.5f); },
        absl::StatusCode::kUnimplemented, "qwen3moe: expert_weights_scale 2.5 is not supported"},
+  };
+  for (const auto& c : cases) {
+    const absl::Status status = config_with(c.edit).status();
+    EXPECT_EQ(status.code(), c.code) << c.message << ": " << status;
+    ExpectErrorMentions(status, c.message);
+  }
+}
+
+// gpt-oss: its family rules (sinks, biases, top-k-then-softmax gating, the swiglu_oai activation,
+// the pre-FFN norm under llama.cpp's post_attention_norm name), the local/global alternation
+// from a local layer 0 (llama.cpp's set_swa_pattern(2)), local layers with the global RoPE base
+// and scaling, and YaRN read as llama_context derives it.
+TEST(ModelConfigTest, GptOssReadsItsLayersAndYarn) {
+  auto config_with = [](const Edit& edit) {
+    GgufBuilder b;
+    TinyLlama::AddMetadata(b, "gpt-oss");
+    b.AddUint32("gpt-oss.expert_count", 8);
+    b.AddUint32("gpt-oss.expert_used_count", 2);
+    b.AddUint32("gpt-oss.expert_feed_forward_length", 32);
+    b.AddUint32("gpt-oss.attention.sliding_window", 16);
+    b.AddString("gpt-oss.rope.scaling.type", "yarn");
+    b.AddFloat32("gpt-oss.rope.scaling.factor", 32.0f);
+    b.AddUint32("gpt-oss.rope.scaling.original_context_length", 4096);
+    edit(b);
+    return MetadataConfig(b, 40);
+  };
+  auto config = config_with([](GgufBuilder&) {});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->ffn_activation, FfnActivation::kSwigluOai);
+  EXPECT_EQ(config->expert_gating, ExpertGating::kTopKThenSoftmax);
+  EXPECT_TRUE(config->expert_biases && config->attention_sinks && config->attn_output_bias &&
+              config->qkv_bias);
+  EXPECT_FALSE(config->dense_ffn);
+  EXPECT_EQ(config->ffn_norm_tensor, "post_attention_norm.weight");
+  EXPECT_EQ(config->rope_style, RopeStyle::kHalves);
+  EXPECT_EQ(config->sliding_window, 16);
+  EXPECT_EQ(config->layer_is_local, (std::vector<uint8_t>{1, 0}));
+  EXPECT_EQ(config->RopeFreqBase(0), 10000.0f);  // the global base: no freq_base_swa
+  EXPECT_EQ(config->RopeFreqScale(0), 1.0f / 32.0f);
+  EXPECT_EQ(config->RopeFreqScale(1), 1.0f / 32.0f);
+  EXPECT_EQ(config->rope_ext_factor, 1.0f);
+  EXPECT_EQ(config->rope_yarn_original_context, 4096);
+  // llama.cpp: get_mscale(32) / (1 + 0.1 ln 32), in f32; within an ulp or two of 1.
+  const float mscale = 0.1f * std::log(32.0f) + 1.0f;
+  EXPECT_EQ(config->rope_attn_factor, mscale * (1.0f / (1.0f + 0.1f * std::log(32.0f))));
+  EXPECT_NEAR(config->rope_attn_factor, 1.0f, 1e-6f);
+  // Linear scaling and no scaling leave YaRN off; an attn_factor key multiplies either way.
+  config = config_with([](GgufBuilder& b) {
+    Drop(b, "gpt-oss.rope.scaling.type").AddString("gpt-oss.rope.scaling.type", "linear");
+    b.AddFloat32("gpt-oss.rope.scaling.attn_factor", 0.5f);
+    b.AddFloat32("gpt-oss.rope.freq_base_swa", 500.0f);
+  });
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope_ext_factor, 0.0f);
+  EXPECT_EQ(config->rope_attn_factor, 0.5f);
+  EXPECT_EQ(config->RopeFreqBase(0), 500.0f);
+  EXPECT_EQ(config->RopeFreqBase(1), 10000.0f);
+  const struct {
+    Edit edit;
+    absl::StatusCode code;
+    std::string message;
+  } cases[] = {
+      {[](GgufBuilder& b) { b.AddFloat32("gpt-oss.rope.scaling.yarn_log_multiplier", 0.1f); },
+       absl::StatusCode::kUnimplemented, "yarn_log_multiplier 0.1 is not supported"},
+      {[](GgufBuilder& b) {
+         Drop(b, "gpt-oss.rope.scaling.type").AddString("gpt-oss.rope.scaling.type", "longrope");
+       },
+       absl::StatusCode::kUnimplemented, "rope scaling type \"longrope\" is not supported"},
+      {[](GgufBuilder& b) { b.AddFloat32("gpt-oss.expert_weights_scale", 2.0f); },
+       absl::StatusCode::kUnimplemented, "gpt-oss: expert_weights_scale 2 is not supported"},
+      {[](GgufBuilder& b) { Drop(b, "gpt-oss.expert_count"); }, absl::StatusCode::kNotFound,
+       "gpt-oss.expert_count"},
   };
   for (const auto& c : cases) {
     const absl::Status status = config_with(c.edit).status();

@@ -274,6 +274,15 @@ TEST(OracleLogitsTest, MatchesLlamaCppOnSyntheticGemma4Moe) {
   ExpectMatchesSyntheticOracle("tests/fixtures/oracle/gemma4moe_synthetic_logits.json");
 }
 
+// gpt-oss (gpt-oss-20b's layer at d 256): local layers with a 32-token window alternating with
+// global ones, 4 heads over 2 KV heads of 64 with q/k/v/o biases and a learned sink per head,
+// YaRN RoPE (factor 32 over 4096 original tokens) on every layer, and 16 experts of width 128 in
+// MXFP4 with 4 used, routed top-k-then-softmax by a biased router, each expert matrix biased and
+// the clamped SwiGLU between.
+TEST(OracleLogitsTest, MatchesLlamaCppOnSyntheticGptOss) {
+  ExpectMatchesSyntheticOracle("tests/fixtures/oracle/gpt-oss_synthetic_logits.json");
+}
+
 // A mixture-of-experts row routes on its own hidden state and its experts are added in the order
 // chosen, so its logits are bit-identical whether it runs alone, in a causal batch, as a node of
 // a tree beside other branches, or on another thread count.

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -63,6 +64,34 @@ TEST(GeluTanhMulTest, MatchesDefinitionToF32Rounding) {
   std::vector<float> in_place = gate;
   GeluTanhMul(in_place.data(), up.data(), static_cast<int64_t>(gate.size()), in_place.data());
   EXPECT_EQ(in_place, out);
+}
+
+// gpt-oss's clamped SwiGLU against its definition in double: the gate clamped above at the
+// limit, up clamped on both sides, the sigmoid sharpened by alpha, and up shifted by one.
+TEST(SwigluOaiMulTest, MatchesDefinitionAndClamps) {
+  std::vector<float> gate, up;
+  for (double x = -12.0; x <= 12.0; x += 0.0173) {
+    gate.push_back(static_cast<float>(x));
+    up.push_back(static_cast<float>(9.0 * std::sin(3.0 * x)));
+  }
+  std::vector<float> out(gate.size());
+  SwigluOaiMul(gate.data(), up.data(), static_cast<int64_t>(gate.size()), out.data());
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const double x = std::min<double>(gate[i], 7.0);
+    const double y = std::clamp<double>(up[i], -7.0, 7.0);
+    const double expected = x / (1.0 + std::exp(-1.702 * x)) * (y + 1.0);
+    EXPECT_NEAR(out[i], expected, 1e-5 * (1.0 + std::abs(expected))) << gate[i] << " " << up[i];
+  }
+  // Beyond the limits the output stops moving: gate 7 and gate 100 agree, as do up 7 and 50.
+  const std::vector<float> g = {7.0f, 100.0f, 1.0f, 1.0f}, u = {2.0f, 2.0f, 7.0f, 50.0f};
+  std::vector<float> o(4);
+  SwigluOaiMul(g.data(), u.data(), 4, o.data());
+  EXPECT_EQ(o[0], o[1]);
+  EXPECT_EQ(o[2], o[3]);
+  // In place over up gives the same bits.
+  std::vector<float> in_place = u;
+  SwigluOaiMul(g.data(), in_place.data(), 4, in_place.data());
+  EXPECT_EQ(in_place, o);
 }
 
 }  // namespace

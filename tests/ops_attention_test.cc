@@ -44,8 +44,10 @@ const std::vector<uint8_t> kCausalMask = {
 };
 
 // Softmax attention in double, straight from the definition.
+// With `sinks`, head h's softmax denominator also holds exp(sinks[h]) (no value).
 std::vector<double> Reference(const std::vector<float>& q, const std::vector<float>& keys,
-                              const std::vector<float>& values, const std::vector<uint8_t>& mask) {
+                              const std::vector<float>& values, const std::vector<uint8_t>& mask,
+                              const float* sinks = nullptr) {
   std::vector<double> out(kTokens * kQDim, 0.0);
   const int64_t group = kShape.num_heads / kShape.num_kv_heads;
   for (int64_t t = 0; t < kTokens; ++t) {
@@ -68,6 +70,7 @@ std::vector<double> Reference(const std::vector<float>& q, const std::vector<flo
       }
       double sum = 0;
       for (double& s : scores) sum += (s = std::exp(s - max_score));
+      if (sinks != nullptr) sum += std::exp(double{sinks[h]} - max_score);
       for (size_t j = 0; j < visible.size(); ++j) {
         for (int64_t d = 0; d < kShape.head_dim; ++d) {
           out[t * kQDim + h * kShape.head_dim + d] +=
@@ -85,10 +88,13 @@ class AttentionTest : public ::testing::Test {
   std::vector<float> keys_ = Random((kPrefix + kTokens) * kKvDim, 2);
   std::vector<float> values_ = Random((kPrefix + kTokens) * kKvDim, 3);
 
-  std::vector<float> Run(const std::vector<uint8_t>& mask, int threads) {
+  std::vector<float> Run(const std::vector<uint8_t>& mask, int threads,
+                         const float* sinks = nullptr) {
     ThreadPool pool(threads);
     std::vector<float> out(kTokens * kQDim);
-    Attention(q_.data(), kTokens, F32Rows(keys_), F32Rows(values_), kPrefix, mask.data(), kShape,
+    AttentionShape shape = kShape;
+    shape.sinks = sinks;
+    Attention(q_.data(), kTokens, F32Rows(keys_), F32Rows(values_), kPrefix, mask.data(), shape,
               out.data(), pool);
     return out;
   }
@@ -100,6 +106,26 @@ TEST_F(AttentionTest, MatchesDoubleReference) {
     const std::vector<double> expected = Reference(q_, keys_, values_, *mask);
     for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], expected[i], 1e-5) << i;
   }
+}
+
+// Sinks (gpt-oss) take probability mass without adding a value: a sink far below the scores
+// changes nothing measurable, one far above drives the output to zero, and in between the
+// output is the reference's with the sink in the denominator (the largest sink here is above
+// every score, so it also sets the softmax's maximum).
+TEST_F(AttentionTest, SinksJoinTheDenominator) {
+  const std::vector<float> sinks = {-1.5f, 0.0f, 2.5f, 40.0f};
+  for (const auto* mask : {&kCausalMask, &kTreeMask}) {
+    const std::vector<float> out = Run(*mask, 2, sinks.data());
+    const std::vector<double> expected = Reference(q_, keys_, values_, *mask, sinks.data());
+    for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], expected[i], 1e-5) << i;
+    for (int64_t t = 0; t < kTokens; ++t) {
+      for (int64_t d = 0; d < kShape.head_dim; ++d) {
+        EXPECT_NEAR(out[t * kQDim + 3 * kShape.head_dim + d], 0.0f, 1e-12);
+      }
+    }
+  }
+  const std::vector<float> far_below(4, -1000.0f);
+  EXPECT_EQ(Run(kTreeMask, 2, far_below.data()), Run(kTreeMask, 2));
 }
 
 TEST_F(AttentionTest, IndependentOfThreadCount) {

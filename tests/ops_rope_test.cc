@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -158,6 +159,53 @@ TEST(RopeTest, HalvesStyleIsAdjacentPairsOfTheInterleavedHead) {
     }
     for (int64_t d = rotary; d < kHeadDim; ++d) EXPECT_EQ(y[h * kHeadDim + d], x[h * kHeadDim + d]);
   }
+}
+
+// YaRN with gpt-oss's numbers (64 rotary dims, base 150000, 4096 original context, factor 32):
+// the correction dims are floor/ceil of d ln(ctx / (2 pi beta)) / (2 ln base) for beta 32 and 1
+// (8 and 18 here); pairs below the first keep the unscaled angle, pairs above the second take the
+// interpolated angle (divided by the factor), pairs between blend linearly; every pair's length
+// is multiplied by 1 + 0.1 ln 32.
+TEST(RopeTest, YarnBlendsExtrapolationAndInterpolationAcrossTheCorrectionDims) {
+  const RopeConfig config{.head_dim = 64,
+                          .rotary_dims = 64,
+                          .freq_base = 150000.0f,
+                          .freq_scale = 1.0f / 32.0f,
+                          .style = RopeStyle::kHalves,
+                          .ext_factor = 1.0f,
+                          .yarn_original_context = 4096};
+  float dims[2];
+  YarnCorrectionDims(config, dims);
+  const double ln_base = std::log(150000.0);
+  const auto corr = [&](double beta) {
+    return 64.0 * std::log(4096.0 / (beta * 2.0 * M_PI)) / (2.0 * ln_base);
+  };
+  EXPECT_EQ(dims[0], std::floor(corr(32.0)));
+  EXPECT_EQ(dims[1], std::ceil(corr(1.0)));
+  EXPECT_EQ(dims[0], 8.0f);
+  EXPECT_EQ(dims[1], 18.0f);
+  const double mscale = 1.0 + 0.1 * std::log(32.0);
+  constexpr int32_t kPosition = 300;
+  for (int64_t pair = 0; pair < 32; ++pair) {
+    std::vector<float> x(64, 0.0f);
+    x[pair] = 1.0f;  // halves: pair i is (x[i], x[i + 32])
+    ApplyRope(x.data(), 1, 1, &kPosition, config);
+    const double extrapolated = kPosition * std::pow(150000.0, -2.0 * pair / 64.0);
+    const double ramp = 1.0 - std::clamp((pair - 8.0) / 10.0, 0.0, 1.0);
+    const double angle = extrapolated / 32.0 * (1.0 - ramp) + extrapolated * ramp;
+    EXPECT_NEAR(x[pair], mscale * std::cos(angle), 1e-4) << "pair " << pair;
+    EXPECT_NEAR(x[pair + 32], mscale * std::sin(angle), 1e-4) << "pair " << pair;
+  }
+  // Without ext_factor the same config is linear scaling, with attn_factor as the length.
+  RopeConfig linear = config;
+  linear.ext_factor = 0.0f;
+  linear.attn_factor = 0.5f;
+  std::vector<float> x(64, 0.0f);
+  x[3] = 1.0f;
+  ApplyRope(x.data(), 1, 1, &kPosition, linear);
+  const double angle = kPosition * std::pow(150000.0, -6.0 / 64.0) / 32.0;
+  EXPECT_NEAR(x[3], 0.5 * std::cos(angle), 1e-5);
+  EXPECT_NEAR(x[35], 0.5 * std::sin(angle), 1e-5);
 }
 
 }  // namespace

@@ -180,7 +180,8 @@ INSTANTIATE_TEST_SUITE_P(AllFormats, DequantizeFixtureTest,
                                            FormatParam{GgmlType::kQ3_K, "q3_k.bin", false},
                                            FormatParam{GgmlType::kQ4_K, "q4_k.bin", true},
                                            FormatParam{GgmlType::kQ5_K, "q5_k.bin", false},
-                                           FormatParam{GgmlType::kQ6_K, "q6_k.bin", true}),
+                                           FormatParam{GgmlType::kQ6_K, "q6_k.bin", true},
+                                           FormatParam{GgmlType::kMXFP4, "mxfp4.bin", false}),
                          [](const ::testing::TestParamInfo<FormatParam>& info) {
                            return std::string(GgmlTypeName(info.param.type));
                          });
@@ -205,7 +206,8 @@ TEST(GgmlBlocks, StructSizesAreTheTypeTableSizes) {
         Case{GgmlType::kQ3_K, sizeof(BlockQ3_K), kQkK},
         Case{GgmlType::kQ4_K, sizeof(BlockQ4_K), kQkK},
         Case{GgmlType::kQ5_K, sizeof(BlockQ5_K), kQkK},
-        Case{GgmlType::kQ6_K, sizeof(BlockQ6_K), kQkK}}) {
+        Case{GgmlType::kQ6_K, sizeof(BlockQ6_K), kQkK},
+        Case{GgmlType::kMXFP4, sizeof(BlockMxfp4), kQk}}) {
     SCOPED_TRACE(GgmlTypeName(c.type));
     const auto traits = GetGgmlTypeTraits(c.type);
     ASSERT_TRUE(traits.has_value());
@@ -228,9 +230,28 @@ TEST(Dequantize, Q4_0NibbleOrder) {
   }
 }
 
+// MXFP4 by hand: E2M1 codes 0..15 are 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, times
+// 2^(e - 127); element j in the low nibble, j + 16 in the high one.
+TEST(Dequantize, Mxfp4CodesAndScale) {
+  constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  BlockMxfp4 block{};
+  for (int j = 0; j < kQk / 2; ++j) block.qs[j] = static_cast<uint8_t>((15 - j) << 4 | j);
+  for (const int e : {127, 130, 120, 1}) {
+    block.e = static_cast<uint8_t>(e);
+    std::vector<float> out(kQk);
+    ASSERT_TRUE(DequantizeRow(GgmlType::kMXFP4, &block, out.data(), kQk).ok());
+    const float scale = std::ldexp(1.0f, e - 127);
+    for (int j = 0; j < kQk / 2; ++j) {
+      EXPECT_EQ(out[j], kE2m1[j] * scale) << "e " << e << " j " << j;
+      EXPECT_EQ(out[j + kQk / 2], kE2m1[15 - j] * scale) << "e " << e << " j " << j;
+    }
+  }
+}
+
 TEST(Dequantize, UnsupportedTypesAreRejected) {
   for (GgmlType type : {GgmlType::kIQ2_XXS, GgmlType::kIQ4_NL, GgmlType::kQ8_1, GgmlType::kQ8_K,
-                        GgmlType::kI8, GgmlType::kF64, GgmlType::kTQ1_0, GgmlType::kMXFP4,
+                        GgmlType::kI8, GgmlType::kF64, GgmlType::kTQ1_0, GgmlType::kNVFP4,
                         static_cast<GgmlType>(4) /* removed Q4_2 */}) {
     SCOPED_TRACE(GgmlTypeName(type));
     EXPECT_EQ(GetDequantizeRowFn(type), nullptr);

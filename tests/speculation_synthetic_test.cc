@@ -1,7 +1,8 @@
 // The split of the random-weight models of the oracle fixtures, in process: qwen3moe (3 layers,
 // 16 experts of width 128, 4 used), gemma4 (local and global layers of different shapes, one
 // without attn_v) and gemma4's MoE shape (a dense FFN beside 16 fused-gate|up experts of width 64,
-// 4 used), each quantized by the quantizer into a base and a residual file (expert tensors held
+// 4 used) and gpt-oss (sinks, biases, YaRN, 16 biased MXFP4 experts of width 128, 4 used), each
+// quantized by the quantizer into a base and a residual file (expert tensors held
 // as tall matrices), then run in draft mode (base only) and verify mode (base + residual, each
 // routed expert read once for all its rows). Random weights prove the arithmetic and the
 // losslessness only.
@@ -246,7 +247,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(SplitCase{"qwen3moe", "tests/fixtures/oracle/qwen3moe_synthetic_logits.json"},
                       SplitCase{"gemma4", "tests/fixtures/oracle/gemma4_synthetic_logits.json"},
                       SplitCase{"gemma4moe",
-                                "tests/fixtures/oracle/gemma4moe_synthetic_logits.json"}),
+                                "tests/fixtures/oracle/gemma4moe_synthetic_logits.json"},
+                      SplitCase{"gpt_oss", "tests/fixtures/oracle/gpt-oss_synthetic_logits.json"}),
     [](const ::testing::TestParamInfo<SplitCase>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -65,6 +65,15 @@ absl::Status CheckImplemented(const model::ModelConfig& config) {
     default:
       return refuse(absl::StrCat("FFN activation ", static_cast<int>(config.ffn_activation)));
   }
+  // gpt-oss's attention and experts, and YaRN, run on the CPU backend only so far.
+  if (config.attention_sinks) return refuse("attention sinks");
+  if (config.attn_output_bias) return refuse("the attention output bias");
+  if (config.expert_biases || config.expert_gating != model::ExpertGating::kSoftmaxThenTopK) {
+    return refuse("biased experts with top-k-then-softmax gating");
+  }
+  if (config.rope_ext_factor != 0.0f || config.rope_attn_factor != 1.0f) {
+    return refuse("YaRN RoPE scaling");
+  }
   if (config.sliding_window < 0 ||
       (config.sliding_window > 0 &&
        static_cast<int64_t>(config.layer_is_local.size()) != config.num_layers)) {

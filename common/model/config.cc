@@ -41,6 +41,10 @@ struct FamilyTraits {
   // gemma4: local layers with their own head width and RoPE dims, per-layer KV head counts,
   // layers without attn_v, the weightless v norm, layer_output_scale, attention scale 1.
   bool per_layer_attention = false;
+  // gpt-oss: attention sinks, the output projection's bias, biased router and experts, top-k
+  // then softmax gating, the pre-FFN norm named post_attention_norm, and local layers whose RoPE
+  // has the global base and scaling unless the file names rope.freq_base_swa.
+  bool gpt_oss_layers = false;
 };
 
 constexpr int kPatternArrayRequired = -1;
@@ -66,6 +70,12 @@ constexpr FamilyTraits kFamilies[] = {
     {.architecture = "qwen2", .qkv_bias = true},
     {.architecture = "qwen3", .qk_norm = true},
     {.architecture = "qwen3moe", .qk_norm = true, .experts = ExpertLayout::kEveryFfn},
+    {.architecture = "gpt-oss",
+     .ffn_activation = FfnActivation::kSwigluOai,
+     .qkv_bias = true,
+     .swa_pattern = 2,
+     .experts = ExpertLayout::kEveryFfn,
+     .gpt_oss_layers = true},
 };
 
 const FamilyTraits* FamilyOf(std::string_view architecture) {
@@ -250,18 +260,49 @@ absl::Status ReadHeadShape(const Metadata& meta, bool per_layer, ModelConfig& co
   return absl::OkStatus();
 }
 
-// 1 / the linear scaling factor; other scalings are not implemented.
-absl::StatusOr<float> ReadRopeFreqScale(const Metadata& meta) {
-  if (!meta.Has("rope.scaling.type")) return 1.0f;
+// The RoPE scaling: none, linear (freq_scale = 1 / factor) or YaRN, with llama.cpp's defaults
+// for a yarn file (ext_factor 1, beta_fast 32, beta_slow 1, the original context from
+// rope.scaling.original_context_length or else the training context) and its attention factor:
+// (1 + 0.1 ln s) / (1 + 0.1 ln s) * rope.scaling.attn_factor (that key alone otherwise), in f32 as
+// llama_context does (the first factor is YaRN's magnitude correction, which rope_yarn applies
+// again, so llama.cpp cancels it here). Other scalings, and YaRN with a log multiplier
+// (DeepSeek's mscale), are refused.
+absl::Status ReadRopeScaling(const Metadata& meta, ModelConfig& config) {
+  config.rope_freq_scale = 1.0f;
+  // llama.cpp multiplies every RoPE cos/sin by this, whatever the scaling.
+  BITSPLIT_ASSIGN_OR_RETURN(const float attn_factor, meta.Float("rope.scaling.attn_factor", 1.0f));
+  if (!(attn_factor > 0.0f) || !std::isfinite(attn_factor)) {
+    return Invalid(meta.file, "rope.scaling.attn_factor must be positive");
+  }
+  config.rope_attn_factor = attn_factor;
+  if (!meta.Has("rope.scaling.type")) return absl::OkStatus();
   BITSPLIT_ASSIGN_OR_RETURN(const std::string scaling,
                             meta.file.GetString(meta.Key("rope.scaling.type")));
-  if (scaling == "none") return 1.0f;
-  if (scaling != "linear") {
+  if (scaling == "none") return absl::OkStatus();
+  if (scaling != "linear" && scaling != "yarn") {
     return Unsupported(meta.file, "rope scaling type \"%s\" is not supported", scaling);
   }
   BITSPLIT_ASSIGN_OR_RETURN(const float factor, meta.Float("rope.scaling.factor", 1.0f));
-  if (!(factor > 0.0f)) return Invalid(meta.file, "rope.scaling.factor must be positive");
-  return 1.0f / factor;
+  if (!(factor > 0.0f) || !std::isfinite(factor)) {
+    return Invalid(meta.file, "rope.scaling.factor must be positive");
+  }
+  config.rope_freq_scale = 1.0f / factor;
+  if (scaling == "linear") return absl::OkStatus();
+  BITSPLIT_ASSIGN_OR_RETURN(const float log_multiplier,
+                            meta.Float("rope.scaling.yarn_log_multiplier", 0.0f));
+  if (log_multiplier != 0.0f) {
+    return Unsupported(meta.file, "YaRN with rope.scaling.yarn_log_multiplier %g is not supported",
+                       log_multiplier);
+  }
+  BITSPLIT_ASSIGN_OR_RETURN(
+      config.rope_yarn_original_context,
+      meta.Count("rope.scaling.original_context_length", config.context_length));
+  config.rope_ext_factor = 1.0f;
+  const float s = 1.0f / config.rope_freq_scale;
+  float yarn_attn_factor = s <= 1.0f ? 1.0f : 0.1f * 1.0f * std::log(s) + 1.0f;
+  yarn_attn_factor *= 1.0f / (1.0f + 0.1f * std::log(s));
+  config.rope_attn_factor = yarn_attn_factor * attn_factor;
+  return absl::OkStatus();
 }
 
 // The experts of a mixture-of-experts family: how many, how many a token uses, their FFN width,
@@ -277,6 +318,17 @@ absl::Status ReadExperts(const Metadata& meta, ModelConfig& config) {
   if (shared != 0) {
     return Unsupported(meta.file, "%s: shared experts (%d) are not supported", config.architecture,
                        shared);
+  }
+  if (config.expert_gating == ExpertGating::kTopKThenSoftmax) {
+    // gpt-oss: llama.cpp's graph fixes the gating (softmax over the chosen logits, no
+    // renormalization) whatever the file says; only a scale other than none/1 is refused.
+    BITSPLIT_ASSIGN_OR_RETURN(const float scale, meta.Float("expert_weights_scale", 0.0f));
+    if (scale != 0.0f && scale != 1.0f) {
+      return Unsupported(meta.file, "%s: expert_weights_scale %g is not supported",
+                         config.architecture, scale);
+    }
+    config.expert_weights_scale = 1.0f;
+    return absl::OkStatus();
   }
   // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX is 1.
   BITSPLIT_ASSIGN_OR_RETURN(const uint64_t gating, meta.Uint("expert_gating_func", 1));
@@ -310,7 +362,7 @@ absl::Status RejectUnsupportedFeatures(const Metadata& meta, const FamilyTraits&
   if (experts > 0 && family.experts == ExpertLayout::kNone) {
     return Unsupported(meta.file,
                        "%s with experts (%d) is not supported; the mixture-of-experts "
-                       "architectures supported are qwen3moe and gemma4",
+                       "architectures supported are qwen3moe, gemma4 and gpt-oss",
                        family.architecture, experts);
   }
   if (!family.per_layer_attention) return absl::OkStatus();
@@ -393,8 +445,9 @@ absl::Status ReadLayerPattern(const Metadata& meta, int default_period, ModelCon
 }
 
 // The window of a sliding-window family (the file may name none, or 0), its layer pattern and
-// the local layers' RoPE base.
-absl::Status ReadSlidingWindow(const Metadata& meta, int default_period, ModelConfig& config) {
+// the local layers' RoPE base (rope.freq_base_swa, else `default_local_base`).
+absl::Status ReadSlidingWindow(const Metadata& meta, int default_period, float default_local_base,
+                               ModelConfig& config) {
   if (default_period == kPatternArrayRequired && !meta.Has("attention.sliding_window")) {
     return Invalid(meta.file, "%s is missing", meta.Key("attention.sliding_window"));
   }
@@ -406,7 +459,7 @@ absl::Status ReadSlidingWindow(const Metadata& meta, int default_period, ModelCo
   if (window == 0) return absl::OkStatus();
   BITSPLIT_RETURN_IF_ERROR(ReadLayerPattern(meta, default_period, config));
   BITSPLIT_ASSIGN_OR_RETURN(config.rope_freq_base_local,
-                            meta.Float("rope.freq_base_swa", 10000.0f));
+                            meta.Float("rope.freq_base_swa", default_local_base));
   if (!(config.rope_freq_base_local > 0.0f)) {
     return Invalid(meta.file, "rope.freq_base_swa must be positive");
   }
@@ -566,6 +619,14 @@ absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
   config.qkv_bias = family->qkv_bias;
   config.value_norm = family->per_layer_attention;
   config.layer_output_scale = family->per_layer_attention;
+  if (family->gpt_oss_layers) {
+    config.attention_sinks = true;
+    config.attn_output_bias = true;
+    config.expert_biases = true;
+    config.expert_gating = ExpertGating::kTopKThenSoftmax;
+    config.ffn_norm_tensor = "post_attention_norm.weight";
+    config.local_rope_scaled = true;
+  }
 
   const Metadata meta{file, config.architecture + "."};
   BITSPLIT_RETURN_IF_ERROR(RejectUnsupportedFeatures(meta, *family));
@@ -582,7 +643,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
     return Invalid(file, "rope.freq_base %g / layer_norm_rms_epsilon %g out of range",
                    config.rope_freq_base, config.rms_norm_eps);
   }
-  BITSPLIT_ASSIGN_OR_RETURN(config.rope_freq_scale, ReadRopeFreqScale(meta));
+  BITSPLIT_RETURN_IF_ERROR(ReadRopeScaling(meta, config));
   BITSPLIT_ASSIGN_OR_RETURN(config.final_logit_softcap, ReadSoftcap(meta, *family));
   BITSPLIT_ASSIGN_OR_RETURN(const uint64_t experts, meta.Uint("expert_count", 0));
   if (family->experts == ExpertLayout::kEveryFfn || experts > 0) {
@@ -595,7 +656,9 @@ absl::StatusOr<ModelConfig> ModelConfigFromGgufMetadata(const gguf::File& file,
   config.embedding_scale =
       family->scale_embedding ? std::sqrt(static_cast<float>(config.d_model)) : 1.0f;
   if (family->swa_pattern != 0) {
-    BITSPLIT_RETURN_IF_ERROR(ReadSlidingWindow(meta, family->swa_pattern, config));
+    BITSPLIT_RETURN_IF_ERROR(
+        ReadSlidingWindow(meta, family->swa_pattern,
+                          family->gpt_oss_layers ? config.rope_freq_base : 10000.0f, config));
   }
   BITSPLIT_RETURN_IF_ERROR(SetVocabulary(meta, embedding_rows, config));
   return config;

@@ -5,8 +5,8 @@
 //
 // Families: llama (SmolLM2, Llama 2/3, Mistral, TinyLlama), gemma3, gemma4 (31B and the other
 // models without per-layer embeddings or shared-KV layers), qwen2, qwen3, and the
-// mixture-of-experts qwen3moe (Qwen3-30B-A3B, 235B-A22B). Their rules follow llama.cpp's loaders
-// and graphs (src/models/<arch>.cpp of the pinned llama.cpp).
+// mixture-of-experts qwen3moe (Qwen3-30B-A3B, 235B-A22B) and gpt-oss (gpt-oss-20b, 120b). Their
+// rules follow llama.cpp's loaders and graphs (src/models/<arch>.cpp of the pinned llama.cpp).
 #include <cstdint>
 #include <span>
 #include <string>
@@ -23,8 +23,18 @@ using ops::RopeStyle;  // which dimensions of a head RoPE rotates together
 
 // The gated feed-forward activation: act(gate) * up.
 enum class FfnActivation {
-  kSilu,      // SwiGLU: llama, qwen2, qwen3
-  kGeluTanh,  // GeGLU with the tanh-approximated GELU: gemma3, gemma4
+  kSilu,       // SwiGLU: llama, qwen2, qwen3
+  kGeluTanh,   // GeGLU with the tanh-approximated GELU: gemma3, gemma4
+  kSwigluOai,  // gpt-oss's clamped SwiGLU (ops::SwigluOaiMul): x sigmoid(1.702 x) (up + 1)
+};
+
+// How a mixture-of-experts router's logits become the chosen experts' weights.
+enum class ExpertGating {
+  // Softmax over all experts, the top k, their probabilities renormalized (qwen3moe, gemma4).
+  kSoftmaxThenTopK,
+  // The top k logits, then a softmax over those k alone (gpt-oss; llama.cpp's
+  // LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT).
+  kTopKThenSoftmax,
 };
 
 struct ModelConfig {
@@ -37,7 +47,12 @@ struct ModelConfig {
   int64_t head_dim = 0;      // of the global (full-attention) layers; see HeadDim(layer)
   int64_t rope_dims = 0;     // leading dims of a global layer's head that RoPE rotates
   float rope_freq_base = 10000.0f;
-  float rope_freq_scale = 1.0f;  // 1 / linear scaling factor
+  float rope_freq_scale = 1.0f;  // 1 / the scaling factor (linear or YaRN)
+  // YaRN (rope.scaling.type "yarn", ops::RopeConfig): ext_factor 1 and the original context;
+  // rope_attn_factor as llama.cpp's yarn_attn_factor (1 without YaRN).
+  float rope_ext_factor = 0.0f;
+  float rope_attn_factor = 1.0f;
+  int64_t rope_yarn_original_context = 0;
   float rms_norm_eps = 1e-5f;
   int64_t context_length = 0;  // training context; the KV cache may be smaller
   int64_t vocab_size = 0;
@@ -50,7 +65,13 @@ struct ModelConfig {
   bool qk_norm = false;          // per-head RMSNorm of q and k before RoPE (gemma3, qwen3)
   bool post_norms =
       false;  // RMSNorm of the attention and FFN outputs before they join the hidden state
-  bool qkv_bias = false;    // q, k and v projections carry biases (qwen2)
+  bool qkv_bias = false;          // q, k and v projections carry biases (qwen2, gpt-oss)
+  bool attn_output_bias = false;  // the attention output projection carries a bias (gpt-oss)
+  // A learned per-head logit in each attention softmax (gpt-oss's attn_sinks, ops::AttentionShape).
+  bool attention_sinks = false;
+  // The tensor of the norm before the FFN: "ffn_norm.weight", or gpt-oss's
+  // "post_attention_norm.weight" (the same norm under llama.cpp's name for that family).
+  std::string ffn_norm_tensor = "ffn_norm.weight";
   bool value_norm = false;  // weightless per-head RMSNorm of v (gemma4)
   // Each layer's output (its hidden state after the FFN joined it) is multiplied by the layer's
   // blk.N.layer_output_scale scalar (gemma4).
@@ -61,7 +82,9 @@ struct ModelConfig {
   // (p - sliding_window, p]. 0: every layer attends to the whole context.
   int64_t sliding_window = 0;
   std::vector<uint8_t> layer_is_local;    // [num_layers]; empty when sliding_window == 0
-  float rope_freq_base_local = 10000.0f;  // RoPE of the local layers (no scaling there)
+  float rope_freq_base_local = 10000.0f;  // RoPE of the local layers
+  // The local layers' RoPE is scaled as the global layers' (gpt-oss); otherwise not at all.
+  bool local_rope_scaled = false;
   // Local layers of another head shape than the global ones (gemma4: attention.key_length_swa,
   // rope.dimension_count_swa); 0 when they share head_dim / rope_dims.
   int64_t head_dim_local = 0;
@@ -86,10 +109,16 @@ struct ModelConfig {
   //             RMSNorm(h) / sqrt(d_model) * ffn_gate_inp.scale, the experts read
   //             pre_ffw_norm_2(h) and expert e's output is multiplied by ffn_down_exps.scale[e];
   //             the FFN's output is post_ffw_norm_1(dense) + post_ffw_norm_2(experts).
+  //   gpt-oss:  as qwen3moe, but the router and every expert matrix carry biases
+  //             (expert_biases: ffn_gate_inp.bias added to the logits, ffn_gate/up/down_exps.bias
+  //             to each expert's outputs), the gating is kTopKThenSoftmax and the activation
+  //             kSwigluOai.
   int64_t num_experts = 0;
   int64_t num_experts_used = 0;
   int64_t d_ff_expert = 0;
   float expert_weights_scale = 1.0f;
+  ExpertGating expert_gating = ExpertGating::kSoftmaxThenTopK;
+  bool expert_biases = false;
   bool dense_ffn = true;
   bool parallel_experts = false;
   // The file holds each expert's gate and up in one tensor (ffn_gate_up_exps: the expert's gate
@@ -123,7 +152,10 @@ struct ModelConfig {
   float RopeFreqBase(int64_t layer) const {
     return IsLocalLayer(layer) ? rope_freq_base_local : rope_freq_base;
   }
-  float RopeFreqScale(int64_t layer) const { return IsLocalLayer(layer) ? 1.0f : rope_freq_scale; }
+  // The scaling of `layer`'s RoPE (ops::RopeConfig's freq_scale, ext_factor and attn_factor):
+  // none on the local layers unless local_rope_scaled.
+  bool RopeScaled(int64_t layer) const { return !IsLocalLayer(layer) || local_rope_scaled; }
+  float RopeFreqScale(int64_t layer) const { return RopeScaled(layer) ? rope_freq_scale : 1.0f; }
 };
 
 // The expected number of distinct experts that `rows` independently routed rows touch, when a
@@ -141,7 +173,8 @@ inline constexpr int64_t kMaxLayers = 1024;
 // Reads and validates the config. Rejects architectures other than the supported families
 // (naming the one found and the supported ones), missing or non-positive hyperparameters,
 // inconsistent head shapes, and features this implementation does not have (experts in a family
-// without them, shared experts, a gating function other than softmax, non-linear RoPE scaling,
+// without them, shared experts, a gating function other than softmax, RoPE scaling other than
+// linear and YaRN (YaRN with a log multiplier included),
 // logit soft-capping outside the gemma families, gemma4's per-layer embeddings and shared-KV
 // layers). block_count and embedding_length are checked
 // against the tensor table: the blk.N tensors must cover exactly layers [0, block_count), and

@@ -18,8 +18,15 @@ void RouteRows(const ModelConfig& config, const float* router_logits, int64_t ro
                  static_cast<int64_t>(weights.size()) >= rows * k);
   std::vector<float> probabilities(static_cast<size_t>(experts));
   std::vector<int32_t> order(static_cast<size_t>(experts));
+  std::vector<float> chosen(static_cast<size_t>(k));
+  const bool top_k_first = config.expert_gating == ExpertGating::kTopKThenSoftmax;
   for (int64_t t = 0; t < rows; ++t) {
-    ops::Softmax(router_logits + t * experts, experts, probabilities.data());
+    // The ranking: by probability, or (top-k first) by the logits themselves.
+    if (top_k_first) {
+      std::copy_n(router_logits + t * experts, experts, probabilities.data());
+    } else {
+      ops::Softmax(router_logits + t * experts, experts, probabilities.data());
+    }
     std::iota(order.begin(), order.end(), 0);
     // A NaN probability (from NaN weights) ranks last, so the order stays a strict weak one.
     const auto rank = [&](int32_t e) {
@@ -30,6 +37,15 @@ void RouteRows(const ModelConfig& config, const float* router_logits, int64_t ro
       const float pa = rank(a), pb = rank(b);
       return pa != pb ? pa > pb : a < b;
     });
+    if (top_k_first) {  // a softmax over the chosen logits, in the order chosen
+      for (int64_t i = 0; i < k; ++i) chosen[i] = probabilities[static_cast<size_t>(order[i])];
+      ops::Softmax(chosen.data(), k, chosen.data());
+      for (int64_t i = 0; i < k; ++i) {
+        expert_of[static_cast<size_t>(t * k + i)] = order[static_cast<size_t>(i)];
+        weights[static_cast<size_t>(t * k + i)] = chosen[static_cast<size_t>(i)];
+      }
+      continue;
+    }
     float sum = 0.0f;
     for (int64_t i = 0; i < k; ++i) sum += probabilities[static_cast<size_t>(order[i])];
     sum = std::max(sum, 0x1p-14f);

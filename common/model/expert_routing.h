@@ -12,11 +12,13 @@
 
 namespace bitsplit::model {
 
-// Per row t of `router_logits` ([rows, num_experts]): softmax over all experts, the k =
-// num_experts_used most probable in descending order (ties to the lower index; NaN ranks last),
-// their probabilities renormalized (the sum clamped at 2^-14, the smallest normal fp16, as
-// llama.cpp) and scaled by expert_weights_scale. expert_of and weights are [rows * k], row t's
-// choices at t * k in the order chosen. A row's routing depends on that row's logits only.
+// Per row t of `router_logits` ([rows, num_experts]), kSoftmaxThenTopK: softmax over all
+// experts, the k = num_experts_used most probable in descending order (ties to the lower index;
+// NaN ranks last), their probabilities renormalized (the sum clamped at 2^-14, the smallest
+// normal fp16, as llama.cpp) and scaled by expert_weights_scale. kTopKThenSoftmax: the k largest
+// logits in descending order (the same ties), weighted by a softmax over those k (times
+// expert_weights_scale, which that gating requires to be 1). expert_of and weights are [rows * k],
+// row t's choices at t * k in the order chosen. A row's routing depends on that row's logits only.
 void RouteRows(const ModelConfig& config, const float* router_logits, int64_t rows,
                std::span<int32_t> expert_of, std::span<float> weights);
 

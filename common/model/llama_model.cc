@@ -26,6 +26,15 @@ void AddBias(float* x, const float* bias, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; ++r) AddInPlace(x + r * n, bias, n);
 }
 
+// Grouped expert rows [rows, width] += the bias row of each row's expert (bias [experts, width]).
+void AddExpertBias(std::span<const ExpertRows> segments, const float* bias, int64_t width,
+                   float* rows) {
+  for (const ExpertRows& segment : segments) {
+    AddBias(rows + static_cast<int64_t>(segment.first_row) * width,
+            bias + static_cast<int64_t>(segment.expert) * width, segment.count, width);
+  }
+}
+
 std::vector<float> Buffer(int64_t rows, int64_t cols) {
   return std::vector<float>(static_cast<size_t>(rows * cols));
 }
@@ -432,13 +441,19 @@ absl::Status LlamaModel::AttentionBlock(int32_t layer, ForwardPass& pass) {
       .freq_base = c.RopeFreqBase(layer),
       .freq_scale = c.RopeFreqScale(layer),
       .freq_factors = c.IsLocalLayer(layer) ? nullptr : embedding_and_norms_.rope_freq_factors,
-      .style = c.rope_style};
+      .style = c.rope_style,
+      // llama.cpp passes YaRN's factors to every layer; with a layer's freq_scale of 1 YaRN
+      // changes nothing but the attn_factor.
+      .ext_factor = c.rope_ext_factor,
+      .attn_factor = c.rope_attn_factor,
+      .yarn_original_context = c.rope_yarn_original_context};
   ops::ApplyRope(pass.q.data(), n, c.num_heads, pass.positions.data(), rope);
   ops::ApplyRope(pass.keys.data(), n, kv_heads, pass.positions.data(), rope);
   StoreKvAndAttend(layer, pass);
   float* const projected[] = {pass.projected.data()};
   BITSPLIT_RETURN_IF_ERROR(pass.linear.Apply({layer, LinearGroup::kAttnOutput},
                                              pass.attention.data(), n, projected, *pool_));
+  if (c.attn_output_bias) AddBias(pass.projected.data(), vectors.o_bias, n, c.d_model);
   AddToHiddenState(vectors.attn_post_norm, pass);
   return absl::OkStatus();
 }
@@ -447,10 +462,12 @@ void LlamaModel::StoreKvAndAttend(int32_t layer, ForwardPass& pass) {
   const ModelConfig& c = config_;
   const int64_t kv_dim = c.KvDim(layer);
   const int64_t q_dim = c.QDim(layer);
-  const ops::AttentionShape shape{.num_heads = c.num_heads,
-                                  .num_kv_heads = c.NumKvHeads(layer),
-                                  .head_dim = c.HeadDim(layer),
-                                  .scale = c.attention_scale};
+  const ops::AttentionShape shape{
+      .num_heads = c.num_heads,
+      .num_kv_heads = c.NumKvHeads(layer),
+      .head_dim = c.HeadDim(layer),
+      .scale = c.attention_scale,
+      .sinks = embedding_and_norms_.layers[static_cast<size_t>(layer)].attn_sinks};
   // Each sequence's keys and values go to its own cache, and its rows attend over it.
   for (const SequenceSlice& slice : pass.slices) {
     const Batch& batch = *slice.batch;
@@ -532,13 +549,19 @@ void LlamaModel::GatedActivation(int64_t rows, int64_t width, float* gate, const
       case FfnActivation::kGeluTanh:
         ops::GeluTanhMul(g, u, count, g);
         break;
+      case FfnActivation::kSwigluOai:
+        ops::SwigluOaiMul(g, u, count, g);
+        break;
     }
   });
 }
 
 void LlamaModel::RouteToExperts(int32_t layer, const float* router_input, ForwardPass& pass) {
-  const ops::WeightMatrix& router = embedding_and_norms_.layers[static_cast<size_t>(layer)].router;
-  ops::MatMul(router_input, pass.rows, router, pass.router_logits.data(), *pool_);
+  const LayerNorms& vectors = embedding_and_norms_.layers[static_cast<size_t>(layer)];
+  ops::MatMul(router_input, pass.rows, vectors.router, pass.router_logits.data(), *pool_);
+  if (vectors.router_bias != nullptr) {
+    AddBias(pass.router_logits.data(), vectors.router_bias, pass.rows, config_.num_experts);
+  }
   RouteRows(config_, pass.router_logits.data(), pass.rows, pass.expert_of, pass.expert_weights);
 }
 
@@ -573,10 +596,17 @@ absl::Status LlamaModel::ExpertsBlock(int32_t layer, const float* input, const f
                                                       pass.expert_input.data(), routed, segments,
                                                       gate_up, *pool_));
   }
+  if (c.expert_biases) {
+    AddExpertBias(segments, vectors.expert_gate_bias, width, pass.expert_gate.data());
+    AddExpertBias(segments, vectors.expert_up_bias, width, pass.expert_up.data());
+  }
   GatedActivation(routed, width, pass.expert_gate.data(), pass.expert_up.data());
   float* const down[] = {pass.expert_output.data()};
   BITSPLIT_RETURN_IF_ERROR(pass.linear.ApplyExperts(
       layer, LinearGroup::kExpertDown, pass.expert_gate.data(), routed, segments, down, *pool_));
+  if (c.expert_biases) {
+    AddExpertBias(segments, vectors.expert_down_bias, c.d_model, pass.expert_output.data());
+  }
   // Each row's experts scaled (gemma4's per-expert scale), weighted and added in the order they
   // were chosen (batch-invariant).
   for (int64_t t = 0; t < pass.rows; ++t) {

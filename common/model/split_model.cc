@@ -84,8 +84,9 @@ absl::StatusOr<const SplitTensor*> GgmlTensor(const SplitFile& file, std::string
   return tensor;
 }
 
-absl::StatusOr<const float*> F32Vector(const SplitFile& file, std::string_view name, int64_t n) {
-  BITSPLIT_ASSIGN_OR_RETURN(const SplitTensor* tensor, GgmlTensor(file, name, {n}));
+absl::StatusOr<const float*> F32Vector(const SplitFile& file, std::string_view name,
+                                       const std::vector<int64_t>& dims) {
+  BITSPLIT_ASSIGN_OR_RETURN(const SplitTensor* tensor, GgmlTensor(file, name, dims));
   if (tensor->format != GgmlTensorFormat(GgmlType::kF32)) {
     return TensorError(
         file, name, absl::StrCat("has type ", TensorFormatName(tensor->format), ", expected F32"));
@@ -487,10 +488,10 @@ absl::StatusOr<std::unique_ptr<SplitModelFiles>> SplitModelFiles::Open(
                             config.vocab_size, config.d_model,
                             absl::StrCat(base_path, ": tensor token_embd.weight")));
   BITSPLIT_ASSIGN_OR_RETURN(direct.output_norm,
-                            F32Vector(base, "output_norm.weight", config.d_model));
+                            F32Vector(base, "output_norm.weight", {config.d_model}));
   if (base.FindTensor("rope_freqs.weight") != nullptr) {
     BITSPLIT_ASSIGN_OR_RETURN(direct.rope_freq_factors,
-                              F32Vector(base, "rope_freqs.weight", config.rope_dims / 2));
+                              F32Vector(base, "rope_freqs.weight", {config.rope_dims / 2}));
   }
   direct.layers.resize(static_cast<size_t>(config.num_layers));
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
@@ -498,7 +499,7 @@ absl::StatusOr<std::unique_ptr<SplitModelFiles>> SplitModelFiles::Open(
     for (const LayerVectorSpec& spec : LayerVectorSpecs(config, layer)) {
       BITSPLIT_ASSIGN_OR_RETURN(
           vectors.*spec.field,
-          F32Vector(base, absl::StrCat("blk.", layer, ".", spec.tensor), spec.length));
+          F32Vector(base, absl::StrCat("blk.", layer, ".", spec.tensor), spec.GgufDims()));
     }
     if (config.has_experts()) {
       const std::string name = absl::StrCat("blk.", layer, ".ffn_gate_inp.weight");

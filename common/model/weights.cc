@@ -61,9 +61,10 @@ absl::StatusOr<ops::WeightMatrix> TallExpertMatrix(const gguf::File& file, const
   return MatrixWithDims(file, name, {cols, rows, experts}, experts * rows, cols);
 }
 
-// An f32 vector of n elements, read in place.
-absl::StatusOr<const float*> Vector(const gguf::File& file, const std::string& name, int64_t n) {
-  BITSPLIT_ASSIGN_OR_RETURN(const gguf::TensorInfo* tensor, FindWithDims(file, name, {n}));
+// An f32 tensor of GGUF dims `dims`, read in place.
+absl::StatusOr<const float*> Vector(const gguf::File& file, const std::string& name,
+                                    const std::vector<int64_t>& dims) {
+  BITSPLIT_ASSIGN_OR_RETURN(const gguf::TensorInfo* tensor, FindWithDims(file, name, dims));
   if (tensor->type != GgmlType::kF32) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: tensor %s has type %s, expected F32", file.name(), name, GgmlTypeName(tensor->type)));
@@ -84,7 +85,7 @@ std::string LayerTensor(int64_t layer, const std::string& what) {
 std::vector<LayerVectorSpec> LayerVectorSpecs(const ModelConfig& config, int64_t layer) {
   std::vector<LayerVectorSpec> specs = {
       {"attn_norm.weight", config.d_model, &LayerNorms::attn_norm},
-      {"ffn_norm.weight", config.d_model, &LayerNorms::ffn_norm}};
+      {config.ffn_norm_tensor, config.d_model, &LayerNorms::ffn_norm}};
   if (config.post_norms) {
     specs.push_back({"post_attention_norm.weight", config.d_model, &LayerNorms::attn_post_norm});
     specs.push_back({"post_ffw_norm.weight", config.d_model, &LayerNorms::ffn_post_norm});
@@ -100,6 +101,22 @@ std::vector<LayerVectorSpec> LayerVectorSpecs(const ModelConfig& config, int64_t
   }
   if (config.layer_output_scale) {
     specs.push_back({"layer_output_scale.weight", 1, &LayerNorms::output_scale});
+  }
+  if (config.attn_output_bias) {
+    specs.push_back({"attn_output.bias", config.d_model, &LayerNorms::o_bias});
+  }
+  if (config.attention_sinks) {
+    specs.push_back({"attn_sinks.weight", config.num_heads, &LayerNorms::attn_sinks});
+  }
+  if (config.expert_biases) {
+    const int64_t experts = config.num_experts;
+    specs.push_back({"ffn_gate_inp.bias", experts, &LayerNorms::router_bias});
+    specs.push_back({"ffn_gate_exps.bias", experts * config.d_ff_expert,
+                     &LayerNorms::expert_gate_bias, experts});
+    specs.push_back(
+        {"ffn_up_exps.bias", experts * config.d_ff_expert, &LayerNorms::expert_up_bias, experts});
+    specs.push_back(
+        {"ffn_down_exps.bias", experts * config.d_model, &LayerNorms::expert_down_bias, experts});
   }
   if (config.parallel_experts) {
     specs.push_back({"ffn_gate_inp.scale", config.d_model, &LayerNorms::router_input_scale});
@@ -173,7 +190,7 @@ absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
   ModelWeights weights;
   BITSPLIT_ASSIGN_OR_RETURN(weights.token_embd,
                             Matrix(file, "token_embd.weight", config.vocab_size, d_model));
-  BITSPLIT_ASSIGN_OR_RETURN(weights.output_norm, Vector(file, "output_norm.weight", d_model));
+  BITSPLIT_ASSIGN_OR_RETURN(weights.output_norm, Vector(file, "output_norm.weight", {d_model}));
   if (file.FindTensor("output.weight") != nullptr) {
     BITSPLIT_ASSIGN_OR_RETURN(weights.output,
                               Matrix(file, "output.weight", config.vocab_size, d_model));
@@ -183,7 +200,7 @@ absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
   }
   if (file.FindTensor("rope_freqs.weight") != nullptr) {
     BITSPLIT_ASSIGN_OR_RETURN(weights.rope_freq_factors,
-                              Vector(file, "rope_freqs.weight", config.rope_dims / 2));
+                              Vector(file, "rope_freqs.weight", {config.rope_dims / 2}));
   }
 
   weights.layers.resize(static_cast<size_t>(config.num_layers));
@@ -192,7 +209,7 @@ absl::StatusOr<ModelWeights> ModelWeightsFromGguf(const gguf::File& file,
     for (const LayerVectorSpec& spec : LayerVectorSpecs(config, i)) {
       BITSPLIT_ASSIGN_OR_RETURN(
           layer.vectors.*spec.field,
-          Vector(file, absl::StrCat("blk.", i, ".", spec.tensor), spec.length));
+          Vector(file, absl::StrCat("blk.", i, ".", spec.tensor), spec.GgufDims()));
     }
     const int64_t q_dim = config.QDim(i);
     const int64_t kv_dim = config.KvDim(i);

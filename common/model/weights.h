@@ -6,6 +6,7 @@
 //
 // Shape notation: [rows, cols] of the row-major matrix, i.e. the GGUF dims {cols, rows}
 // (ggml lists the contiguous dimension first). A linear layer y = x · Wᵀ maps cols -> rows.
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,7 +30,14 @@ struct LayerNorms {
   const float* k_bias = nullptr;          // [KvDim(layer)], qkv_bias
   const float* v_bias = nullptr;          // [KvDim(layer)], qkv_bias
   const float* output_scale = nullptr;    // [1], layer_output_scale
-  ops::WeightMatrix router;               // [num_experts, d_model], has_experts (ffn_gate_inp)
+  const float* o_bias = nullptr;          // [d_model], attn_output_bias
+  const float* attn_sinks = nullptr;      // [num_heads], attention_sinks
+  // expert_biases (gpt-oss): the router's, and each expert's rows of its matrices' biases.
+  const float* router_bias = nullptr;       // [num_experts]
+  const float* expert_gate_bias = nullptr;  // [num_experts, d_ff_expert]
+  const float* expert_up_bias = nullptr;    // [num_experts, d_ff_expert]
+  const float* expert_down_bias = nullptr;  // [num_experts, d_model]
+  ops::WeightMatrix router;                 // [num_experts, d_model], has_experts (ffn_gate_inp)
   // parallel_experts (gemma4's MoE layers, see ModelConfig):
   const float* router_input_scale = nullptr;   // [d_model], ffn_gate_inp.scale
   const float* expert_output_scale = nullptr;  // [num_experts], ffn_down_exps.scale
@@ -41,9 +49,16 @@ struct LayerNorms {
 // One per-layer vector of a family: its GGUF tensor name after "blk.N.", its length and the
 // LayerNorms field it fills. The forward pass reads exactly these; the quantizer copies them.
 struct LayerVectorSpec {
-  const char* tensor;  // e.g. "post_attention_norm.weight"
-  int64_t length;
+  std::string tensor;  // e.g. "post_attention_norm.weight"
+  int64_t length;      // floats in all
   const float* LayerNorms::*field;
+  // A per-expert table (the experts' biases): GGUF dims {length / rows, rows}; 1: a vector
+  // {length}.
+  int64_t rows = 1;
+
+  std::vector<int64_t> GgufDims() const {
+    return rows == 1 ? std::vector<int64_t>{length} : std::vector<int64_t>{length / rows, rows};
+  }
 };
 std::vector<LayerVectorSpec> LayerVectorSpecs(const ModelConfig& config, int64_t layer);
 

@@ -1,5 +1,6 @@
 #include "common/ops/activation.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace bitsplit::ops {
@@ -19,6 +20,16 @@ float GeluTanh(float x) {
 
 void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = GeluTanh(gate[i]) * up[i];
+}
+
+void SwigluOaiMul(const float* gate, const float* up, int64_t n, float* out, float alpha,
+                  float limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = std::min(gate[i], limit);
+    const float y = std::clamp(up[i], -limit, limit);
+    const float glu = x / (1.0f + std::exp(alpha * (-x)));
+    out[i] = glu * (y + 1.0f);
+  }
 }
 
 }  // namespace bitsplit::ops

@@ -1,5 +1,6 @@
 #pragma once
-// The gated feed-forward activations: SiLU(gate) * up (llama, qwen) and GELU(gate) * up (gemma).
+// The gated feed-forward activations: SiLU(gate) * up (llama, qwen), GELU(gate) * up (gemma) and
+// gpt-oss's clamped SwiGLU.
 #include <cstdint>
 
 namespace bitsplit::ops {
@@ -16,5 +17,13 @@ float GeluTanh(float x);
 // rounded to fp16, an error of up to ~1e-3 relative that we do not copy: docs/quality.md.)
 // out may alias gate or up. Elementwise, so batch- and thread-invariant.
 void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out);
+
+// gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai, alpha 1.702 and limit 7 in its MoE graph):
+// x = min(gate, limit), y = clamp(up, -limit, limit), out = x / (1 + exp(-alpha x)) * (y + 1),
+// each step in f32 as ggml's CPU kernel writes it. out may alias gate or up. Elementwise.
+inline constexpr float kSwigluOaiAlpha = 1.702f;
+inline constexpr float kSwigluOaiLimit = 7.0f;
+void SwigluOaiMul(const float* gate, const float* up, int64_t n, float* out,
+                  float alpha = kSwigluOaiAlpha, float limit = kSwigluOaiLimit);
 
 }  // namespace bitsplit::ops

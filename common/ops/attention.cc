@@ -22,8 +22,9 @@ const float* HeadSlice(const KvRows& rows, int64_t slot, int64_t kv_offset, int6
 
 // Attention of one query head of one token. `slots` lists the visible cache slots in ascending
 // order; `scores` and `decoded` are scratch.
+// `sink`: the head's sink logit, or -inf for none.
 void AttendOneHead(const float* query, const KvRows& keys, const KvRows& values, int64_t kv_offset,
-                   int64_t head_dim, float scale, const std::vector<int64_t>& slots,
+                   int64_t head_dim, float scale, float sink, const std::vector<int64_t>& slots,
                    std::vector<float>& scores, std::vector<float>& decoded, float* out) {
   const size_t count = slots.size();
   scores.resize(count);
@@ -33,11 +34,14 @@ void AttendOneHead(const float* query, const KvRows& keys, const KvRows& values,
     scores[j] = simd::Dot(query, key, head_dim) * scale;
     max_score = std::max(max_score, scores[j]);
   }
+  const bool has_sink = sink != -INFINITY;
+  if (has_sink) max_score = std::max(max_score, sink);
   double sum = 0.0;
   for (size_t j = 0; j < count; ++j) {
     scores[j] = std::exp(scores[j] - max_score);
     sum += scores[j];
   }
+  if (has_sink) sum += std::exp(sink - max_score);
   const float inverse_sum = static_cast<float>(1.0 / sum);
   std::fill(out, out + head_dim, 0.0f);
   for (size_t j = 0; j < count; ++j) {
@@ -97,7 +101,8 @@ void AttentionWithContext(const float* q, int64_t num_tokens, const KvRows& keys
       }
       const int64_t kv_offset = (head / heads_per_kv) * shape.head_dim;
       AttendOneHead(q + token * q_dim + head * shape.head_dim, keys, values, kv_offset,
-                    shape.head_dim, shape.scale, slots, scores, decoded,
+                    shape.head_dim, shape.scale,
+                    shape.sinks != nullptr ? shape.sinks[head] : -INFINITY, slots, scores, decoded,
                     out + token * q_dim + head * shape.head_dim);
     }
   });

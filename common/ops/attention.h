@@ -13,6 +13,11 @@ struct AttentionShape {
   int64_t num_kv_heads = 0;  // divides num_heads; query head h reads kv head h / (heads / kv)
   int64_t head_dim = 0;
   float scale = 1.0f;  // multiplies q·k, normally 1 / sqrt(head_dim)
+  // Attention sinks (gpt-oss): [num_heads] learned logits, one per query head, that join each
+  // softmax's denominator as a slot with no value: weights exp(s_j - m) / (sum_j exp(s_j - m) +
+  // exp(sink - m)), m the larger of the scores' and the sink's maximum (llama.cpp's
+  // ggml_soft_max_add_sinks). Null: none.
+  const float* sinks = nullptr;
 };
 
 // Sliding-window attention (llama.cpp's LLAMA_SWA_TYPE_STANDARD): a query at position p sees

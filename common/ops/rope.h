@@ -20,7 +20,22 @@ struct RopeConfig {
   float freq_scale = 1.0f;              // linear position scaling (1 / scaling factor)
   const float* freq_factors = nullptr;  // optional [rotary_dims / 2] divisors (llama 3 style)
   RopeStyle style = RopeStyle::kAdjacentPairs;
+  // YaRN (rope.scaling.type "yarn", llama.cpp's rope_yarn): with ext_factor > 0, pair i turns by
+  // a blend of the interpolated angle (freq_scale * theta_i) and the extrapolated one (theta_i),
+  // the extrapolated share ext_factor * ramp(i) falling from 1 to 0 between the correction dims
+  // of yarn_original_context (beta_fast and beta_slow rotations), and cos and sin are multiplied
+  // by attn_factor * (1 + 0.1 ln(1 / freq_scale)). Without YaRN they are multiplied by
+  // attn_factor alone.
+  float ext_factor = 0.0f;
+  float attn_factor = 1.0f;
+  int64_t yarn_original_context = 0;
+  float yarn_beta_fast = 32.0f;
+  float yarn_beta_slow = 1.0f;
 };
+
+// YaRN's correction dims [low, high] of `config` (ggml_rope_yarn_corr_dims): pairs below low keep
+// the extrapolated angle, pairs above high the interpolated one.
+void YarnCorrectionDims(const RopeConfig& config, float dims[2]);
 
 // x is [num_tokens, num_heads, head_dim]; token t is rotated for positions[t]. Pair i turns by
 //   theta_i = freq_scale * position * base^(-2i / rotary_dims) / freq_factors[i],

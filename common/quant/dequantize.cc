@@ -44,6 +44,28 @@ void DequantizeRowQ8_0(const void* src, float* dst, int64_t n) {
   }
 }
 
+// ggml_e8m0_to_fp32_half: 2^(e - 128) as float bits; e < 2 gives the denormals 2^-128, 2^-127.
+float E8m0ToFp32Half(uint8_t e) {
+  const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : static_cast<uint32_t>(e - 1) << 23;
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+void DequantizeRowMxfp4(const void* src, float* dst, int64_t n) {
+  static constexpr int8_t kDoubledE2m1[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                              0, -1, -2, -3, -4, -6, -8, -12};
+  for (int64_t b = 0; b < n / kQk; ++b) {
+    const auto block = LoadBlock<BlockMxfp4>(src, b);
+    const float d = E8m0ToFp32Half(block.e);
+    float* y = dst + b * kQk;
+    for (int j = 0; j < kQk / 2; ++j) {
+      y[j] = static_cast<float>(kDoubledE2m1[block.qs[j] & 0x0f]) * d;
+      y[j + kQk / 2] = static_cast<float>(kDoubledE2m1[block.qs[j] >> 4]) * d;
+    }
+  }
+}
+
 void DequantizeRowQ4_0(const void* src, float* dst, int64_t n) {
   for (int64_t b = 0; b < n / kQk; ++b) {
     const auto block = LoadBlock<BlockQ4_0>(src, b);
@@ -287,6 +309,8 @@ DequantizeRowFn GetDequantizeRowFn(GgmlType type) {
       return DequantizeRowQ8_0;
     case GgmlType::kQ4_0:
       return DequantizeRowQ4_0;
+    case GgmlType::kMXFP4:
+      return DequantizeRowMxfp4;
     case GgmlType::kQ4_1:
       return DequantizeRowQ4_1;
     case GgmlType::kQ5_0:

@@ -3,9 +3,9 @@
 // (so a block can be memcpy'd straight out of a GGUF tensor). Half-precision fields are kept as
 // raw uint16_t bit patterns; convert them with common/util/fp16.h.
 //
-// Every struct is standard-layout with 2-byte alignment and no padding; the static_asserts pin
-// the sizes to GetGgmlTypeTraits() (common/io/ggml_type.cc), which the GGUF reader uses to
-// validate tensor extents.
+// Every struct is standard-layout with 2-byte alignment (MXFP4's: 1) and no padding; the
+// static_asserts pin the sizes to GetGgmlTypeTraits() (common/io/ggml_type.cc), which the GGUF
+// reader uses to validate tensor extents.
 //
 // Notation in the comments: a "block" covers kQk (32) or kQkK (256) consecutive elements of a
 // row; y[i] is element i of the dequantized block.
@@ -125,6 +125,16 @@ struct BlockQ6_K {
   uint16_t d;                // fp16 super-block scale
 };
 
+// MXFP4 (OCP microscaling FP4; gpt-oss stores its experts in it): 32 elements, y[j] and
+// y[j + 16] from the low and high nibble of qs[j], each an E2M1 code, times the E8M0 scale e
+// (2^(e - 127)). ggml keeps the codes doubled as integers (0, 1, 2, 3, 4, 6, 8, 12 and their
+// negatives) and halves the scale instead: 2^(e - 128), a denormal for e < 2. The one format
+// here with 1-byte alignment (17 bytes).
+struct BlockMxfp4 {
+  uint8_t e;
+  uint8_t qs[kQk / 2];
+};
+
 // Sizes must match ggml's type traits (common/io/ggml_type.cc) exactly.
 static_assert(sizeof(BlockF16) == 2);
 static_assert(sizeof(BlockBf16) == 2);
@@ -138,6 +148,7 @@ static_assert(sizeof(BlockQ3_K) == 110);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockMxfp4) == 17);
 
 // Field offsets that differ from "packed in declaration order" would mean padding crept in.
 static_assert(offsetof(BlockQ2_K, d) == 80);

@@ -20,10 +20,11 @@ Contents, one file per ggml type (<type name in lower case>.bin):
     (first, middle and last of that type in file order), the first 4 and last 4 blocks
     (F32: the first and last 64 elements). Model files are checked against their sha256.
   * SYNTHETIC blocks for every type: gguf.quants.quantize of random data where gguf supports
-    quantizing the type (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); random bytes with
+    quantizing the type (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4); random bytes with
     controlled fp16 scale fields (typical, zero, negative, fp16 max, subnormal, inf/NaN);
     extreme codes (all bits clear / set / patterned); an all-zero block. F16 and BF16 also get
-    all 65536 bit patterns.
+    all 65536 bit patterns; MXFP4 (no model here has it) gets every one of its 256 E8M0 scale
+    bytes over random codes.
 
 File layout (all integers little-endian uint32):
   magic            8 bytes, b"BSDQFIX1"
@@ -65,7 +66,7 @@ MODELS = {
 }
 
 TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1,
-         T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+         T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4]
 
 # gguf.quants.quantize implements these; the K-quants get random codes instead.
 QUANTIZABLE = {T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1}
@@ -177,6 +178,9 @@ def synthetic_cases(qtype, rng):
         cases.append(("synthetic:random_and_special", values.view(np.uint8)))
         return cases
 
+    if qtype == T.MXFP4:
+        return mxfp4_cases(rng)
+
     if qtype in (T.F16, T.BF16):
         cases.append(("synthetic:all_bit_patterns",
                       np.arange(65536, dtype=np.uint32).astype("<u2").view(np.uint8)))
@@ -251,6 +255,30 @@ def synthetic_cases(qtype, rng):
             set_scales(block, qtype, 0x2E66, special)
             rows.append(block)
     cases.append(("synthetic:nonfinite_scales", np.concatenate(rows).reshape(-1)))
+    return cases
+
+
+def mxfp4_cases(rng):
+    """MXFP4 (gpt-oss's experts): one E8M0 scale byte, then 16 bytes of E2M1 code pairs."""
+    block_elements, block_bytes = GGML_QUANT_SIZES[T.MXFP4]
+    cases = []
+    for scale in (1e-3, 1.0, 100.0):
+        data = (rng.standard_normal(16 * block_elements) * scale).astype(np.float32)
+        raw = gguf.quants.quantize(data.reshape(16, block_elements), T.MXFP4)
+        cases.append((f"synthetic:gguf_quantize_normal_x{scale:g}", raw.reshape(-1)))
+    # Every scale exponent, the two denormal ones (0, 1) and 255 (NaN in OCP MX, a power of two
+    # in ggml) included, each over random codes.
+    blocks = rng.integers(0, 256, size=(256, block_bytes), dtype=np.uint8)
+    blocks[:, 0] = np.arange(256, dtype=np.uint8)
+    cases.append(("synthetic:every_scale_exponent", blocks.reshape(-1)))
+    rows = []
+    for pattern in CODE_PATTERNS:
+        for exponent in (0, 1, 2, 127, 254, 255):
+            block = np.full((1, block_bytes), pattern, dtype=np.uint8)
+            block[:, 0] = exponent
+            rows.append(block)
+    cases.append(("synthetic:extreme_codes", np.concatenate(rows).reshape(-1)))
+    cases.append(("synthetic:all_zero_block", np.zeros(block_bytes, dtype=np.uint8)))
     return cases
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Generates the llama.cpp logits fixtures of small random-weight qwen2, qwen3, qwen3moe and gemma4
-models.
+"""Generates the llama.cpp logits fixtures of small random-weight qwen2, qwen3, qwen3moe, gemma4
+and gpt-oss models.
 
 No small trained Qwen or Gemma 4 model is available here, so these fixtures prove the arithmetic
 of the families' forward passes (q/k/v biases; QK-norm; NEOX RoPE; GQA; tied head; qwen3moe's
@@ -14,11 +14,15 @@ qwen2 tokenizer metadata (every tokenizer.* key of models/DeepSeek-R1-Distill-Qw
 so llama.cpp loads a real 152,064-token vocabulary), and F32 tensors whose values follow a
 counter-based rule that the C++ test reproduces without Python (tests/testing/synthetic_weights.h):
 
-    seed  = FNV-1a-64(architecture + "/" + tensor name)
+    seed  = FNV-1a-64(architecture + "/" + tensor name)   (the record's seed_name where it has one)
     k_i   = (splitmix64(seed + i) >> 40) - 2^23                      (an integer in [-2^23, 2^23))
     w_i   = float32(offset) + float32(k_i) * float32(scale * 2^-23)  (float32 arithmetic)
 
-i counts elements in storage order (ggml's: the contiguous dimension first). The fixture stores
+i counts elements in storage order (ggml's: the contiguous dimension first). gpt-oss's experts
+are MXFP4, as the released GGUFs store them: their bytes follow the same kind of rule
+(synthetic_mxfp4), and llama.cpp runs their exact F32 dequantization (as the quantized real
+models' fixtures run an F32 copy: llama.cpp's MXFP4 matmul would quantize the activations to
+Q8_0, a different function), while the C++ side reads the MXFP4 bytes. The fixture stores
 the recipe (metadata, tensor names, shapes, scale, offset) and the sha256 of each tensor's bytes,
 so the C++ side proves it rebuilt exactly the tensors llama.cpp ran before comparing logits.
 
@@ -30,7 +34,7 @@ log-sum-exp and TAIL_SAMPLES tail samples (gen_logits_fixtures.top_k_record).
 Rerun (needs the oracle environment, see scripts/oracle-env.sh); architectures may be named to
 regenerate only their fixtures. gemma4 runs GELU, so its oracle is the exact-GELU build (as for
 gemma3, docs/design.md):
-    $(scripts/oracle-env.sh) tests/oracle/gen_synthetic_logits_fixtures.py qwen2 qwen3 qwen3moe
+    $(scripts/oracle-env.sh) tests/oracle/gen_synthetic_logits_fixtures.py qwen2 qwen3 qwen3moe gpt-oss
     $(scripts/oracle-env.sh --exact-gelu) tests/oracle/gen_synthetic_logits_fixtures.py gemma4
 """
 import hashlib
@@ -78,6 +82,13 @@ MODELS = {
                   "kv_heads_global": 1, "no_v": [1], "rope_base_local": 1e4,
                   "rotary_fraction_global": 0.25, "softcap": 30.0, "d_ff": 256,
                   "experts": 16, "experts_used": 4, "d_ff_expert": 64},
+    # gpt-oss-20b's layer at small size: local (window 32) and global layers alternating from a
+    # local layer 0, 4 heads over 2 KV heads of 64 with q/k/v/o biases and attention sinks,
+    # YaRN RoPE (factor 32 over a 4096-token original context, base 150000) on every layer,
+    # 16 experts of width 128 in MXFP4 with 4 used, their router and matrices biased.
+    "gpt-oss": {"layers": 4, "window": 32, "rope_base": 150000.0, "yarn_factor": 32.0,
+                "yarn_original_context": 4096, "experts": 16, "experts_used": 4,
+                "d_ff_expert": 128},
 }
 
 
@@ -112,6 +123,86 @@ def synthetic_values(arch: str, name: str, count: int, scale: float, offset: flo
     if offset != 0.0:
         values = np.float32(offset) + values
     return values.astype(np.float32)
+
+
+MXFP4_BLOCK = 32
+MXFP4_BLOCK_BYTES = 17
+
+
+def synthetic_mxfp4(arch: str, name: str, count: int) -> np.ndarray:
+    """The MXFP4 bytes of a `count`-element tensor: per block b an E8M0 scale of 121 or 122
+    (2^-7 or 2^-6 times the doubled E2M1 codes: a spread like a uniform draw of width 0.2) from
+    splitmix64(seed + b), and code bytes j from splitmix64(seed + blocks + 16 b + j) >> 56."""
+    blocks = count // MXFP4_BLOCK
+    seed = np.uint64(fnv1a64(f"{arch}/{name}"))
+    with np.errstate(over="ignore"):
+        scale_counters = seed + np.arange(blocks, dtype=np.uint64)
+        code_counters = seed + np.uint64(blocks) + np.arange(blocks * 16, dtype=np.uint64)
+    scales = (np.uint64(121) + (splitmix64(scale_counters) >> np.uint64(63))).astype(np.uint8)
+    codes = (splitmix64(code_counters) >> np.uint64(56)).astype(np.uint8).reshape(blocks, 16)
+    return np.concatenate([scales.reshape(blocks, 1), codes], axis=1).reshape(-1)
+
+
+def gpt_oss_tensor_specs(model: str, vocab: int):
+    """(name, dims, scale, offset[, format]) of the gpt-oss model: its experts MXFP4."""
+    cfg = MODELS[model]
+    q_dim, kv_dim = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    e, w = cfg["experts"], cfg["d_ff_expert"]
+    norm = (1.0 / 4, 1.0)
+    specs = [("token_embd.weight", [D_MODEL, vocab], 0.5, 0.0),
+             ("output_norm.weight", [D_MODEL], *norm),
+             # gpt-oss requires its own output matrix; it holds the embedding's values (a tied
+             # head), which makes the random model's next token depend strongly on its input,
+             # as the tied qwen and gemma models do, so that a draft can agree with it.
+             ("output.weight", [D_MODEL, vocab], 0.5, 0.0, "token_embd.weight")]
+    for layer in range(cfg["layers"]):
+        b = f"blk.{layer}."
+        specs += [(b + "attn_norm.weight", [D_MODEL], *norm),
+                  (b + "attn_q.weight", [D_MODEL, q_dim], (3 / D_MODEL) ** 0.5, 0.0),
+                  (b + "attn_q.bias", [q_dim], 0.5, 0.0),
+                  (b + "attn_k.weight", [D_MODEL, kv_dim], (3 / D_MODEL) ** 0.5, 0.0),
+                  (b + "attn_k.bias", [kv_dim], 0.5, 0.0),
+                  (b + "attn_v.weight", [D_MODEL, kv_dim], (3 / D_MODEL) ** 0.5, 0.0),
+                  (b + "attn_v.bias", [kv_dim], 0.5, 0.0),
+                  (b + "attn_output.weight", [q_dim, D_MODEL], (3 / q_dim) ** 0.5, 0.0),
+                  (b + "attn_output.bias", [D_MODEL], 0.25, 0.0),
+                  # Sinks around the scores' scale, so that they take a real share.
+                  (b + "attn_sinks.weight", [HEADS], 2.0, 0.0),
+                  (b + "post_attention_norm.weight", [D_MODEL], *norm),
+                  (b + "ffn_gate_inp.weight", [D_MODEL, e], (3 / D_MODEL) ** 0.5 * 2, 0.0),
+                  (b + "ffn_gate_inp.bias", [e], 0.5, 0.0),
+                  (b + "ffn_gate_exps.weight", [D_MODEL, w, e], None, "MXFP4"),
+                  (b + "ffn_gate_exps.bias", [w, e], 0.5, 0.0),
+                  (b + "ffn_up_exps.weight", [D_MODEL, w, e], None, "MXFP4"),
+                  (b + "ffn_up_exps.bias", [w, e], 0.5, 0.0),
+                  (b + "ffn_down_exps.weight", [w, D_MODEL, e], None, "MXFP4"),
+                  (b + "ffn_down_exps.bias", [D_MODEL, e], 0.25, 0.0)]
+    return specs
+
+
+def gpt_oss_metadata(model: str):
+    cfg = MODELS[model]
+    arch = architecture(model)
+    return [("general.architecture", "STRING", arch),
+            (f"{arch}.block_count", "UINT32", cfg["layers"]),
+            (f"{arch}.context_length", "UINT32",
+             int(cfg["yarn_original_context"] * cfg["yarn_factor"])),
+            (f"{arch}.embedding_length", "UINT32", D_MODEL),
+            (f"{arch}.feed_forward_length", "UINT32", cfg["d_ff_expert"]),
+            (f"{arch}.attention.head_count", "UINT32", HEADS),
+            (f"{arch}.attention.head_count_kv", "UINT32", KV_HEADS),
+            (f"{arch}.attention.key_length", "UINT32", HEAD_DIM),
+            (f"{arch}.attention.value_length", "UINT32", HEAD_DIM),
+            (f"{arch}.rope.freq_base", "FLOAT32", cfg["rope_base"]),
+            (f"{arch}.rope.scaling.type", "STRING", "yarn"),
+            (f"{arch}.rope.scaling.factor", "FLOAT32", cfg["yarn_factor"]),
+            (f"{arch}.rope.scaling.original_context_length", "UINT32",
+             cfg["yarn_original_context"]),
+            (f"{arch}.attention.sliding_window", "UINT32", cfg["window"]),
+            (f"{arch}.attention.layer_norm_rms_epsilon", "FLOAT32", 1e-5),
+            (f"{arch}.expert_count", "UINT32", cfg["experts"]),
+            (f"{arch}.expert_used_count", "UINT32", cfg["experts_used"]),
+            (f"{arch}.expert_feed_forward_length", "UINT32", cfg["d_ff_expert"])]
 
 
 def gemma4_rope_factors(cfg):
@@ -171,6 +262,8 @@ def tensor_specs(arch: str, vocab: int):
     tensor of set values has scale None and the values in place of the offset."""
     if architecture(arch) == "gemma4":
         return gemma4_tensor_specs(arch, vocab)
+    if architecture(arch) == "gpt-oss":
+        return gpt_oss_tensor_specs(arch, vocab)
     cfg = MODELS[arch]
     q_dim, kv_dim = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     norm = (1.0 / 4, 1.0)  # weights in [0.75, 1.25)
@@ -244,6 +337,8 @@ def arch_metadata(arch: str):
     """(key, gguf value type name, value): what the C++ test writes too."""
     if architecture(arch) == "gemma4":
         return gemma4_metadata(arch)
+    if architecture(arch) == "gpt-oss":
+        return gpt_oss_metadata(arch)
     cfg = MODELS[arch]
     md = [("general.architecture", "STRING", arch),
           (f"{arch}.block_count", "UINT32", cfg["layers"]),
@@ -281,13 +376,29 @@ def write_model(arch: str, path: Path):
         sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
     records = []
-    for name, dims, scale, offset in tensor_specs(arch, vocab):
+    for name, dims, scale, offset, *seed_name in tensor_specs(arch, vocab):
+        if scale is None and offset == "MXFP4":  # synthetic MXFP4 bytes
+            values = synthetic_mxfp4(architecture(arch), name, int(np.prod(dims)))
+            record = {"name": name, "dims": dims, "format": "MXFP4"}
+            byte_shape = list(reversed(dims[1:])) + [dims[0] // MXFP4_BLOCK * MXFP4_BLOCK_BYTES]
+            # llama.cpp gets the F32 copy: its MXFP4 matmul quantizes the activations to Q8_0,
+            # another function; the C++ side runs the MXFP4 bytes, dequantized exactly to f32.
+            exact = gguf.quants.dequantize(values.reshape(byte_shape),
+                                           gguf.GGMLQuantizationType.MXFP4)
+            writer.add_tensor(name, exact.astype(np.float32).reshape(list(reversed(dims))))
+            record["sha256"] = hashlib.sha256(values.tobytes()).hexdigest()
+            records.append(record)
+            continue
         if scale is None:  # set values
             values = np.array(offset, dtype=np.float32)
             record = {"name": name, "dims": dims, "values": [float(v) for v in values]}
         else:
-            values = synthetic_values(architecture(arch), name, int(np.prod(dims)), scale, offset)
+            # A tensor may take another's values (seed_name: the name its seed is made from).
+            values = synthetic_values(architecture(arch), (seed_name or [name])[0],
+                                      int(np.prod(dims)), scale, offset)
             record = {"name": name, "dims": dims, "scale": scale, "offset": offset}
+            if seed_name:
+                record["seed_name"] = seed_name[0]
         writer.add_tensor(name, values.reshape(list(reversed(dims))))
         record["sha256"] = hashlib.sha256(values.tobytes()).hexdigest()
         records.append(record)

@@ -3,7 +3,7 @@
 // its fixtures record, without Python. The values follow a counter-based rule that numpy and C++
 // compute identically (integer hashing, then one float32 multiply and one float32 add):
 //
-//   seed = FNV-1a-64(architecture + "/" + tensor name)
+//   seed = FNV-1a-64(architecture + "/" + tensor name), or the record's seed_name where it has one
 //   k_i  = (splitmix64(seed + i) >> 40) - 2^23
 //   w_i  = float32(offset) + float32(k_i) * float32(scale * 2^-23)
 //
@@ -56,6 +56,23 @@ inline std::vector<float> SyntheticValues(const std::string& architecture, const
     values[i] = offset != 0.0 ? base + scaled : scaled;
   }
   return values;
+}
+
+// The MXFP4 bytes of a `count`-element tensor (tests/oracle/gen_synthetic_logits_fixtures.py's
+// synthetic_mxfp4): block b's E8M0 scale 121 + (splitmix64(seed + b) >> 63), then its 16 code
+// bytes splitmix64(seed + blocks + 16 b + j) >> 56.
+inline std::vector<uint8_t> SyntheticMxfp4(const std::string& architecture, const std::string& name,
+                                           uint64_t count) {
+  const uint64_t seed = Fnv1a64(architecture + "/" + name);
+  const uint64_t blocks = count / 32;
+  std::vector<uint8_t> bytes(blocks * 17);
+  for (uint64_t b = 0; b < blocks; ++b) {
+    bytes[b * 17] = static_cast<uint8_t>(121 + (SplitMix64(seed + b) >> 63));
+    for (uint64_t j = 0; j < 16; ++j) {
+      bytes[b * 17 + 1 + j] = static_cast<uint8_t>(SplitMix64(seed + blocks + b * 16 + j) >> 56);
+    }
+  }
+  return bytes;
 }
 
 // Adds metadata entry `key` = `value` (the scalar and array types tokenizer metadata uses).
@@ -160,12 +177,22 @@ inline absl::StatusOr<std::vector<uint8_t>> BuildSyntheticGguf(
     const auto dims = tensor["dims"].get<std::vector<uint64_t>>();
     uint64_t count = 1;
     for (uint64_t d : dims) count *= d;
+    if (tensor.value("format", "") == "MXFP4") {
+      std::vector<uint8_t> bytes = SyntheticMxfp4(architecture, name, count);
+      const std::string digest = Sha256Hex(Sha256Of(bytes.data(), bytes.size()));
+      if (digest != tensor["sha256"].get<std::string>()) {
+        return absl::DataLossError(absl::StrFormat("%s: rebuilt tensor sha256 %s, fixture %s", name,
+                                                   digest, tensor["sha256"].get<std::string>()));
+      }
+      builder.AddTensor(name, GgmlType::kMXFP4, dims, std::move(bytes));
+      continue;
+    }
     // A tensor of set values (e.g. gemma4's RoPE frequency factors) lists them.
     const std::vector<float> values =
         tensor.contains("values")
             ? tensor["values"].get<std::vector<float>>()
-            : SyntheticValues(architecture, name, count, tensor["scale"].get<double>(),
-                              tensor["offset"].get<double>());
+            : SyntheticValues(architecture, tensor.value("seed_name", name), count,
+                              tensor["scale"].get<double>(), tensor["offset"].get<double>());
     if (values.size() != count) {
       return absl::InvalidArgumentError(
           absl::StrFormat("%s: %d values for %d elements", name, values.size(), count));
