@@ -139,6 +139,95 @@ TEST(OpenAiRequestTest, ForcedToolCallsBecomeAFramedSchema) {
   EXPECT_EQ(plain->request.render_token_ids_size(), 0);
 }
 
+// Harmony (gpt-oss): every chat answer shows its markers, since the channels are read from
+// the text; a constrained answer is framed as a final-channel message and a forced call as a
+// message to the function.
+TEST(OpenAiRequestTest, HarmonyAnswersShowTheirMarkersAndFrameConstrainedOutput) {
+  const std::vector<int32_t> markers = {3, 4, 5};
+  const auto ids = [](const openai::OpenAiRequest& request) {
+    return std::vector<int32_t>(request.request.render_token_ids().begin(),
+                                request.request.render_token_ids().end());
+  };
+  auto plain = Chat({{"messages", kUser}});
+  ASSERT_TRUE(plain.ok());
+  ASSERT_TRUE(openai::ApplyToolCallFormat(text::ToolCallFormat::kHarmony, markers, *plain).ok());
+  EXPECT_EQ(ids(*plain), markers);
+  EXPECT_EQ(plain->request.response_prefix(), "");
+
+  auto schema = Chat({{"messages", kUser},
+                      {"response_format",
+                       {{"type", "json_schema"},
+                        {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}}}});
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  ASSERT_TRUE(openai::ApplyToolCallFormat(text::ToolCallFormat::kHarmony, markers, *schema).ok());
+  EXPECT_EQ(schema->request.response_prefix(), "<|channel|>final<|message|>");
+
+  auto named =
+      Chat({{"messages", kUser},
+            {"tools", kTools},
+            {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}});
+  ASSERT_TRUE(named.ok());
+  ASSERT_TRUE(openai::ApplyToolCallFormat(text::ToolCallFormat::kHarmony, markers, *named).ok());
+  EXPECT_EQ(named->request.response_prefix(),
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>");
+  EXPECT_EQ(json::parse(named->request.response_schema()), kTools[0]["function"]["parameters"]);
+  EXPECT_EQ(ids(*named), markers);
+
+  json two_tools = kTools;
+  two_tools.push_back({{"type", "function"}, {"function", {{"name", "get_time"}}}});
+  auto required = Chat({{"messages", kUser}, {"tools", two_tools}, {"tool_choice", "required"}});
+  ASSERT_TRUE(required.ok());
+  const absl::Status refused =
+      openai::ApplyToolCallFormat(text::ToolCallFormat::kHarmony, markers, *required);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("name one function"));
+
+  auto completion = Completion({{"prompt", "x"}});
+  ASSERT_TRUE(completion.ok());
+  ASSERT_TRUE(
+      openai::ApplyToolCallFormat(text::ToolCallFormat::kHarmony, markers, *completion).ok());
+  EXPECT_TRUE(ids(*completion).empty());
+}
+
+// An assistant's reasoning_content reaches the template as `thinking`: gpt-oss's template (from
+// the corpus) writes it into the analysis channel of a turn that called a tool.
+TEST(OpenAiRequestTest, ReasoningContentReachesTheTemplate) {
+  auto file = gguf::File::Open(testing::ModelPath(testing::kSmolLm2File));
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto tokenizer = text::Tokenizer::FromGguf(**file);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  std::ifstream in(testing::SourcePath("tests/fixtures/chat_templates/corpus.json"));
+  const nlohmann::ordered_json corpus = nlohmann::ordered_json::parse(in);
+  std::string source;
+  for (const auto& entry : corpus["templates"]) {
+    if (entry["file"] == "openai-gpt-oss-120b.jinja") source = entry["source"];
+  }
+  ASSERT_FALSE(source.empty());
+  auto chat_template = text::ChatTemplate::FromSource(source, {});
+  ASSERT_TRUE(chat_template.ok()) << chat_template.status();
+  const std::string body = R"({"messages": [
+      {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": null, "reasoning_content": "Use the weather tool.",
+       "tool_calls": [{"id": "call_1", "type": "function",
+          "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]})";
+  const auto parsed = ParseRequest(Endpoint::kChatCompletions, body, "m");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->request.chat().messages(1).reasoning_content(), "Use the weather tool.");
+  const auto tokens = PromptTokens(parsed->request, **tokenizer, &*chat_template);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  const auto prompt = (*tokenizer)->Decode(*tokens);
+  ASSERT_TRUE(prompt.ok());
+  EXPECT_THAT(*prompt, HasSubstr("<|start|>assistant<|channel|>analysis<|message|>Use the weather "
+                                 "tool.<|end|><|start|>assistant to=functions.get_weather"));
+  // Only an assistant reasons.
+  const auto refused =
+      Chat({{"messages", {{{"role", "user"}, {"content", "x"}, {"reasoning_content", "y"}}}}});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(OpenAiRequestTest, ChatFieldsBecomeTheGrpcRequest) {
   const auto parsed = Chat(
       {{"model", "m"},
@@ -560,6 +649,80 @@ TEST_F(ResponseBuilderTest, ToolCallsComeBackInOpenAisShapes) {
       EXPECT_EQ(message["tool_calls"][i]["type"], "function");
       EXPECT_EQ(message["tool_calls"][i]["function"]["name"], calls[i]["name"]);
       EXPECT_EQ(message["tool_calls"][i]["function"]["arguments"], calls[i]["arguments"]);
+    }
+  }
+}
+
+// Harmony: the analysis channel streams as reasoning_content, the final channel as content, a
+// message to a function as a call (only when the request has tools; otherwise it is content).
+TEST_F(ResponseBuilderTest, HarmonyChannelsBecomeReasoningContentAndCalls) {
+  const std::vector<std::string> answer = {"<|channel|>analysis<|message|>Mild",
+                                           " today.<|end|><|start|>assistant<|chan",
+                                           "nel|>final<|message|>It is", " 18 C."};
+  const std::vector<std::string> call = {
+      "<|channel|>analysis<|message|>Need the", " weather.<|end|><|start|>assistant",
+      "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":",
+      " \"Paris\"}"};
+  struct Case {
+    std::vector<std::string> pieces;
+    bool tools;
+    std::string reasoning, content, arguments, finish;
+  };
+  const std::vector<Case> cases = {
+      {answer, false, "Mild today.", "It is 18 C.", "", "stop"},
+      {call, true, "Need the weather.", "", R"({"city":"Paris"})", "tool_calls"},
+      {call, false, "Need the weather.",
+       "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": "
+       "\"Paris\"}",
+       "", "stop"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.content + c.arguments);
+    json body = {{"messages", kUser}, {"stream", true}};
+    if (c.tools) body["tools"] = kTools;
+    auto request = Chat(body);
+    ASSERT_TRUE(request.ok());
+    openai::ResponseBuilder streamed(*request, {"chatcmpl-9", 1, "m", "f"}, *tokenizer_,
+                                     text::ToolCallFormat::kHarmony);
+    openai::ResponseBuilder whole(*request, {"chatcmpl-9", 1, "m", "f"}, *tokenizer_,
+                                  text::ToolCallFormat::kHarmony);
+    std::string reasoning, content, arguments;
+    auto take = [&](const json& event) {
+      const json& delta = event["choices"][0]["delta"];
+      if (delta.contains("reasoning_content")) {
+        reasoning += delta["reasoning_content"].get<std::string>();
+      }
+      if (delta.contains("content")) content += delta["content"].get<std::string>();
+      if (delta.contains("tool_calls")) {
+        for (const json& piece : delta["tool_calls"]) {
+          arguments += piece["function"]["arguments"].get<std::string>();
+        }
+      }
+    };
+    for (const std::string& piece : c.pieces) {
+      const auto event = streamed.AddChunk(ChunkOf(piece, -0.1f));
+      ASSERT_TRUE(event.has_value());
+      take(*event);
+      whole.AddChunk(ChunkOf(piece, -0.1f));
+    }
+    const v1::GenerateComplete complete = Complete(v1::FINISH_REASON_EOS, 3, 9);
+    const std::vector<json> end = streamed.StreamEnd(complete);
+    for (const json& event : end) take(event);
+    EXPECT_EQ(reasoning, c.reasoning);
+    EXPECT_EQ(content, c.content);
+    EXPECT_EQ(arguments, c.arguments);
+    EXPECT_EQ(end.back()["choices"][0]["finish_reason"], c.finish);
+
+    const json response = whole.Response(complete);
+    const json& message = response["choices"][0]["message"];
+    EXPECT_EQ(message["reasoning_content"], c.reasoning);
+    if (c.arguments.empty()) {
+      EXPECT_EQ(message["content"], c.content);
+      EXPECT_FALSE(message.contains("tool_calls"));
+    } else {
+      EXPECT_TRUE(message["content"].is_null());
+      ASSERT_EQ(message["tool_calls"].size(), 1u);
+      EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "get_weather");
+      EXPECT_EQ(message["tool_calls"][0]["function"]["arguments"], c.arguments);
     }
   }
 }

@@ -5,6 +5,8 @@
 //   gemma3               SentencePiece, 262144 tokens, no space prefix
 //   gemma3_space_prefix  the gemma3 vocabulary with tokenizer.ggml.add_space_prefix = true
 //   qwen2                byte-level BPE, pre-tokenizer "deepseek-r1-qwen" (a metadata-only GGUF)
+//   qwen2_gpt4o          the same vocabulary with pre-tokenizer "gpt-4o" (gpt-oss's, Llama 4's),
+//                        the shared corpus plus words whose splits depend on letter case
 //   gemma4               Gemma 4's BPE (tokenizer model "gemma4"), llama.cpp's own vocabulary
 //                        file (tests/text_gemma4_tokenizer_test.cc has llama.cpp's test vectors)
 // Every string's ids with parse_special off and on, with and without BOS/EOS, the pieces and
@@ -57,6 +59,8 @@ struct VocabularySpec {
   const char* name;
   const char* model_file;
   bool space_prefix_variant;  // patch add_space_prefix to true in a metadata-only copy
+  // Non-null: rewrite tokenizer.ggml.pre to this in a metadata-only copy.
+  const char* pre_tokenizer = nullptr;
 };
 
 // gtest prints parameters in failure messages and test lists.
@@ -67,6 +71,7 @@ const VocabularySpec kVocabularies[] = {
     {"gemma3", "gemma-3-270m-q4_k_m.gguf", false},
     {"gemma3_space_prefix", "gemma-3-270m-q4_k_m.gguf", true},
     {"qwen2", kQwen2VocabFile, false},
+    {"qwen2_gpt4o", kQwen2VocabFile, false, "gpt-4o"},
     {"gemma4", "ggml-vocab-gemma-4.gguf", false},
 };
 
@@ -103,6 +108,38 @@ std::vector<uint8_t> SpacePrefixVariant(const gguf::File& source) {
   return image;
 }
 
+// The metadata as a tensor-less GGUF with tokenizer.ggml.pre rewritten to `pre`: the same bytes
+// gen_tokenizer_fixtures.py writes (the fixture records their sha256).
+std::vector<uint8_t> PreTokenizerVariant(const gguf::File& source, std::string_view pre) {
+  const uint8_t* begin = source.image_data();
+  std::vector<uint8_t> image(begin, begin + source.metadata_end_offset());
+  const uint64_t zero_tensors = 0;
+  std::memcpy(image.data() + 8, &zero_tensors, sizeof(zero_tensors));
+  const std::string key = "tokenizer.ggml.pre";
+  std::string needle(sizeof(uint64_t), '\0');
+  const uint64_t key_length = key.size();
+  std::memcpy(needle.data(), &key_length, sizeof(key_length));
+  needle += key;
+  const std::string_view haystack(reinterpret_cast<const char*>(image.data()), image.size());
+  const size_t at = haystack.find(needle);
+  EXPECT_NE(at, std::string_view::npos) << "no tokenizer.ggml.pre key";
+  if (at == std::string_view::npos) return {};
+  const size_t type_at = at + needle.size();
+  EXPECT_EQ(image[type_at], 8);  // string
+  uint64_t old_length = 0;
+  std::memcpy(&old_length, image.data() + type_at + 4, sizeof(old_length));
+  const size_t value_at = type_at + 4 + sizeof(uint64_t);
+  std::vector<uint8_t> replacement(sizeof(uint64_t));
+  const uint64_t new_length = pre.size();
+  std::memcpy(replacement.data(), &new_length, sizeof(new_length));
+  replacement.insert(replacement.end(), pre.begin(), pre.end());
+  image.erase(image.begin() + static_cast<ptrdiff_t>(type_at + 4),
+              image.begin() + static_cast<ptrdiff_t>(value_at + old_length));
+  image.insert(image.begin() + static_cast<ptrdiff_t>(type_at + 4), replacement.begin(),
+               replacement.end());
+  return image;
+}
+
 const Vocabulary& GetVocabulary(const VocabularySpec& spec) {
   static auto* const loaded = new std::map<std::string, std::unique_ptr<Vocabulary>>();
   auto& slot = (*loaded)[spec.name];
@@ -118,10 +155,12 @@ const Vocabulary& GetVocabulary(const VocabularySpec& spec) {
   EXPECT_TRUE(source.ok()) << source.status();
   if (!source.ok()) return vocabulary;
   vocabulary.source = std::move(*source);
-  if (spec.space_prefix_variant) {
-    vocabulary.variant_image = SpacePrefixVariant(*vocabulary.source);
+  if (spec.space_prefix_variant || spec.pre_tokenizer != nullptr) {
+    vocabulary.variant_image = spec.space_prefix_variant
+                                   ? SpacePrefixVariant(*vocabulary.source)
+                                   : PreTokenizerVariant(*vocabulary.source, spec.pre_tokenizer);
     auto file = gguf::File::Parse(vocabulary.variant_image.data(), vocabulary.variant_image.size(),
-                                  "space_prefix_variant.gguf");
+                                  absl::StrCat(spec.name, "_variant.gguf"));
     EXPECT_TRUE(file.ok()) << file.status();
     if (!file.ok()) return vocabulary;
     vocabulary.file = std::move(*file);
@@ -156,7 +195,7 @@ class TokenizerOracleTest : public ::testing::TestWithParam<VocabularySpec> {
 TEST_P(TokenizerOracleTest, FixtureIsForThisFileAndCoversTheCorpus) {
   EXPECT_EQ(fixture()["vocabulary"], GetParam().name);
   EXPECT_GE(cases().size(), kMinCorpusStrings);
-  if (GetParam().space_prefix_variant) {
+  if (GetParam().space_prefix_variant || GetParam().pre_tokenizer != nullptr) {
     // The fixture was made from the same patched bytes.
     Sha256 hasher;
     hasher.Update(vocabulary_->variant_image.data(), vocabulary_->variant_image.size());

@@ -175,6 +175,26 @@ constexpr const char* kQwen2Pattern =
     "]| ?[^" BITSPLIT_WS BITSPLIT_LETTER BITSPLIT_NUMBER "]+[\\r\\n]*|[" BITSPLIT_WS
     "]*[\\r\\n]+|[" BITSPLIT_WS "]+(?![^" BITSPLIT_WS "])|[" BITSPLIT_WS "]+";
 
+// GPT-4o (o200k: gpt-oss, Llama 4), as llama.cpp runs it: tokenizer.json's
+// [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|...)?|...
+// with its cased letter classes rewritten as letters that are not a-z, then letters that are not
+// A-Z (llama.cpp's regex has no case categories: every letter outside ASCII is both):
+// [^\r\n\p{L}\p{N}]?((?=\p{L})[^a-z])*((?=\p{L})[^A-Z])+('s|'t|'re|'ve|'m|'ll|'d)?|
+// [^\r\n\p{L}\p{N}]?((?=\p{L})[^a-z])+((?=\p{L})[^A-Z])*('s|'t|'re|'ve|'m|'ll|'d)?|
+// \p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+   (contractions in ASCII case)
+#define BITSPLIT_CONTRACTION "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+#define BITSPLIT_NOT_LOWER "(?:(?=[" BITSPLIT_LETTER "])[^a-z])"
+#define BITSPLIT_NOT_UPPER "(?:(?=[" BITSPLIT_LETTER "])[^A-Z])"
+constexpr const char* kGpt4oPattern =
+    "[^\\r\\n" BITSPLIT_LETTER BITSPLIT_NUMBER "]?" BITSPLIT_NOT_LOWER "*" BITSPLIT_NOT_UPPER
+    "+" BITSPLIT_CONTRACTION "|[^\\r\\n" BITSPLIT_LETTER BITSPLIT_NUMBER "]?" BITSPLIT_NOT_LOWER
+    "+" BITSPLIT_NOT_UPPER "*" BITSPLIT_CONTRACTION "|[" BITSPLIT_NUMBER
+    "]{1,3}| ?[^" BITSPLIT_WS BITSPLIT_LETTER BITSPLIT_NUMBER "]+[\\r\\n/]*|[" BITSPLIT_WS
+    "]*[\\r\\n]+|[" BITSPLIT_WS "]+(?![^" BITSPLIT_WS "])|[" BITSPLIT_WS "]+";
+#undef BITSPLIT_NOT_UPPER
+#undef BITSPLIT_NOT_LOWER
+#undef BITSPLIT_CONTRACTION
+
 constexpr const char* kDigitPattern = "[" BITSPLIT_NUMBER "]";
 // Runs of newlines and runs of anything else (llama.cpp's custom newline splitter, which this
 // pattern selects, cuts the same runs).
@@ -212,6 +232,9 @@ const std::vector<PreTokenizerSpec>& PreTokenizerSpecs() {
        .ignore_merges = true,
        .add_bos = true},
       {.names = {"qwen2", "deepseek-r1-qwen"}, .patterns = {kQwen2Pattern}, .clean_spaces = false},
+      {.names = {"gpt-4o", "llama4", "kanana2", "talkie"},
+       .patterns = {kGpt4oPattern},
+       .clean_spaces = false},
       // Digits are split one by one before the GPT-2 pattern.
       {.names = {"smollm"}, .patterns = {kDigitPattern, kGpt2Pattern}, .clean_spaces = false},
       {.names = {"starcoder", "refact", "codeshell"}, .patterns = {kDigitPattern, kGpt2Pattern}},

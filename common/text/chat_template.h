@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/io/gguf.h"
+#include "common/text/harmony.h"
 #include "common/text/jinja.h"
 #include "common/text/tokenizer.h"
 
@@ -75,18 +76,22 @@ class ChatTemplate {
   // 'from_json'"), sorted; empty for most templates.
   const std::vector<std::string>& unimplemented_names() const { return unimplemented_names_; }
   const SpecialTokens& special_tokens() const { return special_tokens_; }
+  // Whether the template writes OpenAI's harmony messages (gpt-oss; text::WritesHarmony).
+  bool harmony() const { return harmony_; }
 
  private:
   ChatTemplate(std::shared_ptr<const std::string> source, jinja::Template parsed,
                SpecialTokens special_tokens)
       : source_(std::move(source)),
         parsed_(std::move(parsed)),
-        special_tokens_(std::move(special_tokens)) {}
+        special_tokens_(std::move(special_tokens)),
+        harmony_(WritesHarmony(*source_)) {}
 
   std::shared_ptr<const std::string> source_;
   jinja::Template parsed_;
   SpecialTokens special_tokens_;
   std::vector<std::string> unimplemented_names_;
+  bool harmony_ = false;
 };
 
 struct ChatTemplate::Choice {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/text/harmony.h"
 #include "common/text/json_constraint.h"
 #include "common/util/status_macros.h"
 
@@ -485,6 +486,8 @@ std::vector<std::string_view> StartMarkers(ToolCallFormat format) {
       return {kMistralToolCalls};
     case ToolCallFormat::kGemma4:
       return {kGemmaCallOpen};
+    case ToolCallFormat::kHarmony:
+      return {};  // HarmonyStream reads the whole text
   }
   return {};
 }
@@ -507,6 +510,7 @@ struct ToolCallStreamParser::State {
   // The JSON scan of the candidate call starting at stream offset json_scan_candidate.
   mutable JsonScan json_scan;
   mutable size_t json_scan_candidate = 0;
+  std::unique_ptr<HarmonyStream> harmony;  // kHarmony's reader
 
   Outcome HermesCalls(Reader& reader, std::vector<RawCall>& calls) const;
   Outcome QwenCoderCalls(Reader& reader, std::vector<RawCall>& calls) const;
@@ -674,6 +678,8 @@ CallMatch ToolCallStreamParser::State::MatchAt(std::string_view text, bool at_en
     case ToolCallFormat::kGemma4:
       outcome = GemmaCalls(reader, match.calls);
       break;
+    case ToolCallFormat::kHarmony:
+      break;  // Run hands harmony to HarmonyStream
   }
   if (outcome == Outcome::kIncomplete && !at_end) {
     match.kind = CallMatch::Kind::kIncomplete;
@@ -731,6 +737,13 @@ absl::StatusOr<ToolCallStreamParser> ToolCallStreamParser::Create(ToolCallFormat
     };
   }
   state->markers = StartMarkers(format);
+  if (format == ToolCallFormat::kHarmony) {
+    state->harmony = std::make_unique<HarmonyStream>(
+        [tools = state->tools, calls = options.calls](std::string_view name) {
+          return calls && tools.Allows(name);
+        },
+        state->next_id);
+  }
   return ToolCallStreamParser(std::move(state));
 }
 
@@ -757,6 +770,12 @@ ToolCallStreamDelta ToolCallStreamParser::Run(bool at_end) {
   ToolCallStreamDelta delta;
   const std::string_view pending = s.pending;
   size_t decided = 0;
+  if (s.harmony) {
+    decided = s.harmony->Run(pending, at_end, delta);
+    s.pending.erase(0, decided);
+    s.erased += decided;
+    return delta;
+  }
   while (decided < pending.size()) {
     const std::string_view text = pending.substr(decided);
     const size_t space = LeadingSpace(text);
@@ -821,14 +840,17 @@ std::string_view ToolCallFormatName(ToolCallFormat format) {
       return "mistral_name_args";
     case ToolCallFormat::kGemma4:
       return "gemma4";
+    case ToolCallFormat::kHarmony:
+      return "harmony";
   }
   return "unknown";
 }
 
 absl::StatusOr<ToolCallFormat> ToolCallFormatFromName(std::string_view name) {
-  for (ToolCallFormat format : {ToolCallFormat::kLlama3Json, ToolCallFormat::kHermes,
-                                ToolCallFormat::kQwen3CoderXml, ToolCallFormat::kMistralJsonArray,
-                                ToolCallFormat::kMistralNameArgs, ToolCallFormat::kGemma4}) {
+  for (ToolCallFormat format :
+       {ToolCallFormat::kLlama3Json, ToolCallFormat::kHermes, ToolCallFormat::kQwen3CoderXml,
+        ToolCallFormat::kMistralJsonArray, ToolCallFormat::kMistralNameArgs,
+        ToolCallFormat::kGemma4, ToolCallFormat::kHarmony}) {
     if (ToolCallFormatName(format) == name) return format;
   }
   return absl::InvalidArgumentError(
@@ -839,6 +861,7 @@ absl::StatusOr<ToolCallFormat> DetectToolCallFormat(std::string_view source) {
   const auto has = [source](std::string_view needle) {
     return source.find(needle) != std::string_view::npos;
   };
+  if (WritesHarmony(source)) return ToolCallFormat::kHarmony;
   // Gemma 4 first: its <|tool_call> contains no "<tool_call>", but check the specific before the
   // general anyway.
   if (has("<|tool_call>call:")) return ToolCallFormat::kGemma4;
@@ -881,6 +904,8 @@ std::vector<std::string_view> ToolCallMarkers(ToolCallFormat format) {
       return {kMistralToolCalls, kMistralCallId, kMistralArgs};
     case ToolCallFormat::kGemma4:
       return {kGemmaCallOpen, kGemmaCallClose, kGemmaQuote};
+    case ToolCallFormat::kHarmony:
+      return HarmonyStream::Markers();
   }
   return {};
 }
@@ -960,10 +985,24 @@ absl::StatusOr<ForcedToolCall> ForcedToolCallOutput(ToolCallFormat format,
       forced.prefix = std::string(kMistralToolCalls);
       forced.schema = call_array();
       break;
+    case ToolCallFormat::kHarmony:
+      if (candidates.size() > 1) {
+        return absl::UnimplementedError(
+            "the harmony format names the function in the message header, outside the JSON "
+            "arguments: name one function in tool_choice (or give one tool)");
+      }
+      forced.prefix = absl::StrCat("<|channel|>commentary to=functions.", candidates[0].first,
+                                   " <|constrain|>json<|message|>");
+      forced.schema = candidates[0].second;
+      break;
     default:
       break;
   }
   return forced;
+}
+
+std::string_view ConstrainedAnswerPrefix(ToolCallFormat format) {
+  return format == ToolCallFormat::kHarmony ? HarmonyStream::kFinalHeader : std::string_view();
 }
 
 ToolCallIdStyle DefaultIdStyle(ToolCallFormat format) {
@@ -990,6 +1029,7 @@ std::string ToolCallIdGenerator::Next() {
 }
 
 absl::Status AppendToolCallStreamDelta(const ToolCallStreamDelta& delta, ParsedToolCalls& message) {
+  message.reasoning.append(delta.reasoning);
   message.content.append(delta.content);
   for (const ToolCallDelta& piece : delta.tool_calls) {
     if (piece.index == message.tool_calls.size()) {

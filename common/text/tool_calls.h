@@ -35,6 +35,11 @@
 //                      values are strings, numbers, true/false, null (or None, which the template
 //                      writes for Python's None), {...} and [...]; the arguments are rebuilt as
 //                      JSON.
+//   kHarmony           gpt-oss (OpenAI's harmony format): channels, not a call syntax inside
+//                      the text: <|channel|>analysis<|message|>...<|end|> is reasoning, the final
+//                      channel the content, and a message to=functions.f the call with its JSON
+//                      arguments. Parsed by HarmonyStream (harmony.h), which also fills
+//                      `reasoning`; every other rule below is the other formats'.
 //
 // What counts as a call: the complete syntax of the format, with a function name and an
 // arguments object. Anything else - malformed JSON, an unterminated block at the end of the
@@ -61,9 +66,9 @@
 // message is held until its object closes.
 //
 // Limits: JSON nested deeper than 256 levels (64 in Gemma's syntax) is not a call. Reasoning blocks
-// (<think>, Gemma's <|channel>thought) are not separated here; they are content to this module.
-// Other families' syntaxes (GLM's <arg_key>, MiniMax's <invoke>, Functionary, DeepSeek, Kimi,
-// gpt-oss channels, Command R, Granite 3, Apriel's <tool_calls>) are refused by
+// (<think>, Gemma's <|channel>thought) are not separated here except harmony's analysis channel;
+// they are content to this module. Other families' syntaxes (GLM's <arg_key>, MiniMax's <invoke>,
+// Functionary, DeepSeek, Kimi, Command R, Granite 3, Apriel's <tool_calls>) are refused by
 // DetectToolCallFormat. Llama 3.1's code_interpreter (raw Python after <|python_tag|>) stays
 // content. Qwen3-Coder calls that omit the opening <tool_call> are not recognized. Content and
 // arguments are passed through as bytes; chunks that split UTF-8 characters give content deltas
@@ -89,10 +94,11 @@ enum class ToolCallFormat {
   kMistralJsonArray,
   kMistralNameArgs,
   kGemma4,
+  kHarmony,
 };
 
 // "llama3_json", "hermes", "qwen3_coder_xml", "mistral_json_array", "mistral_name_args",
-// "gemma4": the names the test fixtures use.
+// "gemma4", "harmony": the names the test fixtures use.
 std::string_view ToolCallFormatName(ToolCallFormat format);
 // INVALID_ARGUMENT for a name ToolCallFormatName does not return.
 absl::StatusOr<ToolCallFormat> ToolCallFormatFromName(std::string_view name);
@@ -116,6 +122,9 @@ std::vector<std::string_view> ToolCallMarkers(ToolCallFormat format);
 //                      when `parallel`)
 //   kMistralNameArgs   [TOOL_CALLS]name[ARGS]{...} for one function; the array form above when
 //                      any of several may be called (the parser reads both)
+//   kHarmony           <|channel|>commentary to=functions.name <|constrain|>json<|message|>{...}
+//                      (the turn then ends with <|call|>, an end-of-generation token); one
+//                      function only, since the name sits in the header, outside the JSON
 // The name is a const (an enum over the tools for "required"); the arguments follow the tool's
 // `parameters` schema (any object when it has none), as JSON Schema in JsonConstraint's subset.
 // The prefix and suffix may hold special-token spellings: tokenize them with special tokens.
@@ -129,10 +138,16 @@ struct ForcedToolCall {
 // client's order; `function`: the forced function's name, or empty for any of them.
 // INVALID_ARGUMENT when `function` is not among the tools, or a tool's parameters are not a
 // schema JsonConstraint compiles (naming tools[i].function.parameters); UNIMPLEMENTED for the
-// formats whose arguments are not JSON (Qwen3-Coder's XML, Gemma 4's).
+// formats whose arguments are not JSON (Qwen3-Coder's XML, Gemma 4's) and for harmony when
+// more than one function may be called.
 absl::StatusOr<ForcedToolCall> ForcedToolCallOutput(ToolCallFormat format,
                                                     const nlohmann::ordered_json& tools,
                                                     std::string_view function, bool parallel);
+
+// What a constrained answer (response_format) starts with in `format`: harmony's final-channel
+// header "<|channel|>final<|message|>" (the generation prompt ends at <|start|>assistant);
+// nothing for the other formats.
+std::string_view ConstrainedAnswerPrefix(ToolCallFormat format);
 
 struct ToolCall {
   std::string id;
@@ -143,6 +158,7 @@ struct ToolCall {
 };
 
 struct ParsedToolCalls {
+  std::string reasoning;  // harmony's analysis channel; empty for the other formats
   std::string content;
   std::vector<ToolCall> tool_calls;
 
@@ -179,6 +195,9 @@ struct ToolCallParserOptions {
   // DefaultIdStyle).
   std::function<std::string()> next_id;
   uint64_t id_seed = 0;
+  // false: nothing is a call (a request without tools, or tool_choice "none"); only harmony's
+  // channels are still read (a parser is only made without calls for harmony).
+  bool calls = true;
 };
 
 // One piece of a streamed call, as OpenAI's `delta.tool_calls[i]`: a call's first delta has its
@@ -193,10 +212,11 @@ struct ToolCallDelta {
 };
 
 struct ToolCallStreamDelta {
+  std::string reasoning;
   std::string content;
   std::vector<ToolCallDelta> tool_calls;
 
-  bool empty() const { return content.empty() && tool_calls.empty(); }
+  bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
 };
 
 class ToolCallStreamParser {
@@ -232,9 +252,10 @@ class ToolCallStreamParser {
 absl::StatusOr<ParsedToolCalls> ParseToolCalls(ToolCallFormat format, std::string_view text,
                                                ToolCallParserOptions options);
 
-// Puts streamed deltas together into the non-streaming result: content concatenated, each
-// call's id and name from its first delta and its arguments the concatenation of its fragments.
-// INTERNAL when the deltas break the streaming shape (an index that skips one, a name twice).
+// Puts streamed deltas together into the non-streaming result: reasoning and content concatenated,
+// each call's id and name from its first delta and its arguments the concatenation of its
+// fragments. INTERNAL when the deltas break the streaming shape (an index that skips one, a name
+// twice).
 absl::Status AppendToolCallStreamDelta(const ToolCallStreamDelta& delta, ParsedToolCalls& message);
 
 }  // namespace bitsplit::text

@@ -214,6 +214,15 @@ absl::Status ReadChatMessages(const json& body, const nlohmann::ordered_json& or
                                 ContentText(*value, absl::StrCat(where, ".content")));
       out->set_content(std::move(content));
     }
+    BITSPLIT_ASSIGN_OR_RETURN(const std::optional<std::string> reasoning,
+                              StringField(message, "reasoning_content"));
+    if (reasoning) {
+      if (*role != "assistant") {
+        return Invalid(absl::StrCat(where, ".reasoning_content"),
+                       "only assistant messages carry reasoning");
+      }
+      out->set_reasoning_content(*reasoning);
+    }
     if (*role == "tool") {
       BITSPLIT_ASSIGN_OR_RETURN(const std::optional<std::string> id,
                                 StringField(message, "tool_call_id"));
@@ -556,6 +565,16 @@ std::vector<int32_t> ControlMarkerIds(const text::Tokenizer& tokenizer,
 absl::Status ApplyToolCallFormat(std::optional<text::ToolCallFormat> format,
                                  std::span<const int32_t> control_marker_ids,
                                  OpenAiRequest& request) {
+  if (format == text::ToolCallFormat::kHarmony && request.endpoint == Endpoint::kChatCompletions) {
+    // Every harmony answer is read for its channels, so the markers always show.
+    request.request.mutable_render_token_ids()->Assign(control_marker_ids.begin(),
+                                                       control_marker_ids.end());
+    // A constrained answer goes to the final channel, as llama.cpp's harmony grammar writes it.
+    if ((!request.request.response_schema().empty() || request.request.json_object()) &&
+        !request.forced_tool) {
+      request.request.set_response_prefix(std::string(text::ConstrainedAnswerPrefix(*format)));
+    }
+  }
   if (!request.parse_tool_calls) return absl::OkStatus();
   if (!format) {
     return Invalid("tools",
@@ -583,9 +602,14 @@ ResponseBuilder::ResponseBuilder(const OpenAiRequest& request, ResponseIdentity 
                                  const text::Tokenizer& tokenizer,
                                  std::optional<text::ToolCallFormat> tool_call_format)
     : request_(request), identity_(std::move(identity)), tokenizer_(tokenizer) {
-  if (request_.parse_tool_calls && tool_call_format) {
+  const bool harmony = tool_call_format == text::ToolCallFormat::kHarmony &&
+                       request_.endpoint == Endpoint::kChatCompletions;
+  if ((request_.parse_tool_calls && tool_call_format) || harmony) {
     text::ToolCallParserOptions options;
-    options.tools = json::parse(request_.request.chat().tools_json(), nullptr, false);
+    options.calls = request_.parse_tool_calls;
+    if (request_.parse_tool_calls) {
+      options.tools = json::parse(request_.request.chat().tools_json(), nullptr, false);
+    }
     // Ids differ between requests (and the turns of a conversation) as the response ids do.
     options.id_seed = std::hash<std::string>()(identity_.id);
     absl::StatusOr<text::ToolCallStreamParser> parser =
@@ -733,6 +757,7 @@ json ResponseBuilder::ToolDelta(const text::ToolCallStreamDelta& delta) {
   // The parser's deltas are in streaming order by construction.
   BITSPLIT_CHECK(text::AppendToolCallStreamDelta(kept, parsed_).ok());
   json out = json::object();
+  if (!kept.reasoning.empty()) out["reasoning_content"] = kept.reasoning;
   if (!kept.content.empty()) out["content"] = kept.content;
   json calls = json::array();
   for (const text::ToolCallDelta& call : kept.tool_calls) {
@@ -796,6 +821,7 @@ json ResponseBuilder::Response(const v1::GenerateComplete& complete) {
       {"index", 0}, {"logprobs", std::move(logprobs)}, {"finish_reason", FinishReason(complete)}};
   if (chat && tool_parser_) {
     json message = {{"role", "assistant"}, {"content", parsed_.content}, {"refusal", nullptr}};
+    if (!parsed_.reasoning.empty()) message["reasoning_content"] = parsed_.reasoning;
     if (!parsed_.tool_calls.empty()) {
       if (parsed_.content.empty()) message["content"] = nullptr;
       json calls = json::array();

@@ -22,8 +22,13 @@ absl::Status Prefixed(std::string_view prefix, const absl::Status& status) {
 // The messages as a chat template reads them, in the shape transformers and llama.cpp's server
 // give: {role, content} (content None when unset), an assistant's calls as {id, type: "function",
 // function: {name, arguments}} with the arguments as an object (the templates write them with
-// tojson), a tool result's tool_call_id (and name, where sent).
-absl::StatusOr<text::jinja::Value> TemplateMessages(const v1::ChatMessages& chat) {
+// tojson), an assistant's reasoning as reasoning_content and thinking, a tool result's
+// tool_call_id (and name, where sent).
+//
+// `harmony` (gpt-oss's template, which tests `"..." in message.content` and refuses content beside
+// a reasoned call): an assistant message with calls carries no content key when its content is
+// unset or it has reasoning, as llama.cpp's server passes it to that template.
+absl::StatusOr<text::jinja::Value> TemplateMessages(const v1::ChatMessages& chat, bool harmony) {
   text::jinja::Value::List messages;
   for (int i = 0; i < chat.messages_size(); ++i) {
     const v1::ChatMessage& message = chat.messages(i);
@@ -42,8 +47,12 @@ absl::StatusOr<text::jinja::Value> TemplateMessages(const v1::ChatMessages& chat
     }
     text::jinja::Dict dict;
     dict.Set("role", role);
-    dict.Set("content", message.has_content() ? text::jinja::Value(message.content())
-                                              : text::jinja::Value::None());
+    const bool content_omitted = harmony && !message.tool_calls().empty() &&
+                                 (!message.has_content() || message.has_reasoning_content());
+    if (!content_omitted) {
+      dict.Set("content", message.has_content() ? text::jinja::Value(message.content())
+                                                : text::jinja::Value::None());
+    }
     if (!message.tool_calls().empty()) {
       text::jinja::Value::List calls;
       for (int c = 0; c < message.tool_calls_size(); ++c) {
@@ -64,6 +73,10 @@ absl::StatusOr<text::jinja::Value> TemplateMessages(const v1::ChatMessages& chat
         calls.emplace_back(std::move(entry));
       }
       dict.Set("tool_calls", text::jinja::Value(std::move(calls)));
+    }
+    if (message.has_reasoning_content()) {
+      dict.Set("reasoning_content", message.reasoning_content());
+      dict.Set("thinking", message.reasoning_content());
     }
     if (role == "tool") {
       dict.Set("tool_call_id", message.tool_call_id());
@@ -176,7 +189,7 @@ absl::StatusOr<std::vector<int32_t>> PromptTokens(const v1::GenerateRequest& req
             "the model has no chat template; send a prompt or token ids instead");
       }
       BITSPLIT_ASSIGN_OR_RETURN(const text::jinja::Value messages,
-                                TemplateMessages(request.chat()));
+                                TemplateMessages(request.chat(), chat_template->harmony()));
       text::jinja::Value tools = text::jinja::Value::None();
       if (!request.chat().tools_json().empty()) {
         absl::StatusOr<text::jinja::Value> parsed =

@@ -8,6 +8,10 @@ tests/text_tokenize_command_test.cc, one per vocabulary:
                        (a metadata-only copy patched here; the C++ test patches the same byte)
   qwen2                DeepSeek-R1-Distill-Qwen-7B (byte-level BPE, pre "deepseek-r1-qwen"),
                        from the metadata-only GGUF scripts/setup.sh derives
+  qwen2_gpt4o          the same vocabulary with tokenizer.ggml.pre "gpt-4o" (gpt-oss's and
+                       Llama 4's pre-tokenizer; no vocabulary of theirs is available here, and
+                       the pre-tokenizer's word splits are what differs), a metadata-only copy
+                       rewritten here and by the C++ test alike
   gemma4               llama.cpp's Gemma 4 vocabulary (tokenizer model "gemma4"), the
                        ggml-vocab-gemma-4.gguf scripts/setup.sh takes from the pinned sdist
 
@@ -82,6 +86,26 @@ def space_prefix_variant(source: Path, target: Path) -> None:
     target.write_bytes(bytes(image))
 
 
+PRE_KEY = b"tokenizer.ggml.pre"
+GGUF_TYPE_STRING = 8
+
+
+def pre_tokenizer_variant(source: Path, target: Path, pre: str) -> None:
+    """A metadata-only copy of `source` (tensor count 0) with tokenizer.ggml.pre = `pre`."""
+    image = bytearray(source.read_bytes()[:metadata_end(source)])
+    image[8:16] = struct.pack("<Q", 0)
+    key = struct.pack("<Q", len(PRE_KEY)) + PRE_KEY
+    at = image.find(key)
+    assert at > 0 and image.find(key, at + 1) < 0, "tokenizer.ggml.pre not found exactly once"
+    type_at = at + len(key)
+    assert struct.unpack_from("<I", image, type_at)[0] == GGUF_TYPE_STRING
+    length = struct.unpack_from("<Q", image, type_at + 4)[0]
+    value_at = type_at + 12
+    new_value = pre.encode()
+    image[type_at + 4:value_at + length] = struct.pack("<Q", len(new_value)) + new_value
+    target.write_bytes(bytes(image))
+
+
 def tokenize(vocab, data: bytes, add_special: bool, parse_special: bool):
     capacity = 2 * len(data) + 16
     tokens = (llama_cpp.llama_token * capacity)()
@@ -146,6 +170,21 @@ def jinja_chats(model: Path, conversations):
                                add_generation_prompt=c["add_generation_prompt"])
                for c in conversations]
     return source, prompts
+
+
+# Words whose splits the GPT-4o pre-tokenizer decides by case (a run of non-lowercase letters
+# then lowercase ones), digit groups, "/" after punctuation and contractions: added to the
+# corpus for qwen2_gpt4o, where the shared corpus rarely crosses those boundaries.
+GPT4O_STRINGS = [
+    "HelloWorld", "camelCaseIdentifier", "XMLHttpRequest", "iPhone", "HTTPServer2024",
+    "parseJSONResponse", "McDonald's", "DON'T Stop", "O'Neil'S", "they'RE here", "snake_case_Name",
+    "ÉcoleNormale", "ΑθήναΕλλάδα", "ΣΊΣΥΦΟΣ σοφός", "Привет МирДругой", "İstanbulİzmir",
+    "ǅungla ǈubljana", "ﬁnancial ﬂow", "e\u0301cole Cafe\u0301Noir", "नमस्तेदुनिया",
+    "straße STRASSE Straße", "ABCdefGHIjkl", "aBcDeF", "1234567890", "12,345.678",
+    "v2.0.1-rc3", "path/to/file.txt", "a/b//c///", "?!/\r\n", "...//\n\n", "}/\r\n\t",
+    "x = fooBar(bazQux)", "<div class=\"MainPanel\">", "ID: A1B2C3 value=0xDEADbeef",
+    "日本語のテキストABCdef", "한국어Text", "emoji😀Word😀WORD", "  leadingSpacesCamelCase",
+]
 
 
 def fixture_for(name: str, model: Path, corpus, chats: str):
@@ -232,17 +271,26 @@ def main():
             space_prefix_variant(GEMMA3, variant)
             return variant
 
+        gpt4o = Path(tmp) / "qwen2.gpt-4o.vocab.gguf"
+
+        def make_gpt4o_variant():
+            pre_tokenizer_variant(QWEN2, gpt4o, "gpt-4o")
+            return gpt4o
+
         vocabularies = [
             ("smollm2", lambda: SMOLLM2, "jinja"),
             ("gemma3", lambda: GEMMA3, "gemma"),
             ("gemma3_space_prefix", make_variant, None),
             ("qwen2", lambda: QWEN2, None),
+            ("qwen2_gpt4o", make_gpt4o_variant, None, GPT4O_STRINGS),
             ("gemma4", lambda: GEMMA4, None),
         ]
-        for name, model, chats in vocabularies:
+        for name, model, chats, *extra in vocabularies:
             if wanted and name not in wanted:
                 continue
-            fixture_for(name, model(), corpus, chats)
+            strings = corpus["strings"] + [{"category": "cased_words", "text": text}
+                                           for text in (extra[0] if extra else [])]
+            fixture_for(name, model(), {**corpus, "strings": strings}, chats)
 
 
 if __name__ == "__main__":

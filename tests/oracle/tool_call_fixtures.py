@@ -14,8 +14,13 @@ drop the template's assistant header and everything from its end-of-turn marker 
 per template family below and checked to be there). Reasoning is not this parser's business: an
 empty <think></think> block that a template writes before the answer is dropped from the output.
 
+gpt-oss's harmony template is cut the same way, with its own rules (HARMONY_CASES): the
+assistant turn starts after the generation prompt <|start|>assistant and ends before <|return|>
+or <|call|>; what the template writes into the analysis channel (`thinking`, or the content
+beside a call) is the expected reasoning.
+
 Each fixture records the template, the format the parser is given, the model output, and the
-expected content and calls; the tools the parser is given (Qwen3-Coder types parameter values by
+expected reasoning (harmony only), content and calls; the tools the parser is given (Qwen3-Coder types parameter values by
 their schemas) are the file's "tools" unless the fixture has its own. An expected id is recorded
 only where the output carries the id (Mistral); elsewhere the parser generates one. Expected
 arguments are JSON objects, compared as values.
@@ -137,6 +142,62 @@ CASES = [
     ("text_then_two_calls", "Checking both.", [RICH_CALL, SEARCH_CALL]),
 ]
 
+HARMONY_TEMPLATE = "openai-gpt-oss-120b.jinja"
+# (case, assistant message, expected reasoning, expected content, expected calls): the template
+# renders one call per message and the content beside a call into the analysis channel.
+HARMONY_CASES = [
+    ("reasoning_then_answer",
+     {"role": "assistant", "thinking": "The user asks about weather.\nNo tool needed; say so.",
+      "content": "I can't see live weather, but Zürich is mild in May. 😀"},
+     "The user asks about weather.\nNo tool needed; say so.",
+     "I can't see live weather, but Zürich is mild in May. 😀", []),
+    ("answer_only", {"role": "assistant", "content": "Sunny, 21 °C.\n\n- wind: low"}, "",
+     "Sunny, 21 °C.\n\n- wind: low", []),
+    ("reasoning_then_call",
+     {"role": "assistant", "content": "", "thinking": "Need the weather tool.",
+      "tool_calls": [RICH_CALL]},
+     "Need the weather tool.", "", [RICH_CALL]),
+    ("call_only", {"role": "assistant", "content": "", "tool_calls": [SEARCH_CALL]}, "", "",
+     [SEARCH_CALL]),
+    ("empty_arguments", {"role": "assistant", "content": "", "tool_calls": [EMPTY_ARGS_CALL]}, "",
+     "", [EMPTY_ARGS_CALL]),
+    ("text_beside_call",
+     {"role": "assistant", "content": "Let me check that for you.", "tool_calls": [SEARCH_CALL]},
+     "Let me check that for you.", "", [SEARCH_CALL]),
+]
+
+
+def harmony_fixtures(template, raw):
+    fixtures = []
+    user = [{"role": "user", "content": "Weather in Zürich, and the time?"}]
+    context = {"tools": RENDER_TOOLS, "bos_token": corpus.BOS_TOKEN,
+               "eos_token": corpus.EOS_TOKEN}
+    before = template.render(messages=user, add_generation_prompt=True, **context)
+    if not before.endswith("<|start|>assistant"):
+        sys.exit(f"{HARMONY_TEMPLATE}: the generation prompt is not <|start|>assistant")
+    for case_name, message, reasoning, content, calls in HARMONY_CASES:
+        full = template.render(messages=user + [message], add_generation_prompt=False, **context)
+        if not full.startswith(before):
+            sys.exit(f"{HARMONY_TEMPLATE} {case_name}: the assistant turn does not extend the "
+                     "generation prompt")
+        turn = full[len(before):]
+        end = "<|call|>" if calls else "<|return|>"
+        if not turn.endswith(end):
+            sys.exit(f"{HARMONY_TEMPLATE} {case_name}: the turn {turn!r} does not end with {end}")
+        fixtures.append({
+            "name": f"{HARMONY_TEMPLATE.removesuffix('.jinja')}/{case_name}",
+            "template": HARMONY_TEMPLATE,
+            "template_sha256": hashlib.sha256(raw).hexdigest(),
+            "format": "harmony",
+            "output": turn[:-len(end)],
+            "reasoning": reasoning,
+            "content": content,
+            "tool_calls": [{"name": call["function"]["name"],
+                            "arguments": call["function"]["arguments"]} for call in calls],
+        })
+    return fixtures
+
+
 EMPTY_THINK = re.compile(r"^<think>\s*</think>\s*")
 
 
@@ -228,6 +289,8 @@ def main():
             "content": "",
             "tool_calls": [{"name": "brave_search", "arguments": call["function"]["arguments"]}],
         })
+    raw = templates[HARMONY_TEMPLATE]
+    fixtures += harmony_fixtures(env.from_string(raw.decode("utf-8")), raw)
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
     OUTPUT.write_text(json.dumps({
         "generator": "tests/oracle/tool_call_fixtures.py",
@@ -237,7 +300,7 @@ def main():
         "tools": TOOLS,
         "fixtures": fixtures,
     }, indent=1, ensure_ascii=False) + "\n")
-    print(f"{len(fixtures)} fixtures from {len(TEMPLATES)} templates ({len(skipped)} cases the "
+    print(f"{len(fixtures)} fixtures from {len(TEMPLATES) + 1} templates ({len(skipped)} cases the "
           f"templates refuse) -> {OUTPUT.relative_to(ROOT)}")
     return 0
 
