@@ -407,13 +407,9 @@ TEST_F(CudaKernelsTest, RmsNormIsCloseToCpuAndBatchInvariant) {
 }
 
 // Both pairings (adjacent, NEOX halves), a global base with linear scaling and frequency
-// factors and a local layer's base, whole and partial rotation: bit for bit.
+// factors, a local layer's base, YaRN (gpt-oss's factor 32 over 4,096), whole and partial
+// rotation: bit for bit.
 TEST_F(CudaKernelsTest, RopeMatchesCpuBitForBit) {
-  model::ModelConfig config;
-  config.head_dim = 64;
-  config.rope_dims = 64;
-  config.rope_freq_base = 500000.0f;
-  config.rope_freq_scale = 0.5f;
   const std::vector<float> factors = RandomFloats(32, 2, 0.1f);
   std::vector<float> positive_factors(32);
   for (int i = 0; i < 32; ++i) positive_factors[i] = 1.0f + std::fabs(factors[i]);
@@ -421,42 +417,40 @@ TEST_F(CudaKernelsTest, RopeMatchesCpuBitForBit) {
   const int64_t rows = 6, heads = 3;
   const std::vector<int32_t> positions = {0, 1, 17, 4095, 4999, 17};
   DeviceVector<int32_t> dpositions(positions);
-  struct Case {
-    ops::RopeStyle style;
-    int64_t rotary_dims;
-    float base, scale;
-    const float* factors;
+  const auto rope = [](ops::RopeStyle style, int64_t rotary_dims, float base, float scale,
+                       const float* factors) {
+    return ops::RopeConfig{.head_dim = 64,
+                           .rotary_dims = rotary_dims,
+                           .freq_base = base,
+                           .freq_scale = scale,
+                           .freq_factors = factors,
+                           .style = style};
   };
-  const Case cases[] = {
-      {ops::RopeStyle::kAdjacentPairs, 64, 500000.0f, 0.5f, positive_factors.data()},
-      {ops::RopeStyle::kHalves, 64, 500000.0f, 0.5f, positive_factors.data()},
-      {ops::RopeStyle::kHalves, 64, 10000.0f, 1.0f, nullptr},  // a local layer's table
-      {ops::RopeStyle::kHalves, 32, 1000000.0f, 1.0f, nullptr},
-      {ops::RopeStyle::kAdjacentPairs, 32, 10000.0f, 1.0f, nullptr},
+  ops::RopeConfig yarn = rope(ops::RopeStyle::kHalves, 64, 150000.0f, 1.0f / 32.0f, nullptr);
+  yarn.ext_factor = 1.0f;
+  yarn.attn_factor = 1.0f;
+  yarn.yarn_original_context = 4096;
+  const ops::RopeConfig cases[] = {
+      rope(ops::RopeStyle::kAdjacentPairs, 64, 500000.0f, 0.5f, positive_factors.data()),
+      rope(ops::RopeStyle::kHalves, 64, 500000.0f, 0.5f, positive_factors.data()),
+      rope(ops::RopeStyle::kHalves, 64, 10000.0f, 1.0f, nullptr),  // a local layer's table
+      rope(ops::RopeStyle::kHalves, 32, 1000000.0f, 1.0f, nullptr),
+      rope(ops::RopeStyle::kAdjacentPairs, 32, 10000.0f, 1.0f, nullptr),
+      yarn,
   };
-  for (const Case& c : cases) {
-    config.rope_dims = c.rotary_dims;
+  for (const ops::RopeConfig& c : cases) {
     const int64_t pairs = c.rotary_dims / 2;
-    const std::vector<float> table =
-        c.base == config.rope_freq_base && c.scale == config.rope_freq_scale
-            ? RopeTable(config, c.factors, table_positions)
-            : RopeTable(c.factors, table_positions, c.rotary_dims, c.base, c.scale);
+    const std::vector<float> table = RopeTable(c, table_positions);
     std::vector<float> x = RandomFloats(rows * heads * 64, 31);
     DeviceVector<float> dx(x), dtable(table);
     ASSERT_CUDA(kernels::ApplyRope(dx.get(), rows, heads, 64, c.rotary_dims, dpositions.get(),
                                    dtable.get(), dtable.get() + table_positions * pairs,
                                    c.style == ops::RopeStyle::kHalves, nullptr));
-    const ops::RopeConfig rope{.head_dim = 64,
-                               .rotary_dims = c.rotary_dims,
-                               .freq_base = c.base,
-                               .freq_scale = c.scale,
-                               .freq_factors = c.factors,
-                               .style = c.style};
-    ops::ApplyRope(x.data(), rows, heads, positions.data(), rope);
+    ops::ApplyRope(x.data(), rows, heads, positions.data(), c);
     ExpectBitsEqual(dx.ToHost(), x,
                     "rope " + std::string(c.style == ops::RopeStyle::kHalves ? "halves" : "pairs") +
                         " dims " + std::to_string(c.rotary_dims) + " base " +
-                        std::to_string(c.base));
+                        std::to_string(c.freq_base) + (c.ext_factor != 0.0f ? " yarn" : ""));
   }
 }
 
@@ -548,6 +542,23 @@ TEST_F(CudaKernelsTest, AttentionMatchesCpuOnTheSameHalfKvAndTreeNodesEqualTheir
   const std::vector<float> actual = out.ToHost();
   EXPECT_LT(Nmse(actual, expected), 1e-12);
 
+  // With attention sinks (gpt-oss), around the scores' scale: as the CPU's.
+  {
+    const std::vector<float> sinks = RandomFloats(heads, 44, 2.0f);
+    ops::AttentionShape with_sinks = shape;
+    with_sinks.sinks = sinks.data();
+    std::vector<float> expected_sinks(tokens * q_dim);
+    ops::AttentionWithContext(q.data(), tokens, HalfRows(keys16, kv_dim),
+                              HalfRows(values16, kv_dim), prefix, context, mask.data(), with_sinks,
+                              expected_sinks.data(), pool);
+    DeviceVector<float> dsinks(sinks);
+    args.sinks = dsinks.get();
+    ASSERT_CUDA(kernels::Attention(args, nullptr));
+    args.sinks = nullptr;
+    EXPECT_LT(Nmse(out.ToHost(), expected_sinks), 1e-12);
+    EXPECT_GT(Nmse(expected_sinks, expected), 1e-6);  // the sinks change the result
+  }
+
   // Token 2's visible sequence (prefix, slots 0-2, token 0, itself) run as a causal chain at
   // slots prefix..prefix+4 gives the same bits.
   std::vector<float> chain_keys = keys, chain_values = values;
@@ -606,7 +617,26 @@ TEST_F(CudaKernelsTest, SiluMulIsCloseToCpu) {
   std::vector<float> expected(n);
   ops::SiluMul(gate.data(), up.data(), n, expected.data());
   DeviceVector<float> dg(gate), du(up);
-  ASSERT_CUDA(kernels::GatedActivationRows(dg.get(), du.get(), 1, n, n, false, dg.get(), nullptr));
+  ASSERT_CUDA(kernels::GatedActivationRows(
+      dg.get(), du.get(), 1, n, n, kernels::GatedActivation::kSilu, 0.0f, 0.0f, dg.get(), nullptr));
+  const std::vector<float> actual = dg.ToHost();
+  EXPECT_LT(Nmse(actual, expected), 1e-12);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(actual[i], expected[i], 1e-6f * std::fabs(expected[i]) + 1e-30f) << i;
+  }
+}
+
+// gpt-oss's clamped SwiGLU: ops::SwigluOaiMul within expf's ulps, clamps included (gates and ups
+// beyond +-7).
+TEST_F(CudaKernelsTest, SwigluOaiMulIsCloseToCpu) {
+  const int64_t n = 100000;
+  const std::vector<float> gate = RandomFloats(n, 54, 12.0f), up = RandomFloats(n, 55, 12.0f);
+  std::vector<float> expected(n);
+  ops::SwigluOaiMul(gate.data(), up.data(), n, expected.data());
+  DeviceVector<float> dg(gate), du(up);
+  ASSERT_CUDA(kernels::GatedActivationRows(
+      dg.get(), du.get(), 1, n, n, kernels::GatedActivation::kSwigluOai, ops::kSwigluOaiAlpha,
+      ops::kSwigluOaiLimit, dg.get(), nullptr));
   const std::vector<float> actual = dg.ToHost();
   EXPECT_LT(Nmse(actual, expected), 1e-12);
   for (int64_t i = 0; i < n; ++i) {
@@ -633,7 +663,9 @@ TEST_F(CudaKernelsTest, GeluTanhMulMatchesCpuWithinF32Rounding) {
   std::vector<float> expected(gate.size());
   ops::GeluTanhMul(gate.data(), up.data(), n, expected.data());
   DeviceVector<float> dg(gate), du(up);
-  ASSERT_CUDA(kernels::GatedActivationRows(dg.get(), du.get(), 1, n, n, true, dg.get(), nullptr));
+  ASSERT_CUDA(kernels::GatedActivationRows(dg.get(), du.get(), 1, n, n,
+                                           kernels::GatedActivation::kGeluTanh, 0.0f, 0.0f,
+                                           dg.get(), nullptr));
   const std::vector<float> actual = dg.ToHost();
   EXPECT_LT(Nmse(actual, expected), 1e-12);
   for (int64_t i = 0; i < n; ++i) {
@@ -643,7 +675,7 @@ TEST_F(CudaKernelsTest, GeluTanhMulMatchesCpuWithinF32Rounding) {
 }
 
 // An expert's fused gate|up rows ([rows][gate | up]) give the bits of the same values laid out as
-// two separate matrices, for both activations.
+// two separate matrices, for every activation.
 TEST_F(CudaKernelsTest, GatedActivationOnFusedRowsEqualsSeparateRows) {
   const int64_t rows = 37, width = 96;
   const std::vector<float> gate = RandomFloats(rows * width, 58, 4.0f);
@@ -655,14 +687,19 @@ TEST_F(CudaKernelsTest, GatedActivationOnFusedRowsEqualsSeparateRows) {
   }
   DeviceVector<float> dg(gate), du(up), dfused(fused), separate_out(gate.size()),
       fused_out(gate.size());
-  for (const bool gelu : {false, true}) {
-    ASSERT_CUDA(kernels::GatedActivationRows(dg.get(), du.get(), rows, width, width, gelu,
+  for (const auto activation :
+       {kernels::GatedActivation::kSilu, kernels::GatedActivation::kGeluTanh,
+        kernels::GatedActivation::kSwigluOai}) {
+    ASSERT_CUDA(kernels::GatedActivationRows(dg.get(), du.get(), rows, width, width, activation,
+                                             ops::kSwigluOaiAlpha, ops::kSwigluOaiLimit,
                                              separate_out.get(), nullptr));
     ASSERT_CUDA(kernels::GatedActivationRows(dfused.get(), dfused.get() + width, rows, width,
-                                             2 * width, gelu, fused_out.get(), nullptr));
-    ExpectBitsEqual(fused_out.ToHost(), separate_out.ToHost(), gelu ? "GeGLU" : "SwiGLU");
+                                             2 * width, activation, ops::kSwigluOaiAlpha,
+                                             ops::kSwigluOaiLimit, fused_out.get(), nullptr));
+    ExpectBitsEqual(fused_out.ToHost(), separate_out.ToHost(), "gated activation");
   }
-  EXPECT_EQ(kernels::GatedActivationRows(dg.get(), du.get(), rows, width, width - 1, false,
+  EXPECT_EQ(kernels::GatedActivationRows(dg.get(), du.get(), rows, width, width - 1,
+                                         kernels::GatedActivation::kSilu, 0.0f, 0.0f,
                                          separate_out.get(), nullptr),
             cudaErrorInvalidValue);
 }

@@ -695,13 +695,15 @@ TEST_F(CudaModelTest, Gemma4ForwardIsCloseToTheCpuPastTheWindow) {
 
 // The mixture-of-experts fixtures of the oracle (random weights: qwen3moe, 3 layers of 16
 // experts with 4 used; gemma4 MoE, a dense FFN beside 16 experts of which 4 are used, the router
-// input scale, per-expert down scales and the fused gate|up tensor), split as the fixtures are.
+// input scale, per-expert down scales and the fused gate|up tensor; gpt-oss, sinks, q/k/v/o,
+// router and expert biases, YaRN, the clamped SwiGLU and top-k-then-softmax routing over 16
+// MXFP4 experts), split as the fixtures are.
 // On the device against the CPU (the same routing rules, router logits bit for bit from the same
 // input): prefill, tree, decode in draft and verify mode; batch invariance bit for bit (a token
 // alone = in a batch, a tree node = its causal path); no CUDA graph is captured (the host routes
 // between kernels); and speculation equal to plain decoding of the device's own verifier.
 TEST_F(CudaModelTest, MixtureOfExpertsForwardIsCloseToTheCpuAndBatchInvariant) {
-  for (const char* fixture : {"qwen3moe", "gemma4moe"}) {
+  for (const char* fixture : {"qwen3moe", "gemma4moe", "gpt-oss"}) {
     const std::unique_ptr<FixtureEngines> loaded = LoadOracleFixture(fixture);
     Engines& e = loaded->engines;
     ASSERT_NE(e.cuda, nullptr) << fixture;

@@ -84,47 +84,43 @@ struct Vocabulary {
   nlohmann::json fixture;
 };
 
-// The gemma3 metadata as a tensor-less GGUF with add_space_prefix flipped to true: the same
-// bytes gen_tokenizer_fixtures.py writes (the fixture records their sha256).
-std::vector<uint8_t> SpacePrefixVariant(const gguf::File& source) {
+// `source`'s metadata as a tensor-less GGUF image and the offset of `key`'s value type (0 when
+// the key is not there exactly once): what gen_tokenizer_fixtures.py's metadata_only gives.
+std::pair<std::vector<uint8_t>, size_t> MetadataOnly(const gguf::File& source,
+                                                     const std::string& key) {
   const uint8_t* begin = source.image_data();
   std::vector<uint8_t> image(begin, begin + source.metadata_end_offset());
   const uint64_t zero_tensors = 0;
   std::memcpy(image.data() + 8, &zero_tensors, sizeof(zero_tensors));
-  const std::string key = "tokenizer.ggml.add_space_prefix";
   std::string needle(sizeof(uint64_t), '\0');
   const uint64_t length = key.size();
   std::memcpy(needle.data(), &length, sizeof(length));
   needle += key;
   const std::string_view haystack(reinterpret_cast<const char*>(image.data()), image.size());
   const size_t at = haystack.find(needle);
-  EXPECT_NE(at, std::string_view::npos) << "no add_space_prefix key";
-  if (at == std::string_view::npos) return {};
-  EXPECT_EQ(haystack.find(needle, at + 1), std::string_view::npos);
-  const size_t value_at = at + needle.size() + sizeof(uint32_t);  // after the type (bool = 7)
-  EXPECT_EQ(image[at + needle.size()], 7);
+  EXPECT_NE(at, std::string_view::npos) << "no " << key << " key";
+  if (at == std::string_view::npos) return {std::move(image), 0};
+  EXPECT_EQ(haystack.find(needle, at + 1), std::string_view::npos) << key << " twice";
+  return {std::move(image), at + needle.size()};
+}
+
+// The gemma3 metadata with add_space_prefix flipped to true: the same bytes
+// gen_tokenizer_fixtures.py writes (the fixture records their sha256).
+std::vector<uint8_t> SpacePrefixVariant(const gguf::File& source) {
+  auto [image, type_at] = MetadataOnly(source, "tokenizer.ggml.add_space_prefix");
+  if (type_at == 0) return {};
+  const size_t value_at = type_at + sizeof(uint32_t);
+  EXPECT_EQ(image[type_at], 7);  // bool
   EXPECT_EQ(image[value_at], 0) << "expected add_space_prefix = false in the source";
   image[value_at] = 1;
   return image;
 }
 
-// The metadata as a tensor-less GGUF with tokenizer.ggml.pre rewritten to `pre`: the same bytes
+// The metadata with tokenizer.ggml.pre rewritten to `pre`: the same bytes
 // gen_tokenizer_fixtures.py writes (the fixture records their sha256).
 std::vector<uint8_t> PreTokenizerVariant(const gguf::File& source, std::string_view pre) {
-  const uint8_t* begin = source.image_data();
-  std::vector<uint8_t> image(begin, begin + source.metadata_end_offset());
-  const uint64_t zero_tensors = 0;
-  std::memcpy(image.data() + 8, &zero_tensors, sizeof(zero_tensors));
-  const std::string key = "tokenizer.ggml.pre";
-  std::string needle(sizeof(uint64_t), '\0');
-  const uint64_t key_length = key.size();
-  std::memcpy(needle.data(), &key_length, sizeof(key_length));
-  needle += key;
-  const std::string_view haystack(reinterpret_cast<const char*>(image.data()), image.size());
-  const size_t at = haystack.find(needle);
-  EXPECT_NE(at, std::string_view::npos) << "no tokenizer.ggml.pre key";
-  if (at == std::string_view::npos) return {};
-  const size_t type_at = at + needle.size();
+  auto [image, type_at] = MetadataOnly(source, "tokenizer.ggml.pre");
+  if (type_at == 0) return {};
   EXPECT_EQ(image[type_at], 8);  // string
   uint64_t old_length = 0;
   std::memcpy(&old_length, image.data() + type_at + 4, sizeof(old_length));

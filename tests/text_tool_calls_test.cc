@@ -421,6 +421,17 @@ TEST(ToolCallsTest, JsonNestingIsBounded) {
   ASSERT_TRUE(parsed.ok());
   EXPECT_TRUE(parsed->tool_calls.empty());
   EXPECT_EQ(parsed->content, deep);
+  // Harmony: 256 levels are a call, 257 are content.
+  for (const int levels : {255, 256}) {
+    const std::string arguments =
+        "{\"a\": " + std::string(levels, '[') + std::string(levels, ']') + "}";
+    const std::string output =
+        "<|channel|>commentary to=functions.f json<|message|>" + arguments + "<|call|>";
+    auto harmony = ParseToolCalls(ToolCallFormat::kHarmony, output, {});
+    ASSERT_TRUE(harmony.ok());
+    EXPECT_EQ(harmony->tool_calls.size(), levels == 255 ? 1u : 0u) << levels;
+    EXPECT_EQ(harmony->content, levels == 255 ? "" : output) << levels;
+  }
 }
 
 TEST(ToolCallsTest, GemmaNestingIsBounded) {

@@ -12,6 +12,7 @@
 #include "common/cuda/cuda_model.h"
 #include "common/cuda/cuda_status.h"
 #include "common/model/expert_routing.h"
+#include "common/ops/activation.h"
 #include "common/quant/hadamard.h"
 #include "common/util/elapsed.h"
 #include "common/util/status_macros.h"
@@ -21,6 +22,22 @@ namespace bitsplit::cuda {
 using Clock = std::chrono::steady_clock;
 using model::LinearGroup;
 using model::LinearGroupId;
+
+namespace {
+
+kernels::GatedActivation GatedActivationOf(model::FfnActivation activation) {
+  switch (activation) {
+    case model::FfnActivation::kGeluTanh:
+      return kernels::GatedActivation::kGeluTanh;
+    case model::FfnActivation::kSwigluOai:
+      return kernels::GatedActivation::kSwigluOai;
+    case model::FfnActivation::kSilu:
+      break;
+  }
+  return kernels::GatedActivation::kSilu;
+}
+
+}  // namespace
 
 const CudaModel::Group& CudaModel::GroupOf(LinearGroupId id) const {
   return groups_[static_cast<size_t>(model::LinearGroupIndex(config_, id))];
@@ -235,6 +252,7 @@ absl::Status CudaModel::ExpertsLinear(int32_t layer, LinearGroup group, const fl
 absl::Status CudaModel::ExpertsBlock(int32_t layer, const float* input, const float* router_input,
                                      float* out, const ForwardPass& pass) {
   const model::ModelConfig& c = config_;
+  const model::LayerNorms& vectors = layer_vectors_[static_cast<size_t>(layer)];
   const int64_t n = pass.rows;
   const int64_t k = c.num_experts_used;
   const int64_t routed = n * k;
@@ -243,6 +261,10 @@ absl::Status CudaModel::ExpertsBlock(int32_t layer, const float* input, const fl
   BITSPLIT_CUDA_RETURN_IF_ERROR(
       kernels::RouterLogits(router_input, n, routers_[static_cast<size_t>(layer)], c.num_experts,
                             c.d_model, d_.router_logits, stream_));
+  if (vectors.router_bias != nullptr) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        kernels::AddRowVector(d_.router_logits, vectors.router_bias, n, c.num_experts, stream_));
+  }
   BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_router_logits_, d_.router_logits,
                                                 n * c.num_experts * sizeof(float),
                                                 cudaMemcpyDeviceToHost, stream_));
@@ -272,13 +294,29 @@ absl::Status CudaModel::ExpertsBlock(int32_t layer, const float* input, const fl
   if (!c.fused_expert_gate_up) gate_up.push_back(up);
   BITSPLIT_RETURN_IF_ERROR(ExpertsLinear(layer, LinearGroup::kExpertGateUp, d_.expert_input, routed,
                                          grouping.segments, gate_up, pass.verify));
+  // Each grouped row plus its expert's bias row (gpt-oss; CheckImplemented: gate and up apart).
+  const auto add_expert_bias = [&](float* rows, const float* bias, int64_t n_cols) -> absl::Status {
+    for (const model::ExpertRows& segment : grouping.segments) {
+      BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::AddRowVector(
+          rows + static_cast<int64_t>(segment.first_row) * n_cols,
+          bias + static_cast<int64_t>(segment.expert) * n_cols, segment.count, n_cols, stream_));
+    }
+    return absl::OkStatus();
+  };
+  if (c.expert_biases) {
+    BITSPLIT_RETURN_IF_ERROR(add_expert_bias(gate, vectors.expert_gate_bias, width));
+    BITSPLIT_RETURN_IF_ERROR(add_expert_bias(up, vectors.expert_up_bias, width));
+  }
   BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::GatedActivationRows(
-      gate, up, routed, width, stride, c.ffn_activation == model::FfnActivation::kGeluTanh,
-      d_.expert_activation, stream_));
+      gate, up, routed, width, stride, GatedActivationOf(c.ffn_activation), ops::kSwigluOaiAlpha,
+      ops::kSwigluOaiLimit, d_.expert_activation, stream_));
   float* const down[] = {d_.expert_output};
   BITSPLIT_RETURN_IF_ERROR(ExpertsLinear(layer, LinearGroup::kExpertDown, d_.expert_activation,
                                          routed, grouping.segments, down, pass.verify));
-  const model::LayerNorms& vectors = layer_vectors_[static_cast<size_t>(layer)];
+  if (c.expert_biases) {
+    BITSPLIT_RETURN_IF_ERROR(
+        add_expert_bias(d_.expert_output, vectors.expert_down_bias, c.d_model));
+  }
   const kernels::WeightedExpertSumArgs sum{.expert_out = d_.expert_output,
                                            .slot_of = d_.slot_of,
                                            .expert_of = d_.expert_of,
@@ -544,6 +582,10 @@ absl::Status CudaModel::AttentionBlock(int32_t layer, const ForwardPass& pass) {
   float* const projected[] = {d_.projected};
   BITSPLIT_RETURN_IF_ERROR(
       Linear({layer, LinearGroup::kAttnOutput}, d_.attention, n, projected, pass.verify));
+  if (c.attn_output_bias) {
+    BITSPLIT_CUDA_RETURN_IF_ERROR(
+        kernels::AddRowVector(d_.projected, vectors.o_bias, n, c.d_model, stream_));
+  }
   return AddToHiddenState(vectors.attn_post_norm, pass);
 }
 
@@ -579,6 +621,7 @@ absl::Status CudaModel::StoreKvAndAttend(int32_t layer, const ForwardPass& pass)
     attention.num_kv_heads = c.NumKvHeads(layer);
     attention.head_dim = c.HeadDim(layer);
     attention.scale = c.attention_scale;
+    attention.sinks = layer_vectors_[static_cast<size_t>(layer)].attn_sinks;  // null: none
     // A local layer sees the window's slots (PrepareSlidingWindow), a global one the mask's.
     if (local) {
       attention.visible_slots = d_.visible_slots + r0 * options_.context;
@@ -601,8 +644,8 @@ absl::Status CudaModel::FeedForwardBlock(int32_t layer, const ForwardPass& pass)
     BITSPLIT_RETURN_IF_ERROR(
         Linear({layer, LinearGroup::kGateUp}, d_.normed, n, gate_up, pass.verify));
     BITSPLIT_CUDA_RETURN_IF_ERROR(kernels::GatedActivationRows(
-        d_.gate, d_.up, n, c.d_ff, c.d_ff, c.ffn_activation == model::FfnActivation::kGeluTanh,
-        d_.gate, stream_));
+        d_.gate, d_.up, n, c.d_ff, c.d_ff, GatedActivationOf(c.ffn_activation),
+        ops::kSwigluOaiAlpha, ops::kSwigluOaiLimit, d_.gate, stream_));
     float* const projected[] = {d_.projected};
     BITSPLIT_RETURN_IF_ERROR(
         Linear({layer, LinearGroup::kDown}, d_.gate, n, projected, pass.verify));

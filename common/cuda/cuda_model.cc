@@ -61,18 +61,14 @@ absl::Status CheckImplemented(const model::ModelConfig& config) {
   switch (config.ffn_activation) {
     case model::FfnActivation::kSilu:
     case model::FfnActivation::kGeluTanh:
+    case model::FfnActivation::kSwigluOai:
       break;
     default:
       return refuse(absl::StrCat("FFN activation ", static_cast<int>(config.ffn_activation)));
   }
-  // gpt-oss's attention and experts, and YaRN, run on the CPU backend only so far.
-  if (config.attention_sinks) return refuse("attention sinks");
-  if (config.attn_output_bias) return refuse("the attention output bias");
-  if (config.expert_biases || config.expert_gating != model::ExpertGating::kSoftmaxThenTopK) {
-    return refuse("biased experts with top-k-then-softmax gating");
-  }
-  if (config.rope_ext_factor != 0.0f || config.rope_attn_factor != 1.0f) {
-    return refuse("YaRN RoPE scaling");
+  // Expert biases are added to whole rows of the gate and up outputs.
+  if (config.expert_biases && config.fused_expert_gate_up) {
+    return refuse("biases on fused gate|up experts");
   }
   if (config.sliding_window < 0 ||
       (config.sliding_window > 0 &&
@@ -99,26 +95,13 @@ kernels::DeviceMatrix DeviceMatrixOf(const quant::MatrixView& view, const uint8_
   return m;
 }
 
-std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq_factors,
-                             int64_t positions) {
-  return RopeTable(freq_factors, positions, config.rope_dims, config.rope_freq_base,
-                   config.rope_freq_scale);
-}
-
-std::vector<float> RopeTable(const float* freq_factors, int64_t positions, int64_t rotary_dims,
-                             float freq_base, float freq_scale) {
-  const int64_t pairs = rotary_dims / 2;
+std::vector<float> RopeTable(const ops::RopeConfig& rope, int64_t positions) {
+  const int64_t pairs = rope.rotary_dims / 2;
   std::vector<float> table(static_cast<size_t>(2 * positions * pairs));
-  const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(rotary_dims));
   for (int64_t position = 0; position < positions; ++position) {
-    float theta = static_cast<float>(position);
-    for (int64_t i = 0; i < pairs; ++i) {
-      const float factor = freq_factors != nullptr ? freq_factors[i] : 1.0f;
-      const float angle = freq_scale * (theta / factor);
-      table[static_cast<size_t>(position * pairs + i)] = std::cos(angle);
-      table[static_cast<size_t>((positions + position) * pairs + i)] = std::sin(angle);
-      theta *= theta_scale;
-    }
+    ops::RopeCosSin(rope, static_cast<int32_t>(position),
+                    &table[static_cast<size_t>(position * pairs)],
+                    &table[static_cast<size_t>((positions + position) * pairs)]);
   }
   return table;
 }
@@ -391,32 +374,41 @@ absl::Status CudaModel::UploadConstants(const model::EmbeddingAndNorms& embeddin
       routers_.push_back(device);
     }
   }
-  // RoPE: cos/sin for every position a session can hold, computed with ops::ApplyRope's own
-  // arithmetic (theta *= theta_scale in f32, std::cos/std::sin), so the device rotates exactly:
-  // the global layers' dims, base, scale and frequency factors, and with a sliding window also
-  // the local layers' (their own dims and base, no factors: the CPU forward gives the factors to
-  // the global layers only).
+  // RoPE: cos/sin for every position a session can hold, from ops::RopeCosSin (ops::ApplyRope's
+  // own arithmetic), so the device rotates exactly: the global layers' RoPE, and with a sliding
+  // window also the local layers' (ModelConfig::LayerRope: their own dims, base and scaling, no
+  // frequency factors).
   {
-    const auto upload = [&](int64_t rotary_dims, float freq_base, float freq_scale,
-                            const float* freq_factors, float** cos_table,
+    const auto upload = [&](const ops::RopeConfig& rope, float** cos_table,
                             float** sin_table) -> absl::Status {
-      const int64_t pairs = rotary_dims / 2;
-      float* rope = constants.Take<float>(options.context * pairs * 2 * sizeof(float));
-      *cos_table = rope;
-      *sin_table = rope + options.context * pairs;
-      const std::vector<float> table =
-          RopeTable(freq_factors, options.context, rotary_dims, freq_base, freq_scale);
-      BITSPLIT_CUDA_RETURN_IF_ERROR(
-          cudaMemcpy(rope, table.data(), table.size() * sizeof(float), cudaMemcpyHostToDevice));
+      const int64_t pairs = rope.rotary_dims / 2;
+      float* table_on_device = constants.Take<float>(options.context * pairs * 2 * sizeof(float));
+      *cos_table = table_on_device;
+      *sin_table = table_on_device + options.context * pairs;
+      const std::vector<float> table = RopeTable(rope, options.context);
+      BITSPLIT_CUDA_RETURN_IF_ERROR(cudaMemcpy(
+          table_on_device, table.data(), table.size() * sizeof(float), cudaMemcpyHostToDevice));
       return absl::OkStatus();
     };
-    BITSPLIT_RETURN_IF_ERROR(upload(config.rope_dims, config.rope_freq_base, config.rope_freq_scale,
-                                    embedding_and_norms.rope_freq_factors, &rope_cos_, &rope_sin_));
+    // One table per kind of layer: every global layer's RoPE is the same, and every local one's.
+    const auto first_layer = [&](bool local) {
+      for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+        if (config.IsLocalLayer(layer) == local) return layer;
+      }
+      return int64_t{-1};
+    };
+    const float* factors = embedding_and_norms.rope_freq_factors;
+    const int64_t global = first_layer(false);
+    // A model of local layers only still gets a global table (the plan counts one).
+    BITSPLIT_RETURN_IF_ERROR(
+        upload(global >= 0 ? config.LayerRope(global, factors) : config.LayerRope(0, factors),
+               &rope_cos_, &rope_sin_));
     if (config.sliding_window > 0) {
-      const int64_t local_dims =
-          config.rope_dims_local > 0 ? config.rope_dims_local : config.rope_dims;
-      BITSPLIT_RETURN_IF_ERROR(upload(local_dims, config.rope_freq_base_local, 1.0f, nullptr,
-                                      &rope_local_cos_, &rope_local_sin_));
+      const int64_t local = first_layer(true);
+      if (local >= 0) {
+        BITSPLIT_RETURN_IF_ERROR(
+            upload(config.LayerRope(local, factors), &rope_local_cos_, &rope_local_sin_));
+      }
     }
   }
   hadamard_masks_ = constants.Take<uint32_t>(plan_.hadamard_bytes);

@@ -81,14 +81,9 @@ kernels::DeviceMatrix DeviceMatrixOf(const quant::MatrixView& view, const uint8_
                                      int64_t stride);
 
 // cos and sin of every RoPE pair for positions [0, positions): [positions][rotary_dims / 2] cos,
-// then the same for sin, computed with ops::ApplyRope's own arithmetic (theta *= theta_scale in
-// f32, std::cos / std::sin), so the device rotates exactly as the CPU does. With `rotary_dims`,
-// `freq_base` and `freq_scale` (a layer's RopeDims / RopeFreqBase / RopeFreqScale), else the
-// config's global ones.
-std::vector<float> RopeTable(const float* freq_factors, int64_t positions, int64_t rotary_dims,
-                             float freq_base, float freq_scale);
-std::vector<float> RopeTable(const model::ModelConfig& config, const float* freq_factors,
-                             int64_t positions);
+// then the same for sin, from ops::RopeCosSin (the CPU's own arithmetic, YaRN included), so the
+// device rotates exactly as the CPU does. `rope`: a layer's (ModelConfig::LayerRope).
+std::vector<float> RopeTable(const ops::RopeConfig& rope, int64_t positions);
 
 // One session's KV cache in device memory, rows of f16 or q8_0 (the model's kv_type),
 // [layer][slot][a row of the layer's kv_dim values] for keys and values (layer after layer, each

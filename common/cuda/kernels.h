@@ -180,6 +180,9 @@ struct AttentionArgs {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   float scale = 1.0f;
+  // [num_heads] attention-sink logits (gpt-oss): each head's softmax takes exp(sink) into its
+  // denominator (and the sink into its max), as ops::AttentionShape::sinks; null: none.
+  const float* sinks = nullptr;
   // VisibleSlots' output (slots, counts, slot_stride); null: the mask and prefix above.
   const int32_t* visible_slots = nullptr;
   const int32_t* visible_counts = nullptr;
@@ -187,13 +190,17 @@ struct AttentionArgs {
 };
 cudaError_t Attention(const AttentionArgs& args, cudaStream_t stream);
 
+// model::FfnActivation, as the kernels know it.
+enum class GatedActivation { kSilu, kGeluTanh, kSwigluOai };
+
 // The gated activation on rows `stride` floats apart: out[r * width + i] = act(gate[r * stride +
 // i]) * up[r * stride + i], stride >= width (gate and up may be the two halves of one fused row,
 // an expert's gate|up output; out may alias gate when stride == width). act(g) * u is
-// ops::SiluMul's g / (1 + expf(-g)) * u, or with gelu_tanh ops::GeluTanhMul's formula in f32
-// (the device's tanhf: within a few ulp of the CPU's).
+// ops::SiluMul's g / (1 + expf(-g)) * u, ops::GeluTanhMul's formula in f32 (the device's tanhf:
+// within a few ulp of the CPU's), or ops::SwigluOaiMul's clamped form with alpha and limit.
 cudaError_t GatedActivationRows(const float* gate, const float* up, int64_t rows, int64_t width,
-                                int64_t stride, bool gelu_tanh, float* out, cudaStream_t stream);
+                                int64_t stride, GatedActivation activation, float alpha,
+                                float limit, float* out, cudaStream_t stream);
 
 // KvCache::CommitSlots on the device: for i in order, slot committed + i = slot committed +
 // pending_indices[i] in keys and values of every layer (`layer_stride` bytes apart, rows of

@@ -1,7 +1,7 @@
 // The non-linear parts of a layer on the device: embedding gather and scale, RMSNorm, RoPE (both
 // pairings), bias adds, the f16/q8_0 KV store and slot positions, sliding-window slot lists,
-// tree-masked attention, SiLU·mul and GeGLU (also on strided rows), and the KV commit (see
-// kernels.h for which are bit-exact with the CPU ops).
+// tree-masked attention (with sinks), SiLU·mul, GeGLU and the clamped SwiGLU (also on strided
+// rows), and the KV commit (see kernels.h for which are bit-exact with the CPU ops).
 #include <cuda_fp16.h>
 
 #include <cstddef>
@@ -285,14 +285,17 @@ __global__ void __launch_bounds__(kAttentionThreads) AttentionKernel(AttentionAr
     scores[v] = score;
     local_max = fmaxf(local_max, score);
   }
-  const float max_score = BlockMax<kAttentionThreads>(local_max, reinterpret_cast<float*>(partial));
+  const float sink = a.sinks != nullptr ? a.sinks[head] : -INFINITY;
+  const float max_score =
+      fmaxf(BlockMax<kAttentionThreads>(local_max, reinterpret_cast<float*>(partial)), sink);
   double local_sum = 0.0;
   for (int64_t v = threadIdx.x; v < visible; v += kAttentionThreads) {
     const float e = expf(__fsub_rn(scores[v], max_score));
     scores[v] = e;
     local_sum += static_cast<double>(e);
   }
-  const double sum = BlockSum<kAttentionThreads>(local_sum, partial);  // also orders the writes
+  double sum = BlockSum<kAttentionThreads>(local_sum, partial);  // also orders the writes
+  if (a.sinks != nullptr) sum += static_cast<double>(expf(__fsub_rn(sink, max_score)));
   const float inverse_sum = static_cast<float>(1.0 / sum);
   // Each output element sums the visible values in ascending order, as the CPU does.
   for (int64_t d = threadIdx.x; d < a.head_dim; d += kAttentionThreads) {
@@ -321,12 +324,31 @@ __device__ __forceinline__ float GeluTanhMulValue(float g, float u) {
   return __fmul_rn(gelu, u);
 }
 
+// ops::SwigluOaiMul's steps in its order, each rounded on its own.
+__device__ __forceinline__ float SwigluOaiMulValue(float g, float u, float alpha, float limit) {
+  const float x = fminf(g, limit);
+  const float y = fminf(fmaxf(u, -limit), limit);
+  const float glu = __fdiv_rn(x, __fadd_rn(1.0f, expf(__fmul_rn(alpha, -x))));
+  return __fmul_rn(glu, __fadd_rn(y, 1.0f));
+}
+
 __global__ void GatedRowsKernel(const float* gate, const float* up, int64_t rows, int64_t width,
-                                int64_t stride, bool gelu_tanh, float* out) {
+                                int64_t stride, GatedActivation activation, float alpha,
+                                float limit, float* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * width) return;
   const int64_t in = i / width * stride + i % width;
-  out[i] = gelu_tanh ? GeluTanhMulValue(gate[in], up[in]) : SiluMulValue(gate[in], up[in]);
+  switch (activation) {
+    case GatedActivation::kSilu:
+      out[i] = SiluMulValue(gate[in], up[in]);
+      break;
+    case GatedActivation::kGeluTanh:
+      out[i] = GeluTanhMulValue(gate[in], up[in]);
+      break;
+    case GatedActivation::kSwigluOai:
+      out[i] = SwigluOaiMulValue(gate[in], up[in], alpha, limit);
+      break;
+  }
 }
 
 // One thread per (layer, keys or values, byte of a row), plus one for the positions: the slot
@@ -452,11 +474,12 @@ cudaError_t Attention(const AttentionArgs& args, cudaStream_t stream) {
 }
 
 cudaError_t GatedActivationRows(const float* gate, const float* up, int64_t rows, int64_t width,
-                                int64_t stride, bool gelu_tanh, float* out, cudaStream_t stream) {
+                                int64_t stride, GatedActivation activation, float alpha,
+                                float limit, float* out, cudaStream_t stream) {
   if (rows * width == 0) return cudaSuccess;
   if (stride < width) return cudaErrorInvalidValue;
   GatedRowsKernel<<<Blocks(rows * width, 256), 256, 0, stream>>>(gate, up, rows, width, stride,
-                                                                 gelu_tanh, out);
+                                                                 activation, alpha, limit, out);
   return cudaGetLastError();
 }
 

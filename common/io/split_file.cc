@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/io/byte_reader.h"
+#include "common/util/json_nesting.h"
 #include "common/util/status_macros.h"
 
 namespace bitsplit {
@@ -57,32 +58,11 @@ std::string PrintableExcerpt(std::string_view text) {
 // a million '[' would be a stack overflow waiting for the first caller that copies the metadata.
 // Strings are skipped so that brackets inside them do not count.
 absl::Status CheckJsonDepth(std::string_view text) {
-  int depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kSplitFileMaxMetadataDepth) {
-        return absl::InvalidArgumentError(absl::StrCat("JSON nests deeper than ",
-                                                       kSplitFileMaxMetadataDepth,
-                                                       " levels (at byte ", i, " of the text)"));
-      }
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return absl::OkStatus();
+  const size_t at = util::JsonNestingExceeds(text, kSplitFileMaxMetadataDepth);
+  if (at == std::string_view::npos) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("JSON nests deeper than ",
+                                                 kSplitFileMaxMetadataDepth, " levels (at byte ",
+                                                 at, " of the text)"));
 }
 
 absl::StatusOr<nlohmann::json> ParseMetadataText(std::string_view text) {

@@ -156,6 +156,20 @@ struct ModelConfig {
   // none on the local layers unless local_rope_scaled.
   bool RopeScaled(int64_t layer) const { return !IsLocalLayer(layer) || local_rope_scaled; }
   float RopeFreqScale(int64_t layer) const { return RopeScaled(layer) ? rope_freq_scale : 1.0f; }
+  // `layer`'s RoPE as ops::ApplyRope takes it; `freq_factors` (rope_freqs: llama 3's scaling,
+  // gemma4's proportional RoPE) go to the global layers only. llama.cpp passes YaRN's factors to
+  // every layer; with a layer's freq_scale of 1 YaRN changes nothing but the attn_factor.
+  ops::RopeConfig LayerRope(int64_t layer, const float* freq_factors) const {
+    return ops::RopeConfig{.head_dim = HeadDim(layer),
+                           .rotary_dims = RopeDims(layer),
+                           .freq_base = RopeFreqBase(layer),
+                           .freq_scale = RopeFreqScale(layer),
+                           .freq_factors = IsLocalLayer(layer) ? nullptr : freq_factors,
+                           .style = rope_style,
+                           .ext_factor = rope_ext_factor,
+                           .attn_factor = rope_attn_factor,
+                           .yarn_original_context = rope_yarn_original_context};
+  }
 };
 
 // The expected number of distinct experts that `rows` independently routed rows touch, when a

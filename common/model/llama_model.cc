@@ -433,20 +433,7 @@ absl::Status LlamaModel::AttentionBlock(int32_t layer, ForwardPass& pass) {
     ops::RmsNorm(pass.values.data(), n * kv_heads, head_dim, nullptr, c.rms_norm_eps,
                  pass.values.data());
   }
-  // The frequency factors (llama 3's scaling, gemma4's proportional RoPE) belong to the global
-  // layers.
-  const ops::RopeConfig rope{
-      .head_dim = head_dim,
-      .rotary_dims = c.RopeDims(layer),
-      .freq_base = c.RopeFreqBase(layer),
-      .freq_scale = c.RopeFreqScale(layer),
-      .freq_factors = c.IsLocalLayer(layer) ? nullptr : embedding_and_norms_.rope_freq_factors,
-      .style = c.rope_style,
-      // llama.cpp passes YaRN's factors to every layer; with a layer's freq_scale of 1 YaRN
-      // changes nothing but the attn_factor.
-      .ext_factor = c.rope_ext_factor,
-      .attn_factor = c.rope_attn_factor,
-      .yarn_original_context = c.rope_yarn_original_context};
+  const ops::RopeConfig rope = c.LayerRope(layer, embedding_and_norms_.rope_freq_factors);
   ops::ApplyRope(pass.q.data(), n, c.num_heads, pass.positions.data(), rope);
   ops::ApplyRope(pass.keys.data(), n, kv_heads, pass.positions.data(), rope);
   StoreKvAndAttend(layer, pass);

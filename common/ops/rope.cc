@@ -36,9 +36,7 @@ void YarnCorrectionDims(const RopeConfig& config, float dims[2]) {
   dims[1] = std::min(static_cast<float>(config.rotary_dims - 1), end);
 }
 
-void ApplyRope(float* x, int64_t num_tokens, int64_t num_heads, const int32_t* positions,
-               const RopeConfig& config) {
-  BITSPLIT_CHECK(config.rotary_dims % 2 == 0 && config.rotary_dims <= config.head_dim);
+void RopeCosSin(const RopeConfig& config, int32_t position, float* cos_out, float* sin_out) {
   const int64_t num_pairs = config.rotary_dims / 2;
   const float theta_scale =
       std::pow(config.freq_base, -2.0f / static_cast<float>(config.rotary_dims));
@@ -50,26 +48,33 @@ void ApplyRope(float* x, int64_t num_tokens, int64_t num_heads, const int32_t* p
     YarnCorrectionDims(config, corr_dims);
     mscale *= 1.0f + 0.1f * std::log(1.0f / config.freq_scale);
   }
+  float theta = static_cast<float>(position);
+  for (int64_t i = 0; i < num_pairs; ++i) {
+    const float factor = config.freq_factors != nullptr ? config.freq_factors[i] : 1.0f;
+    const float extrapolated = theta / factor;
+    float angle = config.freq_scale * extrapolated;
+    if (yarn) {
+      const float mix = YarnRamp(corr_dims[0], corr_dims[1], i) * config.ext_factor;
+      angle = angle * (1.0f - mix) + extrapolated * mix;
+    }
+    cos_out[i] = std::cos(angle) * mscale;
+    sin_out[i] = std::sin(angle) * mscale;
+    theta *= theta_scale;
+  }
+}
+
+void ApplyRope(float* x, int64_t num_tokens, int64_t num_heads, const int32_t* positions,
+               const RopeConfig& config) {
+  BITSPLIT_CHECK(config.rotary_dims % 2 == 0 && config.rotary_dims <= config.head_dim);
+  const int64_t num_pairs = config.rotary_dims / 2;
   std::vector<float> cos_theta(static_cast<size_t>(num_pairs));
   std::vector<float> sin_theta(static_cast<size_t>(num_pairs));
+  // Pair i is (head[first(i)], head[first(i) + partner_offset]).
+  const bool halves = config.style == RopeStyle::kHalves;
+  const int64_t partner_offset = halves ? num_pairs : 1;
+  const int64_t first_stride = halves ? 1 : 2;
   for (int64_t t = 0; t < num_tokens; ++t) {
-    float theta = static_cast<float>(positions[t]);
-    for (int64_t i = 0; i < num_pairs; ++i) {
-      const float factor = config.freq_factors != nullptr ? config.freq_factors[i] : 1.0f;
-      const float extrapolated = theta / factor;
-      float angle = config.freq_scale * extrapolated;
-      if (yarn) {
-        const float mix = YarnRamp(corr_dims[0], corr_dims[1], i) * config.ext_factor;
-        angle = angle * (1.0f - mix) + extrapolated * mix;
-      }
-      cos_theta[i] = std::cos(angle) * mscale;
-      sin_theta[i] = std::sin(angle) * mscale;
-      theta *= theta_scale;
-    }
-    // Pair i is (head[first(i)], head[first(i) + partner_offset]).
-    const bool halves = config.style == RopeStyle::kHalves;
-    const int64_t partner_offset = halves ? num_pairs : 1;
-    const int64_t first_stride = halves ? 1 : 2;
+    RopeCosSin(config, positions[t], cos_theta.data(), sin_theta.data());
     for (int64_t h = 0; h < num_heads; ++h) {
       float* head = x + (t * num_heads + h) * config.head_dim;
       for (int64_t i = 0; i < num_pairs; ++i) {

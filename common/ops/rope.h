@@ -37,6 +37,10 @@ struct RopeConfig {
 // the extrapolated angle, pairs above high the interpolated one.
 void YarnCorrectionDims(const RopeConfig& config, float dims[2]);
 
+// The cos and sin that ApplyRope rotates pair i < rotary_dims / 2 by at `position` (YaRN's blend
+// and magnitude included): the one computation the CPU and the CUDA backend's tables share.
+void RopeCosSin(const RopeConfig& config, int32_t position, float* cos_out, float* sin_out);
+
 // x is [num_tokens, num_heads, head_dim]; token t is rotated for positions[t]. Pair i turns by
 //   theta_i = freq_scale * position * base^(-2i / rotary_dims) / freq_factors[i],
 // with base^(-2i/d) formed as llama.cpp does (repeated multiplication in f32), so angles match

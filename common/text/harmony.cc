@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "common/text/tool_calls.h"
+#include "common/util/json_nesting.h"
 #include "nlohmann/json.hpp"
 
 namespace bitsplit::text {
@@ -64,31 +65,6 @@ bool MayBeHeader(std::string_view text) {
 
 bool IsNameChar(char c) {
   return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
-}
-
-// A JSON value nested no deeper than kMaxJsonDepth (outside strings).
-bool NestingWithinLimit(std::string_view text) {
-  int depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > kMaxJsonDepth) return false;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return true;
 }
 
 }  // namespace
@@ -209,7 +185,7 @@ size_t HarmonyStream::Run(std::string_view pending, bool at_end, ToolCallStreamD
           if (found == std::string_view::npos && !at_end) return decided;
           const std::string_view body = text.substr(0, found);
           nlohmann::ordered_json arguments;
-          if (NestingWithinLimit(body)) {
+          if (util::JsonNestingExceeds(body, kMaxJsonDepth) == std::string_view::npos) {
             arguments = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
           }
           if (arguments.is_object() && allows_(call_name_)) {

@@ -72,14 +72,19 @@ def metadata_end(path: Path) -> int:
     return end
 
 
-def space_prefix_variant(source: Path, target: Path) -> None:
-    """A metadata-only copy of `source` (tensor count 0) with add_space_prefix set to true."""
+def metadata_only(source: Path, key: bytes):
+    """`source`'s metadata as a tensor-less GGUF image, and the offset of `key`'s value type."""
     image = bytearray(source.read_bytes()[:metadata_end(source)])
     image[8:16] = struct.pack("<Q", 0)
-    key = struct.pack("<Q", len(SPACE_PREFIX_KEY)) + SPACE_PREFIX_KEY
-    at = image.find(key)
-    assert at > 0 and image.find(key, at + 1) < 0, "add_space_prefix key not found exactly once"
-    type_at = at + len(key)
+    needle = struct.pack("<Q", len(key)) + key
+    at = image.find(needle)
+    assert at > 0 and image.find(needle, at + 1) < 0, f"{key!r} not found exactly once"
+    return image, at + len(needle)
+
+
+def space_prefix_variant(source: Path, target: Path) -> None:
+    """A metadata-only copy of `source` (tensor count 0) with add_space_prefix set to true."""
+    image, type_at = metadata_only(source, SPACE_PREFIX_KEY)
     assert struct.unpack_from("<I", image, type_at)[0] == GGUF_TYPE_BOOL
     assert image[type_at + 4] == 0, "expected add_space_prefix = false in the source"
     image[type_at + 4] = 1
@@ -92,12 +97,7 @@ GGUF_TYPE_STRING = 8
 
 def pre_tokenizer_variant(source: Path, target: Path, pre: str) -> None:
     """A metadata-only copy of `source` (tensor count 0) with tokenizer.ggml.pre = `pre`."""
-    image = bytearray(source.read_bytes()[:metadata_end(source)])
-    image[8:16] = struct.pack("<Q", 0)
-    key = struct.pack("<Q", len(PRE_KEY)) + PRE_KEY
-    at = image.find(key)
-    assert at > 0 and image.find(key, at + 1) < 0, "tokenizer.ggml.pre not found exactly once"
-    type_at = at + len(key)
+    image, type_at = metadata_only(source, PRE_KEY)
     assert struct.unpack_from("<I", image, type_at)[0] == GGUF_TYPE_STRING
     length = struct.unpack_from("<Q", image, type_at + 4)[0]
     value_at = type_at + 12
