@@ -398,11 +398,10 @@ absl::Status CudaModel::UploadConstants(const model::EmbeddingAndNorms& embeddin
       return int64_t{-1};
     };
     const float* factors = embedding_and_norms.rope_freq_factors;
-    const int64_t global = first_layer(false);
     // A model of local layers only still gets a global table (the plan counts one).
     BITSPLIT_RETURN_IF_ERROR(
-        upload(global >= 0 ? config.LayerRope(global, factors) : config.LayerRope(0, factors),
-               &rope_cos_, &rope_sin_));
+        upload(config.LayerRope(std::max<int64_t>(first_layer(false), 0), factors), &rope_cos_,
+               &rope_sin_));
     if (config.sliding_window > 0) {
       const int64_t local = first_layer(true);
       if (local >= 0) {

@@ -78,6 +78,16 @@ HarmonyStream::HarmonyStream(std::function<bool(std::string_view)> allows,
                              std::function<std::string()> next_id)
     : allows_(std::move(allows)), next_id_(std::move(next_id)) {}
 
+std::string HarmonyStream::CallHeader(std::string_view function) {
+  std::string header(kChannel);
+  for (std::string_view part :
+       {std::string_view("commentary "), kTo, kFunctionsPrefix, function, std::string_view(" "),
+        kConstrain, std::string_view("json"), kMessage}) {
+    header += part;
+  }
+  return header;
+}
+
 std::vector<std::string_view> HarmonyStream::Markers() {
   return {kStart, kChannel, kMessage, kConstrain, kEnd};
 }

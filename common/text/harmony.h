@@ -46,6 +46,8 @@ class HarmonyStream {
 
   // The header of a final-channel message.
   static constexpr std::string_view kFinalHeader = "<|channel|>final<|message|>";
+  // The header of a message calling `function` with JSON arguments, as the models write it.
+  static std::string CallHeader(std::string_view function);
 
   // The markers that are single control tokens in gpt-oss's vocabulary: the text must show them.
   static std::vector<std::string_view> Markers();

@@ -991,8 +991,7 @@ absl::StatusOr<ForcedToolCall> ForcedToolCallOutput(ToolCallFormat format,
             "the harmony format names the function in the message header, outside the JSON "
             "arguments: name one function in tool_choice (or give one tool)");
       }
-      forced.prefix = absl::StrCat("<|channel|>commentary to=functions.", candidates[0].first,
-                                   " <|constrain|>json<|message|>");
+      forced.prefix = HarmonyStream::CallHeader(candidates[0].first);
       forced.schema = candidates[0].second;
       break;
     default:
